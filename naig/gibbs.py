@@ -1,0 +1,131 @@
+"""Gibbs weights and the Maslov–Gibbs einsum (MGE) combine (SPEC §2.7).
+
+π_k = exp(−β E_k) / Σ_j exp(−β E_j), computed stably by shifting by min E.
+Non-finite E_k get π_k = 0. β = 0 gives uniform weights (Hogwild!).
+``beta="auto"`` sets β = 1 / median of the finite positive E_k (1.0 if none).
+The combined update ĝ = Σ_k π_k g_k goes to an unchanged optimizer.
+K_eff = 1 / Σ π_k²; a worker is frozen when π_k < 0.01 / K.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from naig.errors import DataError, UsageError
+
+__all__ = [
+    "parse_beta",
+    "resolve_beta",
+    "gibbs_weights",
+    "effective_workers",
+    "frozen_mask",
+    "normalized_entropy",
+    "combine",
+]
+
+FROZEN_FACTOR = 0.01  # frozen when π_k < FROZEN_FACTOR / K
+
+
+def parse_beta(beta: str | float) -> float | str:
+    """Validate a ``--beta`` value: ``"auto"`` or a finite float ≥ 0.
+
+    Raises:
+        UsageError: for a negative, NaN, infinite or non-numeric value.
+    """
+    if isinstance(beta, str) and beta.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = float(beta)
+    except (TypeError, ValueError):
+        raise UsageError(f"--beta {beta!r} is not a number; use 'auto' or a finite float >= 0") from None
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"--beta {beta!r} must be finite and >= 0; use 'auto' or e.g. --beta 1")
+    return value
+
+
+def resolve_beta(beta: str | float, energies: np.ndarray) -> float:
+    """Turn ``beta`` (float or ``"auto"``) into the inverse temperature used.
+
+    Args:
+        beta: a float ≥ 0, or ``"auto"``: 1 / median of the finite positive energies.
+        energies: float array of shape (K,).
+
+    Returns:
+        β as a Python float (1.0 for ``"auto"`` when no energy is finite and positive).
+
+    Raises:
+        UsageError: if ``beta`` is malformed (see ``parse_beta``).
+    """
+    b = parse_beta(beta)
+    if b != "auto":
+        return float(b)
+    e = np.asarray(energies, dtype=np.float64)
+    pos = e[np.isfinite(e) & (e > 0)]
+    return 1.0 / float(np.median(pos)) if pos.size else 1.0
+
+
+def gibbs_weights(energies: np.ndarray, beta: float) -> np.ndarray:
+    """π_k = exp(−β E_k) / Σ_j exp(−β E_j), stable for E up to 1e300 and β up to 1e12.
+
+    Args:
+        energies: float array of shape (K,); non-finite entries get π = 0.
+        beta: inverse temperature, finite and ≥ 0 (already resolved).
+
+    Returns:
+        float64 array of shape (K,), non-negative, summing to 1.
+
+    Raises:
+        DataError: if every energy is non-finite.
+        UsageError: if ``beta`` is negative or not finite.
+    """
+    b = parse_beta(beta)
+    e = np.asarray(energies, dtype=np.float64)
+    ok = np.isfinite(e)
+    if not ok.any():
+        raise DataError("every energy is non-finite (NaN/Inf); no worker can be weighted")
+    shifted = np.where(ok, e - e[ok].min(), 0.0)  # ≥ 0, finite
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = np.where(ok, np.exp(-np.float64(b) * shifted), 0.0) if b else ok.astype(np.float64)
+    return z / z.sum()
+
+
+def effective_workers(pi: np.ndarray) -> float:
+    """K_eff = 1 / Σ π_k² ∈ [1, K]."""
+    return float(1.0 / np.sum(np.square(np.asarray(pi, dtype=np.float64))))
+
+
+def frozen_mask(pi: np.ndarray) -> np.ndarray:
+    """Boolean (K,): worker k is frozen when π_k < 0.01 / K."""
+    pi = np.asarray(pi, dtype=np.float64)
+    return pi < FROZEN_FACTOR / pi.shape[-1]
+
+
+def normalized_entropy(pi: np.ndarray) -> np.ndarray:
+    """H(π) / ln K ∈ [0, 1] along the last axis (1 = uniform; 0 = one worker)."""
+    pi = np.asarray(pi, dtype=np.float64)
+    k = pi.shape[-1]
+    if k < 2:
+        return np.zeros(pi.shape[:-1])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -np.where(pi > 0, pi * np.log(pi), 0.0).sum(-1)
+    return h / math.log(k)
+
+
+def combine(pi: Any, grads: Any) -> Any:
+    """The MGE combine ĝ = Σ_k π_k g_k, an einsum over the worker axis.
+
+    Args:
+        pi: (K,) weights (numpy array or torch tensor).
+        grads: (K, ...) stacked gradients of the same library.
+
+    Returns:
+        Array/tensor of shape (...) in the dtype of ``grads``.
+    """
+    if type(grads).__module__.startswith("torch"):
+        import torch
+
+        return torch.einsum("k,k...->...", pi.to(grads.dtype), grads)
+    return np.einsum("k,k...->...", np.asarray(pi, dtype=grads.dtype), grads)

@@ -1,0 +1,1 @@
+"""The ``naig`` command line: thin Typer commands over the ``naig`` library."""

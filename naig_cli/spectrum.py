@@ -1,0 +1,87 @@
+"""``naig spectrum``: certify the spectrum of the Fano–Fisher metric Ψ_ℓ (SPEC §3.1)."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from naig.metric import DEFAULT_LINE, E_MAX_FACTOR
+from naig.octonion import oriented_lines
+from naig.spectrum import SpectrumReport, certify_spectrum, format_charpoly
+from naig_cli._common import handle_errors, print_json, stdout
+
+__all__ = ["spectrum"]
+
+
+@handle_errors
+def spectrum(
+    line: str = typer.Option(
+        ",".join(map(str, DEFAULT_LINE)), "--line", help="Oriented Fano line I,J,K."
+    ),
+    all_lines: bool = typer.Option(False, "--all-lines", help="Check all 21 oriented lines."),
+    exact: bool = typer.Option(
+        False, "--exact", help="Also certify the characteristic polynomial in exact rationals."
+    ),
+    tol: float = typer.Option(1e-12, "--tol", min=0.0, help="Absolute tolerance of float checks."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:
+    """Certify that Ψ has rank 4 with all non-zero eigenvalues 8/3 (Theorem 4.1)."""
+    lines = oriented_lines() if all_lines else [line]
+    reports = [certify_spectrum(ln, tol=tol, exact=exact) for ln in lines]
+    ok = all(r.verified for r in reports)
+    if json_out:
+        docs = [r.to_dict() for r in reports]
+        print_json({"verified": ok, "lines": docs} if all_lines else docs[0])
+    elif all_lines:
+        _render_all(reports)
+    else:
+        _render_one(reports[0])
+    if not ok:
+        raise typer.Exit(1)
+
+
+def _eig_label(value: float, tol: float) -> str:
+    if abs(value - E_MAX_FACTOR) <= tol:
+        return "8/3"
+    return "0" if abs(value) <= tol else f"{value:.16g}"
+
+
+def _mark(ok: bool) -> str:
+    return "[green]ok[/]" if ok else "[red]FAIL[/]"
+
+
+def _render_one(r: SpectrumReport) -> None:
+    t = Table(title=f"Fano–Fisher metric Ψ for line ℓ = {r.line}", show_header=True)
+    t.add_column("check")
+    t.add_column("value", justify="right")
+    t.add_column("", justify="center")
+    for value, count in reversed(r.multiplicities):
+        t.add_row("eigenvalue × multiplicity", f"{_eig_label(value, r.tol)} × {count}", "")
+    t.add_row("rank", str(r.rank), _mark(r.rank == 4))
+    t.add_row("max |λ − 8/3| (non-zero λ)", f"{r.max_dev:.2e}", _mark(r.max_dev <= r.tol))
+    t.add_row("symmetry max |Ψ − Ψᵀ|", f"{r.symmetry_residual:.2e}", _mark(r.symmetry_residual <= r.tol))
+    t.add_row("PSD: min λ", f"{r.min_eigenvalue:.2e}", _mark(r.min_eigenvalue >= -r.tol))
+    t.add_row("g2 basis orthonormality", f"{r.orthonormality_residual:.2e}",
+              _mark(r.orthonormality_residual <= r.tol))
+    t.add_row("g2 basis derivations", f"{r.derivation_residual:.2e}",
+              _mark(r.derivation_residual <= r.tol))
+    t.add_row(f"E ≤ (8/3)‖d‖² on {r.emax_drifts} random drifts", f"max E/E_max = {r.emax_worst_ratio:.6f}",
+              _mark(r.emax_worst_ratio <= 1 + r.tol))
+    if r.charpoly is not None:
+        t.add_row("det(λI − Ψ), exact rationals", format_charpoly(r.charpoly), _mark(r.verified))
+    stdout.print(t)
+    stdout.print(f"tolerance {r.tol:g}: " + ("[bold green]verified[/]" if r.verified else "[bold red]NOT verified[/]"))
+
+
+def _render_all(reports: list[SpectrumReport]) -> None:
+    t = Table(title="Fano–Fisher metric Ψ on all 21 oriented lines")
+    for col in ("line", "rank", "eigenvalues", "max |λ − 8/3|", "char. poly", ""):
+        t.add_column(col)
+    for r in reports:
+        eigs = ", ".join(f"{_eig_label(v, r.tol)}×{c}" for v, c in reversed(r.multiplicities))
+        poly = format_charpoly(r.charpoly) if r.charpoly is not None else "—"
+        t.add_row(",".join(map(str, r.line)), str(r.rank), eigs, f"{r.max_dev:.1e}", poly,
+                  "verified" if r.verified else "[red]FAIL[/]")
+    stdout.print(t)
+    n = sum(r.verified for r in reports)
+    stdout.print(f"{n}/{len(reports)} lines " + ("[bold green]verified[/]" if n == len(reports) else "[bold red]NOT verified[/]"))
