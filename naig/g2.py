@@ -114,5 +114,7 @@ def derivation_residual(basis: np.ndarray | None = None) -> float:
     prod = mul(eye[:, None, :], eye[None, :, :])  # (8, 8, 8): e_b e_c
     lhs = np.einsum("aij,bcj->abci", xs, prod)
     xe = np.einsum("aij,bj->abi", xs, eye)  # (14, 8, 8): X_a e_b
-    rhs = mul(xe[:, :, None, :], eye[None, None, :, :]) + mul(eye[None, :, None, :], xe[:, None, :, :])
+    rhs = mul(xe[:, :, None, :], eye[None, None, :, :]) + mul(
+        eye[None, :, None, :], xe[:, None, :, :]
+    )
     return float(np.abs(lhs - rhs).max())

@@ -40,7 +40,9 @@ def parse_beta(beta: str | float) -> float | str:
     try:
         value = float(beta)
     except (TypeError, ValueError):
-        raise UsageError(f"--beta {beta!r} is not a number; use 'auto' or a finite float >= 0") from None
+        raise UsageError(
+            f"--beta {beta!r} is not a number; use 'auto' or a finite float >= 0"
+        ) from None
     if not math.isfinite(value) or value < 0:
         raise UsageError(f"--beta {beta!r} must be finite and >= 0; use 'auto' or e.g. --beta 1")
     return value

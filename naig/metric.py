@@ -30,7 +30,11 @@ __all__ = [
 DEFAULT_LINE: tuple[int, int, int] = (1, 2, 4)
 E_MAX_FACTOR = 8.0 / 3.0  # the non-zero eigenvalue of Ψ_ℓ; E(d) ≤ (8/3)‖d‖²
 EXPECTED_CHARPOLY: tuple[Fraction, ...] = (0,) * 10 + (  # type: ignore[assignment]
-    Fraction(4096, 81), Fraction(-2048, 27), Fraction(128, 3), Fraction(-32, 3), Fraction(1),
+    Fraction(4096, 81),
+    Fraction(-2048, 27),
+    Fraction(128, 3),
+    Fraction(-32, 3),
+    Fraction(1),
 )
 """Coefficients, low → high degree, of λ^10 (λ − 8/3)^4."""
 
@@ -111,7 +115,7 @@ def _solve_exact(g: list[list[Fraction]], p: list[list[Fraction]]) -> list[list[
         for r in range(n):
             if r != col and aug[r][col] != 0:
                 f = aug[r][col]
-                aug[r] = [a - f * b for a, b in zip(aug[r], aug[col])]
+                aug[r] = [a - f * b for a, b in zip(aug[r], aug[col], strict=True)]
     return [row[n:] for row in aug]
 
 

@@ -106,13 +106,20 @@ def certify_spectrum(
     nonzero = eigs[np.abs(eigs) > tol]
     charpoly = exact_charpoly(line) if exact else None
     report = dict(
-        line=line, psi=psi, eigenvalues=eigs, multiplicities=_group(eigs, tol),
+        line=line,
+        psi=psi,
+        eigenvalues=eigs,
+        multiplicities=_group(eigs, tol),
         rank=int(nonzero.size),
         max_dev=float(np.abs(nonzero - E_MAX_FACTOR).max()) if nonzero.size else float("inf"),
-        symmetry_residual=float(np.abs(psi - psi.T).max()), min_eigenvalue=float(eigs[0]),
-        orthonormality_residual=orthonormality_residual(), derivation_residual=derivation_residual(),
-        emax_drifts=n_drifts, emax_worst_ratio=_emax_worst(psi, n_drifts, seed),
-        charpoly=charpoly, tol=tol,
+        symmetry_residual=float(np.abs(psi - psi.T).max()),
+        min_eigenvalue=float(eigs[0]),
+        orthonormality_residual=orthonormality_residual(),
+        derivation_residual=derivation_residual(),
+        emax_drifts=n_drifts,
+        emax_worst_ratio=_emax_worst(psi, n_drifts, seed),
+        charpoly=charpoly,
+        tol=tol,
     )
     return SpectrumReport(**report, verified=_all_pass(report))
 
@@ -150,9 +157,11 @@ def factor_charpoly(coeffs: list[Fraction]) -> tuple[int, Fraction, int] | None:
     r = -rest[d - 1] / d
     expanded = [Fraction(1)]
     for _ in range(d):  # multiply by (λ − r)
-        expanded = [-r * expanded[0]] + [
-            expanded[i - 1] - r * expanded[i] for i in range(1, len(expanded))
-        ] + [expanded[-1]]
+        expanded = (
+            [-r * expanded[0]]
+            + [expanded[i - 1] - r * expanded[i] for i in range(1, len(expanded))]
+            + [expanded[-1]]
+        )
     return (m, r, d) if expanded == rest else None
 
 

@@ -59,18 +59,32 @@ def _render_one(r: SpectrumReport) -> None:
         t.add_row("eigenvalue × multiplicity", f"{_eig_label(value, r.tol)} × {count}", "")
     t.add_row("rank", str(r.rank), _mark(r.rank == 4))
     t.add_row("max |λ − 8/3| (non-zero λ)", f"{r.max_dev:.2e}", _mark(r.max_dev <= r.tol))
-    t.add_row("symmetry max |Ψ − Ψᵀ|", f"{r.symmetry_residual:.2e}", _mark(r.symmetry_residual <= r.tol))
+    t.add_row(
+        "symmetry max |Ψ − Ψᵀ|", f"{r.symmetry_residual:.2e}", _mark(r.symmetry_residual <= r.tol)
+    )
     t.add_row("PSD: min λ", f"{r.min_eigenvalue:.2e}", _mark(r.min_eigenvalue >= -r.tol))
-    t.add_row("g2 basis orthonormality", f"{r.orthonormality_residual:.2e}",
-              _mark(r.orthonormality_residual <= r.tol))
-    t.add_row("g2 basis derivations", f"{r.derivation_residual:.2e}",
-              _mark(r.derivation_residual <= r.tol))
-    t.add_row(f"E ≤ (8/3)‖d‖² on {r.emax_drifts} random drifts", f"max E/E_max = {r.emax_worst_ratio:.6f}",
-              _mark(r.emax_worst_ratio <= 1 + r.tol))
+    t.add_row(
+        "g2 basis orthonormality",
+        f"{r.orthonormality_residual:.2e}",
+        _mark(r.orthonormality_residual <= r.tol),
+    )
+    t.add_row(
+        "g2 basis derivations",
+        f"{r.derivation_residual:.2e}",
+        _mark(r.derivation_residual <= r.tol),
+    )
+    t.add_row(
+        f"E ≤ (8/3)‖d‖² on {r.emax_drifts} random drifts",
+        f"max E/E_max = {r.emax_worst_ratio:.6f}",
+        _mark(r.emax_worst_ratio <= 1 + r.tol),
+    )
     if r.charpoly is not None:
         t.add_row("det(λI − Ψ), exact rationals", format_charpoly(r.charpoly), _mark(r.verified))
     stdout.print(t)
-    stdout.print(f"tolerance {r.tol:g}: " + ("[bold green]verified[/]" if r.verified else "[bold red]NOT verified[/]"))
+    stdout.print(
+        f"tolerance {r.tol:g}: "
+        + ("[bold green]verified[/]" if r.verified else "[bold red]NOT verified[/]")
+    )
 
 
 def _render_all(reports: list[SpectrumReport]) -> None:
@@ -80,8 +94,17 @@ def _render_all(reports: list[SpectrumReport]) -> None:
     for r in reports:
         eigs = ", ".join(f"{_eig_label(v, r.tol)}×{c}" for v, c in reversed(r.multiplicities))
         poly = format_charpoly(r.charpoly) if r.charpoly is not None else "—"
-        t.add_row(",".join(map(str, r.line)), str(r.rank), eigs, f"{r.max_dev:.1e}", poly,
-                  "verified" if r.verified else "[red]FAIL[/]")
+        t.add_row(
+            ",".join(map(str, r.line)),
+            str(r.rank),
+            eigs,
+            f"{r.max_dev:.1e}",
+            poly,
+            "verified" if r.verified else "[red]FAIL[/]",
+        )
     stdout.print(t)
     n = sum(r.verified for r in reports)
-    stdout.print(f"{n}/{len(reports)} lines " + ("[bold green]verified[/]" if n == len(reports) else "[bold red]NOT verified[/]"))
+    stdout.print(
+        f"{n}/{len(reports)} lines "
+        + ("[bold green]verified[/]" if n == len(reports) else "[bold red]NOT verified[/]")
+    )
