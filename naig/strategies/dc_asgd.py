@@ -1,0 +1,28 @@
+"""``dc-asgd``: delay-compensated gradients, then the mean (Zheng et al. 2017).
+
+g̃_k = g_k + λ g_k ⊙ g_k ⊙ (θ_t − θ_{t−τ_k}),   ĝ = (1/K) Σ_k g̃_k,   λ = ``--dc-lambda``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from naig.strategies.base import Strategy, register
+
+__all__ = ["DCASGD"]
+
+
+@register
+class DCASGD(Strategy):
+    """First-order Taylor compensation of the delay with the diagonal g⊙g Hessian proxy."""
+
+    name = "dc-asgd"
+
+    def combine(self, grads: Tensor, lags: Tensor, theta_now: Tensor,
+                theta_stale: Tensor) -> tuple[Tensor, Tensor]:
+        """ĝ = mean_k(g_k + λ g_k² (θ_t − θ_{t−τ_k})); π_k = 1/K; see ``Strategy.combine``."""
+        k = grads.shape[0]
+        drift = theta_now.unsqueeze(0) - theta_stale  # (K, n)
+        corrected = grads + self.options.dc_lambda * grads * grads * drift
+        return corrected.mean(0), torch.full((k,), 1.0 / k, device=grads.device)
