@@ -121,7 +121,7 @@ class RunResult:
     strategy: str
     seed: int
     final_val_loss: float  # validation loss (nats/byte) after the last step
-    curve: tuple[tuple[int, float], ...]  # (steps done, validation loss), starting at (0, untrained)
+    curve: tuple[tuple[int, float], ...]  # (steps done, val loss), from (0, untrained)
     mean_pi: tuple[float, ...]  # mean over steps of each worker's coefficient π_k
     frozen_fraction: float  # fraction of (step, worker) with normalised π_k < 0.01/K
     k_eff: float  # mean over steps of 1/Σπ̃_k² (π̃ = π normalised to sum 1)
@@ -189,7 +189,8 @@ def parse_int_list(text: str, option: str) -> tuple[int, ...]:
     except ValueError:
         values = ()
     if not values or any(v < 0 for v in values):
-        raise UsageError(f"{option} {text!r}: use a comma list of non-negative ints, e.g. 0,10,20,35")
+        raise UsageError(
+            f"{option} {text!r}: use a comma list of non-negative ints, e.g. 0,10,20,35")
     return values
 
 

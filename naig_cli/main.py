@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from naig import __version__
-from naig_cli import spectrum
+from naig_cli import simulate, spectrum
 
 __all__ = ["app"]
 
@@ -34,3 +34,4 @@ def _root(
 
 
 app.command("spectrum")(spectrum.spectrum)
+app.command("simulate")(simulate.simulate)
