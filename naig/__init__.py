@@ -27,6 +27,7 @@ __all__ = [
     "combine",
     "sketch_state_dict",
     "certify_spectrum",
+    "Router",
 ]
 
 _LAZY = {
@@ -40,6 +41,7 @@ _LAZY = {
     "combine": "naig.gibbs",
     "sketch_state_dict": "naig.sketch",
     "certify_spectrum": "naig.spectrum",
+    "Router": "naig.router",
 }
 
 
