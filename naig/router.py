@@ -23,7 +23,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Union
 
 import torch
 from torch import Tensor
@@ -38,7 +37,7 @@ from naig.strategies.naig import gibbs_pi
 
 __all__ = ["Router", "Gradient"]
 
-Gradient = Union[Mapping[str, Tensor], Tensor]
+Gradient = Mapping[str, Tensor] | Tensor
 """A worker gradient: a state dict {name: tensor} or one flat tensor (named ``"flat"``)."""
 
 _FLAT = "flat"
