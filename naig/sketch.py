@@ -60,7 +60,7 @@ def splitmix64(x: int) -> int:
 
 
 def splitmix64_array(x: np.ndarray) -> np.ndarray:
-    """splitmix64 of a uint64 array, elementwise, wrapping mod 2^64 (fast path, in place on a copy)."""
+    """splitmix64 of a uint64 array, elementwise, wrapping mod 2^64 (fast path)."""
     z = x + _U(0x9E3779B97F4A7C15)
     z ^= z >> _U(30)
     z *= _U(0xBF58476D1CE4E5B9)

@@ -17,7 +17,12 @@ from naig.errors import NaigError
 
 __all__ = ["stdout", "stderr", "handle_errors", "print_json", "fail"]
 
-stdout = Console(highlight=False)
+def _width() -> int | None:
+    """Terminal width on a TTY; 160 columns (tables shrink to fit) when piped, unless COLUMNS."""
+    return None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+
+
+stdout = Console(highlight=False, width=_width())
 stderr = Console(stderr=True, highlight=False)
 F = TypeVar("F", bound=Callable[..., Any])
 

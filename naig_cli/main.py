@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from naig import __version__
-from naig_cli import simulate, spectrum
+from naig_cli import audit, simulate, spectrum
 
 __all__ = ["app"]
 
@@ -34,4 +34,5 @@ def _root(
 
 
 app.command("spectrum")(spectrum.spectrum)
+app.command("audit")(audit.audit)
 app.command("simulate")(simulate.simulate)

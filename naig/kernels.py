@@ -1,0 +1,101 @@
+"""Chunk kernels of the streaming sketch: a compiled fast path and a numpy path.
+
+Both implement one contract (SPEC §2.5, §2.6), checked equal in float64 by the tests:
+
+- ``hash_codes(key, start, m)`` → uint8 codes, ``code_i = a_i | (sign_bit_i << 7)``
+  for flat indices ``start .. start+m−1`` of a tensor whose key is ``key``.
+  Computed once per chunk of a tensor and reused for every file.
+- ``accumulate(codes, ref, x, out)`` adds, in float64, ``S x`` to ``out[0:14]``,
+  ⟨x, ref⟩ to ``out[14]``, ‖x‖² to ``out[15]`` and ‖x − ref‖² to ``out[16]``.
+
+The compiled path (``naig/_kernel.c``) is built at install time when a C compiler
+is available; set ``NAIG_PURE_NUMPY=1`` to force the numpy path.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from naig.sketch import SKETCH_DIM, splitmix64_array
+
+__all__ = ["STATS", "HAVE_COMPILED", "hash_codes", "accumulate", "new_stats"]
+
+STATS = SKETCH_DIM + 3  # 14 sketch coordinates, ⟨x, ref⟩, ‖x‖², ‖x − ref‖²
+_SIGN = np.uint8(128)
+
+try:
+    if os.environ.get("NAIG_PURE_NUMPY") == "1":
+        raise ImportError("pure numpy path requested")
+    from naig import _kernel  # type: ignore[attr-defined]
+
+    HAVE_COMPILED = True
+except ImportError:
+    _kernel = None
+    HAVE_COMPILED = False
+
+
+def new_stats(rows: int) -> np.ndarray:
+    """Zeroed accumulator of shape (rows, 17), float64."""
+    return np.zeros((rows, STATS))
+
+
+def _hash_codes_numpy(key: int, start: int, m: int) -> np.ndarray:
+    idx = np.arange(start, start + m, dtype=np.uint64)
+    idx += np.uint64(key)
+    h = splitmix64_array(idx)
+    codes = ((h >> np.uint64(32)) % np.uint64(SKETCH_DIM)).astype(np.uint8)
+    codes |= (h & np.uint64(1)).astype(np.uint8) << np.uint8(7)
+    return codes
+
+
+def hash_codes(key: int, start: int, m: int, compiled: bool | None = None) -> np.ndarray:
+    """Sketch codes of flat indices ``start .. start+m−1``.
+
+    Args:
+        key: the tensor key ``naig.sketch.tensor_key(seed, name)``.
+        start: first flat (row-major) index of the chunk.
+        m: chunk length.
+        compiled: force (True) or avoid (False) the compiled path; default: use it if built.
+
+    Returns:
+        uint8 array of shape (m,): bucket in the low 4 bits, sign bit in bit 7.
+    """
+    if compiled if compiled is not None else HAVE_COMPILED:
+        out = np.empty(m, dtype=np.uint8)
+        _kernel.hash_codes(key, start, out)
+        return out
+    return _hash_codes_numpy(key, start, m)
+
+
+def _accumulate_numpy(codes: np.ndarray, ref: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    x64 = x.astype(np.float64, copy=False)
+    signed = np.where(codes & _SIGN, -x64, x64)
+    out[:SKETCH_DIM] += np.bincount(codes & np.uint8(15), weights=signed, minlength=SKETCH_DIM)
+    r64 = ref.astype(np.float64, copy=False)
+    diff = x64 - r64
+    out[SKETCH_DIM:] += (x64 @ r64, x64 @ x64, diff @ diff)
+
+
+def accumulate(
+    codes: np.ndarray, ref: np.ndarray, x: np.ndarray, out: np.ndarray, compiled: bool | None = None
+) -> None:
+    """Fused pass over one chunk; see the module docstring for the contract.
+
+    Args:
+        codes: (m,) uint8 from ``hash_codes``.
+        ref: (m,) float32 or float64, the reference chunk (contiguous).
+        x: (m,) same dtype as ``ref``, the file's chunk.
+        out: (17,) float64, updated in place.
+        compiled: force (True) or avoid (False) the compiled path.
+
+    Raises:
+        ValueError: if shapes or dtypes do not match.
+    """
+    if ref.dtype != x.dtype or ref.shape != x.shape or codes.shape != x.shape:
+        raise ValueError(f"accumulate: ref {ref.dtype}{ref.shape} vs x {x.dtype}{x.shape}")
+    if compiled if compiled is not None else HAVE_COMPILED:
+        _kernel.accumulate(codes, ref, x, out)
+    else:
+        _accumulate_numpy(codes, ref, x, out)

@@ -1,0 +1,145 @@
+"""``naig audit REF FILE...``: score worker gradient/checkpoint files against a reference (SPEC §3.2)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from naig.errors import UsageError
+from naig_cli._common import handle_errors, print_json, stderr, stdout
+
+__all__ = ["audit"]
+
+_COLUMNS = ["file", "lag", "step", "worker", "cos", "delta_norm", "energy", "energy_std",
+            "friction", "pi", "verdict", "sketch_ratio", "nonfinite_tensor"]
+
+
+@handle_errors
+def audit(
+    ref: Path = typer.Argument(..., help="Reference .safetensors file (gradient or checkpoint)."),
+    files: list[Path] = typer.Argument(..., help="Worker .safetensors files or directories."),
+    beta: str = typer.Option("auto", "--beta", help="Inverse temperature β >= 0, or 'auto'."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Sketch seed (uint64)."),
+    line: str = typer.Option("1,2,4", "--line", help="Oriented Fano line I,J,K of Ψ."),
+    keys: str = typer.Option(None, "--keys", help="Regex: audit only matching tensor names."),
+    intersect: bool = typer.Option(False, "--intersect", help="Use common tensors on mismatch."),
+    sketches: int = typer.Option(1, "--sketches", help="R sketch seeds: E as mean ± std."),
+    chunk_mb: float = typer.Option(16.0, "--chunk-mb", help="Streaming batch size in MiB."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    csv_path: Path = typer.Option(None, "--csv", help="Also write the per-file table as CSV."),
+) -> None:
+    """Stream REF and FILEs, sketch them into g2 and score each worker's drift."""
+    from naig.audit import AuditConfig, run_audit
+    from naig.gibbs import parse_beta
+    from naig.metric import parse_line
+
+    if chunk_mb <= 0:
+        raise UsageError(f"--chunk-mb {chunk_mb} must be > 0")
+    _check_csv_target(csv_path, [ref, *files])
+    config = AuditConfig(beta=parse_beta(beta), seed=seed, line=parse_line(line), keys=keys,
+                         intersect=intersect, sketches=sketches,
+                         chunk=max(1, int(chunk_mb * 2**20) // 4))
+    result = _run_with_progress(run_audit, ref, files, config)
+    for note in result.warnings:
+        stderr.print(f"warning: {note}")
+    rows = _rows(result)
+    if csv_path is not None:
+        _write_csv(csv_path, rows)
+    if json_out:
+        print_json(_document(result, rows))
+    else:
+        _render(result, rows)
+    if all(r["verdict"] == "non-finite" for r in rows):
+        raise typer.Exit(1)
+
+
+def _check_csv_target(csv_path: Path | None, inputs: list[Path]) -> None:
+    if csv_path is None:
+        return
+    if csv_path.suffix.lower() == ".safetensors" or any(
+        p.exists() and csv_path.exists() and os.path.samefile(p, csv_path) for p in inputs
+    ):
+        raise UsageError(f"--csv {csv_path} would overwrite an input; choose another path")
+
+
+def _run_with_progress(run, ref, files, config):  # noqa: ANN001, ANN202
+    if not sys.stderr.isatty():
+        return run(ref, files, config)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    cols = ("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+            TransferSpeedColumn())
+    with Progress(*cols, console=stderr, transient=True) as bar:
+        task = bar.add_task("auditing", total=None)
+        return run(ref, files, config, progress=lambda n: bar.advance(task, n))
+
+
+def _rows(result) -> list[dict]:  # noqa: ANN001
+    return [
+        {"file": str(f.path), "lag": f.meta("lag"), "step": f.meta("step"),
+         "worker": f.meta("worker"), "cos": f.cos, "delta_norm": f.delta_norm,
+         "energy": f.energy, "energy_std": f.energy_std, "friction": f.friction, "pi": f.pi,
+         "verdict": f.verdict, "sketch_ratio": f.sketch_ratio,
+         "nonfinite_tensor": f.nonfinite_tensor, "drift": f.drift}
+        for f in result.files
+    ]
+
+
+def _document(result, rows: list[dict]) -> dict:  # noqa: ANN001
+    cfg = result.config
+    return {
+        "reference": str(result.reference), "reference_metadata": result.reference_metadata,
+        "files": rows, "beta": result.beta, "beta_option": cfg.beta, "k_eff": result.k_eff,
+        "n": result.n, "compression": result.compression, "bytes_read": result.bytes_read,
+        "seconds": result.seconds, "throughput_bytes_per_s": result.throughput,
+        "skipped_tensors": result.skipped, "line": list(cfg.line), "seed": cfg.seed,
+        "sketches": cfg.sketches, "warnings": result.warnings,
+    }
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".csv.tmp")
+    with os.fdopen(fd, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "—" if v is None or v != v else format(v, spec)
+
+
+def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
+    multi = result.config.sketches > 1
+    t = Table(title=f"naig audit — reference {result.reference.name}")
+    for col in ("file", "lag", "step", "worker", "cos", "‖Δ‖", "E" + (" (mean ± std)" if multi else ""),
+                "ρ", "π", "verdict"):
+        t.add_column(col, justify="left" if col in ("file", "verdict") else "right")
+    style = {"integrated": "green", "frozen": "yellow", "non-finite": "red"}
+    for r in rows:
+        e = _fmt(r["energy"], ".2f") + (f" ± {r['energy_std']:.2f}" if multi and r["energy_std"] is not None else "")
+        t.add_row(Path(r["file"]).name, *(str(r[k]) if r[k] is not None else "—" for k in ("lag", "step", "worker")),
+                  _fmt(r["cos"], ".6f"), _fmt(r["delta_norm"], ".4g"), e, _fmt(r["friction"], ".3f"),
+                  _fmt(r["pi"], ".4f"), f"[{style[r['verdict']]}]{r['verdict']}[/]")
+    stdout.print(t)
+    stdout.print(_footer(result))
+
+
+def _footer(result) -> str:  # noqa: ANN001
+    cfg = result.config
+    skipped = ", ".join(f"{v} {k}" for k, v in result.skipped.items() if v) or "none"
+    return (
+        f"β = {result.beta:.6g} ({'auto' if cfg.beta == 'auto' else 'fixed'})   "
+        f"K_eff = {result.k_eff:.3f} of {len(result.files)}   n = {result.n:,}   "
+        f"compression n/14 = {result.compression:,.0f}×   line = {cfg.line}   seed = {cfg.seed}\n"
+        f"read {result.bytes_read / 2**20:,.1f} MiB in {result.seconds:.2f} s "
+        f"({result.throughput / 2**20:,.0f} MiB/s)   tensors skipped: {skipped}"
+    )
