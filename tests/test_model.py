@@ -42,8 +42,8 @@ def test_tied_embeddings_and_gpt2_init() -> None:
     model = _model(PRESETS["gpt-nano"])
     names = [n for n, _ in model.named_parameters()]
     assert "wte.weight" in names and not any("head" in n for n in names)
-    assert abs(float(model.wte.weight.std()) - 0.02) < 0.002
-    assert all(float(p.abs().max()) == 0 for n, p in model.named_parameters()
+    assert abs(float(model.wte.weight.detach().std()) - 0.02) < 0.002
+    assert all(float(p.detach().abs().max()) == 0 for n, p in model.named_parameters()
                if n.endswith("bias"))
 
 

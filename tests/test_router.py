@@ -1,0 +1,78 @@
+"""naig.Router on state dicts and flat tensors (naig.router)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import naig
+from naig.energy import energy
+from naig.errors import DataError, UsageError
+from naig.gibbs import gibbs_weights, resolve_beta
+from naig.router import Router
+from naig.sketch import sketch_state_dict
+
+
+def _grads(k: int = 4, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [{"w": torch.randn(6, 5, generator=gen), "b": torch.randn(5, generator=gen)}
+            for _ in range(k)]
+
+
+def test_exported_lazily_from_naig() -> None:
+    assert naig.Router is Router and "Router" in naig.__all__
+
+
+def test_weights_match_the_numpy_pipeline() -> None:
+    grads = _grads()
+    pi = Router(lags=(0, 10, 20, 35)).weights(grads)
+    sk = np.stack([sketch_state_dict({n: t.numpy() for n, t in g.items()}) for g in grads])
+    e = energy(sk - sk[0])
+    assert np.allclose(pi.numpy(), gibbs_weights(e, resolve_beta("auto", e)), atol=1e-12)
+    assert math.isclose(float(pi.sum()), 1.0)
+
+
+def test_reference_defaults_to_min_lag_worker() -> None:
+    grads = _grads()
+    router = Router(lags=(3, 1, 7, 1))
+    assert float(router.energies(grads)[1]) == 0.0
+    assert torch.equal(router.weights(grads), router.weights(grads, reference=grads[1]))
+
+
+def test_flat_tensors_and_combine() -> None:
+    flats = [torch.cat([g["w"].reshape(-1), g["b"]]) for g in _grads()]
+    router = Router(lags=(0, 1, 2, 3), beta=0.5)
+    pi = router.weights(flats)
+    out = router.combine(flats, pi)
+    assert out.shape == flats[0].shape and out.dtype == torch.float32
+    assert torch.allclose(out, sum(float(p) * f for p, f in zip(pi, flats, strict=True)))
+
+
+def test_combine_state_dicts() -> None:
+    grads = _grads(2)
+    out = Router(lags=(0, 1)).combine(grads, torch.tensor([0.25, 0.75], dtype=torch.float64))
+    assert set(out) == {"w", "b"}
+    assert torch.allclose(out["b"], 0.25 * grads[0]["b"] + 0.75 * grads[1]["b"])
+
+
+def test_beta_zero_is_uniform() -> None:
+    pi = Router(lags=(0, 1, 2), beta=0).weights(_grads(3))
+    assert torch.allclose(pi, torch.full((3,), 1 / 3, dtype=torch.float64))
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(UsageError, match="beta"):
+        Router(beta=-1)
+    with pytest.raises(UsageError, match="lags"):
+        Router(lags=(0, -2))
+    with pytest.raises(UsageError, match="Fano line"):
+        Router(line=(1, 2, 3))
+    with pytest.raises(UsageError, match="3 gradients but 4 lags"):
+        Router().weights(_grads(3))
+
+
+def test_all_non_finite_is_a_data_error() -> None:
+    bad = [{"w": torch.full((3,), float("nan"))} for _ in range(2)]
+    with pytest.raises(DataError):
+        Router(lags=(0, 1)).weights(bad, reference={"w": torch.zeros(3)})
