@@ -1,0 +1,134 @@
+"""``naig simulate`` on the command line (naig_cli.simulate)."""
+
+import importlib.util
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from naig.simulate import SimulateConfig
+from naig_cli import simulate as cli
+from naig_cli.main import app
+
+TINY = ["simulate", "--steps", "6", "--seeds", "1", "--data-bytes", "200000",
+        "--lags", "0,2", "--eval-every", "3"]
+RUNNER = CliRunner()
+
+
+def _run(*args: str):  # noqa: ANN202
+    return RUNNER.invoke(app, [*TINY, *args])
+
+
+def _numbers(doc: dict) -> dict:
+    for run in doc["runs"]:
+        run.pop("ms_per_step")
+    for s in doc["summaries"]:
+        s.pop("ms_per_step")
+    return doc
+
+
+def test_json_is_one_document_and_reproducible() -> None:
+    a, b = _run("--json", "--strategies", "naig,hogwild"), _run("--json", "--strategies",
+                                                                 "naig,hogwild")
+    assert a.exit_code == 0, a.output
+    doc = json.loads(a.stdout)
+    assert _numbers(doc) == _numbers(json.loads(b.stdout))
+    assert [s["strategy"] for s in doc["summaries"]] == ["naig", "hogwild"]
+    assert doc["untrained_val_loss"] > doc["summaries"][0]["val_loss_mean"]
+    assert doc["config"]["lags"] == [0, 2] and doc["routing_bytes"] == 56
+
+
+def test_human_table() -> None:
+    out = _run("--strategies", "hogwild,staleness,dc-asgd,naig-exact")
+    assert out.exit_code == 0, out.output
+    for word in ("untrained validation loss", "hogwild", "dc-asgd", "naig-exact", "K_eff",
+                 "routing signal 56 B"):
+        assert word in out.stdout
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["--lags", "0,x"], "--lags"),
+    (["--lags", "0,-3"], "--lags"),
+    (["--beta", "-1"], "--beta"),
+    (["--beta", "nan"], "--beta"),
+    (["--beta", "hot"], "--beta"),
+    (["--strategies", "naig,fast"], "--strategies"),
+    (["--model", "gpt-9"], "--model"),
+    (["--save-at", "3"], "--save-at"),
+])
+def test_usage_errors_exit_2_with_one_line(args: list[str], option: str) -> None:
+    out = _run(*args)
+    assert out.exit_code == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and option in lines[0]
+    assert "Traceback" not in out.output and out.stdout == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+def test_cuda_without_gpu_exits_2() -> None:
+    out = _run("--device", "cuda")
+    assert out.exit_code == 2
+    assert out.stderr.strip() == ("error: --device cuda: no CUDA GPU is available; "
+                                  "use --device cpu or --device auto")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None,
+                    reason="matplotlib is installed")
+def test_plot_without_matplotlib_exits_2(tmp_path: Path) -> None:
+    out = _run("--plot", str(tmp_path / "c.png"))
+    assert out.exit_code == 2 and "pip install 'naig[plot]'" in out.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_plot_writes_png(tmp_path: Path) -> None:
+    out = _run("--strategies", "hogwild", "--plot", str(tmp_path / "c.png"))
+    assert out.exit_code == 0 and (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_cli_defaults_match_the_library_defaults() -> None:
+    params = inspect.signature(cli.simulate).parameters
+    cfg = SimulateConfig()
+    for name in ("steps", "seeds", "lr", "optimizer", "dc_lambda", "batch_size", "eval_every",
+                 "device", "model", "data_bytes"):
+        assert params[name].default.default == getattr(cfg, name), name
+    assert params["lags"].default.default == ",".join(map(str, cfg.lags))
+    assert params["strategies"].default.default == ",".join(cfg.strategies)
+
+
+def test_cli_modules_do_not_import_torch() -> None:
+    code = "import sys, naig_cli.main; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def _lags_in(doc: object) -> list[int]:
+    if isinstance(doc, dict):
+        own = [int(doc["lag"])] if doc.get("lag") is not None else []
+        return own + [x for v in doc.values() for x in _lags_in(v)]
+    if isinstance(doc, list):
+        return [x for v in doc for x in _lags_in(v)]
+    return []
+
+
+def _naig(*args: str) -> subprocess.CompletedProcess:
+    code = "from naig_cli.main import app; app()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+
+
+def test_saved_gradients_are_read_by_naig_audit(tmp_path: Path) -> None:
+    """Runs both commands in subprocesses (``naig audit`` is its own module)."""
+    made = _naig(*TINY, "--lags", "0,2,3", "--strategies", "naig",
+                 "--save-grads", str(tmp_path), "--save-at", "4")
+    assert made.returncode == 0, made.stderr
+    folder = tmp_path / "naig-seed0-step4"
+    workers = sorted(str(p) for p in folder.glob("worker*.safetensors"))
+    audit = _naig("audit", str(folder / "ref.safetensors"), *workers, "--json")
+    assert audit.returncode == 0, audit.stderr
+    assert sorted(set(_lags_in(json.loads(audit.stdout)))) == [0, 2, 3]
+    table = _naig("audit", str(folder / "ref.safetensors"), str(folder))
+    assert table.returncode == 0, table.stderr
+    assert all(lag in table.stdout for lag in ("0", "2", "3"))
