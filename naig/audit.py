@@ -137,8 +137,7 @@ class _Accumulators:
 def _codes(pieces: list[Piece], seeds: list[int]) -> list[list[np.ndarray]]:
     """Hash codes per sketch seed and piece: computed once per batch, reused for every file."""
     return [
-        [hash_codes(tensor_key(s, p.tensor.name), p.start, p.stop - p.start) for p in pieces]
-        for s in seeds
+        [hash_codes(tensor_key(s, p.tensor.name), p.start, p.stop - p.start) for p in pieces] for s in seeds
     ]
 
 
@@ -149,8 +148,13 @@ def _match(r: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _score(
-    row: int, pieces: list[Piece], xs: Iterable[np.ndarray], refs: list[np.ndarray],
-    codes: list[list[np.ndarray]], acc: _Accumulators, dtypes: dict[str, str],
+    row: int,
+    pieces: list[Piece],
+    xs: Iterable[np.ndarray],
+    refs: list[np.ndarray],
+    codes: list[list[np.ndarray]],
+    acc: _Accumulators,
+    dtypes: dict[str, str],
 ) -> None:
     """Accumulate one file's pieces (arrays ``xs``) against the reference pieces."""
     for i, x in enumerate(xs):
@@ -168,7 +172,10 @@ def _dtypes(info: FileInfo) -> dict[str, str]:
 
 
 def _stream_all(
-    ref: FileInfo, workers: list[FileInfo], plan: list[TensorInfo], cfg: AuditConfig,
+    ref: FileInfo,
+    workers: list[FileInfo],
+    plan: list[TensorInfo],
+    cfg: AuditConfig,
     progress: Callable[[int], None] | None,
 ) -> _Accumulators:
     seeds = [cfg.seed + r for r in range(cfg.sketches)]
@@ -179,8 +186,15 @@ def _stream_all(
         _score(0, pieces, refs, refs, codes, acc, _dtypes(ref))
         for row, info in enumerate(workers, start=1):
             before = acc.bytes_read
-            _score(row, pieces, read_pieces(info.path, pieces, _dtypes(info)), refs, codes, acc,
-                   _dtypes(info))
+            _score(
+                row,
+                pieces,
+                read_pieces(info.path, pieces, _dtypes(info)),
+                refs,
+                codes,
+                acc,
+                _dtypes(info),
+            )
             if progress:
                 progress(acc.bytes_read - before)
     return acc
@@ -200,15 +214,20 @@ def _scores(acc: _Accumulators, workers: list[FileInfo], psi: np.ndarray) -> lis
         finite = acc.bad[row] is None and acc.bad[0] is None and np.isfinite(st).all()
         e = energy(d, psi) if finite else np.full(len(d), np.nan)  # (R,)
         dot, xx, dd = st[0, SKETCH_DIM:]
-        out.append(dict(
-            path=info.path, metadata=info.metadata,
-            cos=_norm_ratio(dot, np.sqrt(xx) * np.sqrt(rr)) if finite else None,
-            delta_norm=float(np.sqrt(dd)), energy=float(e.mean()),
-            energy_std=float(e.std(ddof=1)) if len(e) > 1 else None,
-            friction=float(relative_friction(d, psi).mean()) if finite else float("nan"),
-            sketch_ratio=_norm_ratio(float(d[0] @ d[0]), dd) if finite else None,
-            drift=d[0].tolist(), nonfinite_tensor=acc.bad[row] or acc.bad[0],
-        ))
+        out.append(
+            dict(
+                path=info.path,
+                metadata=info.metadata,
+                cos=_norm_ratio(dot, np.sqrt(xx) * np.sqrt(rr)) if finite else None,
+                delta_norm=float(np.sqrt(dd)),
+                energy=float(e.mean()),
+                energy_std=float(e.std(ddof=1)) if len(e) > 1 else None,
+                friction=float(relative_friction(d, psi).mean()) if finite else float("nan"),
+                sketch_ratio=_norm_ratio(float(d[0] @ d[0]), dd) if finite else None,
+                drift=d[0].tolist(),
+                nonfinite_tensor=acc.bad[row] or acc.bad[0],
+            )
+        )
     return out
 
 
@@ -264,8 +283,15 @@ def run_audit(
     rows = _scores(acc, workers, psi)
     pi, beta = _verdicts(rows, config.beta)
     return AuditResult(
-        reference=ref_path, reference_metadata=ref_info.metadata,
-        files=[FileScore(**r) for r in rows], beta=beta, k_eff=effective_workers(pi),
-        n=sum(t.numel for t in plan), bytes_read=acc.bytes_read, seconds=seconds,
-        skipped=skipped, config=config, warnings=notes,
+        reference=ref_path,
+        reference_metadata=ref_info.metadata,
+        files=[FileScore(**r) for r in rows],
+        beta=beta,
+        k_eff=effective_workers(pi),
+        n=sum(t.numel for t in plan),
+        bytes_read=acc.bytes_read,
+        seconds=seconds,
+        skipped=skipped,
+        config=config,
+        warnings=notes,
     )

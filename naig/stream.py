@@ -35,7 +35,7 @@ FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 _NUMPY_DTYPES = {"F64", "F32", "F16"}  # read without torch; the others need torch
 _PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle"}
 _CONVERT = (
-    "convert it once with: python -c \"import torch; from safetensors.torch import save_file; "
+    'convert it once with: python -c "import torch; from safetensors.torch import save_file; '
     "save_file(torch.load('{p}', weights_only=True), '{s}')\""
 )
 
@@ -119,8 +119,7 @@ def inspect_file(path: str | os.PathLike[str]) -> FileInfo:
     except Exception as exc:  # SafetensorError and friends: one line, no traceback
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataError(
-            f"{p}: not a valid safetensors file ({reason}); re-save it with "
-            "safetensors.torch.save_file"
+            f"{p}: not a valid safetensors file ({reason}); re-save it with safetensors.torch.save_file"
         ) from None
     return FileInfo(p, tensors, meta, p.stat().st_size)
 
@@ -187,8 +186,11 @@ def plan_tensors(
     names = [n for n in ref.tensors if pattern is None or pattern.search(n)]
     skipped["--keys"] = len(ref.tensors) - len(names)
     if intersect:
-        common = [n for n in names if all(o.tensors.get(n) and
-                  o.tensors[n].shape == ref.tensors[n].shape for o in others)]
+        common = [
+            n
+            for n in names
+            if all(o.tensors.get(n) and o.tensors[n].shape == ref.tensors[n].shape for o in others)
+        ]
         skipped["not common"], names = len(names) - len(common), common
     else:
         for other in others:

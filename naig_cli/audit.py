@@ -16,8 +16,21 @@ from naig_cli._common import handle_errors, print_json, stderr, stdout
 
 __all__ = ["audit"]
 
-_COLUMNS = ["file", "lag", "step", "worker", "cos", "delta_norm", "energy", "energy_std",
-            "friction", "pi", "verdict", "sketch_ratio", "nonfinite_tensor"]
+_COLUMNS = [
+    "file",
+    "lag",
+    "step",
+    "worker",
+    "cos",
+    "delta_norm",
+    "energy",
+    "energy_std",
+    "friction",
+    "pi",
+    "verdict",
+    "sketch_ratio",
+    "nonfinite_tensor",
+]
 
 
 @handle_errors
@@ -42,9 +55,15 @@ def audit(
     if chunk_mb <= 0:
         raise UsageError(f"--chunk-mb {chunk_mb} must be > 0")
     _check_csv_target(csv_path, [ref, *files])
-    config = AuditConfig(beta=parse_beta(beta), seed=seed, line=parse_line(line), keys=keys,
-                         intersect=intersect, sketches=sketches,
-                         chunk=max(1, int(chunk_mb * 2**20) // 4))
+    config = AuditConfig(
+        beta=parse_beta(beta),
+        seed=seed,
+        line=parse_line(line),
+        keys=keys,
+        intersect=intersect,
+        sketches=sketches,
+        chunk=max(1, int(chunk_mb * 2**20) // 4),
+    )
     result = _run_with_progress(run_audit, ref, files, config)
     for note in result.warnings:
         stderr.print(f"warning: {note}")
@@ -73,8 +92,12 @@ def _run_with_progress(run, ref, files, config):  # noqa: ANN001, ANN202
         return run(ref, files, config)
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-    cols = ("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-            TransferSpeedColumn())
+    cols = (
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+    )
     with Progress(*cols, console=stderr, transient=True) as bar:
         task = bar.add_task("auditing", total=None)
         return run(ref, files, config, progress=lambda n: bar.advance(task, n))
@@ -82,11 +105,22 @@ def _run_with_progress(run, ref, files, config):  # noqa: ANN001, ANN202
 
 def _rows(result) -> list[dict]:  # noqa: ANN001
     return [
-        {"file": str(f.path), "lag": f.meta("lag"), "step": f.meta("step"),
-         "worker": f.meta("worker"), "cos": f.cos, "delta_norm": f.delta_norm,
-         "energy": f.energy, "energy_std": f.energy_std, "friction": f.friction, "pi": f.pi,
-         "verdict": f.verdict, "sketch_ratio": f.sketch_ratio,
-         "nonfinite_tensor": f.nonfinite_tensor, "drift": f.drift}
+        {
+            "file": str(f.path),
+            "lag": f.meta("lag"),
+            "step": f.meta("step"),
+            "worker": f.meta("worker"),
+            "cos": f.cos,
+            "delta_norm": f.delta_norm,
+            "energy": f.energy,
+            "energy_std": f.energy_std,
+            "friction": f.friction,
+            "pi": f.pi,
+            "verdict": f.verdict,
+            "sketch_ratio": f.sketch_ratio,
+            "nonfinite_tensor": f.nonfinite_tensor,
+            "drift": f.drift,
+        }
         for f in result.files
     ]
 
@@ -94,12 +128,22 @@ def _rows(result) -> list[dict]:  # noqa: ANN001
 def _document(result, rows: list[dict]) -> dict:  # noqa: ANN001
     cfg = result.config
     return {
-        "reference": str(result.reference), "reference_metadata": result.reference_metadata,
-        "files": rows, "beta": result.beta, "beta_option": cfg.beta, "k_eff": result.k_eff,
-        "n": result.n, "compression": result.compression, "bytes_read": result.bytes_read,
-        "seconds": result.seconds, "throughput_bytes_per_s": result.throughput,
-        "skipped_tensors": result.skipped, "line": list(cfg.line), "seed": cfg.seed,
-        "sketches": cfg.sketches, "warnings": result.warnings,
+        "reference": str(result.reference),
+        "reference_metadata": result.reference_metadata,
+        "files": rows,
+        "beta": result.beta,
+        "beta_option": cfg.beta,
+        "k_eff": result.k_eff,
+        "n": result.n,
+        "compression": result.compression,
+        "bytes_read": result.bytes_read,
+        "seconds": result.seconds,
+        "throughput_bytes_per_s": result.throughput,
+        "skipped_tensors": result.skipped,
+        "line": list(cfg.line),
+        "seed": cfg.seed,
+        "sketches": cfg.sketches,
+        "warnings": result.warnings,
     }
 
 
@@ -120,15 +164,35 @@ def _fmt(v: float | None, spec: str) -> str:
 def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
     multi = result.config.sketches > 1
     t = Table(title=f"naig audit — reference {result.reference.name}")
-    for col in ("file", "lag", "step", "worker", "cos", "‖Δ‖", "E" + (" (mean ± std)" if multi else ""),
-                "ρ", "π", "verdict"):
-        t.add_column(col, justify="left" if col in ("file", "verdict") else "right")
+    for col in (
+        "file",
+        "lag",
+        "step",
+        "worker",
+        "cos",
+        "‖Δ‖",
+        "E" + (" (mean ± std)" if multi else ""),
+        "ρ",
+        "π",
+        "verdict",
+    ):
+        left = col in ("file", "verdict")
+        t.add_column(col, justify="left" if left else "right", overflow="fold", no_wrap=not left)
     style = {"integrated": "green", "frozen": "yellow", "non-finite": "red"}
     for r in rows:
-        e = _fmt(r["energy"], ".2f") + (f" ± {r['energy_std']:.2f}" if multi and r["energy_std"] is not None else "")
-        t.add_row(Path(r["file"]).name, *(str(r[k]) if r[k] is not None else "—" for k in ("lag", "step", "worker")),
-                  _fmt(r["cos"], ".6f"), _fmt(r["delta_norm"], ".4g"), e, _fmt(r["friction"], ".3f"),
-                  _fmt(r["pi"], ".4f"), f"[{style[r['verdict']]}]{r['verdict']}[/]")
+        e = _fmt(r["energy"], ".2f") + (
+            f" ± {r['energy_std']:.2f}" if multi and r["energy_std"] is not None else ""
+        )
+        t.add_row(
+            Path(r["file"]).name,
+            *(str(r[k]) if r[k] is not None else "—" for k in ("lag", "step", "worker")),
+            _fmt(r["cos"], ".6f"),
+            _fmt(r["delta_norm"], ".4g"),
+            e,
+            _fmt(r["friction"], ".3f"),
+            _fmt(r["pi"], ".4f"),
+            f"[{style[r['verdict']]}]{r['verdict']}[/]",
+        )
     stdout.print(t)
     stdout.print(_footer(result))
 

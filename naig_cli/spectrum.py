@@ -15,9 +15,7 @@ __all__ = ["spectrum"]
 
 @handle_errors
 def spectrum(
-    line: str = typer.Option(
-        ",".join(map(str, DEFAULT_LINE)), "--line", help="Oriented Fano line I,J,K."
-    ),
+    line: str = typer.Option(",".join(map(str, DEFAULT_LINE)), "--line", help="Oriented Fano line I,J,K."),
     all_lines: bool = typer.Option(False, "--all-lines", help="Check all 21 oriented lines."),
     exact: bool = typer.Option(
         False, "--exact", help="Also certify the characteristic polynomial in exact rationals."
@@ -59,9 +57,7 @@ def _render_one(r: SpectrumReport) -> None:
         t.add_row("eigenvalue × multiplicity", f"{_eig_label(value, r.tol)} × {count}", "")
     t.add_row("rank", str(r.rank), _mark(r.rank == 4))
     t.add_row("max |λ − 8/3| (non-zero λ)", f"{r.max_dev:.2e}", _mark(r.max_dev <= r.tol))
-    t.add_row(
-        "symmetry max |Ψ − Ψᵀ|", f"{r.symmetry_residual:.2e}", _mark(r.symmetry_residual <= r.tol)
-    )
+    t.add_row("symmetry max |Ψ − Ψᵀ|", f"{r.symmetry_residual:.2e}", _mark(r.symmetry_residual <= r.tol))
     t.add_row("PSD: min λ", f"{r.min_eigenvalue:.2e}", _mark(r.min_eigenvalue >= -r.tol))
     t.add_row(
         "g2 basis orthonormality",
@@ -82,8 +78,7 @@ def _render_one(r: SpectrumReport) -> None:
         t.add_row("det(λI − Ψ), exact rationals", format_charpoly(r.charpoly), _mark(r.verified))
     stdout.print(t)
     stdout.print(
-        f"tolerance {r.tol:g}: "
-        + ("[bold green]verified[/]" if r.verified else "[bold red]NOT verified[/]")
+        f"tolerance {r.tol:g}: " + ("[bold green]verified[/]" if r.verified else "[bold red]NOT verified[/]")
     )
 
 

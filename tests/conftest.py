@@ -1,0 +1,53 @@
+"""Shared fixtures: real safetensors files written with safetensors itself, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from naig.io import save_gradients
+
+
+def run_naig(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real `naig` CLI in a subprocess (python -m naig_cli), capturing output."""
+    cmd = [sys.executable, "-m", "naig_cli", *map(str, args)]
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, code: int, *needles: str) -> None:
+    """Exit ``code``, stderr is one line starting with 'error: ' and naming ``needles``."""
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("warning: ")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def make_state(seed: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "layer.weight": (scale * torch.randn(40, 30, generator=g)).to(dtype),
+        "layer.bias": (scale * torch.randn(30, generator=g)).to(dtype),
+        "head.weight": (scale * torch.randn(7, 40, generator=g)).to(dtype),
+    }
+
+
+@pytest.fixture
+def grads_dir(tmp_path: Path) -> Path:
+    """ref.safetensors plus three workers (lags 0, 10, 20) drifting away from it."""
+    root = tmp_path / "inputs"
+    ref = make_state(0)
+    save_gradients(root / "ref.safetensors", ref, step=5, worker="ref")
+    wdir = root / "workers"
+    for k, lag in enumerate((0, 10, 20)):
+        noise = make_state(100 + k, scale=0.1 * k)
+        state = {n: ref[n] + noise[n] for n in ref}
+        save_gradients(wdir / f"w{k}.safetensors", state, lag=lag, step=5, worker=k)
+    return root

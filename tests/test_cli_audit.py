@@ -1,0 +1,210 @@
+"""`naig audit` end to end, including every bad input of SPEC §5 that applies to audit."""
+
+import hashlib
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from naig.io import save_gradients
+from tests.conftest import assert_one_line_error, make_state, run_naig
+
+
+def _digest(root: Path) -> dict:
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def untouched(grads_dir):
+    """Assert that no input file is modified or added by the test's commands."""
+    before = _digest(grads_dir)
+    yield grads_dir
+    assert _digest(grads_dir) == before
+
+
+def test_table_and_footer(untouched):
+    r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers")
+    assert r.returncode == 0, r.stderr
+    for word in (
+        "w0.safetensors",
+        "w2.safetensors",
+        "cos",
+        "verdict",
+        "β =",
+        "K_eff",
+        "n = 1,510",
+        "compression n/14",
+        "MiB/s",
+    ):
+        assert word in r.stdout, word
+
+
+def test_json_and_csv(untouched, tmp_path):
+    csv_path = tmp_path / "out" / "audit.csv"
+    r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--json", "--csv", csv_path)
+    assert r.returncode == 0 and r.stderr == ""
+    doc = json.loads(r.stdout)
+    assert [f["lag"] for f in doc["files"]] == [0, 10, 20]
+    assert abs(sum(f["pi"] for f in doc["files"]) - 1) < 1e-12
+    assert doc["n"] == 1510 and doc["bytes_read"] == 4 * 1510 * 4
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].startswith("file,lag,step,worker,cos") and len(lines) == 4
+
+
+def test_sketches_option(untouched):
+    doc = json.loads(
+        run_naig(
+            "audit",
+            untouched / "ref.safetensors",
+            untouched / "workers",
+            "--json",
+            "--sketches",
+            "4",
+        ).stdout
+    )
+    assert doc["sketches"] == 4 and all(f["energy_std"] is not None for f in doc["files"])
+
+
+def test_missing_file(untouched):
+    r = run_naig("audit", untouched / "ref.safetensors", untouched / "nope.safetensors")
+    assert_one_line_error(r, 1, "nope.safetensors", "no such file")
+
+
+def test_directory_without_safetensors(untouched, tmp_path):
+    (tmp_path / "empty").mkdir()
+    r = run_naig("audit", untouched / "ref.safetensors", tmp_path / "empty")
+    assert_one_line_error(r, 1, "empty", "no *.safetensors")
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated"])
+def test_empty_or_truncated(untouched, tmp_path, kind):
+    good = (untouched / "workers" / "w1.safetensors").read_bytes()
+    bad = tmp_path / f"{kind}.safetensors"
+    bad.write_bytes(b"" if kind == "empty" else good[: len(good) // 2])
+    r = run_naig("audit", untouched / "ref.safetensors", bad)
+    assert_one_line_error(r, 1, str(bad), "not a valid safetensors file")
+
+
+def test_git_lfs_pointer(untouched, tmp_path):
+    p = tmp_path / "lfs.safetensors"
+    p.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 12345\n")
+    assert_one_line_error(run_naig("audit", untouched / "ref.safetensors", p), 1, "git-lfs", "git lfs pull")
+
+
+@pytest.mark.parametrize("name", ["model.pt", "pytorch_model.bin", "last.ckpt", "sneaky.safetensors"])
+def test_pickle_refused_never_loaded(untouched, tmp_path, name):
+    p = tmp_path / name
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    p.write_bytes(pickle.dumps(Evil(), protocol=4))
+    r = run_naig("audit", untouched / "ref.safetensors", p)
+    assert_one_line_error(r, 1, name, "save_file")
+    assert not marker.exists()
+
+
+def test_torch_zip_checkpoint_refused(untouched, tmp_path):
+    p = tmp_path / "ckpt.safetensors"
+    torch.save({"w": torch.ones(2)}, p)
+    assert_one_line_error(run_naig("audit", untouched / "ref.safetensors", p), 1, "pickle/zip")
+
+
+def test_header_too_large(untouched, tmp_path):
+    p = tmp_path / "huge.safetensors"
+    p.write_bytes((300_000_000).to_bytes(8, "little") + b"{}")
+    r = run_naig("audit", untouched / "ref.safetensors", p)
+    assert_one_line_error(r, 1, "huge.safetensors", "header too large")
+
+
+def test_mismatched_names_and_shapes(untouched, tmp_path):
+    state = make_state(5)
+    state["extra"] = torch.ones(3)
+    save_gradients(tmp_path / "names.safetensors", state)
+    r = run_naig("audit", untouched / "ref.safetensors", tmp_path / "names.safetensors")
+    assert_one_line_error(r, 1, "'extra'", "--intersect")
+    state = make_state(5)
+    state["layer.bias"] = torch.ones(31)
+    save_gradients(tmp_path / "shapes.safetensors", state)
+    r = run_naig("audit", untouched / "ref.safetensors", tmp_path / "shapes.safetensors")
+    assert_one_line_error(r, 1, "'layer.bias'", "[31]", "--intersect")
+    r = run_naig("audit", untouched / "ref.safetensors", tmp_path / "shapes.safetensors", "--intersect")
+    assert r.returncode == 0 and "1 not common" in r.stdout
+
+
+def test_reference_as_worker_warns_and_skips(untouched):
+    ref = untouched / "ref.safetensors"
+    r = run_naig("audit", ref, ref, untouched / "workers", "--json")
+    assert r.returncode == 0
+    assert r.stderr.startswith("warning: ") and "reference itself" in r.stderr
+    assert len(json.loads(r.stdout)["files"]) == 3
+
+
+def test_nan_flagged_and_all_nan_fails(untouched, tmp_path):
+    bad = make_state(3)
+    bad["head.weight"][0, 0] = float("inf")
+    save_gradients(tmp_path / "inf.safetensors", bad)
+    r = run_naig(
+        "audit",
+        untouched / "ref.safetensors",
+        tmp_path / "inf.safetensors",
+        untouched / "workers" / "w1.safetensors",
+        "--json",
+    )
+    assert r.returncode == 0
+    files = json.loads(r.stdout)["files"]
+    assert files[0]["verdict"] == "non-finite" and files[0]["pi"] == 0.0
+    assert files[0]["energy"] is None and files[0]["nonfinite_tensor"] == "head.weight"
+    r = run_naig("audit", untouched / "ref.safetensors", tmp_path / "inf.safetensors")
+    assert_one_line_error(r, 1, "NaN/Inf", "inf.safetensors")
+
+
+def test_zero_norm_shows_dash(untouched, tmp_path):
+    save_gradients(tmp_path / "zero.safetensors", {k: torch.zeros_like(v) for k, v in make_state(0).items()})
+    r = run_naig("audit", untouched / "ref.safetensors", tmp_path / "zero.safetensors")
+    assert r.returncode == 0 and "—" in r.stdout
+
+
+def test_low_precision_and_int_tensors(untouched, tmp_path):
+    for dt in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
+        state = {k: v.to(dt) for k, v in make_state(9).items()}
+        state["num_batches_tracked"] = torch.tensor(7)
+        state["mask"] = torch.ones(4, dtype=torch.bool)
+        ref = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+        save_file(ref, tmp_path / "ref.safetensors")
+        save_file(state, tmp_path / "lp.safetensors")
+        r = run_naig("audit", tmp_path / "ref.safetensors", tmp_path / "lp.safetensors", "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["skipped_tensors"]["int/bool"] == 2
+        assert doc["files"][0]["delta_norm"] == 0.0  # the upcast is exact
+
+
+@pytest.mark.parametrize("beta", ["-1", "nan", "abc"])
+def test_bad_beta(untouched, beta):
+    r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--beta", beta)
+    assert_one_line_error(r, 2, "--beta")
+
+
+def test_bad_line_and_keys(untouched):
+    r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--line", "1,2,3")
+    assert_one_line_error(r, 2, "--line")
+    r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--keys", "[")
+    assert_one_line_error(r, 2, "--keys")
+
+
+def test_csv_never_overwrites_an_input(untouched):
+    target = untouched / "workers" / "w0.safetensors"
+    r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--csv", target)
+    assert_one_line_error(r, 2, "--csv", "overwrite")
+
+
+def test_error_writes_no_csv(untouched, tmp_path):
+    out = tmp_path / "out.csv"
+    r = run_naig("audit", untouched / "ref.safetensors", tmp_path / "missing.safetensors", "--csv", out)
+    assert r.returncode == 1 and not out.exists()

@@ -1,0 +1,55 @@
+"""Each example runs, and Experiment A's figures are measured independently by naig audit."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_naig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def experiment_a(tmp_path_factory):
+    out = tmp_path_factory.mktemp("experiment_a")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "gram_schmidt_audit.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "worker_lag35.safetensors" in r.stdout and "frozen" in r.stdout
+    return out
+
+
+def _audit(out: Path, beta: str) -> list[dict]:
+    files = sorted(out.glob("worker_lag*.safetensors"))
+    r = run_naig("audit", out / "oracle.safetensors", *files, "--beta", beta, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["files"]
+
+
+def test_experiment_a_beta_1(experiment_a):
+    files = {f["lag"]: f for f in _audit(experiment_a, "1")}
+    cosines = [f["cos"] for f in files.values()]
+    assert max(cosines) - min(cosines) < 1e-6 and cosines[0] == pytest.approx(0.8, abs=1e-6)
+    assert round(files[10]["energy"], 2) == 9.23 and files[10]["verdict"] == "frozen"
+    assert round(files[20]["energy"], 2) == 57.68 and files[20]["verdict"] == "frozen"
+    assert files[20]["friction"] == pytest.approx(1.0, abs=1e-6)  # wholly in the ridge: E = E_max
+    assert 0 < files[10]["friction"] < 1  # only partly in the ridge
+    assert round(files[35]["energy"], 2) == 0.0
+    assert files[35]["pi"] == max(f["pi"] for f in files.values())
+    norms = [f["delta_norm"] for f in files.values()]
+    assert max(norms) - min(norms) < 1e-5  # equal drift norms
+
+
+def test_experiment_a_beta_auto_integrates_the_partial_worker(experiment_a):
+    files = {f["lag"]: f for f in _audit(experiment_a, "auto")}
+    assert files[10]["verdict"] == "integrated" and files[20]["verdict"] == "frozen"
+    assert files[35]["pi"] == max(f["pi"] for f in files.values())
