@@ -73,3 +73,10 @@ def test_failed_verification_exits_1():
 def test_version_and_help():
     assert naig("--version").stdout.startswith("naig ")
     assert naig("spectrum", "--help").returncode == 0
+
+
+@pytest.mark.parametrize("args", [["spectrum", "--tol", "x"], ["audit"], ["nope"]])
+def test_click_usage_errors_are_one_line(args):
+    r = naig(*args)
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and "╭" not in r.stderr
