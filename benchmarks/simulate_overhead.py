@@ -15,8 +15,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+import time
 
+import torch
+
+from naig.model import GPT, get_preset
 from naig.simulate import SimulateConfig, run_simulation
+from naig.sketch_torch import TorchSketch
+from naig.strategies import StrategyOptions, make_strategy
 
 __all__ = ["main"]
 
@@ -29,6 +35,22 @@ def _step_times(cfg: SimulateConfig, repeats: int) -> dict[str, list[float]]:
         for run in result.runs:
             times[run.strategy].append(run.ms_per_step)
     return times
+
+
+def _combine_ms(cfg: SimulateConfig, name: str, calls: int = 300) -> float:
+    """Median ms of one ``combine`` call alone on random (K, n) gradients of the workload."""
+    named = [(n, p.numel()) for n, p in GPT(get_preset(cfg.model)).named_parameters()]
+    strategy = make_strategy(name, StrategyOptions(sketch=TorchSketch.build(named)))
+    gen = torch.Generator().manual_seed(0)
+    n, k = sum(s for _, s in named), len(cfg.lags)
+    args = (torch.randn(k, n, generator=gen), torch.tensor(cfg.lags),
+            torch.randn(n, generator=gen), torch.randn(k, n, generator=gen))
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        strategy.combine(*args)
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
 
 
 def main() -> None:
@@ -44,6 +66,9 @@ def main() -> None:
           f"{args.steps} steps, {len(times['naig'])} interleaved runs each")
     print(f"hogwild median {hog:.2f} ms/step; naig median {naig:.2f} ms/step")
     print(f"ratio naig/hogwild = {naig / hog:.3f} (target <= 1.05)")
+    c_naig, c_hog = _combine_ms(cfg, "naig"), _combine_ms(cfg, "hogwild")
+    print(f"combine alone: naig {c_naig:.3f} ms, hogwild {c_hog:.3f} ms; routing cost "
+          f"{c_naig - c_hog:.3f} ms = {100 * (c_naig - c_hog) / hog:.1f}% of a hogwild step")
 
 
 if __name__ == "__main__":
