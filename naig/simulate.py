@@ -66,7 +66,7 @@ class SimulateConfig:
 
     lags: tuple[int, ...] = (0, 10, 20, 35)  # τ_k of each worker, in server steps
     strategies: tuple[str, ...] = ("naig", "hogwild", "staleness", "sync")  # rules to compare
-    steps: int = 200  # server steps (optimizer updates) per run
+    steps: int = 150  # server steps (optimizer updates) per run
     seeds: int = 2  # independent seeds 0..seeds−1 (init, data streams, val batches)
     lr: float = 3e-3  # optimizer learning rate
     optimizer: str = "adam"  # "sgd" or "adam" (torch.optim, default settings otherwise)

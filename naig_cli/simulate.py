@@ -34,7 +34,7 @@ def simulate(
     strategies: str = typer.Option(
         _DEFAULT_STRATEGIES, "--strategies",
         help="Comma list of: sync, hogwild, naig, staleness, dc-asgd, naig-exact."),
-    steps: int = typer.Option(200, "--steps", help="Server steps per run."),
+    steps: int = typer.Option(150, "--steps", help="Server steps per run."),
     seeds: int = typer.Option(2, "--seeds", help="Number of seeds (0..N-1)."),
     lr: float = typer.Option(3e-3, "--lr", help="Learning rate."),
     optimizer: str = typer.Option("adam", "--optimizer", help="sgd or adam."),
