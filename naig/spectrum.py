@@ -24,6 +24,7 @@ from naig.metric import (
     fano_fisher_metric,
     parse_line,
 )
+from naig.sketch import splitmix64, splitmix64_array
 
 __all__ = ["SpectrumReport", "certify_spectrum", "factor_charpoly", "format_charpoly"]
 
@@ -70,8 +71,19 @@ def _group(eigs: np.ndarray, tol: float) -> list[tuple[float, int]]:
     return [(float(np.mean(g)), len(g)) for g in groups]
 
 
+def _random_drifts(n: int, seed: int) -> np.ndarray:
+    """(n, 14) drifts uniform in [−1, 1)^14 from the splitmix64 stream of ``seed``.
+
+    splitmix64 (already the sketch's hash) keeps numpy.random, and its import
+    time, out of ``naig spectrum``.
+    """
+    counter = np.arange(n * 14, dtype=np.uint64) + np.uint64(splitmix64(seed))
+    bits = splitmix64_array(counter) >> np.uint64(11)  # 53 random bits
+    return (bits.astype(np.float64) * 2.0**-52 - 1.0).reshape(n, 14)
+
+
 def _emax_worst(psi: np.ndarray, n: int, seed: int) -> float:
-    d = np.random.default_rng(seed).normal(size=(n, 14))  # (n, 14) random drifts
+    d = _random_drifts(n, seed)  # (n, 14)
     return float((energy(d, psi) / e_max(d)).max())
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import sys
@@ -61,4 +60,6 @@ def _clean(obj: Any) -> Any:
 
 def print_json(doc: Any) -> None:
     """Write one strict JSON document (NaN/Inf → null) to stdout."""
+    import json
+
     sys.stdout.write(json.dumps(_clean(doc), indent=2, default=str) + "\n")

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import typer
@@ -148,6 +146,9 @@ def _document(result, rows: list[dict]) -> dict:  # noqa: ANN001
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
+    import csv
+    import tempfile
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".csv.tmp")
     with os.fdopen(fd, "w", newline="") as fh:

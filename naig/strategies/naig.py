@@ -10,6 +10,8 @@ With the reference R = the min-lag worker at this step (the first one on ties):
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -42,12 +44,13 @@ def gibbs_pi(energies: Tensor, beta: float | str) -> Tensor:
 class GibbsStrategy(Strategy):
     """Shared body of ``naig`` and ``naig-exact``: energies → Gibbs weights → MGE combine."""
 
+    @abstractmethod
     def energies(self, grads: Tensor, ref: int) -> Tensor:
         """(K,) float64 energies of each worker's drift from the reference."""
-        raise NotImplementedError
 
-    def combine(self, grads: Tensor, lags: Tensor, theta_now: Tensor,
-                theta_stale: Tensor) -> tuple[Tensor, Tensor]:
+    def combine(
+        self, grads: Tensor, lags: Tensor, theta_now: Tensor, theta_stale: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """ĝ = Σ_k π_k g_k with π = Gibbs(E); see ``Strategy.combine``."""
         pi = gibbs_pi(self.energies(grads, reference_index(lags)), self.options.beta)
         return combine(pi, grads), pi
