@@ -114,3 +114,17 @@ def test_reference_listed_as_worker_is_skipped(grads_dir):
     ref = grads_dir / "ref.safetensors"
     r = run_audit(ref, [ref, grads_dir / "workers"])
     assert len(r.files) == 3 and any("reference itself" in w for w in r.warnings)
+
+
+def test_router_and_audit_agree_on_the_same_gradients(grads_dir):
+    """The library Router (torch) and the streaming audit (files) share one sketch definition."""
+    from safetensors.torch import load_file
+
+    from naig.router import Router
+
+    ref = load_file(grads_dir / "ref.safetensors")
+    paths = sorted((grads_dir / "workers").glob("*.safetensors"))
+    workers = [load_file(p) for p in paths]
+    e_router = Router(lags=(0, 10, 20), seed=4).energies(workers, reference=ref).numpy()
+    e_audit = [f.energy for f in run_audit(grads_dir / "ref.safetensors", paths, AuditConfig(seed=4)).files]
+    np.testing.assert_allclose(e_audit, e_router, rtol=1e-10, atol=1e-10)
