@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich import box
 from rich.table import Table
 
 from naig.errors import UsageError
@@ -162,37 +163,39 @@ def _fmt(v: float | None, spec: str) -> str:
     return "—" if v is None or v != v else format(v, spec)
 
 
+_STYLE = {"integrated": "green", "frozen": "yellow", "non-finite": "red"}
+
+
+def _energy_cell(r: dict, multi: bool) -> str:
+    spread = f" ± {r['energy_std']:.2f}" if multi and r["energy_std"] is not None else ""
+    return _fmt(r["energy"], ".2f") + spread
+
+
 def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
     multi = result.config.sketches > 1
-    t = Table(title=f"naig audit — reference {result.reference.name}")
-    for col in (
-        "file",
-        "lag",
-        "step",
-        "worker",
-        "cos",
-        "‖Δ‖",
-        "E" + (" (mean ± std)" if multi else ""),
-        "ρ",
-        "π",
-        "verdict",
-    ):
-        left = col in ("file", "verdict")
-        t.add_column(col, justify="left" if left else "right", overflow="fold", no_wrap=not left)
-    style = {"integrated": "green", "frozen": "yellow", "non-finite": "red"}
+    meta = [k for k in ("lag", "step", "worker") if len({r[k] for r in rows}) > 1]
+    t = Table(
+        title=f"naig audit — reference {result.reference.name}",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    t.add_column("file", no_wrap=True, overflow="ellipsis", min_width=12)
+    for col in [*meta, "cos", "‖Δ‖", "E ± std" if multi else "E", "ρ", "π"]:
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("verdict", no_wrap=True, min_width=10)
     for r in rows:
-        e = _fmt(r["energy"], ".2f") + (
-            f" ± {r['energy_std']:.2f}" if multi and r["energy_std"] is not None else ""
-        )
+        name = Path(r["file"]).name.removesuffix(".safetensors")
+        cells = [str(r[k]) if r[k] is not None else "—" for k in meta]
         t.add_row(
-            Path(r["file"]).name,
-            *(str(r[k]) if r[k] is not None else "—" for k in ("lag", "step", "worker")),
+            name,
+            *cells,
             _fmt(r["cos"], ".6f"),
             _fmt(r["delta_norm"], ".4g"),
-            e,
+            _energy_cell(r, multi),
             _fmt(r["friction"], ".3f"),
             _fmt(r["pi"], ".4f"),
-            f"[{style[r['verdict']]}]{r['verdict']}[/]",
+            f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]",
         )
     stdout.print(t)
     stdout.print(_footer(result))

@@ -24,7 +24,7 @@ def experiment_a(tmp_path_factory):
         env={**os.environ, "COLUMNS": "200"},
     )
     assert r.returncode == 0, r.stderr
-    assert "worker_lag35.safetensors" in r.stdout and "frozen" in r.stdout
+    assert "worker_lag35 " in r.stdout and "frozen" in r.stdout
     return out
 
 
