@@ -173,13 +173,11 @@ def _energy_cell(r: dict, multi: bool) -> str:
 
 def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
     multi = result.config.sketches > 1
-    meta = [k for k in ("lag", "step", "worker") if len({r[k] for r in rows}) > 1]
-    t = Table(
-        title=f"naig audit — reference {result.reference.name}",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-    )
+    values = {k: {r[k] for r in rows} - {None} for k in ("lag", "step", "worker")}
+    meta = [k for k, v in values.items() if len(v) > 1 or (len(v) == 1 and len(rows) == 1)]
+    same = "".join(f", {k} {next(iter(v))} for all" for k, v in values.items() if k not in meta and v)
+    title = f"naig audit — reference {result.reference.name}{same}"
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     t.add_column("file", no_wrap=True, overflow="ellipsis", min_width=12)
     for col in [*meta, "cos", "‖Δ‖", "E ± std" if multi else "E", "ρ", "π"]:
         t.add_column(col, justify="right", no_wrap=True)
