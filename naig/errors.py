@@ -7,7 +7,7 @@ what was expected, what was received, and how to fix it.
 
 from __future__ import annotations
 
-__all__ = ["NaigError", "DataError", "UsageError", "VerificationError"]
+__all__ = ["NaigError", "DataError", "UsageError", "VerificationError", "show"]
 
 
 class NaigError(Exception):
@@ -32,3 +32,12 @@ class VerificationError(NaigError):
     """A mathematical certificate failed to verify. Exit code 1."""
 
     exit_code = 1
+
+
+def show(name: str, value: object) -> str:
+    """Name a value in a message: ``--beta 1`` for a CLI option, ``beta=1`` for an argument.
+
+    CLI code passes option names (``"--beta"``); library code passes argument
+    names (``"beta"``), so each error names what its caller actually typed.
+    """
+    return f"{name} {value!r}" if name.startswith("-") else f"{name}={value!r}"

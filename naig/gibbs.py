@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from naig.errors import DataError, UsageError
+from naig.errors import DataError, UsageError, show
 
 __all__ = [
     "parse_beta",
@@ -29,8 +29,13 @@ __all__ = [
 FROZEN_FACTOR = 0.01  # frozen when π_k < FROZEN_FACTOR / K
 
 
-def parse_beta(beta: str | float) -> float | str:
+def parse_beta(beta: str | float, name: str = "--beta") -> float | str:
     """Validate a ``--beta`` value: ``"auto"`` or a finite float ≥ 0.
+
+    Args:
+        beta: the value to check.
+        name: what error messages call it: a CLI option (``"--beta"``) or an
+            argument name (``"beta"``, shown as ``beta=…``).
 
     Raises:
         UsageError: for a negative, NaN, infinite or non-numeric value.
@@ -41,10 +46,11 @@ def parse_beta(beta: str | float) -> float | str:
         value = float(beta)
     except (TypeError, ValueError):
         raise UsageError(
-            f"--beta {beta!r} is not a number; use 'auto' or a finite float >= 0"
+            f"{show(name, beta)} is not a number; use 'auto' or a finite float >= 0"
         ) from None
     if not math.isfinite(value) or value < 0:
-        raise UsageError(f"--beta {beta!r} must be finite and >= 0; use 'auto' or e.g. --beta 1")
+        raise UsageError(f"{show(name, beta)} must be finite and >= 0; "
+                         f"use 'auto' or e.g. {show(name, 1)}")
     return value
 
 

@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from naig.errors import UsageError
+from naig.errors import UsageError, show
 from naig.g2 import g2_basis, g2_rational_basis
 from naig.octonion import associator, oriented_lines
 
@@ -39,11 +39,12 @@ EXPECTED_CHARPOLY: tuple[Fraction, ...] = (0,) * 10 + (  # type: ignore[assignme
 """Coefficients, low → high degree, of λ^10 (λ − 8/3)^4."""
 
 
-def parse_line(line: str | tuple[int, ...] | list[int]) -> tuple[int, int, int]:
+def parse_line(line: str | tuple[int, ...] | list[int], name: str = "--line") -> tuple[int, int, int]:
     """Validate an oriented Fano line.
 
     Args:
         line: ``"1,2,4"`` or a sequence of three ints.
+        name: what error messages call it: ``"--line"`` (CLI) or ``"line"`` (``line=…``).
 
     Returns:
         The line as ``(i, j, k)``.
@@ -61,7 +62,7 @@ def parse_line(line: str | tuple[int, ...] | list[int]) -> tuple[int, int, int]:
         return triple  # type: ignore[return-value]
     valid = " ".join(",".join(map(str, t)) for t in oriented_lines()[::3])
     raise UsageError(
-        f"--line {line!r} is not an oriented Fano line; use one of {valid} "
+        f"{show(name, line)} is not an oriented Fano line; use one of {valid} "
         "or a cyclic rotation of one"
     )
 

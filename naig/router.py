@@ -31,7 +31,7 @@ from naig.errors import UsageError
 from naig.gibbs import combine as mge_combine
 from naig.gibbs import parse_beta
 from naig.metric import fano_fisher_metric, parse_line
-from naig.sketch import SKETCH_DIM
+from naig.sketch import SKETCH_DIM, check_seed
 from naig.sketch_torch import TorchSketch
 from naig.strategies.naig import gibbs_pi
 
@@ -50,20 +50,21 @@ class Router:
         lags: τ_k per worker; the default reference is the first worker with min lag.
         beta: inverse temperature, a float ≥ 0 (0 = Hogwild! uniform) or ``"auto"``.
         line: oriented Fano line ℓ of the metric Ψ_ℓ, e.g. ``(1, 2, 4)``.
-        seed: sketch seed (uint64); the same seed sketches every step consistently.
+        seed: sketch seed, an int in 0..2^64−1; the same seed sketches every step consistently.
 
     Raises:
-        UsageError: for an empty/negative ``lags``, a bad ``beta`` or a non-Fano ``line``.
+        UsageError: for an empty/negative ``lags``, a bad ``beta``, a non-Fano ``line``
+            or a seed outside 0..2^64−1 (messages name the argument, e.g. ``beta=``).
     """
 
     def __init__(self, lags: Sequence[int] = (0, 10, 20, 35), beta: float | str = "auto",
                  line: Sequence[int] = (1, 2, 4), seed: int = 0) -> None:
         if not lags or any(int(t) < 0 for t in lags):
-            raise UsageError(f"lags {tuple(lags)}: use non-negative ints, one per worker")
+            raise UsageError(f"lags={tuple(lags)!r}: use non-negative ints, one per worker")
         self.lags = tuple(int(t) for t in lags)
-        self.beta = parse_beta(beta)
-        self.line = parse_line(tuple(line))
-        self.seed = seed
+        self.beta = parse_beta(beta, "beta")
+        self.line = parse_line(tuple(line), "line")
+        self.seed = check_seed(seed, "seed")
         self._psi = torch.from_numpy(fano_fisher_metric(self.line))  # (14, 14) float64
         self._hashes: dict[tuple[str, int, str], TorchSketch] = {}
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "check_seed",
     "SKETCH_DIM",
     "splitmix64",
     "splitmix64_array",
@@ -47,6 +48,24 @@ __all__ = [
 
 SKETCH_DIM = 14
 _MASK = (1 << 64) - 1
+
+
+def check_seed(seed: object, name: str = "--sketch-seed") -> int:
+    """Validate a sketch seed: an int with 0 <= seed < 2^64 (a uint64).
+
+    Args:
+        seed: the value to check.
+        name: what error messages call it: a CLI option or an argument (``"seed"``).
+
+    Raises:
+        UsageError: naming ``name`` for a non-int, negative or too large seed.
+    """
+    from naig.errors import UsageError, show
+
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed <= _MASK:
+        raise UsageError(f"{show(name, seed)}: a sketch seed must be an int in 0..2^64-1, "
+                         f"e.g. {show(name, 0)}")
+    return int(seed)
 _FNV_OFFSET, _FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
 _U = np.uint64
 

@@ -72,6 +72,23 @@ def test_bad_arguments() -> None:
         Router().weights(_grads(3))
 
 
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"beta": -1}, "beta=-1"), ({"beta": "hot"}, "beta='hot'"), ({"beta": float("nan")}, "beta=nan"),
+    ({"line": (1, 2, 3)}, "line=(1, 2, 3)"), ({"lags": (0, -2)}, "lags=(0, -2)"),
+    ({"seed": -1}, "seed=-1"), ({"seed": 2**64}, f"seed={2**64}"), ({"seed": 1.5}, "seed=1.5"),
+])
+def test_library_errors_name_the_argument_not_a_cli_option(kwargs: dict, name: str) -> None:
+    with pytest.raises(UsageError) as info:
+        Router(**kwargs)
+    assert name in str(info.value) and "--" not in str(info.value), str(info.value)
+
+
+def test_seed_bounds_are_inclusive() -> None:
+    assert Router(seed=0).seed == 0 and Router(seed=2**64 - 1).seed == 2**64 - 1
+
+
+
+
 def test_all_non_finite_is_a_data_error() -> None:
     bad = [{"w": torch.full((3,), float("nan"))} for _ in range(2)]
     with pytest.raises(DataError):
