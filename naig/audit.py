@@ -15,6 +15,7 @@ and a verdict: ``non-finite`` (NaN/Inf anywhere; π_k = 0), ``frozen``
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from naig.stream import (
     batches,
     expand_inputs,
     inspect_file,
+    needs_torch,
     plan_tensors,
     read_pieces,
 )
@@ -42,6 +44,7 @@ from naig.stream import (
 __all__ = ["AuditConfig", "FileScore", "AuditResult", "run_audit", "DEFAULT_CHUNK"]
 
 DEFAULT_CHUNK = 1 << 22  # scalars per batch (16 MiB of float32)
+_INT = re.compile(r"-?[0-9]{1,18}")  # metadata shown as int (ASCII digits, bounded length)
 _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
@@ -78,7 +81,7 @@ class FileScore:
     def meta(self, key: str) -> int | str | None:
         """Metadata value ``key`` as int when it is one (``lag``, ``step``, ``worker``)."""
         v = self.metadata.get(key)
-        return int(v) if v is not None and v.lstrip("-").isdigit() else v
+        return int(v) if v is not None and _INT.fullmatch(v) else v
 
 
 @dataclass(frozen=True)
@@ -114,15 +117,27 @@ def _resolve_files(
     ref_path = Path(ref)
     if ref_path.is_dir():
         raise UsageError(f"{ref_path}: the reference must be one .safetensors file, not a directory")
-    notes, workers = [], []
+    notes, workers, seen = [], [], {_identity(ref_path): ref_path}
     for p in expand_inputs(files):
-        if p.exists() and ref_path.exists() and os.path.samefile(p, ref_path):
+        first = seen.setdefault(_identity(p), p)
+        if first is ref_path and p is not ref_path:
             notes.append(f"{p}: is the reference itself; skipped as a worker")
-        elif p not in workers:
+        elif first is not p:
+            notes.append(f"{p}: is the same file as {first}; audited once")
+        else:
             workers.append(p)
     if not workers:
         raise UsageError("no worker files to audit; pass REF followed by one or more FILEs")
     return ref_path, workers, notes
+
+
+def _identity(p: Path) -> tuple[int, int] | Path:
+    """(device, inode) of an existing file, so symlinks and repeats are recognised."""
+    try:
+        st = p.stat()
+    except OSError:
+        return p.absolute()  # missing: inspect_file reports it
+    return (st.st_dev, st.st_ino)
 
 
 @dataclass
@@ -225,10 +240,18 @@ def _scores(acc: _Accumulators, workers: list[FileInfo], psi: np.ndarray) -> lis
                 friction=float(relative_friction(d, psi).mean()) if finite else float("nan"),
                 sketch_ratio=_norm_ratio(float(d[0] @ d[0]), dd) if finite else None,
                 drift=d[0].tolist(),
-                nonfinite_tensor=acc.bad[row] or acc.bad[0],
+                nonfinite_tensor=acc.bad[row],
             )
         )
     return out
+
+
+def _check_reference(acc: _Accumulators, ref: Path) -> None:
+    if acc.bad[0] is not None:
+        raise DataError(
+            f"{ref}: the reference holds NaN/Inf values (tensor {acc.bad[0]!r}), so no drift is "
+            "defined; fix it or choose another reference"
+        )
 
 
 def _verdicts(rows: list[dict], beta_opt: float | str) -> tuple[np.ndarray, float]:
@@ -277,9 +300,12 @@ def run_audit(
     ref_path, worker_paths, notes = _resolve_files(ref, files)
     ref_info, workers = inspect_file(ref_path), [inspect_file(p) for p in worker_paths]
     plan, skipped = plan_tensors(ref_info, workers, config.keys, config.intersect)
+    if needs_torch(plan, [ref_info, *workers]):
+        import torch  # noqa: F401  (bf16/fp8 reads; imported before the clock starts)
     t0 = time.perf_counter()
     acc = _stream_all(ref_info, workers, plan, config, progress)
     seconds = time.perf_counter() - t0
+    _check_reference(acc, ref_path)
     rows = _scores(acc, workers, psi)
     pi, beta = _verdicts(rows, config.beta)
     return AuditResult(

@@ -29,6 +29,7 @@ __all__ = [
     "plan_tensors",
     "batches",
     "read_pieces",
+    "needs_torch",
 ]
 
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
@@ -74,14 +75,29 @@ class Piece:
     index: tuple[slice, ...]  # the safetensors slice that yields exactly this range
 
 
+def _convert_hint(p: Path) -> str:
+    target = p.with_suffix(".safetensors")
+    if target == p:
+        target = p.with_name(p.stem + ".converted.safetensors")
+    return _CONVERT.format(p=p, s=target)
+
+
 def _sniff(path: Path) -> None:
+    """Recognise git-lfs pointers and pickle/zip files before safetensors parses them.
+
+    A safetensors file is an 8-byte little-endian header length followed by a JSON
+    header that starts with ``{``; only files without that ``{`` are sniffed.
+    """
     with open(path, "rb") as fh:
         head = fh.read(64)
+    if head[8:9] == b"{":
+        return
     if head.startswith(b"version https://git-lfs"):
         raise DataError(f"{path}: is a git-lfs pointer, not the data; run `git lfs pull` first")
-    if head[:2] == b"PK" or head[:1] == b"\x80":
-        fix = _CONVERT.format(p=path, s=path.with_suffix(".safetensors"))
-        raise DataError(f"{path}: is a pickle/zip file, not safetensors (never loaded); {fix}")
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+        raise DataError(
+            f"{path}: is a pickle/zip file, not safetensors (never loaded); {_convert_hint(path)}"
+        )
 
 
 def inspect_file(path: str | os.PathLike[str]) -> FileInfo:
@@ -102,8 +118,7 @@ def inspect_file(path: str | os.PathLike[str]) -> FileInfo:
 
     p = Path(path)
     if p.suffix.lower() in _PICKLE_SUFFIXES:
-        fix = _CONVERT.format(p=p, s=p.with_suffix(".safetensors"))
-        raise DataError(f"{p}: pickle formats are never loaded (unsafe); {fix}")
+        raise DataError(f"{p}: pickle formats are never loaded (unsafe); {_convert_hint(p)}")
     if not p.exists():
         raise DataError(f"{p}: no such file; check the path")
     if not p.is_file():
@@ -143,25 +158,62 @@ def expand_inputs(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     return out
 
 
-def _mismatch(ref: FileInfo, other: FileInfo, names: list[str], pattern: re.Pattern | None) -> str | None:
-    theirs = [n for n in other.tensors if pattern is None or pattern.search(n)]
-    missing = [n for n in names if n not in other.tensors]
-    if missing:
-        return f"{other.path}: tensor {missing[0]!r} of the reference {ref.path.name} is missing"
-    extra = [n for n in theirs if n not in ref.tensors]
-    if extra:
-        return f"{other.path}: tensor {extra[0]!r} is not in the reference {ref.path.name}"
-    for n in names:
-        a, b = ref.tensors[n].shape, other.tensors[n].shape
-        if a != b:
-            return f"{other.path}: tensor {n!r} has shape {list(b)}, expected {list(a)}"
-    return None
+_INT_BOOL = re.compile(r"^(I|U)\d+$|^BOOL$")
+
+
+def _skip_reason(dtype: str) -> str | None:
+    """Why a tensor of this safetensors dtype is not audited (None: it is)."""
+    if dtype in FLOAT_DTYPES:
+        return None
+    return "int/bool" if _INT_BOOL.match(dtype) else "other dtype"
+
+
+def _auditable(info: FileInfo, pattern: re.Pattern | None) -> dict[str, TensorInfo]:
+    """Float tensors of a file whose names match ``pattern``, in file order."""
+    return {
+        n: t
+        for n, t in info.tensors.items()
+        if _skip_reason(t.dtype) is None and (pattern is None or pattern.search(n))
+    }
+
+
+def _mismatch(ref: FileInfo, mine: dict, other: FileInfo, theirs: dict) -> str | None:
+    for n in mine:
+        if n not in theirs:
+            why = f"has dtype {other.tensors[n].dtype}" if n in other.tensors else "is missing"
+            return f"{other.path}: tensor {n!r} of the reference {ref.path.name} {why}"
+        if mine[n].shape != theirs[n].shape:
+            got, want = list(theirs[n].shape), list(mine[n].shape)
+            return f"{other.path}: tensor {n!r} has shape {got}, expected {want}"
+    extra = next((n for n in theirs if n not in mine), None)
+    return (
+        None if extra is None else f"{other.path}: tensor {extra!r} is not in the reference {ref.path.name}"
+    )
+
+
+def _compile(keys: str | None) -> re.Pattern | None:
+    try:
+        return re.compile(keys) if keys else None
+    except re.error as exc:
+        raise UsageError(f"--keys {keys!r} is not a valid regular expression ({exc})") from None
+
+
+def _count_skipped(ref: FileInfo, pattern: re.Pattern | None) -> dict[str, int]:
+    skipped = {"int/bool": 0, "other dtype": 0, "not common": 0, "--keys": 0}
+    for n, t in ref.tensors.items():
+        reason = _skip_reason(t.dtype) or ("--keys" if pattern and not pattern.search(n) else None)
+        if reason:
+            skipped[reason] += 1
+    return skipped
 
 
 def plan_tensors(
     ref: FileInfo, others: Sequence[FileInfo], keys: str | None = None, intersect: bool = False
 ) -> tuple[list[TensorInfo], dict[str, int]]:
     """Choose the tensors to stream: float tensors common to all files, in reference order.
+
+    Int/bool tensors (and other non-float dtypes such as complex) are skipped and
+    counted in every file; only floating-point tensors are compared by name and shape.
 
     Args:
         ref: the reference file.
@@ -171,44 +223,38 @@ def plan_tensors(
             failing on a mismatch.
 
     Returns:
-        ``(tensors, skipped)`` where ``skipped`` counts tensors left out by reason
-        (``"int/bool"``, ``"not common"``, ``"--keys"``).
+        ``(tensors, skipped)`` where ``skipped`` counts the reference's tensors left
+        out by reason (``"int/bool"``, ``"other dtype"``, ``"not common"``, ``"--keys"``).
 
     Raises:
-        UsageError: an invalid ``--keys`` regex.
+        UsageError: an invalid ``--keys`` regex, or one that matches no float tensor.
         DataError: a name/shape mismatch without ``intersect``, or no float tensor left.
     """
-    try:
-        pattern = re.compile(keys) if keys else None
-    except re.error as exc:
-        raise UsageError(f"--keys {keys!r} is not a valid regular expression ({exc})") from None
-    skipped = {"int/bool": 0, "not common": 0, "--keys": 0}
-    names = [n for n in ref.tensors if pattern is None or pattern.search(n)]
-    skipped["--keys"] = len(ref.tensors) - len(names)
+    pattern = _compile(keys)
+    skipped = _count_skipped(ref, pattern)
+    mine = _auditable(ref, pattern)
+    if not mine:
+        if pattern is not None and _auditable(ref, None):
+            raise UsageError(f"--keys {keys!r} matches no floating-point tensor of {ref.path}")
+        dtypes = sorted({t.dtype for t in ref.tensors.values()})
+        raise DataError(f"{ref.path}: has no floating-point tensor to audit (dtypes: {dtypes})")
+    theirs = [(o, _auditable(o, pattern)) for o in others]
     if intersect:
-        common = [
-            n
-            for n in names
-            if all(o.tensors.get(n) and o.tensors[n].shape == ref.tensors[n].shape for o in others)
-        ]
-        skipped["not common"], names = len(names) - len(common), common
-    else:
-        for other in others:
-            msg = _mismatch(ref, other, names, pattern)
-            if msg:
-                raise DataError(f"{msg}; pass --intersect to use only the common tensors")
-    floats = [ref.tensors[n] for n in names if _is_float(ref, others, n)]
-    skipped["int/bool"] = len(names) - len(floats)
-    if not floats:
-        raise DataError(f"{ref.path}: no floating-point tensor to audit (after --keys/--intersect)")
-    return floats, skipped
-
-
-def _is_float(ref: FileInfo, others: Sequence[FileInfo], name: str) -> bool:
-    return all(f.tensors[name].dtype in FLOAT_DTYPES for f in (ref, *others))
+        common = [n for n in mine if all(n in t and t[n].shape == mine[n].shape for _, t in theirs)]
+        skipped["not common"] = len(mine) - len(common)
+        if not common:
+            raise DataError("no floating-point tensor is common to all files (same name and shape)")
+        return [mine[n] for n in common], skipped
+    for other, t in theirs:
+        msg = _mismatch(ref, mine, other, t)
+        if msg:
+            raise DataError(f"{msg}; pass --intersect to use only the common tensors")
+    return list(mine.values()), skipped
 
 
 def _pieces(t: TensorInfo, chunk: int) -> Iterator[Piece]:
+    if t.numel == 0:  # an empty tensor contributes nothing
+        return
     if t.numel <= chunk or not t.shape:
         yield Piece(t, 0, t.numel, tuple(slice(0, d) for d in t.shape))
         return
@@ -242,6 +288,11 @@ def batches(tensors: Sequence[TensorInfo], chunk: int) -> Iterator[list[Piece]]:
             size += n
     if batch:
         yield batch
+
+
+def needs_torch(tensors: Sequence[TensorInfo], files: Sequence[FileInfo]) -> bool:
+    """True when some file stores one of ``tensors`` in a dtype numpy cannot read (bf16, fp8)."""
+    return any(f.tensors[t.name].dtype not in _NUMPY_DTYPES for f in files for t in tensors)
 
 
 def read_pieces(path: Path, pieces: Sequence[Piece], dtypes: dict[str, str]) -> Iterator[np.ndarray]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from naig_cli._common import handle_errors, print_json, stderr, stdout
 
 __all__ = ["audit"]
 
+_MIN_CHUNK_MB = 0.0625  # 64 KiB: smaller chunks only add per-chunk overhead
 _COLUMNS = [
     "file",
     "lag",
@@ -37,12 +39,12 @@ def audit(
     ref: Path = typer.Argument(..., help="Reference .safetensors file (gradient or checkpoint)."),
     files: list[Path] = typer.Argument(..., help="Worker .safetensors files or directories."),
     beta: str = typer.Option("auto", "--beta", help="Inverse temperature β >= 0, or 'auto'."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Sketch seed (uint64)."),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**64 - 1, help="Sketch seed (uint64)."),
     line: str = typer.Option("1,2,4", "--line", help="Oriented Fano line I,J,K of Ψ."),
     keys: str = typer.Option(None, "--keys", help="Regex: audit only matching tensor names."),
     intersect: bool = typer.Option(False, "--intersect", help="Use common tensors on mismatch."),
-    sketches: int = typer.Option(1, "--sketches", help="R sketch seeds: E as mean ± std."),
-    chunk_mb: float = typer.Option(16.0, "--chunk-mb", help="Streaming batch size in MiB."),
+    sketches: int = typer.Option(1, "--sketches", min=1, help="R sketch seeds: E as mean ± std."),
+    chunk_mb: float = typer.Option(16.0, "--chunk-mb", help="Streaming batch size in MiB (>= 0.0625)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     csv_path: Path = typer.Option(None, "--csv", help="Also write the per-file table as CSV."),
 ) -> None:
@@ -51,8 +53,8 @@ def audit(
     from naig.gibbs import parse_beta
     from naig.metric import parse_line
 
-    if chunk_mb <= 0:
-        raise UsageError(f"--chunk-mb {chunk_mb} must be > 0")
+    if not math.isfinite(chunk_mb) or chunk_mb < _MIN_CHUNK_MB:
+        raise UsageError(f"--chunk-mb {chunk_mb} must be a finite number >= {_MIN_CHUNK_MB}, e.g. 16")
     _check_csv_target(csv_path, [ref, *files])
     config = AuditConfig(
         beta=parse_beta(beta),
@@ -61,11 +63,11 @@ def audit(
         keys=keys,
         intersect=intersect,
         sketches=sketches,
-        chunk=max(1, int(chunk_mb * 2**20) // 4),
+        chunk=int(chunk_mb * 2**20) // 4,
     )
     result = _run_with_progress(run_audit, ref, files, config)
     for note in result.warnings:
-        stderr.print(f"warning: {note}")
+        sys.stderr.write(f"warning: {note}\n")
     rows = _rows(result)
     if csv_path is not None:
         _write_csv(csv_path, rows)
@@ -78,12 +80,22 @@ def audit(
 
 
 def _check_csv_target(csv_path: Path | None, inputs: list[Path]) -> None:
+    """Refuse, before any work, a --csv path that cannot or must not be written."""
     if csv_path is None:
         return
-    if csv_path.suffix.lower() == ".safetensors" or any(
+    problem = None
+    if str(csv_path) in ("", ".") or csv_path.is_dir():
+        problem = "is a directory; name a file such as audit.csv"
+    elif csv_path.is_symlink() or (csv_path.exists() and not csv_path.is_file()):
+        problem = "is a link or a special file; name a regular file such as audit.csv"
+    elif csv_path.suffix.lower() == ".safetensors" or any(
         p.exists() and csv_path.exists() and os.path.samefile(p, csv_path) for p in inputs
     ):
-        raise UsageError(f"--csv {csv_path} would overwrite an input; choose another path")
+        problem = "would overwrite an input; choose another path"
+    elif not csv_path.absolute().parent.is_dir():
+        problem = f"cannot be written: directory {csv_path.absolute().parent} does not exist"
+    if problem:
+        raise UsageError(f"--csv {str(csv_path)!r} {problem}")
 
 
 def _run_with_progress(run, ref, files, config):  # noqa: ANN001, ANN202
@@ -150,13 +162,16 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     import csv
     import tempfile
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".csv.tmp")
-    with os.fdopen(fd, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.absolute().parent, suffix=".csv.tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=_COLUMNS, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, path)  # atomic: a reader never sees half a file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _fmt(v: float | None, spec: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
+from naig.errors import UsageError
 from naig.metric import DEFAULT_LINE, E_MAX_FACTOR
 from naig.octonion import oriented_lines
 from naig.spectrum import SpectrumReport, certify_spectrum, format_charpoly
@@ -15,16 +16,17 @@ __all__ = ["spectrum"]
 
 @handle_errors
 def spectrum(
-    line: str = typer.Option(",".join(map(str, DEFAULT_LINE)), "--line", help="Oriented Fano line I,J,K."),
+    line: str = typer.Option(None, "--line", help="Oriented Fano line I,J,K [default: 1,2,4]."),
     all_lines: bool = typer.Option(False, "--all-lines", help="Check all 21 oriented lines."),
     exact: bool = typer.Option(
         False, "--exact", help="Also certify the characteristic polynomial in exact rationals."
     ),
-    tol: float = typer.Option(1e-12, "--tol", min=0.0, help="Absolute tolerance of float checks."),
+    tol: float = typer.Option(1e-12, "--tol", help="Absolute tolerance of float checks, in [0, 4/3)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:
     """Certify that Ψ has rank 4 with all non-zero eigenvalues 8/3 (Theorem 4.1)."""
-    lines = oriented_lines() if all_lines else [line]
+    _check_options(line, all_lines, tol)
+    lines = oriented_lines() if all_lines else [line or DEFAULT_LINE]
     reports = [certify_spectrum(ln, tol=tol, exact=exact) for ln in lines]
     ok = all(r.verified for r in reports)
     if json_out:
@@ -36,6 +38,13 @@ def spectrum(
         _render_one(reports[0])
     if not ok:
         raise typer.Exit(1)
+
+
+def _check_options(line: str | None, all_lines: bool, tol: float) -> None:
+    if line is not None and all_lines:
+        raise UsageError("--line and --all-lines exclude each other; pass one of them")
+    if not 0 <= tol < E_MAX_FACTOR / 2:  # also rejects NaN
+        raise UsageError(f"--tol {tol} must lie in [0, 4/3): half the gap between 0 and 8/3, e.g. 1e-12")
 
 
 def _eig_label(value: float, tol: float) -> str:
@@ -84,7 +93,7 @@ def _render_one(r: SpectrumReport) -> None:
 
 def _render_all(reports: list[SpectrumReport]) -> None:
     t = Table(title="Fano–Fisher metric Ψ on all 21 oriented lines")
-    for col in ("line", "rank", "eigenvalues", "max |λ − 8/3|", "char. poly", ""):
+    for col in ("line", "rank", "eigenvalues", "max |λ − 8/3|", "char. poly", "status"):
         t.add_column(col)
     for r in reports:
         eigs = ", ".join(f"{_eig_label(v, r.tol)}×{c}" for v, c in reversed(r.multiplicities))

@@ -43,6 +43,7 @@ def test_table_and_footer(untouched):
 
 
 def test_json_and_csv(untouched, tmp_path):
+    (tmp_path / "out").mkdir()
     csv_path = tmp_path / "out" / "audit.csv"
     r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--json", "--csv", csv_path)
     assert r.returncode == 0 and r.stderr == ""
@@ -208,3 +209,82 @@ def test_error_writes_no_csv(untouched, tmp_path):
     out = tmp_path / "out.csv"
     r = run_naig("audit", untouched / "ref.safetensors", tmp_path / "missing.safetensors", "--csv", out)
     assert r.returncode == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("target", ["", "dir", "link", "missing/x.csv"])
+def test_bad_csv_targets_refused_before_work(untouched, tmp_path, target):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "real.csv").write_text("keep me\n")
+    (tmp_path / "link").symlink_to(tmp_path / "real.csv")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    arg = "" if target == "" else str(tmp_path / target)
+    r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--csv", arg)
+    assert_one_line_error(r, 2, "--csv")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temp files left
+    assert (tmp_path / "real.csv").read_text() == "keep me\n" and (tmp_path / "link").is_symlink()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "1e-9"])
+def test_bad_chunk_mb(untouched, value):
+    r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--chunk-mb", value)
+    assert_one_line_error(r, 2, "--chunk-mb")
+
+
+@pytest.mark.parametrize("args", [["--seed", str(2**64)], ["--seed", "-1"], ["--sketches", "0"]])
+def test_out_of_range_seed_and_sketches(untouched, args):
+    r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", *args)
+    assert_one_line_error(r, 2, args[0])
+
+
+def test_non_finite_reference_is_named(untouched, tmp_path):
+    bad = make_state(0)
+    bad["layer.bias"][0] = float("nan")
+    save_gradients(tmp_path / "ref_nan.safetensors", bad)
+    r = run_naig("audit", tmp_path / "ref_nan.safetensors", untouched / "workers")
+    assert_one_line_error(r, 1, "ref_nan.safetensors", "reference", "'layer.bias'")
+
+
+def test_duplicates_and_symlinks_audited_once(untouched, tmp_path):
+    w0 = untouched / "workers" / "w0.safetensors"
+    (tmp_path / "alias.safetensors").symlink_to(w0)
+    r = run_naig("audit", untouched / "ref.safetensors", w0, w0, tmp_path / "alias.safetensors", "--json")
+    assert r.returncode == 0
+    assert len(json.loads(r.stdout)["files"]) == 1
+    warnings = r.stderr.splitlines()
+    assert len(warnings) == 2 and all(w.startswith("warning: ") and "audited once" in w for w in warnings)
+
+
+def test_warnings_stay_on_one_line(untouched):
+    ref = untouched / "ref.safetensors"
+    r = run_naig("audit", ref, ref, untouched / "workers", "--json")
+    assert r.stderr.count("\n") == 1 and "reference itself" in r.stderr
+
+
+def test_odd_metadata_shown_verbatim(untouched, tmp_path):
+    save_file(make_state(1), tmp_path / "odd.safetensors", metadata={"lag": "²", "step": "9" * 5000})
+    r = run_naig("audit", untouched / "ref.safetensors", tmp_path / "odd.safetensors", "--json")
+    assert r.returncode == 0, r.stderr
+    f = json.loads(r.stdout)["files"][0]
+    assert f["lag"] == "²" and f["step"] == "9" * 5000
+
+
+def test_empty_and_complex_tensors(untouched, tmp_path):
+    ref = {**make_state(0), "empty": torch.ones(0, 5)}
+    w = {**make_state(1), "empty": torch.ones(0, 5), "phase": torch.ones(3, dtype=torch.complex64)}
+    save_file(ref, tmp_path / "r.safetensors")
+    save_file(w, tmp_path / "w.safetensors")
+    r = run_naig("audit", tmp_path / "r.safetensors", tmp_path / "w.safetensors", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["n"] == 1510
+
+
+def test_keys_matching_nothing_is_a_usage_error(untouched):
+    r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--keys", "nomatch")
+    assert_one_line_error(r, 2, "--keys", "matches no floating-point tensor")
+
+
+def test_renamed_pickle_hint_does_not_overwrite_the_input(untouched, tmp_path):
+    p = tmp_path / "evil.safetensors"
+    p.write_bytes(pickle.dumps({"w": 1}, protocol=4))
+    r = run_naig("audit", untouched / "ref.safetensors", p)
+    assert_one_line_error(r, 1, "evil.converted.safetensors")

@@ -80,3 +80,12 @@ def test_click_usage_errors_are_one_line(args):
     r = naig(*args)
     assert r.returncode == 2
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and "╭" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--tol", "inf"], ["--tol", "nan"], ["--tol", "-1"], ["--tol", "2"], ["--all-lines", "--line", "2,4,1"]],
+)
+def test_bad_tol_and_conflicting_options(args):
+    r = naig("spectrum", *args)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1

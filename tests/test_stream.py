@@ -63,7 +63,7 @@ def test_keys_filter_and_bad_regex(tmp_path):
     assert [t.name for t in plan] == ["enc.w"] and skipped["--keys"] == 1
     with pytest.raises(UsageError, match="--keys"):
         plan_tensors(info, [info], keys="(")
-    with pytest.raises(DataError, match="no floating-point tensor"):
+    with pytest.raises(UsageError, match="--keys 'nothing' matches no floating-point tensor"):
         plan_tensors(info, [info], keys="nothing")
 
 
@@ -89,3 +89,52 @@ def test_expand_inputs_sorted_and_empty_dir(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="no \\*.safetensors"):
         expand_inputs([tmp_path / "empty"])
+
+
+def test_int_bool_and_other_dtypes_skipped_in_any_file(tmp_path):
+    save_file(
+        {
+            "w": torch.ones(3),
+            "n": torch.ones(3, dtype=torch.int64),
+            "c": torch.ones(2, dtype=torch.complex64),
+        },
+        tmp_path / "x.safetensors",
+    )
+    save_file({"w": torch.ones(3), "extra_mask": torch.ones(2, dtype=torch.bool)}, tmp_path / "y.safetensors")
+    info, other = inspect_file(tmp_path / "x.safetensors"), inspect_file(tmp_path / "y.safetensors")
+    plan, skipped = plan_tensors(info, [other])  # int/bool present in one file only: still skipped
+    assert [t.name for t in plan] == ["w"]
+    assert skipped["int/bool"] == 1 and skipped["other dtype"] == 1
+
+
+def test_float_in_reference_but_int_in_worker_is_named(tmp_path):
+    save_file({"w": torch.ones(3)}, tmp_path / "r.safetensors")
+    save_file({"w": torch.ones(3, dtype=torch.int32)}, tmp_path / "i.safetensors")
+    r, i = inspect_file(tmp_path / "r.safetensors"), inspect_file(tmp_path / "i.safetensors")
+    with pytest.raises(DataError, match="'w' of the reference r.safetensors has dtype I32"):
+        plan_tensors(r, [i])
+
+
+def test_no_float_tensor_names_the_reference(tmp_path):
+    save_file({"n": torch.ones(3, dtype=torch.int64)}, tmp_path / "r.safetensors")
+    r = inspect_file(tmp_path / "r.safetensors")
+    with pytest.raises(DataError, match="r.safetensors: has no floating-point tensor"):
+        plan_tensors(r, [r])
+
+
+def test_empty_tensor_contributes_nothing(tmp_path):
+    save_file({"e": torch.ones(0, 5), "w": torch.ones(4)}, tmp_path / "x.safetensors")
+    info = inspect_file(tmp_path / "x.safetensors")
+    plan, _ = plan_tensors(info, [info])
+    assert [p.tensor.name for b in batches(plan, 100) for p in b] == ["w"]
+
+
+def test_valid_file_whose_header_length_looks_like_pickle(tmp_path):
+    """The 8-byte header length may start with 0x80; only a missing '{' means not safetensors."""
+    p = tmp_path / "x.safetensors"
+    for pad in range(256):
+        save_file({"w" * (1 + pad): torch.ones(2)}, p)
+        if p.read_bytes()[:1] == b"\x80":
+            break
+    assert p.read_bytes()[:1] == b"\x80"
+    assert list(inspect_file(p).tensors) == ["w" * (1 + pad)]
