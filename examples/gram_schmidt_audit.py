@@ -109,7 +109,12 @@ def write_experiment(out: Path, seed: int = 0) -> list[Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Experiment A: cosine ties, E tells apart.")
-    parser.add_argument("--out", type=Path, default=Path("runs/experiment_a"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/experiment_a"),
+        help="where to write the five files (default: runs/experiment_a)",
+    )
     parser.add_argument("--beta", default="1", help="passed to naig audit (default 1)")
     args = parser.parse_args()
     oracle, *workers = write_experiment(args.out)

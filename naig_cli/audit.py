@@ -158,6 +158,11 @@ def _document(result, rows: list[dict]) -> dict:  # noqa: ANN001
     }
 
 
+def _csv_cell(v: object) -> object:
+    """Non-finite numbers become empty cells, as they become null in --json."""
+    return "" if isinstance(v, float) and not math.isfinite(v) else v
+
+
 def _write_csv(path: Path, rows: list[dict]) -> None:
     import csv
     import tempfile
@@ -167,7 +172,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
         with os.fdopen(fd, "w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=_COLUMNS, extrasaction="ignore")
             writer.writeheader()
-            writer.writerows(rows)
+            writer.writerows({k: _csv_cell(v) for k, v in r.items()} for r in rows)
         os.replace(tmp, path)  # atomic: a reader never sees half a file
     finally:
         if os.path.exists(tmp):
