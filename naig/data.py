@@ -54,6 +54,9 @@ def load_bytes(path: str | Path | None, limit: int) -> bytes:
     if path is None:
         return stdlib_bytes(limit)
     p = Path(path)
+    if p.is_dir():
+        raise DataError(f"--data {p} is a directory; pass one text file, e.g. --data "
+                        f"corpus.txt (concatenate several files into one first)")
     if not p.is_file():
         raise DataError(f"--data {p}: no such file; pass an existing text file")
     with p.open("rb") as fh:

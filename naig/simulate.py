@@ -3,11 +3,15 @@
 Protocol, for each seed and each strategy (same initialisation, same data
 streams and same validation batches for every strategy of a seed):
 
-    θ_0 = GPT-2 init (seeded);  ring buffer of the last max(τ)+1 versions θ_v
+    θ_0 = GPT-2 init (seeded);  ring buffer of the last min(max τ, steps−1)+1 versions θ_v
     for t = 0 .. steps−1:
         g_k = ∇L(θ_{max(t−τ_k, 0)}; batch from worker k's own generator)   k = 1..K
         ĝ, π = strategy.combine(g, τ, θ_t, θ_{t−τ})   (sync: every τ_k = 0)
         θ_{t+1} = optimizer.step(θ_t, ĝ)                (unchanged SGD or Adam)
+
+Divergence: a run whose worker gradients or parameters become non-finite (NaN/Inf)
+stops at that step t and is recorded as diverged (``RunResult.diverged_at = t``,
+final loss NaN); the other runs go on.
 
 Parameters live in one flat vector (n,); workers evaluate the model
 functionally (``torch.func.functional_call``) at views of a stale flat vector,
@@ -25,8 +29,10 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -38,11 +44,11 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from naig.data import ByteData, load_bytes
-from naig.errors import UsageError
+from naig.errors import UsageError, show
 from naig.gibbs import effective_workers, frozen_mask, normalized_entropy, parse_beta
 from naig.io import save_gradients
 from naig.model import GPT, get_preset, lm_loss
-from naig.sketch import SKETCH_DIM
+from naig.sketch import SKETCH_DIM, check_seed
 from naig.sketch_torch import TorchSketch
 from naig.strategies import Strategy, StrategyOptions, make_strategy
 
@@ -58,6 +64,8 @@ __all__ = [
 ]
 
 ROUTING_BYTES = SKETCH_DIM * 4  # a worker's routing signal: 14 float32 values
+MAX_LAG = 2**31 - 1  # any lag >= --steps already means "always θ_0"; beyond this: a typo
+MAX_STEPS = 10**9  # server steps per run (the π history is a (steps, K) buffer)
 
 
 @dataclass(frozen=True)
@@ -82,31 +90,69 @@ class SimulateConfig:
     sketch_seed: int = 0  # seed of the SPEC §2.5 sketch
     line: tuple[int, int, int] = (1, 2, 4)  # Fano line ℓ of Ψ_ℓ
     save_grads: str | None = None  # directory for gradient files (None: save nothing)
-    save_at: tuple[int, ...] = ()  # server steps t at which to save gradients
+    save_at: tuple[int, ...] = ()  # server steps t at which to save gradients (needs save_grads)
 
     def validate(self) -> None:
-        """Check every option before any work starts.
+        """Check every option before any work starts (nothing is trained or written).
+
+        Messages name the ``naig simulate`` option; ``eval_batches``, which has no
+        option, is named as the field.
 
         Raises:
             UsageError: naming the bad option and the fix.
         """
+        lags = ",".join(map(str, self.lags))
         _check(len(self.lags) > 0 and all(t >= 0 for t in self.lags),
-               f"--lags {self.lags}: use a comma list of non-negative ints, e.g. 0,10,20,35")
+               f"--lags {lags}: use a comma list of non-negative ints, e.g. 0,10,20,35")
+        _check(all(t <= MAX_LAG for t in self.lags),
+               f"--lags {lags}: a lag must be at most {MAX_LAG:,}; any lag >= --steps "
+               f"({self.steps}) already means every gradient is taken at θ_0")
         _check(len(self.strategies) > 0, "--strategies is empty; use e.g. naig,hogwild")
         for name in self.strategies:
             make_strategy(name, StrategyOptions(sketch=_DUMMY_SKETCH))  # raises if unknown
+        dupes = sorted({n for n in self.strategies if self.strategies.count(n) > 1})
+        _check(not dupes, f"--strategies {','.join(self.strategies)}: {', '.join(dupes)} "
+               "listed more than once; name each strategy once")
         get_preset(self.model)
         parse_beta(self.beta)
+        check_seed(self.sketch_seed, "--sketch-seed")
         _check(self.optimizer in _OPTIMIZERS, f"--optimizer {self.optimizer!r}: use sgd or adam")
-        _check(self.steps > 0 and self.seeds > 0, "--steps and --seeds must be positive")
+        _check(0 < self.steps <= MAX_STEPS,
+               f"--steps {self.steps}: use a positive int up to {MAX_STEPS:,}, e.g. --steps 150")
+        _check(self.seeds > 0, f"--seeds {self.seeds}: use a positive int, e.g. --seeds 2")
         _check(self.lr > 0 and math.isfinite(self.lr), f"--lr {self.lr}: use a finite value > 0")
-        _check(self.batch_size > 0 and self.eval_batches > 0 and self.eval_every >= 0,
-               "--batch-size and --eval-batches must be positive, --eval-every >= 0")
-        _check(all(0 <= s < self.steps for s in self.save_at),
-               f"--save-at {self.save_at}: steps must lie in 0..{self.steps - 1}")
-        _check(not self.save_at or self.save_grads is not None,
-               "--save-at needs --save-grads DIR")
+        _check(math.isfinite(self.dc_lambda) and self.dc_lambda >= 0,
+               f"--dc-lambda {self.dc_lambda}: DC-ASGD's λ must be finite and >= 0, "
+               "e.g. --dc-lambda 0.04")
+        _check(self.batch_size > 0,
+               f"--batch-size {self.batch_size}: use a positive int, e.g. --batch-size 8")
+        _check(self.eval_every >= 0,
+               f"--eval-every {self.eval_every}: use an int >= 0 (0: validate only at the end)")
+        _check(self.eval_batches > 0,
+               f"{show('eval_batches', self.eval_batches)}: use a positive int, e.g. 16")
+        self._validate_saving()
         resolve_device(self.device)
+
+    def _validate_saving(self) -> None:
+        at = ",".join(map(str, self.save_at))
+        if self.save_grads is None:
+            _check(not self.save_at, f"--save-at {at} needs --save-grads DIR "
+                   "(the directory to write the gradient files to)")
+            return
+        _check(self.save_grads.strip() != "",
+               "--save-grads '': give a directory to write gradient files to, e.g. "
+               "--save-grads runs/grads")
+        _check(bool(self.save_at), f"--save-grads {self.save_grads} needs --save-at STEP[,STEP] "
+               f"(the server steps to save at, in 0..{self.steps - 1})")
+        _check(all(0 <= s < self.steps for s in self.save_at),
+               f"--save-at {at}: steps must lie in 0..{self.steps - 1} (--steps {self.steps})")
+        path = Path(self.save_grads)
+        existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
+        _check(existing.is_dir(), f"--save-grads {self.save_grads}: {existing} is not a "
+               "directory; pass a directory (it is created if missing)")
+        _check(os.access(existing, os.W_OK | os.X_OK),
+               f"--save-grads {self.save_grads}: {existing} is not writable; "
+               "pass a directory you can write to")
 
     @property
     def total_steps(self) -> int:
@@ -120,23 +166,30 @@ class RunResult:
 
     strategy: str
     seed: int
-    final_val_loss: float  # validation loss (nats/byte) after the last step
-    curve: tuple[tuple[int, float], ...]  # (steps done, val loss), from (0, untrained)
+    final_val_loss: float  # validation loss (nats/byte) after the last step; NaN if diverged
+    curve: tuple[tuple[int, float], ...]  # (steps done, val loss), from (0, untrained); NaN after
+    #                                       divergence
     mean_pi: tuple[float, ...]  # mean over steps of each worker's coefficient π_k
     frozen_fraction: float  # fraction of (step, worker) with normalised π_k < 0.01/K
     k_eff: float  # mean over steps of 1/Σπ̃_k² (π̃ = π normalised to sum 1)
     entropy_first: float  # mean normalised entropy of π̃ over the first 10% of steps
     entropy_last: float  # same over the last 10% of steps
     ms_per_step: float  # wall time per server step (K gradients + combine + update), ms
+    diverged_at: int | None = None  # step t at which gradients/parameters became non-finite
 
 
 @dataclass(frozen=True)
 class StrategySummary:
-    """A strategy's numbers over seeds (means; loss also with its standard deviation)."""
+    """A strategy's numbers over seeds (means; loss also with its standard deviation).
+
+    The loss mean, std and change are NaN (None for the change) when any seed diverged:
+    a mean over the surviving seeds alone would flatter the strategy. The π statistics
+    and ms/step average over the steps that ran.
+    """
 
     strategy: str
     val_loss_mean: float
-    val_loss_std: float  # sample std over seeds (0 for one seed)
+    val_loss_std: float | None  # sample std over seeds; None for one seed (undefined)
     change_vs_hogwild_pct: float | None  # 100 (L − L_hogwild) / L_hogwild; None without hogwild
     mean_pi: tuple[float, ...]
     frozen_fraction: float
@@ -145,6 +198,7 @@ class StrategySummary:
     entropy_last: float
     ms_per_step: float
     curve: tuple[tuple[int, float], ...]  # validation curve, mean over seeds
+    diverged_at: tuple[int | None, ...] = ()  # per seed: step of divergence, None if it ran
 
 
 @dataclass(frozen=True)
@@ -162,8 +216,13 @@ class SimulateResult:
     saved_files: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of everything (config included)."""
+        """A JSON-ready dict of everything (config included; NaN/Inf still need → null)."""
         return asdict(self)
+
+    @property
+    def diverged(self) -> tuple[RunResult, ...]:
+        """The runs that diverged (non-finite gradients or parameters)."""
+        return tuple(r for r in self.runs if r.diverged_at is not None)
 
 
 _OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
@@ -286,18 +345,33 @@ class _RunState:
 
     theta: nn.Parameter  # (n,) server parameters θ_t
     optimizer: torch.optim.Optimizer
-    ring: Tensor  # (max τ + 1, n): version v at row v mod (max τ + 1)
+    ring: Tensor  # (R, n), R = ring_rows(...): version v at row v mod R
     lags: Tensor  # (K,) int64 effective lags (zeros for sync)
     gens: list[torch.Generator]  # one minibatch stream per worker
     grads: Tensor  # (K, n) preallocated gradient buffer
     pis: Tensor  # (steps, K) float64 coefficients history
+    diverged_at: int | None = None  # step t at which a non-finite gradient/parameter appeared
+    pi_rows: int = 0  # rows of ``pis`` filled (steps whose combine ran)
+
+
+def ring_rows(lags: tuple[int, ...], steps: int) -> int:
+    """Parameter versions the ring buffer must hold: min(max τ, steps − 1) + 1.
+
+    Step t reads θ_{max(t−τ_k, 0)} for t ≤ steps − 1, then writes θ_{t+1}. With R rows
+    (version v at row v mod R) a version is overwritten R steps after it was written.
+    For R = max τ + 1 every version read at step t lies in [t − max τ, t]: none is
+    overwritten yet, and θ_0 (row 0) is overwritten at step max τ, after the last step
+    that clamps to it (t < τ ≤ max τ). For max τ ≥ steps − 1, R = steps holds θ_0 ..
+    θ_{steps−1} in distinct rows; only θ_steps, never read, lands on θ_0's row.
+    """
+    return min(max(lags), steps - 1) + 1
 
 
 def _start_run(setup: _Setup, strategy: Strategy, seed: int) -> _RunState:
     c, k = setup.config, len(setup.config.lags)
     theta = nn.Parameter(_init_flat(setup, seed))
     lags = c.lags if strategy.uses_lags else (0,) * k
-    ring = theta.detach().new_empty(max(c.lags) + 1, theta.numel())
+    ring = _allocate_ring(theta.detach(), ring_rows(c.lags, c.steps))
     ring[0] = theta.detach()
     gens = [_generator(setup, 1_000_003 * seed + 7_919 * (w + 1)) for w in range(k)]
     return _RunState(theta, _OPTIMIZERS[c.optimizer]([theta], lr=c.lr), ring,
@@ -306,17 +380,46 @@ def _start_run(setup: _Setup, strategy: Strategy, seed: int) -> _RunState:
                      torch.empty(c.steps, k, dtype=torch.float64, device=setup.device))
 
 
+def _allocate_ring(theta: Tensor, rows: int) -> Tensor:
+    """An empty (rows, n) buffer like ``theta``; a clean UsageError if memory is short."""
+    try:
+        return theta.new_empty(rows, theta.numel())
+    except (RuntimeError, MemoryError) as exc:  # torch's OutOfMemoryError is a RuntimeError
+        gib = rows * theta.numel() * theta.element_size() / 2**30
+        raise UsageError(
+            f"--lags: the ring buffer of {rows:,} parameter versions needs {gib:,.1f} GiB "
+            f"and cannot be allocated on {theta.device}; use smaller --lags or fewer --steps"
+        ) from exc
+
+
+def _finite(x: Tensor) -> bool:
+    """True when every entry is finite: one reduction (a sum of finite float32 values only
+    overflows past 3e38, itself a divergence)."""
+    return bool(torch.isfinite(x.sum()))
+
+
 def _step(setup: _Setup, strategy: Strategy, st: _RunState, t: int) -> Tensor:
-    """One server step t; returns θ_{t−τ_k} (K, n) for optional saving."""
+    """One server step t; returns θ_{t−τ_k} (K, n) for optional saving.
+
+    Sets ``st.diverged_at = t`` (and changes nothing more) when a worker gradient is
+    non-finite, or after the update when θ_{t+1} is non-finite.
+    """
     rows = t - st.lags
     stale = st.ring[rows.clamp(min=0) % st.ring.shape[0]]  # (K, n), clamped at θ_0
     for w in range(stale.shape[0]):
         _worker_grad(setup, stale[w], st.gens[w], st.grads[w])
+    if not _finite(st.grads):
+        st.diverged_at = t
+        return stale
     g_hat, pi = strategy.combine(st.grads, st.lags, st.theta.detach(), stale)
     st.theta.grad = g_hat
     st.optimizer.step()
-    st.ring[(t + 1) % st.ring.shape[0]] = st.theta.detach()
     st.pis[t] = pi
+    st.pi_rows = t + 1
+    if not _finite(st.theta.detach()):
+        st.diverged_at = t
+        return stale
+    st.ring[(t + 1) % st.ring.shape[0]] = st.theta.detach()
     return stale
 
 
@@ -335,6 +438,10 @@ def _save(setup: _Setup, st: _RunState, strategy: str, seed: int, t: int) -> lis
 
 def _pi_stats(pis: np.ndarray) -> dict[str, Any]:
     """Mean π, frozen fraction, K_eff and annealing entropies of a (steps, K) history."""
+    if len(pis) == 0:  # diverged at step 0: no combine ran
+        nan = math.nan
+        return dict(mean_pi=(nan,) * pis.shape[1], frozen_fraction=nan, k_eff=nan,
+                    entropy_first=nan, entropy_last=nan)
     norm = pis / pis.sum(-1, keepdims=True)
     w = max(1, len(pis) // 10)
     ent = normalized_entropy(norm)
@@ -353,37 +460,56 @@ def _run_one(setup: _Setup, name: str, seed: int, val: list[tuple[Tensor, Tensor
              untrained: float, tick: Callable[[], None], saved: list[str]) -> RunResult:
     c = setup.config
     strategy = make_strategy(name, StrategyOptions(c.beta, c.dc_lambda, c.line, setup.sketch))
-    st, curve, elapsed = _start_run(setup, strategy, seed), [(0, untrained)], 0.0
+    st, curve, elapsed, t = _start_run(setup, strategy, seed), [(0, untrained)], 0.0, 0
     for t in range(c.steps):
         _sync(setup.device)
         start = time.perf_counter()
         _step(setup, strategy, st, t)
         _sync(setup.device)
         elapsed += time.perf_counter() - start
+        if st.diverged_at is not None:
+            break
         if t in c.save_at:
             saved += _save(setup, st, name, seed, t)
         if t + 1 == c.steps or (c.eval_every and (t + 1) % c.eval_every == 0):
             curve.append((t + 1, _evaluate(setup, st.theta.detach(), val)))
         tick()
+    if st.diverged_at is not None:  # the remaining evaluation points: NaN, progress skipped
+        curve += [(s, math.nan) for s in range(st.diverged_at + 1, c.steps + 1)
+                  if s == c.steps or (c.eval_every and s % c.eval_every == 0)]
+        for _ in range(st.diverged_at, c.steps):
+            tick()
     return RunResult(name, seed, curve[-1][1], tuple(curve),
-                     ms_per_step=1000 * elapsed / c.steps, **_pi_stats(st.pis.cpu().numpy()))
+                     ms_per_step=1000 * elapsed / (t + 1), diverged_at=st.diverged_at,
+                     **_pi_stats(st.pis[:st.pi_rows].cpu().numpy()))
+
+
+def _nanmean(values: Any, axis: int | None = None) -> Any:
+    """Mean ignoring NaN (runs that diverged before a statistic existed); NaN if none."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(np.asarray(values, dtype=np.float64), axis=axis)
 
 
 def _summarise(runs: list[RunResult], name: str, hogwild: float | None) -> StrategySummary:
     mine = [r for r in runs if r.strategy == name]
     losses = [r.final_val_loss for r in mine]
-    mean = statistics.fmean(losses)
+    finite = all(math.isfinite(v) for v in losses)
+    mean = statistics.fmean(losses) if finite else math.nan
+    std = None if len(losses) < 2 else statistics.stdev(losses) if finite else math.nan
 
     def avg(attr: str) -> float:
-        return statistics.fmean(getattr(r, attr) for r in mine)
+        return float(_nanmean([getattr(r, attr) for r in mine]))
 
     curve = tuple((s, statistics.fmean(r.curve[i][1] for r in mine))
                   for i, (s, _) in enumerate(mine[0].curve))
+    change = (100.0 * (mean - hogwild) / hogwild
+              if hogwild is not None and math.isfinite(hogwild) and finite else None)
     return StrategySummary(
-        name, mean, statistics.stdev(losses) if len(losses) > 1 else 0.0,
-        None if hogwild is None else 100.0 * (mean - hogwild) / hogwild,
-        tuple(np.mean([r.mean_pi for r in mine], axis=0).tolist()), avg("frozen_fraction"),
-        avg("k_eff"), avg("entropy_first"), avg("entropy_last"), avg("ms_per_step"), curve)
+        name, mean, std, change,
+        tuple(_nanmean([r.mean_pi for r in mine], axis=0).tolist()), avg("frozen_fraction"),
+        avg("k_eff"), avg("entropy_first"), avg("entropy_last"), avg("ms_per_step"), curve,
+        tuple(r.diverged_at for r in mine))
 
 
 def _summaries(runs: list[RunResult], names: tuple[str, ...]) -> tuple[StrategySummary, ...]:
@@ -402,7 +528,9 @@ def run_simulation(config: SimulateConfig,
 
     Returns:
         A ``SimulateResult`` with one ``RunResult`` per (seed, strategy) and one
-        ``StrategySummary`` per strategy, in ``config.strategies`` order.
+        ``StrategySummary`` per strategy, in ``config.strategies`` order. A run that
+        diverges stops there (``RunResult.diverged_at``, NaN loss); the others continue
+        and nothing is raised (``SimulateResult.diverged`` lists them).
 
     Raises:
         UsageError: for a bad option (see ``SimulateConfig.validate``).

@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from naig.errors import UsageError
 from naig.gibbs import parse_beta
-from naig_cli._common import handle_errors, print_json, stderr, stdout
+from naig_cli._common import fail, handle_errors, print_json, stderr, stdout
 
 if TYPE_CHECKING:
     from naig.simulate import SimulateResult, StrategySummary
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
 __all__ = ["simulate"]
 
 _DEFAULT_STRATEGIES = "naig,hogwild,staleness,sync"
-_PIPE_WIDTH = 140  # table width when stdout is not a terminal (logs, files)
 
 
 @handle_errors
@@ -46,13 +47,20 @@ def simulate(
     model: str = typer.Option("gpt-nano", "--model", help="gpt-nano, gpt-micro or gpt2-124m."),
     data: str = typer.Option(None, "--data", help="Text file (default: the stdlib's .py files)."),
     data_bytes: int = typer.Option(2_000_000, "--data-bytes", help="Use the first N bytes."),
-    sketch_seed: int = typer.Option(0, "--seed", help="Sketch seed."),
+    sketch_seed: int = typer.Option(0, "--sketch-seed", help="Sketch seed, 0..2^64-1."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     plot: str = typer.Option(None, "--plot", help="Write validation curves to PATH.png."),
-    save_grads: str = typer.Option(None, "--save-grads", help="Directory for gradient files."),
-    save_at: str = typer.Option(None, "--save-at", help="Steps to save at, e.g. 50 or 50,100."),
+    save_grads: str = typer.Option(
+        None, "--save-grads", help="Directory for gradient files (needs --save-at)."),
+    save_at: str = typer.Option(
+        None, "--save-at", help="Steps to save at, e.g. 50 or 50,100 (needs --save-grads)."),
 ) -> None:
-    """Train a byte-level GPT with stale workers; compare NAIG routing with baselines."""
+    """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
+
+    A run whose gradients or parameters become NaN/Inf stops and is reported as
+    diverged (NaN loss in the table, null in JSON); the other runs go on. Exit 0 with
+    a warning on stderr if some runs diverged, exit 1 if every run did.
+    """
     from naig.simulate import SimulateConfig, parse_int_list, parse_lags, run_simulation
 
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
@@ -70,6 +78,19 @@ def simulate(
     if plot is not None:
         _plot(result, plot)
     print_json(result.to_dict()) if json_out else _render(result)
+    _report_divergence(result)
+
+
+def _report_divergence(r: SimulateResult) -> None:
+    """Warn (exit 0) when some runs diverged; fail with exit 1 when every run did."""
+    if not r.diverged:
+        return
+    which = "; ".join(f"{d.strategy} seed {d.seed} at step {d.diverged_at}" for d in r.diverged)
+    what = (f"{len(r.diverged)} of {len(r.runs)} runs diverged (non-finite gradients or "
+            f"parameters): {which}; their loss is NaN (null in JSON)")
+    if len(r.diverged) == len(r.runs):
+        fail(f"{what}; try a smaller --lr", 1)
+    stderr.print(f"warning: {what}", markup=False, highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager
@@ -87,11 +108,26 @@ def _progress(total: int) -> Iterator[Callable[[], None]]:
 
 
 def _pi_cell(s: StrategySummary) -> str:
-    return " ".join(f"{p:.3f}" for p in s.mean_pi)
+    return " ".join("—" if p != p else f"{p:.3f}" for p in s.mean_pi)
+
+
+def _num(v: float | None, spec: str) -> str:
+    return "—" if v is None or v != v else format(v, spec)
+
+
+def _loss_cell(s: StrategySummary) -> str:
+    """Mean ± sample std; ``—`` for the std of one seed; the divergence when any seed diverged."""
+    steps = [t for t in s.diverged_at if t is not None]
+    if not steps:
+        return f"{s.val_loss_mean:.4f} ± {_num(s.val_loss_std, '.4f')}"
+    at = ",".join(map(str, steps))
+    if len(s.diverged_at) == 1:
+        return f"[red]diverged at step {at}[/]"
+    return f"[red]NaN: {len(steps)}/{len(s.diverged_at)} seeds diverged (step {at})[/]"
 
 
 def _change(s: StrategySummary) -> str:
-    if s.change_vs_hogwild_pct is None or s.strategy == "hogwild":
+    if s.change_vs_hogwild_pct is None or s.strategy == "hogwild" or s.val_loss_mean != s.val_loss_mean:
         return "—"
     c = s.change_vs_hogwild_pct
     return f"[{'green' if c < 0 else 'red'}]{c:+.2f}%[/]"
@@ -99,29 +135,65 @@ def _change(s: StrategySummary) -> str:
 
 def _render(r: SimulateResult) -> None:
     c = r.config
-    out = stdout if stdout.is_terminal else Console(highlight=False, width=_PIPE_WIDTH)
-    out.print(
-        f"model {c.model} (n = {r.n_params:,} parameters) on {r.device}; K = {len(c.lags)} "
-        f"workers, lags {','.join(map(str, c.lags))}; {c.steps} steps × {c.seeds} seed(s); "
-        f"{c.optimizer} lr {c.lr:g}, batch {c.batch_size}/worker; β {c.beta}"
-    )
-    out.print(f"untrained validation loss {r.untrained_val_loss:.4f} nats/byte (ln 256 = 5.5452)")
-    t = Table(title="naig simulate: final validation loss (nats/byte), lower is better")
-    pi_head = f"mean π per worker (lags {' '.join(map(str, c.lags))})"
-    for col in ("strategy", "val loss (mean ± std)", "vs hogwild", pi_head,
-                "frozen", "K_eff", "annealing H first→last", "ms/step"):
-        t.add_column(col, justify="left" if col.startswith(("strategy", "mean")) else "right")
-    for s in r.summaries:
-        t.add_row(s.strategy, f"{s.val_loss_mean:.4f} ± {s.val_loss_std:.4f}", _change(s),
-                  _pi_cell(s), f"{s.frozen_fraction:.1%}", f"{s.k_eff:.2f}",
-                  f"{s.entropy_first:.3f} → {s.entropy_last:.3f}", f"{s.ms_per_step:.1f}")
-    out.print(t)
-    out.print(
-        f"routing signal {r.routing_bytes} B per worker per step vs full gradient "
-        f"{r.gradient_bytes:,} B (compression n/14 = {r.n_params / 14:,.0f}×)"
-    )
+    out = stdout  # terminal width; COLUMNS when set; 160 columns when piped
+    out.print(f"model {c.model} (n = {r.n_params:,} parameters) on {r.device}; "
+              f"K = {len(c.lags)} workers, lags {','.join(map(str, c.lags))}")
+    out.print(f"{c.steps} steps × {c.seeds} seed(s); {c.optimizer} lr {c.lr:g}, "
+              f"batch {c.batch_size}/worker; β {c.beta}")
+    out.print(f"untrained validation loss {r.untrained_val_loss:.4f} nats/byte "
+              "(ln 256 = 5.5452)")
+    table, hidden = _table(r, out.width)
+    out.print(table)
+    if hidden:
+        out.print(f"(too narrow for {', '.join(hidden)}: widen the terminal or use --json)")
+    out.print(f"routing signal {r.routing_bytes} B/worker/step vs full gradient "
+              f"{r.gradient_bytes:,} B (n/14 = {r.n_params / 14:,.0f}×)")
     for path in r.saved_files[:1]:
         out.print(f"gradients saved ({len(r.saved_files)} files), e.g. {path}")
+
+
+_COLUMNS = ("strategy", "val loss ± std", "vs hog", "mean π", "frozen", "K_eff", "H first→last",
+            "ms/step")  # README's simulate section explains each
+_DROP_ORDER = ("H first→last", "frozen", "ms/step")  # dropped in this order when too narrow
+
+
+def _table(r: SimulateResult, width: int) -> tuple[Table, list[str]]:
+    """The per-strategy table and the columns hidden so that it fits ``width``.
+
+    Cells never wrap (``no_wrap``); when the terminal is too narrow for every column,
+    annealing entropy, frozen fraction and ms/step are dropped in that order (the
+    ``--json`` document always has them).
+    """
+    title = (f"final val loss, nats/byte (lower is better); π per worker, "
+             f"lags {' '.join(map(str, r.config.lags))}")
+    cells = {
+        s.strategy: dict(zip(_COLUMNS, (
+            s.strategy, _loss_cell(s), _change(s), _pi_cell(s), _num(s.frozen_fraction, ".1%"),
+            _num(s.k_eff, ".2f"),
+            f"{_num(s.entropy_first, '.3f')}→{_num(s.entropy_last, '.3f')}",
+            _num(s.ms_per_step, ".1f")), strict=True))
+        for s in r.summaries
+    }
+    columns = list(_COLUMNS)
+    for drop in (None, *_DROP_ORDER):
+        if drop is not None:
+            columns.remove(drop)
+        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                  show_edge=False, title_justify="left")
+        for col in columns:
+            t.add_column(col, justify="left" if col in ("strategy", "mean π") else "right",
+                         no_wrap=True)
+        for row in cells.values():
+            t.add_row(*(row[col] for col in columns))
+        if _natural_width(t) <= width:
+            break
+    return t, [col for col in _COLUMNS if col not in columns]
+
+
+def _natural_width(t: Table) -> int:
+    """Width the table needs without wrapping any cell."""
+    probe = Console(width=10_000, file=io.StringIO())
+    return t.__rich_measure__(probe, probe.options).maximum
 
 
 def _plot(r: SimulateResult, path: str) -> None:

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from naig.simulate import SimulateConfig
 from naig_cli import simulate as cli
 from naig_cli.main import app
+from tests.conftest import assert_one_line_error, run_naig
 
 TINY = ["simulate", "--steps", "6", "--seeds", "1", "--data-bytes", "200000",
         "--lags", "0,2", "--eval-every", "3"]
@@ -41,6 +42,7 @@ def test_json_is_one_document_and_reproducible() -> None:
     assert [s["strategy"] for s in doc["summaries"]] == ["naig", "hogwild"]
     assert doc["untrained_val_loss"] > doc["summaries"][0]["val_loss_mean"]
     assert doc["config"]["lags"] == [0, 2] and doc["routing_bytes"] == 56
+    assert doc["summaries"][0]["val_loss_std"] is None  # one seed: undefined, not 0.0
 
 
 def test_human_table() -> None:
@@ -60,6 +62,17 @@ def test_human_table() -> None:
     (["--strategies", "naig,fast"], "--strategies"),
     (["--model", "gpt-9"], "--model"),
     (["--save-at", "3"], "--save-at"),
+    (["--save-at", "10", "--steps", "2"], "--save-at 10 needs --save-grads DIR"),
+    (["--save-grads", ""], "--save-grads ''"),
+    (["--save-grads", "somewhere"], "--save-grads somewhere needs --save-at"),
+    (["--lags", "0,100000000000"], "--lags 0,100000000000: a lag must be at most"),
+    (["--dc-lambda", "nan"], "--dc-lambda nan"),
+    (["--dc-lambda", "-1"], "--dc-lambda -1"),
+    (["--sketch-seed", "-1"], "--sketch-seed -1"),
+    (["--sketch-seed", str(2**64)], "--sketch-seed 18446744073709551616"),
+    (["--strategies", "naig,naig,hogwild"], "naig listed more than once"),
+    (["--batch-size", "0"], "--batch-size 0"),
+    (["--eval-every", "-1"], "--eval-every -1"),
 ])
 def test_usage_errors_exit_2_with_one_line(args: list[str], option: str) -> None:
     out = _run(*args)
@@ -67,6 +80,8 @@ def test_usage_errors_exit_2_with_one_line(args: list[str], option: str) -> None
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and option in lines[0]
     assert "Traceback" not in out.output and out.stdout == ""
+    assert "(" not in lines[0].split(":")[0]  # the user's text, not a Python tuple
+    assert "--eval-batches" not in lines[0]  # no such option
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
@@ -132,3 +147,77 @@ def test_saved_gradients_are_read_by_naig_audit(tmp_path: Path) -> None:
     table = _naig("audit", str(folder / "ref.safetensors"), str(folder))
     assert table.returncode == 0, table.stderr
     assert all(lag in table.stdout for lag in ("0", "2", "3"))
+
+
+def test_save_grads_on_a_file_exits_2_before_training(tmp_path: Path) -> None:
+    f = tmp_path / "grads"
+    f.write_text("not a directory")
+    r = run_naig(*TINY, "--strategies", "hogwild", "--save-grads", str(f), "--save-at", "1")
+    assert_one_line_error(r, 2, "--save-grads", "is not a directory", "pass a directory")
+    assert r.stdout == "" and f.read_text() == "not a directory"
+
+
+def test_huge_lag_needs_no_huge_ring() -> None:
+    r = run_naig("simulate", "--steps", "2", "--seeds", "1", "--data-bytes", "200000",
+                 "--eval-every", "0", "--strategies", "hogwild", "--lags", "0,100000000")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "hogwild" in r.stdout and "± —" in r.stdout
+
+
+def test_data_directory_says_so(tmp_path: Path) -> None:
+    out = _run("--data", str(tmp_path))
+    assert out.exit_code == 1 and "is a directory; pass one text file" in out.stderr
+
+
+def test_old_seed_option_is_gone() -> None:
+    assert _run("--seed", "1").exit_code == 2
+
+
+def _nan_hogwild(monkeypatch: pytest.MonkeyPatch) -> None:
+    from naig.strategies.hogwild import Hogwild
+
+    monkeypatch.setattr(Hogwild, "combine", lambda self, g, *a: (
+        torch.full_like(g[0], float("nan")), torch.full((g.shape[0],), 1.0 / g.shape[0])))
+
+
+def test_some_runs_diverge_exit_0_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    _nan_hogwild(monkeypatch)
+    out = _run("--strategies", "naig,hogwild")
+    assert out.exit_code == 0, out.output
+    assert "hogwild" in out.stdout and "diverged at step 0" in out.stdout
+    warn = out.stderr.strip().splitlines()
+    assert len(warn) == 1 and warn[0].startswith("warning: 1 of 2 runs diverged"), out.stderr
+    assert "hogwild seed 0 at step 0" in warn[0]
+    doc = json.loads(_run("--strategies", "naig,hogwild", "--json").stdout)
+    hog = doc["summaries"][1]
+    assert hog["val_loss_mean"] is None and hog["diverged_at"] == [0]
+    assert doc["runs"][1]["final_val_loss"] is None and doc["runs"][1]["diverged_at"] == 0
+    assert doc["summaries"][0]["val_loss_mean"] > 0
+
+
+def test_every_run_diverges_exit_1_with_the_table_kept() -> None:
+    r = run_naig("simulate", "--steps", "3", "--seeds", "1", "--data-bytes", "200000",
+                 "--eval-every", "0", "--strategies", "hogwild,naig", "--lr", "1e6",
+                 "--optimizer", "sgd")
+    assert_one_line_error(r, 1, "2 of 2 runs diverged", "--lr")
+    assert "diverged at step" in r.stdout and "naig" in r.stdout
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_table_fits_the_terminal(columns: int) -> None:
+    import os
+
+    env = {**os.environ, "COLUMNS": str(columns)}
+    args = [*TINY, "--strategies", "naig,hogwild,staleness,sync,dc-asgd,naig-exact",
+            "--lags", "0,10,20,35", "--seeds", "2", "--steps", "3"]
+    r = subprocess.run([sys.executable, "-m", "naig_cli", *args], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(map(len, lines)) <= columns, "\n" + r.stdout
+    rows = [ln for ln in lines if ln.split()[:1] and ln.split()[0] in
+            ("naig", "hogwild", "staleness", "sync", "dc-asgd", "naig-exact")]
+    assert len(rows) == 6 and all("±" in ln and "0.250" in r.stdout for ln in rows)
+    header = next(ln for ln in lines if ln.startswith("strategy"))
+    assert ("H first→last" in header) == (columns > 100)
+    assert ("too narrow for" in r.stdout) == (columns <= 100)

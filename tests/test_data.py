@@ -27,6 +27,8 @@ def test_load_bytes_from_file(tmp_path: Path) -> None:
         load_bytes(tmp_path / "missing.txt", 10)
     with pytest.raises(UsageError, match="--data-bytes"):
         load_bytes(None, 0)
+    with pytest.raises(DataError, match="is a directory; pass one text file"):
+        load_bytes(tmp_path, 10)
 
 
 def test_split_is_90_10() -> None:

@@ -21,20 +21,91 @@ def _numbers(result: sim.SimulateResult) -> list[tuple]:
             for r in result.runs]
 
 
-def test_workers_see_clamped_stale_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("lag", [3, 6, 7, 8, 50, 10**8])  # TINY.steps = 8
+def test_workers_see_clamped_stale_versions(monkeypatch: pytest.MonkeyPatch, lag: int) -> None:
+    """Every worker reads θ_{max(t−τ, 0)}, also for lags ≥ steps, with the smallest ring."""
     seen: list[torch.Tensor] = []
-    real = sim._worker_grad
+    rings: list[int] = []
+    real, real_start = sim._worker_grad, sim._start_run
 
     def spy(setup, theta, gen, out):  # noqa: ANN001, ANN202
         seen.append(theta.clone())
         real(setup, theta, gen, out)
 
+    def start(*args):  # noqa: ANN002, ANN202
+        st = real_start(*args)
+        rings.append(st.ring.shape[0])
+        return st
+
     monkeypatch.setattr(sim, "_worker_grad", spy)
-    run_simulation(dataclasses.replace(TINY, optimizer="sgd", lr=0.5))
-    fresh, stale = seen[0::2], seen[1::2]  # worker 0 (τ = 0), worker 1 (τ = 3)
+    monkeypatch.setattr(sim, "_start_run", start)
+    run_simulation(dataclasses.replace(TINY, optimizer="sgd", lr=0.5, lags=(0, lag)))
+    fresh, stale = seen[0::2], seen[1::2]  # worker 0 (τ = 0), worker 1 (τ = lag)
     assert all(not torch.equal(fresh[t], fresh[t + 1]) for t in range(len(fresh) - 1))
     for t in range(TINY.steps):
-        assert torch.equal(stale[t], fresh[max(t - 3, 0)])
+        assert torch.equal(stale[t], fresh[max(t - lag, 0)])
+    assert rings == [min(lag, TINY.steps - 1) + 1]
+
+
+def test_ring_rows() -> None:
+    assert sim.ring_rows((0, 3), 8) == 4 and sim.ring_rows((0, 0), 1) == 1
+    assert sim.ring_rows((0, 5000), 2) == 2 and sim.ring_rows((0, 7), 8) == 8
+
+
+def test_ring_that_cannot_be_allocated_is_a_usage_error() -> None:
+    class Huge:  # stands in for θ: any allocation fails as torch's allocator would
+        device = "cpu"
+
+        def new_empty(self, *shape: int) -> None:
+            raise RuntimeError("DefaultCPUAllocator: not enough memory")
+
+        def numel(self) -> int:
+            return 86_000_000
+
+        def element_size(self) -> int:
+            return 4
+
+    with pytest.raises(UsageError, match=r"--lags: the ring buffer of 2,001 parameter versions"):
+        sim._allocate_ring(Huge(), 2001)
+
+
+def _nan_hogwild(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make hogwild's update NaN (θ_1 non-finite) without touching the other strategies."""
+    from naig.strategies.hogwild import Hogwild
+
+    def combine(self, grads, lags, theta_now, theta_stale):  # noqa: ANN001, ANN202
+        k = grads.shape[0]
+        return torch.full_like(grads[0], math.nan), torch.full((k,), 1.0 / k)
+
+    monkeypatch.setattr(Hogwild, "combine", combine)
+
+
+def test_a_diverging_run_stops_and_the_others_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    _nan_hogwild(monkeypatch)
+    cfg = dataclasses.replace(TINY, steps=4, seeds=2, eval_every=2, strategies=("naig", "hogwild"))
+    res = run_simulation(cfg)
+    naig, hog = res.summaries
+    assert [r.diverged_at for r in res.runs] == [None, 0, None, 0]
+    assert res.diverged == tuple(r for r in res.runs if r.strategy == "hogwild")
+    bad = res.runs[1]
+    assert math.isnan(bad.final_val_loss) and [s for s, _ in bad.curve] == [0, 2, 4]
+    assert all(math.isnan(v) for _, v in bad.curve[1:])
+    assert math.isnan(hog.val_loss_mean) and math.isnan(hog.val_loss_std)
+    assert hog.diverged_at == (0, 0) and naig.diverged_at == (None, None)
+    assert math.isfinite(naig.val_loss_mean) and naig.change_vs_hogwild_pct is None
+
+
+def test_divergence_is_recorded_for_every_strategy_without_raising() -> None:
+    cfg = dataclasses.replace(TINY, steps=3, optimizer="sgd", lr=1e6,
+                              strategies=("hogwild", "naig", "naig-exact"))
+    res = run_simulation(cfg)  # used to raise "every energy is non-finite" for naig
+    assert all(r.diverged_at is not None and math.isnan(r.final_val_loss) for r in res.runs)
+    assert len(res.diverged) == 3
+
+
+def test_one_seed_has_no_std() -> None:
+    res = run_simulation(dataclasses.replace(TINY, steps=2))
+    assert res.summaries[0].val_loss_std is None
 
 
 def test_sync_computes_every_gradient_at_theta_t(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,6 +168,20 @@ def test_save_grads_writes_audit_ready_files(tmp_path: Path) -> None:
     ({"optimizer": "lion"}, "--optimizer"),
     ({"save_at": (99,), "save_grads": "x"}, "--save-at"),
     ({"device": "tpu"}, "--device 'tpu'"),
+    ({"lags": (0, 2**31)}, "--lags 0,2147483648: a lag must be at most"),
+    ({"steps": 10**10}, "--steps 10000000000"),
+    ({"dc_lambda": math.nan}, "--dc-lambda nan"),
+    ({"dc_lambda": math.inf}, "--dc-lambda inf"),
+    ({"dc_lambda": -0.1}, "--dc-lambda -0.1"),
+    ({"sketch_seed": -1}, "--sketch-seed -1"),
+    ({"sketch_seed": 2**64}, "--sketch-seed 18446744073709551616"),
+    ({"strategies": ("naig", "naig", "hogwild")}, "naig listed more than once"),
+    ({"batch_size": 0}, "--batch-size 0"),
+    ({"eval_batches": 0}, "eval_batches=0"),
+    ({"eval_every": -1}, "--eval-every -1"),
+    ({"save_at": (10,), "steps": 2}, "--save-at 10 needs --save-grads DIR"),
+    ({"save_grads": ""}, "--save-grads ''"),
+    ({"save_grads": "x"}, "--save-grads x needs --save-at"),
 ])
 def test_bad_config_is_a_usage_error(change: dict, match: str) -> None:
     with pytest.raises(UsageError, match=match):
@@ -123,3 +208,19 @@ def test_cuda_without_gpu_is_a_usage_error() -> None:
 def test_runs_on_cuda() -> None:
     res = run_simulation(dataclasses.replace(TINY, device="cuda", strategies=("naig",)))
     assert res.device == "cuda" and res.runs[0].final_val_loss < res.untrained_val_loss
+
+
+def test_save_grads_must_be_a_directory(tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    for target in (f, f / "sub"):
+        cfg = dataclasses.replace(TINY, save_grads=str(target), save_at=(1,))
+        with pytest.raises(UsageError, match="is not a directory"):
+            cfg.validate()
+    dataclasses.replace(TINY, save_grads=str(tmp_path / "new" / "dir"), save_at=(1,)).validate()
+
+
+def test_bad_eval_batches_names_no_cli_option() -> None:
+    with pytest.raises(UsageError) as info:
+        dataclasses.replace(TINY, eval_batches=0).validate()
+    assert "--" not in str(info.value)

@@ -96,3 +96,13 @@ def test_naig_beta_zero_is_hogwild() -> None:
 def test_naig_needs_a_sketch() -> None:
     with pytest.raises(ValueError, match="sketch"):
         make_strategy("naig", StrategyOptions())
+
+
+@pytest.mark.parametrize("name", ["naig", "naig-exact"])
+def test_gibbs_strategies_do_not_raise_on_all_non_finite_gradients(name: str) -> None:
+    sketch = TorchSketch.build([("flat", 5)], 0)
+    strategy = make_strategy(name, StrategyOptions(sketch=sketch))
+    grads = torch.full((3, 5), float("nan"))
+    g_hat, pi = strategy.combine(grads, torch.tensor([0, 1, 2]), torch.zeros(5), torch.zeros(3, 5))
+    assert torch.allclose(pi, torch.full((3,), 1 / 3, dtype=torch.float64))
+    assert torch.isnan(g_hat).all()  # the caller sees the divergence

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from naig.errors import DataError
 from naig.gibbs import combine, gibbs_weights, resolve_beta
 from naig.metric import fano_fisher_metric
 from naig.strategies.base import Strategy, StrategyOptions, register
@@ -51,8 +52,18 @@ class GibbsStrategy(Strategy):
     def combine(
         self, grads: Tensor, lags: Tensor, theta_now: Tensor, theta_stale: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """ĝ = Σ_k π_k g_k with π = Gibbs(E); see ``Strategy.combine``."""
-        pi = gibbs_pi(self.energies(grads, reference_index(lags)), self.options.beta)
+        """ĝ = Σ_k π_k g_k with π = Gibbs(E); see ``Strategy.combine``.
+
+        When no energy is finite (every gradient, or the reference, is NaN/Inf) no
+        worker can be preferred: π is uniform and ĝ is the (non-finite) mean, as for
+        ``hogwild``, so the caller sees the divergence instead of an exception.
+        """
+        energies = self.energies(grads, reference_index(lags))
+        try:
+            pi = gibbs_pi(energies, self.options.beta)
+        except DataError:
+            pi = torch.full((grads.shape[0],), 1.0 / grads.shape[0], dtype=torch.float64,
+                            device=grads.device)
         return combine(pi, grads), pi
 
 
