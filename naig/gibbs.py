@@ -135,5 +135,6 @@ def combine(pi: Any, grads: Any) -> Any:
     if type(grads).__module__.startswith("torch"):
         import torch
 
-        return torch.einsum("k,k...->...", pi.to(grads.dtype), grads)
+        flat = grads.reshape(grads.shape[0], -1)  # (K, m): one matrix-vector product
+        return (pi.to(device=grads.device, dtype=grads.dtype) @ flat).reshape(grads.shape[1:])
     return np.einsum("k,k...->...", np.asarray(pi, dtype=grads.dtype), grads)

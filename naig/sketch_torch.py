@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -45,6 +45,7 @@ class TorchSketch:
 
     buckets: Tensor
     signs: Tensor
+    _work: dict = field(default_factory=dict, repr=False, compare=False)  # reused float64 buffers
 
     @classmethod
     def build(cls, named_sizes: Sequence[tuple[str, int]], seed: int = 0,
@@ -75,4 +76,13 @@ class TorchSketch:
         if x.shape[-1] != self.numel:
             raise ValueError(f"sketch expects vectors of length {self.numel}, got {x.shape[-1]}")
         out = torch.zeros(*x.shape[:-1], SKETCH_DIM, dtype=torch.float64, device=x.device)
-        return out.index_add_(-1, self.buckets, x.to(torch.float64) * self.signs)
+        signed = torch.mul(x, self.signs, out=self._buffer(x))  # s_i x_i, exact in float64
+        return out.index_add_(-1, self.buckets, signed)
+
+    def _buffer(self, x: Tensor) -> Tensor:
+        """A float64 work buffer shaped like ``x``, allocated once per shape and device."""
+        key = (tuple(x.shape), x.device)
+        if key not in self._work:
+            self._work.clear()  # keep at most one buffer alive
+            self._work[key] = torch.empty(x.shape, dtype=torch.float64, device=x.device)
+        return self._work[key]

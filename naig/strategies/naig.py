@@ -32,7 +32,7 @@ def reference_index(lags: Tensor) -> int:
 def sketch_energies(sketched: Tensor, ref: int, psi: Tensor) -> Tensor:
     """E_k = d_kᵀ Ψ d_k with d_k = sketched[k] − sketched[ref]; (K, 14) → (K,) float64."""
     d = sketched - sketched[ref]
-    return torch.einsum("ka,ab,kb->k", d, psi, d)
+    return ((d @ psi) * d).sum(-1)  # dᵀΨd per row; (K, 14) → (K,)
 
 
 def gibbs_pi(energies: Tensor, beta: float | str) -> Tensor:
