@@ -133,8 +133,6 @@ def combine(pi: Any, grads: Any) -> Any:
         Array/tensor of shape (...) in the dtype of ``grads``.
     """
     if type(grads).__module__.startswith("torch"):
-        import torch
-
         flat = grads.reshape(grads.shape[0], -1)  # (K, m): one matrix-vector product
         return (pi.to(device=grads.device, dtype=grads.dtype) @ flat).reshape(grads.shape[1:])
     return np.einsum("k,k...->...", np.asarray(pi, dtype=grads.dtype), grads)
