@@ -36,8 +36,8 @@ FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 _NUMPY_DTYPES = {"F64", "F32", "F16"}  # read without torch; the others need torch
 _PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle"}
 _CONVERT = (
-    'convert it once with: python -c "import torch; from safetensors.torch import save_file; '
-    "save_file(torch.load('{p}', weights_only=True), '{s}')\""
+    "convert it once, in a session you trust: load it with torch.load and weights_only=True, "
+    "then write it with safetensors.torch.save_file(state_dict, '{s}')"
 )
 
 
@@ -79,7 +79,7 @@ def _convert_hint(p: Path) -> str:
     target = p.with_suffix(".safetensors")
     if target == p:
         target = p.with_name(p.stem + ".converted.safetensors")
-    return _CONVERT.format(p=p, s=target)
+    return _CONVERT.format(s=target)
 
 
 def _sniff(path: Path) -> None:

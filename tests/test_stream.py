@@ -42,20 +42,6 @@ def test_low_precision_upcast_exactly(tmp_path):
         np.testing.assert_array_equal(got, x.to(dt).to(torch.float64).numpy())
 
 
-def test_int_and_bool_skipped_and_counted(tmp_path):
-    save_file(
-        {
-            "w": torch.ones(3),
-            "n": torch.ones(3, dtype=torch.int64),
-            "m": torch.ones(2, dtype=torch.bool),
-        },
-        tmp_path / "x.safetensors",
-    )
-    info = inspect_file(tmp_path / "x.safetensors")
-    plan, skipped = plan_tensors(info, [info])
-    assert [t.name for t in plan] == ["w"] and skipped["int/bool"] == 2
-
-
 def test_keys_filter_and_bad_regex(tmp_path):
     save_file({"enc.w": torch.ones(3), "dec.w": torch.ones(3)}, tmp_path / "x.safetensors")
     info = inspect_file(tmp_path / "x.safetensors")
