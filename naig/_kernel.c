@@ -70,7 +70,7 @@ static PyObject *hash_codes(PyObject *self, PyObject *args) {
 static PyObject *accumulate(PyObject *self, PyObject *args) {
     Py_buffer cb, ref, xb, ob;
     if (!PyArg_ParseTuple(args, "y*y*y*w*", &cb, &ref, &xb, &ob)) return NULL;
-    Py_ssize_t m = cb.len, isz = ref.len / (m ? m : 1);
+    Py_ssize_t m = cb.len, isz = m ? ref.len / m : 4;
     PyObject *result = NULL;
     if (ob.len != 17 * (Py_ssize_t)sizeof(double) || ref.len != xb.len ||
         (isz != 4 && isz != 8) || ref.len != m * isz) {

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from naig.energy import energy, relative_friction
-from naig.errors import DataError, UsageError
+from naig.errors import DataError, UsageError, show
 from naig.gibbs import effective_workers, frozen_mask, gibbs_weights, resolve_beta
 from naig.kernels import STATS, accumulate, hash_codes
 from naig.metric import DEFAULT_LINE, fano_fisher_metric, parse_line
-from naig.sketch import SKETCH_DIM, tensor_key
+from naig.sketch import SKETCH_DIM, check_seed, tensor_key
 from naig.stream import (
     FileInfo,
     Piece,
@@ -195,7 +195,8 @@ def _stream_all(
 ) -> _Accumulators:
     seeds = [cfg.seed + r for r in range(cfg.sketches)]
     acc = _Accumulators(np.zeros((len(workers) + 1, len(seeds), STATS)), [None] * (len(workers) + 1))
-    for pieces in batches(plan, cfg.chunk):
+    chunk = max(1, cfg.chunk // cfg.sketches)  # R code arrays per batch: memory stays one chunk
+    for pieces in batches(plan, chunk):
         codes = _codes(pieces, seeds)
         refs = list(read_pieces(ref.path, pieces, _dtypes(ref)))  # the reference is read once
         _score(0, pieces, refs, refs, codes, acc, _dtypes(ref))
@@ -293,9 +294,10 @@ def run_audit(
         >>> result = run_audit("ref.safetensors", ["grads/"])  # doctest: +SKIP
         >>> [(f.path.name, round(f.energy, 2), f.verdict) for f in result.files]  # doctest: +SKIP
     """
+    check_seed(config.seed, "seed")
     if config.sketches < 1:
-        raise UsageError(f"--sketches {config.sketches} must be >= 1")
-    psi = fano_fisher_metric(parse_line(config.line))
+        raise UsageError(f"{show('sketches', config.sketches)} must be >= 1")
+    psi = fano_fisher_metric(parse_line(config.line, "line"))
     resolve_beta(config.beta, np.zeros(1))  # validate β before reading anything
     ref_path, worker_paths, notes = _resolve_files(ref, files)
     ref_info, workers = inspect_file(ref_path), [inspect_file(p) for p in worker_paths]

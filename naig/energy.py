@@ -44,7 +44,8 @@ def relative_friction(d: np.ndarray, psi: np.ndarray | None = None) -> np.ndarra
     """ρ(d) = E(d) / E_max(d) ∈ [0, 1], defined as 0 where d = 0; shape (...)."""
     e, top = energy(d, psi), e_max(d)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(top > 0, e / np.where(top > 0, top, 1.0), 0.0)
+        rho = np.where(top > 0, e / np.where(top > 0, top, 1.0), 0.0)
+    return np.where(np.isfinite(top), rho, np.nan)  # a NaN/Inf drift has no friction
 
 
 def _eigvecs(psi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -10,6 +10,7 @@ K_eff = 1 / Σ π_k²; a worker is frozen when π_k < 0.01 / K.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -72,15 +73,17 @@ def resolve_beta(beta: str | float, energies: np.ndarray) -> float:
         return float(b)
     e = np.asarray(energies, dtype=np.float64)
     pos = e[np.isfinite(e) & (e > 0)]
-    return 1.0 / float(np.median(pos)) if pos.size else 1.0
+    if not pos.size:
+        return 1.0
+    return min(1.0 / float(np.median(pos)), sys.float_info.max)  # a subnormal median gives inf
 
 
-def gibbs_weights(energies: np.ndarray, beta: float) -> np.ndarray:
+def gibbs_weights(energies: np.ndarray, beta: float | str) -> np.ndarray:
     """π_k = exp(−β E_k) / Σ_j exp(−β E_j), stable for E up to 1e300 and β up to 1e12.
 
     Args:
         energies: float array of shape (K,); non-finite entries get π = 0.
-        beta: inverse temperature, finite and ≥ 0 (already resolved).
+        beta: inverse temperature, finite and ≥ 0, or ``"auto"`` (see ``resolve_beta``).
 
     Returns:
         float64 array of shape (K,), non-negative, summing to 1.
@@ -89,8 +92,8 @@ def gibbs_weights(energies: np.ndarray, beta: float) -> np.ndarray:
         DataError: if every energy is non-finite.
         UsageError: if ``beta`` is negative or not finite.
     """
-    b = parse_beta(beta)
     e = np.asarray(energies, dtype=np.float64)
+    b = resolve_beta(beta, e)
     ok = np.isfinite(e)
     if not ok.any():
         raise DataError("every energy is non-finite (NaN/Inf); no worker can be weighted")

@@ -24,6 +24,7 @@ __all__ = ["STATS", "HAVE_COMPILED", "hash_codes", "accumulate", "new_stats"]
 
 STATS = SKETCH_DIM + 3  # 14 sketch coordinates, ⟨x, ref⟩, ‖x‖², ‖x − ref‖²
 _SIGN = np.uint8(128)
+_MASK = (1 << 64) - 1
 
 try:
     if os.environ.get("NAIG_PURE_NUMPY") == "1":
@@ -62,6 +63,7 @@ def hash_codes(key: int, start: int, m: int, compiled: bool | None = None) -> np
     Returns:
         uint8 array of shape (m,): bucket in the low 4 bits, sign bit in bit 7.
     """
+    key &= _MASK  # both paths wrap the key to 64 bits
     if compiled if compiled is not None else HAVE_COMPILED:
         out = np.empty(m, dtype=np.uint8)
         _kernel.hash_codes(key, start, out)
@@ -78,6 +80,26 @@ def _accumulate_numpy(codes: np.ndarray, ref: np.ndarray, x: np.ndarray, out: np
     out[SKETCH_DIM:] += (x64 @ r64, x64 @ x64, diff @ diff)
 
 
+def _check_inputs(codes: np.ndarray, ref: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """The compiled path reads raw buffers: dtypes, lengths and contiguity must be exact."""
+    ok = (
+        codes.dtype == np.uint8
+        and ref.dtype == x.dtype
+        and ref.dtype in (np.float32, np.float64)
+        and codes.shape == ref.shape == x.shape == (codes.size,)
+        and out.dtype == np.float64
+        and out.shape == (STATS,)
+        and all(a.flags.c_contiguous for a in (codes, ref, x, out))
+        and out.flags.writeable
+    )
+    if not ok:
+        raise ValueError(
+            f"accumulate: expected contiguous uint8 codes (m,), float32/float64 ref and x (m,) of one "
+            f"dtype and a writable float64 out ({STATS},); got codes {codes.dtype}{codes.shape}, "
+            f"ref {ref.dtype}{ref.shape}, x {x.dtype}{x.shape}, out {out.dtype}{out.shape}"
+        )
+
+
 def accumulate(
     codes: np.ndarray, ref: np.ndarray, x: np.ndarray, out: np.ndarray, compiled: bool | None = None
 ) -> None:
@@ -91,10 +113,10 @@ def accumulate(
         compiled: force (True) or avoid (False) the compiled path.
 
     Raises:
-        ValueError: if shapes or dtypes do not match.
+        ValueError: unless codes is uint8, ref and x share a float32/float64 dtype and
+            length, out is float64 of length 17, and all are C-contiguous 1-D arrays.
     """
-    if ref.dtype != x.dtype or ref.shape != x.shape or codes.shape != x.shape:
-        raise ValueError(f"accumulate: ref {ref.dtype}{ref.shape} vs x {x.dtype}{x.shape}")
+    _check_inputs(codes, ref, x, out)
     if compiled if compiled is not None else HAVE_COMPILED:
         _kernel.accumulate(codes, ref, x, out)
     else:

@@ -142,8 +142,12 @@ def inspect_file(path: str | os.PathLike[str]) -> FileInfo:
 def expand_inputs(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """Expand directory arguments into their ``*.safetensors`` files, sorted.
 
+    Returns:
+        Paths in argument order, each directory replaced by its files (not recursive);
+        other paths are passed through unchecked (``inspect_file`` validates them).
+
     Raises:
-        DataError: a directory with no ``*.safetensors`` file, or a missing path.
+        DataError: a directory with no ``*.safetensors`` file.
     """
     out: list[Path] = []
     for raw in paths:
@@ -274,7 +278,8 @@ def batches(tensors: Sequence[TensorInfo], chunk: int) -> Iterator[list[Piece]]:
     """Group tensors into batches of pieces of at most ``chunk`` scalars each.
 
     Small tensors share a batch; a tensor larger than ``chunk`` is split into
-    contiguous row ranges (at least one innermost row per piece).
+    contiguous flat ranges along its outermost axis whose inner block fits the chunk
+    (for a 1-D tensor, ranges of ``chunk`` elements). Empty tensors yield nothing.
     """
     batch: list[Piece] = []
     size = 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from naig.errors import UsageError
@@ -75,8 +76,6 @@ def audit(
         print_json(_document(result, rows))
     else:
         _render(result, rows)
-    if all(r["verdict"] == "non-finite" for r in rows):
-        raise typer.Exit(1)
 
 
 def _check_csv_target(csv_path: Path | None, inputs: list[Path]) -> None:
@@ -196,15 +195,15 @@ def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
     values = {k: {r[k] for r in rows} - {None} for k in ("lag", "step", "worker")}
     meta = [k for k, v in values.items() if len(v) > 1 or (len(v) == 1 and len(rows) == 1)]
     same = "".join(f", {k} {next(iter(v))} for all" for k, v in values.items() if k not in meta and v)
-    title = f"naig audit — reference {result.reference.name}{same}"
+    title = escape(f"naig audit — reference {result.reference.name}{same}")  # names are user data
     t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     t.add_column("file", no_wrap=True, overflow="ellipsis", min_width=12)
     for col in [*meta, "cos", "‖Δ‖", "E ± std" if multi else "E", "ρ", "π"]:
         t.add_column(col, justify="right", no_wrap=True)
     t.add_column("verdict", no_wrap=True, min_width=10)
     for r in rows:
-        name = Path(r["file"]).name.removesuffix(".safetensors")
-        cells = [str(r[k]) if r[k] is not None else "—" for k in meta]
+        name = escape(Path(r["file"]).name.removesuffix(".safetensors"))
+        cells = [escape(str(r[k])) if r[k] is not None else "—" for k in meta]
         t.add_row(
             name,
             *cells,

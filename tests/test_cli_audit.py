@@ -288,3 +288,13 @@ def test_renamed_pickle_hint_does_not_overwrite_the_input(untouched, tmp_path):
     p.write_bytes(pickle.dumps({"w": 1}, protocol=4))
     r = run_naig("audit", untouched / "ref.safetensors", p)
     assert_one_line_error(r, 1, "evil.converted.safetensors")
+
+
+def test_markup_in_names_and_metadata_is_shown_literally(untouched, tmp_path):
+    save_file(make_state(1), tmp_path / "[bold]w1.safetensors", metadata={"lag": "[/x]", "worker": "[red]"})
+    save_file(make_state(2), tmp_path / "w2.safetensors", metadata={"lag": "3"})
+    r = run_naig(
+        "audit", untouched / "ref.safetensors", tmp_path / "[bold]w1.safetensors", tmp_path / "w2.safetensors"
+    )
+    assert r.returncode == 0, r.stderr
+    assert "[bold]w1" in r.stdout and "[/x]" in r.stdout and "Traceback" not in r.stderr

@@ -42,3 +42,11 @@ def test_batched_shapes_and_other_line():
     psi = fano_fisher_metric((2, 3, 5))
     assert energy(d, psi).shape == (3, 5)
     np.testing.assert_allclose(energy(d, psi)[1, 2], d[1, 2] @ psi @ d[1, 2])
+
+
+def test_non_finite_drift_has_nan_friction():
+    d = np.zeros(14)
+    d[4] = np.nan
+    assert np.isnan(relative_friction(d))
+    d[4] = np.inf
+    assert np.isnan(relative_friction(d))

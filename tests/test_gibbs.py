@@ -86,3 +86,11 @@ def test_combine_numpy_and_torch_agree():
     np.testing.assert_allclose(combine(pi, g), expected, rtol=1e-14)
     out = combine(torch.from_numpy(pi), torch.from_numpy(g))
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-14)
+
+
+def test_weights_accept_auto_and_subnormal_median_gives_finite_beta():
+    e = np.array([0.0, 5e-324, 1e-320, 3.0])
+    beta = resolve_beta("auto", e)
+    assert math.isfinite(beta) and beta > 1e300
+    pi = gibbs_weights(e, "auto")
+    assert math.isclose(pi.sum(), 1.0) and pi[0] == pi.max()

@@ -48,3 +48,27 @@ def test_compiled_equals_numpy_on_large_chunk():
 def test_accumulate_rejects_mismatched_inputs():
     with pytest.raises(ValueError, match="accumulate"):
         accumulate(np.zeros(3, np.uint8), np.zeros(3, np.float32), np.zeros(3), np.zeros(STATS))
+
+
+@pytest.mark.parametrize("compiled", paths)
+def test_empty_chunk_and_negative_key(compiled):
+    out = np.zeros(STATS)
+    accumulate(
+        np.zeros(0, np.uint8), np.zeros(0, np.float32), np.zeros(0, np.float32), out, compiled=compiled
+    )
+    assert not out.any()
+    np.testing.assert_array_equal(hash_codes(-1, 0, 5, compiled=compiled), hash_codes(2**64 - 1, 0, 5))
+
+
+@pytest.mark.parametrize(
+    "codes,ref,x,out",
+    [
+        (np.zeros(4, np.uint16), np.zeros(4), np.zeros(4), np.zeros(STATS)),
+        (np.zeros(4, np.uint8), np.zeros(4, np.int32), np.zeros(4, np.int32), np.zeros(STATS)),
+        (np.zeros(4, np.uint8), np.zeros(4), np.zeros(4), np.zeros(STATS, np.int64)),
+        (np.zeros(4, np.uint8), np.zeros(8)[::2], np.zeros(4), np.zeros(STATS)),
+    ],
+)
+def test_wrong_dtypes_or_layouts_are_refused(codes, ref, x, out):
+    with pytest.raises(ValueError, match="accumulate: expected"):
+        accumulate(codes, ref, x, out)
