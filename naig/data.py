@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ def stdlib_bytes(limit: int) -> bytes:
     """The first ``limit`` bytes of the stdlib's ``.py`` files, sorted recursively, concatenated."""
     root = Path(sysconfig.get_paths()["stdlib"])
     out = bytearray()
-    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
+    for path in sorted(_stdlib_py_files(root), key=lambda p: p.relative_to(root).as_posix()):
         if len(out) >= limit:
             break
         try:
@@ -40,6 +41,18 @@ def stdlib_bytes(limit: int) -> bytes:
         except OSError:
             continue  # unreadable file (permissions): skip it
     return bytes(out[:limit])
+
+
+_NOT_STDLIB = {"site-packages", "dist-packages", "__pycache__"}
+
+
+def _stdlib_py_files(root: Path) -> list[Path]:
+    """Every ``.py`` file under ``root``, skipping installed third-party packages."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in _NOT_STDLIB]  # prune in place
+        found += [Path(folder) / f for f in files if f.endswith(".py")]
+    return found
 
 
 def load_bytes(path: str | Path | None, limit: int) -> bytes:
@@ -60,7 +73,10 @@ def load_bytes(path: str | Path | None, limit: int) -> bytes:
     if not p.is_file():
         raise DataError(f"--data {p}: no such file; pass an existing text file")
     with p.open("rb") as fh:
-        return fh.read(limit)
+        raw = fh.read(limit)
+    if not raw:
+        raise DataError(f"--data {p} is empty; pass a text file with at least a few KB of text")
+    return raw
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from naig.data import ByteData, load_bytes
 from naig.errors import UsageError, show
 from naig.gibbs import effective_workers, frozen_mask, normalized_entropy, parse_beta
 from naig.io import save_gradients
+from naig.metric import parse_line
 from naig.model import GPT, get_preset, lm_loss
 from naig.sketch import SKETCH_DIM, check_seed
 from naig.sketch_torch import TorchSketch
@@ -115,6 +116,7 @@ class SimulateConfig:
                "listed more than once; name each strategy once")
         get_preset(self.model)
         parse_beta(self.beta)
+        parse_line(self.line, "line")
         check_seed(self.sketch_seed, "--sketch-seed")
         _check(self.optimizer in _OPTIMIZERS, f"--optimizer {self.optimizer!r}: use sgd or adam")
         _check(0 < self.steps <= MAX_STEPS,

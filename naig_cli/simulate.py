@@ -10,6 +10,7 @@ import importlib.util
 import io
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -63,8 +64,7 @@ def simulate(
     """
     from naig.simulate import SimulateConfig, parse_int_list, parse_lags, run_simulation
 
-    if plot is not None and importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("--plot needs matplotlib; install it with pip install 'naig[plot]'")
+    _check_plot(plot, data)
     config = SimulateConfig(
         lags=parse_lags(lags), strategies=tuple(s.strip() for s in strategies.split(",")),
         steps=steps, seeds=seeds, lr=lr, optimizer=optimizer, beta=parse_beta(beta),
@@ -75,10 +75,28 @@ def simulate(
     config.validate()
     with _progress(config.total_steps) as tick:
         result = run_simulation(config, tick)
+    print_json(result.to_dict()) if json_out else _render(result)
     if plot is not None:
         _plot(result, plot)
-    print_json(result.to_dict()) if json_out else _render(result)
     _report_divergence(result)
+
+
+_PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def _check_plot(plot: str | None, data: str | None) -> None:
+    """Refuse a --plot target before any training (wrong type, missing folder, an input)."""
+    if plot is None:
+        return
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib; install it with pip install 'naig[plot]'")
+    p = Path(plot)
+    if p.suffix.lower() not in _PLOT_SUFFIXES:
+        raise UsageError(f"--plot {plot!r}: use a .png, .pdf or .svg file name, e.g. --plot curves.png")
+    if not p.absolute().parent.is_dir() or p.is_dir():
+        raise UsageError(f"--plot {plot!r}: its folder must exist and it must not be a directory")
+    if data is not None and p.exists() and Path(data).exists() and p.samefile(data):
+        raise UsageError(f"--plot {plot!r} would overwrite the --data file; choose another path")
 
 
 def _report_divergence(r: SimulateResult) -> None:
@@ -149,7 +167,7 @@ def _render(r: SimulateResult) -> None:
     out.print(f"routing signal {r.routing_bytes} B/worker/step vs full gradient "
               f"{r.gradient_bytes:,} B (n/14 = {r.n_params / 14:,.0f}×)")
     for path in r.saved_files[:1]:
-        out.print(f"gradients saved ({len(r.saved_files)} files), e.g. {path}")
+        out.print(f"gradients saved ({len(r.saved_files)} files), e.g. {path}", markup=False)
 
 
 _COLUMNS = ("strategy", "val loss ± std", "vs hog", "mean π", "frozen", "K_eff", "H first→last",

@@ -221,3 +221,17 @@ def test_table_fits_the_terminal(columns: int) -> None:
     header = next(ln for ln in lines if ln.startswith("strategy"))
     assert ("H first→last" in header) == (columns > 100)
     assert ("too narrow for" in r.stdout) == (columns <= 100)
+
+
+def test_empty_data_file_is_a_data_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    r = run_naig("simulate", "--data", str(empty), "--steps", "2", "--seeds", "1")
+    assert_one_line_error(r, 1, "--data", "empty")
+
+
+@pytest.mark.parametrize("target", ["curves.xyz", "missing/curves.png"])
+def test_bad_plot_target_refused_before_training(tmp_path: Path, target: str) -> None:
+    r = run_naig("simulate", "--plot", str(tmp_path / target), "--steps", "2", "--seeds", "1")
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
+    assert not list(tmp_path.iterdir())
