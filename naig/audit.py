@@ -196,21 +196,15 @@ def _stream_all(
     seeds = [cfg.seed + r for r in range(cfg.sketches)]
     acc = _Accumulators(np.zeros((len(workers) + 1, len(seeds), STATS)), [None] * (len(workers) + 1))
     chunk = max(1, cfg.chunk // cfg.sketches)  # R code arrays per batch: memory stays one chunk
+    dtypes = [_dtypes(f) for f in (ref, *workers)]  # row → {tensor name: dtype}
     for pieces in batches(plan, chunk):
         codes = _codes(pieces, seeds)
-        refs = list(read_pieces(ref.path, pieces, _dtypes(ref)))  # the reference is read once
-        _score(0, pieces, refs, refs, codes, acc, _dtypes(ref))
+        refs = list(read_pieces(ref.path, pieces, dtypes[0]))  # the reference is read once
+        _score(0, pieces, refs, refs, codes, acc, dtypes[0])
         for row, info in enumerate(workers, start=1):
             before = acc.bytes_read
-            _score(
-                row,
-                pieces,
-                read_pieces(info.path, pieces, _dtypes(info)),
-                refs,
-                codes,
-                acc,
-                _dtypes(info),
-            )
+            xs = read_pieces(info.path, pieces, dtypes[row])
+            _score(row, pieces, xs, refs, codes, acc, dtypes[row])
             if progress:
                 progress(acc.bytes_read - before)
     return acc
