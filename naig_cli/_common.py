@@ -14,7 +14,8 @@ from rich.console import Console
 
 from naig.errors import NaigError
 
-__all__ = ["stdout", "stderr", "handle_errors", "print_json", "fail"]
+__all__ = ["stdout", "stderr", "handle_errors", "print_json", "fail", "fmt_num"]
+
 
 def _width() -> int | None:
     """Terminal width on a TTY; 160 columns (tables shrink to fit) when piped, unless COLUMNS."""
@@ -56,6 +57,11 @@ def _clean(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_clean(v) for v in obj]
     return obj
+
+
+def fmt_num(v: float | None, spec: str) -> str:
+    """Format a number for a table cell; ``—`` for None, NaN and anything undefined."""
+    return "—" if v is None or v != v else format(v, spec)
 
 
 def print_json(doc: Any) -> None:

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from naig.errors import UsageError
-from naig_cli._common import handle_errors, print_json, stderr, stdout
+from naig_cli._common import fmt_num, handle_errors, print_json, stderr, stdout
 
 __all__ = ["audit"]
 
@@ -178,16 +178,12 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
             os.unlink(tmp)
 
 
-def _fmt(v: float | None, spec: str) -> str:
-    return "—" if v is None or v != v else format(v, spec)
-
-
 _STYLE = {"integrated": "green", "frozen": "yellow", "non-finite": "red"}
 
 
 def _energy_cell(r: dict, multi: bool) -> str:
     spread = f" ± {r['energy_std']:.2f}" if multi and r["energy_std"] is not None else ""
-    return _fmt(r["energy"], ".2f") + spread
+    return fmt_num(r["energy"], ".2f") + spread
 
 
 def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
@@ -207,11 +203,11 @@ def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
         t.add_row(
             name,
             *cells,
-            _fmt(r["cos"], ".6f"),
-            _fmt(r["delta_norm"], ".4g"),
+            fmt_num(r["cos"], ".6f"),
+            fmt_num(r["delta_norm"], ".4g"),
             _energy_cell(r, multi),
-            _fmt(r["friction"], ".3f"),
-            _fmt(r["pi"], ".4f"),
+            fmt_num(r["friction"], ".3f"),
+            fmt_num(r["pi"], ".4f"),
             f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]",
         )
     stdout.print(t)

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from naig.errors import UsageError
 from naig.gibbs import parse_beta
-from naig_cli._common import fail, handle_errors, print_json, stderr, stdout
+from naig_cli._common import fail, fmt_num, handle_errors, print_json, stderr, stdout
 
 if TYPE_CHECKING:
     from naig.simulate import SimulateResult, StrategySummary
@@ -129,15 +129,11 @@ def _pi_cell(s: StrategySummary) -> str:
     return " ".join("—" if p != p else f"{p:.3f}" for p in s.mean_pi)
 
 
-def _num(v: float | None, spec: str) -> str:
-    return "—" if v is None or v != v else format(v, spec)
-
-
 def _loss_cell(s: StrategySummary) -> str:
     """Mean ± sample std; ``—`` for the std of one seed; the divergence when any seed diverged."""
     steps = [t for t in s.diverged_at if t is not None]
     if not steps:
-        return f"{s.val_loss_mean:.4f} ± {_num(s.val_loss_std, '.4f')}"
+        return f"{s.val_loss_mean:.4f} ± {fmt_num(s.val_loss_std, '.4f')}"
     at = ",".join(map(str, steps))
     if len(s.diverged_at) == 1:
         return f"[red]diverged at step {at}[/]"
@@ -186,10 +182,10 @@ def _table(r: SimulateResult, width: int) -> tuple[Table, list[str]]:
              f"lags {' '.join(map(str, r.config.lags))}")
     cells = {
         s.strategy: dict(zip(_COLUMNS, (
-            s.strategy, _loss_cell(s), _change(s), _pi_cell(s), _num(s.frozen_fraction, ".1%"),
-            _num(s.k_eff, ".2f"),
-            f"{_num(s.entropy_first, '.3f')}→{_num(s.entropy_last, '.3f')}",
-            _num(s.ms_per_step, ".1f")), strict=True))
+            s.strategy, _loss_cell(s), _change(s), _pi_cell(s), fmt_num(s.frozen_fraction, ".1%"),
+            fmt_num(s.k_eff, ".2f"),
+            f"{fmt_num(s.entropy_first, '.3f')}→{fmt_num(s.entropy_last, '.3f')}",
+            fmt_num(s.ms_per_step, ".1f")), strict=True))
         for s in r.summaries
     }
     columns = list(_COLUMNS)
