@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+import torch
 from torch import Tensor
 
 from naig.errors import UsageError
@@ -23,7 +24,7 @@ from naig.errors import UsageError
 if TYPE_CHECKING:
     from naig.sketch_torch import TorchSketch
 
-__all__ = ["StrategyOptions", "Strategy", "STRATEGIES", "register", "make_strategy"]
+__all__ = ["StrategyOptions", "Strategy", "STRATEGIES", "register", "make_strategy", "uniform_weights"]
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,9 @@ class Strategy(ABC):
         self.options = options
 
     @abstractmethod
-    def combine(self, grads: Tensor, lags: Tensor, theta_now: Tensor,
-                theta_stale: Tensor) -> tuple[Tensor, Tensor]:
+    def combine(
+        self, grads: Tensor, lags: Tensor, theta_now: Tensor, theta_stale: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """Combine worker gradients.
 
         Args:
@@ -65,6 +67,12 @@ class Strategy(ABC):
             ``(g_hat, pi)``: (n,) combined gradient in the dtype of ``grads`` and
             (K,) coefficients π on the same device.
         """
+
+
+def uniform_weights(grads: Tensor) -> Tensor:
+    """π_k = 1/K for the K rows of ``grads`` (K, n): (K,) float32 on their device."""
+    k = grads.shape[0]
+    return torch.full((k,), 1.0 / k, device=grads.device)
 
 
 STRATEGIES: dict[str, type[Strategy]] = {}

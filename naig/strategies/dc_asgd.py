@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from naig.strategies.base import Strategy, register
+from naig.strategies.base import Strategy, register, uniform_weights
 
 __all__ = ["DCASGD"]
 
@@ -19,10 +19,11 @@ class DCASGD(Strategy):
 
     name = "dc-asgd"
 
-    def combine(self, grads: Tensor, lags: Tensor, theta_now: Tensor,
-                theta_stale: Tensor) -> tuple[Tensor, Tensor]:
+    def combine(
+        self, grads: Tensor, lags: Tensor, theta_now: Tensor, theta_stale: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """ĝ = mean_k(g_k + λ g_k² (θ_t − θ_{t−τ_k})); π_k = 1/K; see ``Strategy.combine``."""
-        k = grads.shape[0]
         drift = theta_now.unsqueeze(0) - theta_stale  # (K, n)
-        corrected = grads + self.options.dc_lambda * grads * grads * drift
-        return corrected.mean(0), torch.full((k,), 1.0 / k, device=grads.device)
+        drift.mul_(grads).mul_(grads)  # g ⊙ g ⊙ Δθ, in place: one (K, n) temporary in all
+        corrected = torch.add(grads, drift, alpha=self.options.dc_lambda)
+        return corrected.mean(0), uniform_weights(grads)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from naig.strategies.base import Strategy, register
+from naig.strategies.base import Strategy, register, uniform_weights
 
 __all__ = ["Hogwild"]
 
@@ -16,8 +15,8 @@ class Hogwild(Strategy):
 
     name = "hogwild"
 
-    def combine(self, grads: Tensor, lags: Tensor, theta_now: Tensor,
-                theta_stale: Tensor) -> tuple[Tensor, Tensor]:
+    def combine(
+        self, grads: Tensor, lags: Tensor, theta_now: Tensor, theta_stale: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """Uniform mean; see ``Strategy.combine``."""
-        k = grads.shape[0]
-        return grads.mean(0), torch.full((k,), 1.0 / k, device=grads.device)
+        return grads.mean(0), uniform_weights(grads)

@@ -62,8 +62,7 @@ class GibbsStrategy(Strategy):
         try:
             pi = gibbs_pi(energies, self.options.beta)
         except DataError:
-            pi = torch.full((grads.shape[0],), 1.0 / grads.shape[0], dtype=torch.float64,
-                            device=grads.device)
+            pi = torch.full((grads.shape[0],), 1.0 / grads.shape[0], dtype=torch.float64, device=grads.device)
         return combine(pi, grads), pi
 
 

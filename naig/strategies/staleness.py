@@ -16,8 +16,9 @@ class Staleness(Strategy):
 
     name = "staleness"
 
-    def combine(self, grads: Tensor, lags: Tensor, theta_now: Tensor,
-                theta_stale: Tensor) -> tuple[Tensor, Tensor]:
+    def combine(
+        self, grads: Tensor, lags: Tensor, theta_now: Tensor, theta_stale: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """Scale each gradient by 1/max(1, τ_k), then take the mean; see ``Strategy.combine``."""
         pi = 1.0 / (grads.shape[0] * lags.clamp(min=1).to(grads.dtype))
         return combine(pi, grads), pi
