@@ -1,4 +1,4 @@
-"""Build the optional C fast path of the sketch (naig/_kernel.c); metadata lives in pyproject.toml.
+"""Build the optional C fast path of the sketch (naig/sketch/_kernel.c); metadata in pyproject.toml.
 
 The extension is optional: without a C compiler the install still succeeds and
 naig falls back to its numpy path (same results, slower).
@@ -8,6 +8,6 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("naig._kernel", ["naig/_kernel.c"], extra_compile_args=["-O3"], optional=True)
+        Extension("naig.sketch._kernel", ["naig/sketch/_kernel.c"], extra_compile_args=["-O3"], optional=True)
     ]
 )

@@ -1,4 +1,4 @@
-"""Throughput and peak memory of `naig audit` against a minimal numpy pass (SPEC §4).
+"""Throughput and peak memory of `naig audit` against a minimal numpy pass (docs/design.md §9).
 
 Writes a reference and 4 worker files of a GPT-2-small-shaped float32 state dict
 (124M parameters per file by default, 148 tensors) into a temp dir, then runs,

@@ -1,4 +1,4 @@
-"""Routing overhead of ``naig simulate``: naig step time / hogwild step time (SPEC §4).
+"""Routing overhead of ``naig simulate``: naig step time / hogwild step time (docs/design.md §9).
 
 Runs the default workload (gpt-nano, lags 0,10,20,35, default batch and
 optimizer) with the ``naig`` and ``hogwild`` strategies in lockstep: one naig
@@ -20,28 +20,24 @@ import time
 
 import torch
 
-import naig.simulate as sim
-from naig.model import GPT, get_preset
-from naig.simulate import SimulateConfig
-from naig.sketch_torch import TorchSketch
-from naig.strategies import StrategyOptions, make_strategy
+from naig.simulate import SimulateConfig, Simulation
+from naig.simulate.model import GPT, get_preset
+from naig.simulate.strategies import Batch, StrategyOptions, make_strategy
+from naig.sketch.torch_sketch import TorchSketch
 
 __all__ = ["main"]
 
 
 def _lockstep_times(cfg: SimulateConfig, repeats: int) -> dict[str, list[float]]:
     """Per-step wall times (ms) of naig and hogwild runs advanced in alternation."""
-    setup = sim._build_setup(cfg)  # the loop's own pieces, so the step measured is the real one
+    sim = Simulation(cfg)  # the loop's own objects, so the step measured is the real one
     times: dict[str, list[float]] = {"naig": [], "hogwild": []}
     for seed in range(repeats):
-        runs = {}
-        for name in times:
-            strategy = make_strategy(name, StrategyOptions(cfg.beta, cfg.dc_lambda, cfg.line, setup.sketch))
-            runs[name] = (strategy, sim._start_run(setup, strategy, seed))
+        runs = {name: sim.start(name, seed) for name in times}
         for t in range(cfg.steps):
             for name in sorted(times, reverse=t % 2 == 1):
                 t0 = time.perf_counter()
-                sim._step(setup, *runs[name], t)
+                runs[name].step()
                 times[name].append(1000 * (time.perf_counter() - t0))
     return times
 
@@ -52,16 +48,12 @@ def _combine_ms(cfg: SimulateConfig, name: str, calls: int = 300) -> float:
     strategy = make_strategy(name, StrategyOptions(sketch=TorchSketch.build(named)))
     gen = torch.Generator().manual_seed(0)
     n, k = sum(s for _, s in named), len(cfg.lags)
-    args = (
-        torch.randn(k, n, generator=gen),
-        torch.tensor(cfg.lags),
-        torch.randn(n, generator=gen),
-        torch.randn(k, n, generator=gen),
-    )
+    grads, stale = torch.randn(k, n, generator=gen), torch.randn(k, n, generator=gen)
+    batch = Batch(grads, torch.tensor(cfg.lags), torch.arange(k), torch.randn(n, generator=gen), stale)
     times = []
     for _ in range(calls):
         t0 = time.perf_counter()
-        strategy.combine(*args)
+        strategy.combine(batch)
         times.append(time.perf_counter() - t0)
     return 1000 * statistics.median(times)
 

@@ -1,4 +1,4 @@
-"""Start-up cost of `naig spectrum` against importing its libraries (SPEC §4).
+"""Start-up cost of `naig spectrum` against importing its libraries (docs/design.md §9).
 
 Prints the ratio of the median wall time of `naig spectrum` to the median wall
 time of `python -c "import numpy, typer, rich"`, measured interleaved

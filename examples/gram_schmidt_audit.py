@@ -3,7 +3,7 @@
 An oracle gradient g* and four workers x_k = g* + δ_k (metadata lags 0, 10, 20, 35) are
 built so that every drift δ_k is orthogonal to g* and has the same norm c. Hence every
 worker has the same cosine similarity to the oracle, cos = ‖g*‖ / sqrt(‖g*‖² + c²):
-cosine cannot tell them apart. Their sketched drifts d_k = S δ_k (SPEC §2.5, seed 0)
+cosine cannot tell them apart. Their sketched drifts d_k = S δ_k (docs/design.md §5, seed 0)
 are placed by construction:
 
     lag  0: ρ = 0.05          E =  2.88   (mostly in the null space of Ψ)

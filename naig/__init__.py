@@ -6,6 +6,12 @@ weighted by Gibbs weights π_k before a standard optimizer step.
 
 The math core is numpy-only; torch is imported lazily by the modules that need
 it (``naig.io``, ``naig.router``, ``naig.simulate``), so ``import naig`` is cheap.
+
+Layout: the math (``octonion``, ``g2``, ``metric``, ``energy``, ``gibbs``, ``spectrum``;
+numpy only), ``sketch`` (reference, numpy, C and torch bodies of one sketch),
+``audit`` (streaming file audit), ``simulate`` (training with stale workers),
+``router`` (routing in your own loop), ``io`` and ``errors``. docs/design.md states
+the mathematics and the protocols, with their sources.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fano–Fisher energy and relative friction of a drift (SPEC §2.4).
+"""Fano–Fisher energy and relative friction of a drift (docs/design.md §4).
 
 For a drift d ∈ R^14 in g2 coordinates, E(d) = dᵀ Ψ_ℓ d with
 0 ≤ E(d) ≤ E_max = (8/3)‖d‖². The ridge (the 4-dimensional "Information
@@ -8,6 +8,8 @@ is ker(Ψ_ℓ). Relative friction ρ(d) = E(d) / ((8/3)‖d‖²) ∈ [0, 1], 0 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from naig.metric import DEFAULT_LINE, E_MAX_FACTOR, fano_fisher_metric
@@ -15,21 +17,29 @@ from naig.metric import DEFAULT_LINE, E_MAX_FACTOR, fano_fisher_metric
 __all__ = ["energy", "e_max", "relative_friction", "ridge_basis", "null_space_basis"]
 
 
-def energy(d: np.ndarray, psi: np.ndarray | None = None) -> np.ndarray:
-    """E(d) = dᵀ Ψ d for each drift.
+def energy(d: Any, psi: Any = None) -> Any:
+    """E(d) = dᵀ Ψ d for each drift, for numpy arrays and torch tensors alike.
 
     Args:
-        d: float array of shape (..., 14), g2 coordinates.
-        psi: (14, 14) metric; default Ψ for the line (1, 2, 4).
+        d: drifts of shape (..., 14) in g2 coordinates: a numpy array (any float dtype)
+            or a torch tensor (float64 expected, as the sketches are).
+        psi: (14, 14) metric of the same library as ``d`` (a torch ``psi`` on ``d``'s
+            device); default Ψ for the line (1, 2, 4).
 
     Returns:
-        float64 array of shape (...); NaN/Inf drifts give non-finite energies.
+        Energies of shape (...): a float64 numpy array, or a tensor in ``d``'s dtype
+        and device. NaN/Inf drifts give non-finite energies.
 
     Example:
         >>> float(energy(np.eye(14)[4]))
         2.0
     """
     psi = fano_fisher_metric(DEFAULT_LINE) if psi is None else psi
+    if type(d).__module__.startswith("torch"):
+        import torch
+
+        psi = torch.as_tensor(psi, dtype=d.dtype, device=d.device)
+        return ((d @ psi) * d).sum(-1)  # dᵀΨd per row: one (.., 14) @ (14, 14) matmul
     d = np.asarray(d, dtype=np.float64)
     return np.einsum("...a,ab,...b->...", d, psi, d)
 

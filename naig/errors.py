@@ -3,17 +3,55 @@
 ``DataError`` (exit 1) means the input data cannot be used; ``UsageError``
 (exit 2) means an option or argument is malformed. Messages are one line:
 what was expected, what was received, and how to fix it.
+
+An error about one argument carries its ``field`` (the library's name, e.g.
+``beta``) and the ``value`` received, and its text reads ``beta=-1.0: must be …``.
+Other fields it mentions are written in backticks (```save_grads```). The CLI
+rewords both as the flags a user typed (``--beta -1.0``, ``--save-grads``) from one
+table (``naig_cli._common.FLAGS``), so library errors never speak CLI.
+
+Example:
+    >>> err = UsageError("must be finite and >= 0", field="beta", value=-1.0)
+    >>> str(err)
+    'beta=-1.0: must be finite and >= 0'
+    >>> err.field, err.value, err.exit_code
+    ('beta', -1.0, 2)
 """
 
 from __future__ import annotations
 
-__all__ = ["NaigError", "DataError", "UsageError", "VerificationError", "show"]
+__all__ = ["NaigError", "DataError", "UsageError", "VerificationError"]
+
+_NO_VALUE = object()
 
 
 class NaigError(Exception):
-    """Base class of naig errors; ``exit_code`` is the CLI exit status."""
+    """Base class of naig errors.
+
+    Args:
+        message: what is wrong and how to fix it (one line). Other fields are named
+            in backticks, e.g. ```save_grads```.
+        field: the argument or config field at fault (``None``: the input as a whole).
+        value: the value received for ``field``.
+
+    Attributes:
+        exit_code: the CLI exit status (1 data, 2 usage).
+    """
 
     exit_code: int = 1
+
+    def __init__(self, message: str, *, field: str | None = None, value: object = _NO_VALUE) -> None:
+        self.message = message
+        self.field = field
+        self.value = None if value is _NO_VALUE else value
+        self.has_value = value is not _NO_VALUE
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        if self.field is None:
+            return self.message
+        shown = f"{self.field}={self.value!r}" if self.has_value else self.field
+        return f"{shown}: {self.message}"
 
 
 class DataError(NaigError, ValueError):
@@ -32,12 +70,3 @@ class VerificationError(NaigError):
     """A mathematical certificate failed to verify. Exit code 1."""
 
     exit_code = 1
-
-
-def show(name: str, value: object) -> str:
-    """Name a value in a message: ``--beta 1`` for a CLI option, ``beta=1`` for an argument.
-
-    CLI code passes option names (``"--beta"``); library code passes argument
-    names (``"beta"``), so each error names what its caller actually typed.
-    """
-    return f"{name} {value!r}" if name.startswith("-") else f"{name}={value!r}"

@@ -1,4 +1,4 @@
-"""The canonical Frobenius-orthonormal basis of the Lie algebra g2 (SPEC §2.2).
+"""The canonical Frobenius-orthonormal basis of the Lie algebra g2 (docs/design.md §2).
 
 g2 is the 14-dimensional algebra of derivations of the octonions: 8×8 real
 matrices X (acting on octonion coordinates, e0 fixed) with X(xy) = X(x)y + xX(y).
@@ -64,7 +64,7 @@ def g2_basis() -> np.ndarray:
     """The canonical orthonormal g2 basis.
 
     Returns:
-        float64 array of shape (14, 8, 8), read-only; index a is X_a of SPEC §2.2.
+        float64 array of shape (14, 8, 8), read-only; index a is X_a of docs/design.md §2.
     """
     xs = []
     for p in range(1, 8):

@@ -1,4 +1,4 @@
-"""Gibbs weights and the Maslov–Gibbs einsum (MGE) combine (SPEC §2.7).
+"""Gibbs weights and the Maslov–Gibbs einsum (MGE) combine (docs/design.md §7).
 
 π_k = exp(−β E_k) / Σ_j exp(−β E_j), computed stably by shifting by min E.
 Non-finite E_k get π_k = 0. β = 0 gives uniform weights (Hogwild!).
@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from naig.errors import DataError, UsageError, show
+from naig.errors import DataError, UsageError
 
 __all__ = [
     "parse_beta",
     "resolve_beta",
     "gibbs_weights",
+    "reference_index",
     "effective_workers",
     "frozen_mask",
     "normalized_entropy",
@@ -30,47 +32,58 @@ __all__ = [
 FROZEN_FACTOR = 0.01  # frozen when π_k < FROZEN_FACTOR / K
 
 
-def parse_beta(beta: str | float, name: str = "--beta") -> float | str:
-    """Validate a ``--beta`` value: ``"auto"`` or a finite float ≥ 0.
+def parse_beta(beta: str | float, field: str = "beta") -> float | str:
+    """Validate a β value once, at the edge: ``"auto"`` or a finite float ≥ 0.
 
     Args:
-        beta: the value to check.
-        name: what error messages call it: a CLI option (``"--beta"``) or an
-            argument name (``"beta"``, shown as ``beta=…``).
+        beta: the value to check (a string such as ``"auto"`` or ``"0.5"``, or a number).
+        field: the argument name errors carry (``UsageError.field``).
+
+    Returns:
+        ``"auto"`` or β as a float.
 
     Raises:
         UsageError: for a negative, NaN, infinite or non-numeric value.
+
+    Example:
+        >>> parse_beta("AUTO"), parse_beta("0.5")
+        ('auto', 0.5)
     """
     if isinstance(beta, str) and beta.strip().lower() == "auto":
         return "auto"
     try:
         value = float(beta)
     except (TypeError, ValueError):
-        raise UsageError(
-            f"{show(name, beta)} is not a number; use 'auto' or a finite float >= 0"
-        ) from None
+        raise UsageError("not a number; use 'auto' or a finite float >= 0", field=field,
+                         value=beta) from None
     if not math.isfinite(value) or value < 0:
-        raise UsageError(f"{show(name, beta)} must be finite and >= 0; "
-                         f"use 'auto' or e.g. {show(name, 1)}")
+        raise UsageError("must be finite and >= 0; use 'auto' or e.g. 1", field=field, value=beta)
     return value
 
 
-def resolve_beta(beta: str | float, energies: np.ndarray) -> float:
-    """Turn ``beta`` (float or ``"auto"``) into the inverse temperature used.
+def resolve_beta(beta: float | str, energies: np.ndarray) -> float:
+    """Turn a parsed β (float or ``"auto"``) into the inverse temperature used.
 
     Args:
-        beta: a float ≥ 0, or ``"auto"``: 1 / median of the finite positive energies.
+        beta: a float ≥ 0 (returned as is), or ``"auto"``: 1 / median of the finite
+            positive energies. Parse user input with ``parse_beta`` first.
         energies: float array of shape (K,).
 
     Returns:
         β as a Python float (1.0 for ``"auto"`` when no energy is finite and positive).
 
     Raises:
-        UsageError: if ``beta`` is malformed (see ``parse_beta``).
+        UsageError: if ``beta`` is neither ``"auto"`` nor a finite float ≥ 0.
+
+    Example:
+        >>> resolve_beta("auto", np.array([0.0, 2.0, 4.0, np.nan]))
+        0.3333333333333333
     """
-    b = parse_beta(beta)
-    if b != "auto":
-        return float(b)
+    if beta != "auto":
+        if not isinstance(beta, int | float | np.floating) or not (math.isfinite(beta) and beta >= 0):
+            raise UsageError("must be 'auto' or a finite float >= 0; parse user input with "
+                             "parse_beta", field="beta", value=beta)
+        return float(beta)
     e = np.asarray(energies, dtype=np.float64)
     pos = e[np.isfinite(e) & (e > 0)]
     if not pos.size:
@@ -91,6 +104,10 @@ def gibbs_weights(energies: np.ndarray, beta: float | str) -> np.ndarray:
     Raises:
         DataError: if every energy is non-finite.
         UsageError: if ``beta`` is negative or not finite.
+
+    Example:
+        >>> gibbs_weights(np.array([0.0, np.log(3.0)]), beta=1.0).round(6).tolist()
+        [0.75, 0.25]
     """
     e = np.asarray(energies, dtype=np.float64)
     b = resolve_beta(beta, e)
@@ -101,6 +118,20 @@ def gibbs_weights(energies: np.ndarray, beta: float | str) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         z = np.where(ok, np.exp(-np.float64(b) * shifted), 0.0) if b else ok.astype(np.float64)
     return z / z.sum()
+
+
+def reference_index(lags: Sequence[int] | Any) -> int:
+    """The default reference: the first worker with the smallest lag (staleness).
+
+    Args:
+        lags: (K,) lags τ_k, a sequence of ints, a numpy array or a torch tensor.
+
+    Example:
+        >>> reference_index([10, 0, 0, 35])
+        1
+    """
+    values = [int(t) for t in lags]
+    return values.index(min(values))
 
 
 def effective_workers(pi: np.ndarray) -> float:
@@ -129,13 +160,16 @@ def combine(pi: Any, grads: Any) -> Any:
     """The MGE combine ĝ = Σ_k π_k g_k, an einsum over the worker axis.
 
     Args:
-        pi: (K,) weights (numpy array or torch tensor).
-        grads: (K, ...) stacked gradients of the same library.
+        pi: (K,) weights: a numpy array, torch tensor or list.
+        grads: (K, ...) stacked gradients, a numpy array or a torch tensor.
 
     Returns:
         Array/tensor of shape (...) in the dtype of ``grads``.
     """
     if type(grads).__module__.startswith("torch"):
+        import torch
+
         flat = grads.reshape(grads.shape[0], -1)  # (K, m): one matrix-vector product
-        return (pi.to(device=grads.device, dtype=grads.dtype) @ flat).reshape(grads.shape[1:])
+        pi = torch.as_tensor(pi, device=grads.device, dtype=grads.dtype)
+        return (pi @ flat).reshape(grads.shape[1:])
     return np.einsum("k,k...->...", np.asarray(pi, dtype=grads.dtype), grads)

@@ -1,4 +1,4 @@
-"""The Fano–Fisher metric Ψ_ℓ and its exact certificate (SPEC §2.3, Theorem 4.1).
+"""The Fano–Fisher metric Ψ_ℓ and its exact certificate (docs/design.md §3, Theorem 4.1).
 
 For an oriented reference line ℓ = (i, j, k) the associator energy
 E_ℓ(θ) = ‖[e_i, e_j, exp(X_θ) e_k]‖² vanishes to first order at θ = 0, and its
@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from naig.errors import UsageError, show
+from naig.errors import UsageError
 from naig.g2 import g2_basis, g2_rational_basis
 from naig.octonion import associator, oriented_lines
 
@@ -39,12 +39,12 @@ EXPECTED_CHARPOLY: tuple[Fraction, ...] = (0,) * 10 + (  # type: ignore[assignme
 """Coefficients, low → high degree, of λ^10 (λ − 8/3)^4."""
 
 
-def parse_line(line: str | tuple[int, ...] | list[int], name: str = "--line") -> tuple[int, int, int]:
+def parse_line(line: str | tuple[int, ...] | list[int], field: str = "line") -> tuple[int, int, int]:
     """Validate an oriented Fano line.
 
     Args:
         line: ``"1,2,4"`` or a sequence of three ints.
-        name: what error messages call it: ``"--line"`` (CLI) or ``"line"`` (``line=…``).
+        field: the argument name errors carry (``UsageError.field``).
 
     Returns:
         The line as ``(i, j, k)``.
@@ -61,10 +61,8 @@ def parse_line(line: str | tuple[int, ...] | list[int], name: str = "--line") ->
     if len(triple) == 3 and triple in oriented_lines():
         return triple  # type: ignore[return-value]
     valid = " ".join(",".join(map(str, t)) for t in oriented_lines()[::3])
-    raise UsageError(
-        f"{show(name, line)} is not an oriented Fano line; use one of {valid} "
-        "or a cyclic rotation of one"
-    )
+    raise UsageError(f"not an oriented Fano line; use one of {valid} or a cyclic rotation of one",
+                     field=field, value=line)
 
 
 def associator_columns(line: tuple[int, int, int], basis: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Octonion algebra on the Fano plane (SPEC §2.1).
+"""Octonion algebra on the Fano plane (docs/design.md §1).
 
 Octonions are real 8-vectors over the basis e0 (the real unit), e1..e7. The
 product is fixed by the seven oriented Fano lines ``FANO_LINES``: for each line

@@ -1,4 +1,4 @@
-"""Certify the spectrum of the Fano–Fisher metric Ψ_ℓ (SPEC §2.3, §3.1).
+"""Certify the spectrum of the Fano–Fisher metric Ψ_ℓ (docs/design.md §3).
 
 ``certify_spectrum`` gathers every check behind ``naig spectrum``: eigenvalues
 with multiplicities, rank, max |λ − 8/3|, symmetry, positive semi-definiteness,

@@ -1,20 +1,107 @@
-"""Shared CLI plumbing: one-line errors with exit codes, JSON output, consoles."""
+"""Shared CLI plumbing: option aliases, the field → flag table, one-line errors, JSON, progress.
+
+Every option used by more than one command is declared once here as an ``Annotated``
+alias (pattern: huggingface_hub's CLI); choice options are Enums so ``--help`` lists
+the choices. Library errors carry the field at fault (``NaigError.field``); ``FLAGS``
+words them as the flags a user typed.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+import re
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from enum import Enum
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
 from naig.errors import NaigError
 
-__all__ = ["stdout", "stderr", "handle_errors", "print_json", "fail", "fmt_num"]
+__all__ = [
+    "FLAGS",
+    "flag",
+    "cli_message",
+    "stdout",
+    "stderr",
+    "handle_errors",
+    "print_json",
+    "fail",
+    "fmt_num",
+    "progress",
+    "opt",
+    "JsonOpt",
+    "BetaOpt",
+    "LineOpt",
+    "Optimizer",
+    "Device",
+    "Model",
+]
+
+FLAGS: dict[str, str] = {  # library field name → the flag that sets it
+    "beta": "--beta",
+    "line": "--line",
+    "seed": "--seed",  # audit: the sketch seed
+    "keys": "--keys",
+    "intersect": "--intersect",
+    "sketches": "--sketches",
+    "chunk": "--chunk-mb",
+    "csv": "--csv",
+    "tol": "--tol",
+    "lags": "--lags",
+    "strategies": "--strategies",
+    "steps": "--steps",
+    "seeds": "--seeds",
+    "lr": "--lr",
+    "optimizer": "--optimizer",
+    "dc_lambda": "--dc-lambda",
+    "batch_size": "--batch-size",
+    "eval_every": "--eval-every",
+    "device": "--device",
+    "model": "--model",
+    "data": "--data",
+    "data_bytes": "--data-bytes",
+    "sketch_seed": "--sketch-seed",
+    "save_grads": "--save-grads",
+    "save_at": "--save-at",
+    "plot": "--plot",
+}
+
+
+def flag(field: str) -> str:
+    """The flag of a library field (``dc_lambda`` → ``--dc-lambda``); unknown fields as they are."""
+    return FLAGS.get(field, field)
+
+
+def _cli_value(value: object) -> str:
+    """A value as a user would type it: ``0,10,20`` for a sequence, ``'x'`` for text."""
+    if isinstance(value, tuple | list):
+        return ",".join(map(str, value))
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def cli_message(exc: NaigError) -> str:
+    """The one-line CLI wording of a library error: fields become flags.
+
+    Example:
+        >>> from naig.errors import UsageError
+        >>> cli_message(UsageError("needs `save_grads`", field="save_at", value=(5,)))
+        '--save-at 5: needs --save-grads'
+    """
+    text = re.sub(r"`(\w+)`", lambda m: flag(m.group(1)) if m.group(1) in FLAGS else m.group(1),
+                  exc.message)
+    if exc.field is None:
+        return text
+    if exc.field not in FLAGS:  # a field without an option: name it as the library does
+        shown = f"{exc.field}={exc.value!r}" if exc.has_value else exc.field
+    else:
+        shown = f"{flag(exc.field)} {_cli_value(exc.value)}" if exc.has_value else flag(exc.field)
+    return f"{shown}: {text}".replace("\n", " ")
 
 
 def _width() -> int | None:
@@ -43,8 +130,9 @@ def handle_errors(fn: F) -> F:
         except (NaigError, OSError, MemoryError) as exc:
             if os.environ.get("NAIG_DEBUG") == "1":
                 raise
-            code = exc.exit_code if isinstance(exc, NaigError) else 1
-            fail(str(exc).replace("\n", " "), code)
+            if isinstance(exc, NaigError):
+                fail(cli_message(exc), exc.exit_code)
+            fail(str(exc).replace("\n", " "), 1)
 
     return wrapper  # type: ignore[return-value]
 
@@ -69,3 +157,62 @@ def print_json(doc: Any) -> None:
     import json
 
     sys.stdout.write(json.dumps(_clean(doc), indent=2, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def progress(description: str, total: int | None, *, bytes_: bool = False) -> Iterator[Callable[..., None]]:
+    """A rich progress bar on stderr when it is a TTY; a no-op callback otherwise.
+
+    Yields ``advance(n=1)``. ``total=None`` gives an open-ended bar; ``bytes_`` shows
+    sizes and transfer speed (the audit) instead of a count of steps (the simulator).
+    """
+    if not sys.stderr.isatty():
+        yield lambda n=1: None
+        return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    cols = (DownloadColumn(), TransferSpeedColumn()) if bytes_ else (MofNCompleteColumn(),
+                                                                     TimeRemainingColumn())
+    with Progress(description, BarColumn(), *cols, console=stderr, transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n=1: bar.advance(task, n)
+
+
+class Optimizer(str, Enum):
+    """``--optimizer`` choices (torch.optim with default settings besides the lr)."""
+
+    sgd = "sgd"
+    adam = "adam"
+
+
+class Device(str, Enum):
+    """``--device`` choices."""
+
+    cpu = "cpu"
+    cuda = "cuda"
+    auto = "auto"
+
+
+class Model(str, Enum):
+    """``--model`` presets (naig.simulate.model.PRESETS)."""
+
+    gpt_nano = "gpt-nano"
+    gpt_micro = "gpt-micro"
+    gpt2_124m = "gpt2-124m"
+
+
+def opt(flag: str, text: str, **kwargs: Any) -> Any:
+    """``typer.Option(flag, help=text, **kwargs)``, short enough for one signature line."""
+    return typer.Option(flag, help=text, **kwargs)
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+BetaOpt = Annotated[str, typer.Option("--beta", help="Gibbs inverse temperature β: 'auto' or a float >= 0.")]
+LineOpt = Annotated[str, typer.Option("--line", help="Oriented Fano line I,J,K of the metric Ψ.")]

@@ -1,4 +1,7 @@
-"""``naig audit REF FILE...``: score worker gradient/checkpoint files against a reference (SPEC §3.2)."""
+"""``naig audit REF FILE...``: score worker gradient/checkpoint files against a reference.
+
+The library side is ``naig.audit`` (docs/design.md §6).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich import box
@@ -13,7 +17,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from naig.errors import UsageError
-from naig_cli._common import fmt_num, handle_errors, print_json, stderr, stdout
+from naig_cli._common import (
+    BetaOpt,
+    JsonOpt,
+    LineOpt,
+    flag,
+    fmt_num,
+    handle_errors,
+    opt,
+    print_json,
+    progress,
+    stdout,
+)
 
 __all__ = ["audit"]
 
@@ -37,45 +52,43 @@ _COLUMNS = [
 
 @handle_errors
 def audit(
-    ref: Path = typer.Argument(..., help="Reference .safetensors file (gradient or checkpoint)."),
-    files: list[Path] = typer.Argument(..., help="Worker .safetensors files or directories."),
-    beta: str = typer.Option("auto", "--beta", help="Inverse temperature β >= 0, or 'auto'."),
-    seed: int = typer.Option(0, "--seed", min=0, max=2**64 - 1, help="Sketch seed (uint64)."),
-    line: str = typer.Option("1,2,4", "--line", help="Oriented Fano line I,J,K of Ψ."),
-    keys: str = typer.Option(None, "--keys", help="Regex: audit only matching tensor names."),
-    intersect: bool = typer.Option(False, "--intersect", help="Use common tensors on mismatch."),
-    sketches: int = typer.Option(1, "--sketches", min=1, help="R sketch seeds: E as mean ± std."),
-    chunk_mb: float = typer.Option(16.0, "--chunk-mb", help="Streaming batch size in MiB (>= 0.0625)."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
-    csv_path: Path = typer.Option(None, "--csv", help="Also write the per-file table as CSV."),
+    ref: Annotated[Path, typer.Argument(
+        help="Reference .safetensors file (gradient or checkpoint) the workers are scored against.",
+        show_default=False)],
+    files: Annotated[list[Path], typer.Argument(
+        help="Worker .safetensors files, or directories (every *.safetensors inside, sorted).",
+        show_default=False)],
+    beta: BetaOpt = "auto",
+    seed: Annotated[int, opt("--seed", "Sketch seed (uint64).", min=0, max=2**64 - 1)] = 0,
+    line: LineOpt = "1,2,4",
+    keys: Annotated[str | None, opt("--keys", "Regex: audit only matching tensor names.")] = None,
+    intersect: Annotated[bool, opt("--intersect", "Use common tensors on mismatch.")] = False,
+    sketches: Annotated[int, opt("--sketches", "R sketch seeds: E as mean ± std.", min=1)] = 1,
+    chunk_mb: Annotated[float, opt("--chunk-mb", "Streaming batch size in MiB (>= 0.0625).")] = 16.0,
+    json_out: JsonOpt = False,
+    csv_path: Annotated[Path | None, opt("--csv", "Also write the per-file table as CSV.")] = None,
 ) -> None:
     """Stream REF and FILEs, sketch them into g2 and score each worker's drift."""
     from naig.audit import AuditConfig, run_audit
-    from naig.gibbs import parse_beta
-    from naig.metric import parse_line
 
     if not math.isfinite(chunk_mb) or chunk_mb < _MIN_CHUNK_MB:
-        raise UsageError(f"--chunk-mb {chunk_mb} must be a finite number >= {_MIN_CHUNK_MB}, e.g. 16")
+        raise UsageError(f"must be a finite number >= {_MIN_CHUNK_MB}, e.g. 16", field="chunk",
+                         value=chunk_mb)
     _check_csv_target(csv_path, [ref, *files])
-    config = AuditConfig(
-        beta=parse_beta(beta),
-        seed=seed,
-        line=parse_line(line),
-        keys=keys,
-        intersect=intersect,
-        sketches=sketches,
-        chunk=int(chunk_mb * 2**20) // 4,
-    )
-    result = _run_with_progress(run_audit, ref, files, config)
+    config = AuditConfig(beta=beta, seed=seed, line=line, keys=keys, intersect=intersect,
+                         sketches=sketches, chunk=int(chunk_mb * 2**20) // 4)
+    with progress("auditing", None, bytes_=True) as advance:
+        result = run_audit(ref, files, config, progress=advance)
     for note in result.warnings:
         sys.stderr.write(f"warning: {note}\n")
-    rows = _rows(result)
+    doc = result.to_dict()
+    doc["skipped_tensors"] = {flag(k): v for k, v in doc["skipped_tensors"].items()}  # "keys" → "--keys"
     if csv_path is not None:
-        _write_csv(csv_path, rows)
+        _write_csv(csv_path, doc["files"])
     if json_out:
-        print_json(_document(result, rows))
+        print_json(doc)
     else:
-        _render(result, rows)
+        _render(result, doc["files"])
 
 
 def _check_csv_target(csv_path: Path | None, inputs: list[Path]) -> None:
@@ -94,67 +107,7 @@ def _check_csv_target(csv_path: Path | None, inputs: list[Path]) -> None:
     elif not csv_path.absolute().parent.is_dir():
         problem = f"cannot be written: directory {csv_path.absolute().parent} does not exist"
     if problem:
-        raise UsageError(f"--csv {str(csv_path)!r} {problem}")
-
-
-def _run_with_progress(run, ref, files, config):  # noqa: ANN001, ANN202
-    if not sys.stderr.isatty():
-        return run(ref, files, config)
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
-    cols = (
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-    )
-    with Progress(*cols, console=stderr, transient=True) as bar:
-        task = bar.add_task("auditing", total=None)
-        return run(ref, files, config, progress=lambda n: bar.advance(task, n))
-
-
-def _rows(result) -> list[dict]:  # noqa: ANN001
-    return [
-        {
-            "file": str(f.path),
-            "lag": f.meta("lag"),
-            "step": f.meta("step"),
-            "worker": f.meta("worker"),
-            "cos": f.cos,
-            "delta_norm": f.delta_norm,
-            "energy": f.energy,
-            "energy_std": f.energy_std,
-            "friction": f.friction,
-            "pi": f.pi,
-            "verdict": f.verdict,
-            "sketch_ratio": f.sketch_ratio,
-            "nonfinite_tensor": f.nonfinite_tensor,
-            "drift": f.drift,
-        }
-        for f in result.files
-    ]
-
-
-def _document(result, rows: list[dict]) -> dict:  # noqa: ANN001
-    cfg = result.config
-    return {
-        "reference": str(result.reference),
-        "reference_metadata": result.reference_metadata,
-        "files": rows,
-        "beta": result.beta,
-        "beta_option": cfg.beta,
-        "k_eff": result.k_eff,
-        "n": result.n,
-        "compression": result.compression,
-        "bytes_read": result.bytes_read,
-        "seconds": result.seconds,
-        "throughput_bytes_per_s": result.throughput,
-        "skipped_tensors": result.skipped,
-        "line": list(cfg.line),
-        "seed": cfg.seed,
-        "sketches": cfg.sketches,
-        "warnings": result.warnings,
-    }
+        raise UsageError(problem, field="csv", value=str(csv_path))
 
 
 def _csv_cell(v: object) -> object:
@@ -216,7 +169,7 @@ def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
 
 def _footer(result) -> str:  # noqa: ANN001
     cfg = result.config
-    skipped = ", ".join(f"{v} {k}" for k, v in result.skipped.items() if v) or "none"
+    skipped = ", ".join(f"{v} {flag(k)}" for k, v in result.skipped.items() if v) or "none"
     return (
         f"β = {result.beta:.6g} ({'auto' if cfg.beta == 'auto' else 'fixed'})   "
         f"K_eff = {result.k_eff:.3f} of {len(result.files)}   n = {result.n:,}   "

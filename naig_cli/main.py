@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import click
 import typer
+from typer.core import TyperGroup
 
 from naig import __version__
 from naig_cli import audit, simulate, spectrum
@@ -14,25 +14,35 @@ from naig_cli import audit, simulate, spectrum
 __all__ = ["app"]
 
 
-class _OneLineErrors(typer.Typer):
-    """A Typer app whose usage errors (missing argument, bad type) print one line and exit 2."""
+class _OneLineGroup(TyperGroup):
+    """The app's command group: usage errors (missing argument, bad type) print one line, exit 2.
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    It wraps the group's ``main``, so ``naig``, ``python -m naig_cli`` and Typer's
+    ``CliRunner`` all get the same one-line errors. Usage errors are recognised by
+    their interface (``format_message`` and ``exit_code``), not by the class of the
+    click that raised them.
+    """
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         try:
-            code = super().__call__(*args, standalone_mode=False, **kwargs)
-        except click.exceptions.ClickException as exc:
-            where = exc.ctx.command_path if getattr(exc, "ctx", None) else "naig"
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except Exception as exc:
+            if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+                if type(exc).__name__ == "Abort":  # Ctrl-C at a prompt
+                    sys.exit(130)
+                raise
+            ctx = getattr(exc, "ctx", None)
+            where = ctx.command_path if ctx is not None else "naig"
             message = exc.format_message().replace("\n", " ")
             if message.strip():  # no-args-is-help has already printed the help
                 sys.stderr.write(f"error: {message} See '{where} --help'.\n")
             sys.exit(exc.exit_code)
-        except click.exceptions.Abort:
-            sys.exit(130)
         sys.exit(code if isinstance(code, int) else 0)
 
 
-app = _OneLineErrors(
+app = typer.Typer(
     name="naig",
+    cls=_OneLineGroup,
     help="Audit gradient compatibility in asynchronous and distributed training.",
     no_args_is_help=True,
     add_completion=False,

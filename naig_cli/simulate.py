@@ -1,26 +1,36 @@
-"""``naig simulate``: asynchronous training with stale workers, strategies side by side (SPEC §3.3).
+"""``naig simulate``: asynchronous training with stale workers, strategies side by side.
 
-torch is imported inside the command only, so ``naig spectrum`` start-up stays fast.
+The library side is ``naig.simulate`` (docs/design.md §8). torch is imported inside the
+command only, so ``naig spectrum`` start-up stays fast.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import io
-import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
-import typer
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from naig.errors import UsageError
-from naig.gibbs import parse_beta
-from naig_cli._common import fail, fmt_num, handle_errors, print_json, stderr, stdout
+from naig_cli._common import (
+    BetaOpt,
+    Device,
+    JsonOpt,
+    Model,
+    Optimizer,
+    fail,
+    fmt_num,
+    handle_errors,
+    opt,
+    print_json,
+    progress,
+    stderr,
+    stdout,
+)
 
 if TYPE_CHECKING:
     from naig.simulate import SimulateResult, StrategySummary
@@ -32,29 +42,29 @@ _DEFAULT_STRATEGIES = "naig,hogwild,staleness,sync"
 
 @handle_errors
 def simulate(
-    lags: str = typer.Option("0,10,20,35", "--lags", help="Worker lags τ_k: ints ≥ 0."),
-    strategies: str = typer.Option(
-        _DEFAULT_STRATEGIES, "--strategies",
-        help="Comma list of: sync, hogwild, naig, staleness, dc-asgd, naig-exact."),
-    steps: int = typer.Option(150, "--steps", help="Server steps per run."),
-    seeds: int = typer.Option(2, "--seeds", help="Number of seeds (0..N-1)."),
-    lr: float = typer.Option(3e-3, "--lr", help="Learning rate."),
-    optimizer: str = typer.Option("adam", "--optimizer", help="sgd or adam."),
-    beta: str = typer.Option("auto", "--beta", help="Gibbs β: auto or a float ≥ 0."),
-    dc_lambda: float = typer.Option(0.04, "--dc-lambda", help="DC-ASGD λ."),
-    batch_size: int = typer.Option(8, "--batch-size", help="Sequences per worker minibatch."),
-    eval_every: int = typer.Option(50, "--eval-every", help="Validate every N steps (0: at end)."),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda or auto."),
-    model: str = typer.Option("gpt-nano", "--model", help="gpt-nano, gpt-micro or gpt2-124m."),
-    data: str = typer.Option(None, "--data", help="Text file (default: the stdlib's .py files)."),
-    data_bytes: int = typer.Option(2_000_000, "--data-bytes", help="Use the first N bytes."),
-    sketch_seed: int = typer.Option(0, "--sketch-seed", help="Sketch seed, 0..2^64-1."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
-    plot: str = typer.Option(None, "--plot", help="Write validation curves to PATH.png."),
-    save_grads: str = typer.Option(
-        None, "--save-grads", help="Directory for gradient files (needs --save-at)."),
-    save_at: str = typer.Option(
-        None, "--save-at", help="Steps to save at, e.g. 50 or 50,100 (needs --save-grads)."),
+    lags: Annotated[str, opt("--lags", "Worker lags τ_k: comma list of ints >= 0.")] = "0,10,20,35",
+    strategies: Annotated[str, opt(
+        "--strategies", "Comma list of: sync, hogwild, naig, staleness, dc-asgd, naig-exact.")
+    ] = _DEFAULT_STRATEGIES,
+    steps: Annotated[int, opt("--steps", "Server steps per run.")] = 150,
+    seeds: Annotated[int, opt("--seeds", "Number of seeds (0..N-1).")] = 2,
+    lr: Annotated[float, opt("--lr", "Learning rate.")] = 3e-3,
+    optimizer: Annotated[Optimizer, opt("--optimizer", "Server optimizer.")] = Optimizer.adam,
+    beta: BetaOpt = "auto",
+    dc_lambda: Annotated[float, opt("--dc-lambda", "DC-ASGD λ.")] = 0.04,
+    batch_size: Annotated[int, opt("--batch-size", "Sequences per worker minibatch.")] = 8,
+    eval_every: Annotated[int, opt("--eval-every", "Validate every N steps (0: at the end).")] = 50,
+    device: Annotated[Device, opt("--device", "Where to train.")] = Device.cpu,
+    model: Annotated[Model, opt("--model", "Model preset.")] = Model.gpt_nano,
+    data: Annotated[str | None, opt("--data", "Text file (default: the stdlib's .py files).")] = None,
+    data_bytes: Annotated[int, opt("--data-bytes", "Use the first N bytes of the text.")] = 2_000_000,
+    sketch_seed: Annotated[int, opt("--sketch-seed", "Sketch seed, 0..2^64-1.")] = 0,
+    json_out: JsonOpt = False,
+    plot: Annotated[str | None, opt("--plot", "Write validation curves to PATH.png.")] = None,
+    save_grads: Annotated[str | None, opt(
+        "--save-grads", "Directory for gradient files (needs --save-at).")] = None,
+    save_at: Annotated[str | None, opt(
+        "--save-at", "Steps to save at, e.g. 50 or 50,100 (needs --save-grads).")] = None,
 ) -> None:
     """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
 
@@ -62,19 +72,18 @@ def simulate(
     diverged (NaN loss in the table, null in JSON); the other runs go on. Exit 0 with
     a warning on stderr if some runs diverged, exit 1 if every run did.
     """
-    from naig.simulate import SimulateConfig, parse_int_list, parse_lags, run_simulation
+    from naig.simulate import SimulateConfig, parse_int_list, run_simulation
 
     _check_plot(plot, data)
     config = SimulateConfig(
-        lags=parse_lags(lags), strategies=tuple(s.strip() for s in strategies.split(",")),
-        steps=steps, seeds=seeds, lr=lr, optimizer=optimizer, beta=parse_beta(beta),
-        dc_lambda=dc_lambda, batch_size=batch_size, eval_every=eval_every, device=device,
-        model=model, data=data, data_bytes=data_bytes, sketch_seed=sketch_seed,
-        save_grads=save_grads, save_at=parse_int_list(save_at, "--save-at") if save_at else (),
+        lags=parse_int_list(lags, "lags"), strategies=tuple(s.strip() for s in strategies.split(",")),
+        steps=steps, seeds=seeds, lr=lr, optimizer=optimizer.value, beta=beta, dc_lambda=dc_lambda,
+        batch_size=batch_size, eval_every=eval_every, device=device.value, model=model.value,
+        data=data, data_bytes=data_bytes, sketch_seed=sketch_seed, save_grads=save_grads,
+        save_at=parse_int_list(save_at, "save_at") if save_at else (),
     )
-    config.validate()
-    with _progress(config.total_steps) as tick:
-        result = run_simulation(config, tick)
+    with progress("simulate", config.total_steps) as advance:
+        result = run_simulation(config, advance)
     print_json(result.to_dict()) if json_out else _render(result)
     if plot is not None:
         _plot(result, plot)
@@ -89,14 +98,14 @@ def _check_plot(plot: str | None, data: str | None) -> None:
     if plot is None:
         return
     if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("--plot needs matplotlib; install it with pip install 'naig[plot]'")
+        raise UsageError("needs matplotlib; install it with pip install 'naig[plot]'", field="plot")
     p = Path(plot)
     if p.suffix.lower() not in _PLOT_SUFFIXES:
-        raise UsageError(f"--plot {plot!r}: use a .png, .pdf or .svg file name, e.g. --plot curves.png")
+        raise UsageError("use a .png, .pdf or .svg file name, e.g. curves.png", field="plot", value=plot)
     if not p.absolute().parent.is_dir() or p.is_dir():
-        raise UsageError(f"--plot {plot!r}: its folder must exist and it must not be a directory")
+        raise UsageError("its folder must exist and it must not be a directory", field="plot", value=plot)
     if data is not None and p.exists() and Path(data).exists() and p.samefile(data):
-        raise UsageError(f"--plot {plot!r} would overwrite the --data file; choose another path")
+        raise UsageError("would overwrite the `data` file; choose another path", field="plot", value=plot)
 
 
 def _report_divergence(r: SimulateResult) -> None:
@@ -109,20 +118,6 @@ def _report_divergence(r: SimulateResult) -> None:
     if len(r.diverged) == len(r.runs):
         fail(f"{what}; try a smaller --lr", 1)
     stderr.print(f"warning: {what}", markup=False, highlight=False, soft_wrap=True)
-
-
-@contextlib.contextmanager
-def _progress(total: int) -> Iterator[Callable[[], None]]:
-    """A rich progress bar on stderr when it is a TTY; a no-op callback otherwise."""
-    if not sys.stderr.isatty():
-        yield lambda: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    with Progress("simulate", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=stderr, transient=True) as bar:
-        task = bar.add_task("steps", total=total)
-        yield lambda: bar.advance(task)
 
 
 def _pi_cell(s: StrategySummary) -> str:

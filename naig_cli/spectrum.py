@@ -1,32 +1,36 @@
-"""``naig spectrum``: certify the spectrum of the Fano–Fisher metric Ψ_ℓ (SPEC §3.1)."""
+"""``naig spectrum``: certify the spectrum of the Fano–Fisher metric Ψ_ℓ (docs/design.md §3)."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from naig.errors import UsageError
-from naig.metric import DEFAULT_LINE, E_MAX_FACTOR
+from naig.metric import E_MAX_FACTOR, parse_line
 from naig.octonion import oriented_lines
 from naig.spectrum import SpectrumReport, certify_spectrum, format_charpoly
-from naig_cli._common import handle_errors, print_json, stdout
+from naig_cli._common import JsonOpt, LineOpt, handle_errors, print_json, stdout
 
 __all__ = ["spectrum"]
 
 
 @handle_errors
 def spectrum(
-    line: str = typer.Option(None, "--line", help="Oriented Fano line I,J,K [default: 1,2,4]."),
-    all_lines: bool = typer.Option(False, "--all-lines", help="Check all 21 oriented lines."),
-    exact: bool = typer.Option(
-        False, "--exact", help="Also certify the characteristic polynomial in exact rationals."
-    ),
-    tol: float = typer.Option(1e-12, "--tol", help="Absolute tolerance of float checks, in [0, 4/3)."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    ctx: typer.Context,
+    line: LineOpt = "1,2,4",
+    all_lines: Annotated[bool, typer.Option("--all-lines", help="Check all 21 oriented lines.")] = False,
+    exact: Annotated[bool, typer.Option(
+        "--exact", help="Also certify the characteristic polynomial in exact rationals.")] = False,
+    tol: Annotated[float, typer.Option(
+        "--tol", help="Absolute tolerance of float checks, in [0, 4/3).")] = 1e-12,
+    json_out: JsonOpt = False,
 ) -> None:
     """Certify that Ψ has rank 4 with all non-zero eigenvalues 8/3 (Theorem 4.1)."""
-    _check_options(line, all_lines, tol)
-    lines = oriented_lines() if all_lines else [line or DEFAULT_LINE]
+    line_given = ctx.get_parameter_source("line").name == "COMMANDLINE"
+    _check_options(line_given, all_lines, tol)
+    lines = oriented_lines() if all_lines else [parse_line(line)]
     reports = [certify_spectrum(ln, tol=tol, exact=exact) for ln in lines]
     ok = all(r.verified for r in reports)
     if json_out:
@@ -40,11 +44,12 @@ def spectrum(
         raise typer.Exit(1)
 
 
-def _check_options(line: str | None, all_lines: bool, tol: float) -> None:
-    if line is not None and all_lines:
+def _check_options(line_given: bool, all_lines: bool, tol: float) -> None:
+    if line_given and all_lines:
         raise UsageError("--line and --all-lines exclude each other; pass one of them")
     if not 0 <= tol < E_MAX_FACTOR / 2:  # also rejects NaN
-        raise UsageError(f"--tol {tol} must lie in [0, 4/3): half the gap between 0 and 8/3, e.g. 1e-12")
+        raise UsageError("must lie in [0, 4/3): half the gap between 0 and 8/3, e.g. 1e-12",
+                         field="tol", value=tol)
 
 
 def _eig_label(value: float, tol: float) -> str:

@@ -1,4 +1,4 @@
-"""`naig audit` end to end, including every bad input of SPEC §5 that applies to audit."""
+"""`naig audit` end to end, including every bad input of docs/design.md §6 that applies to audit."""
 
 import hashlib
 import json

@@ -62,9 +62,9 @@ def test_human_table() -> None:
     (["--strategies", "naig,fast"], "--strategies"),
     (["--model", "gpt-9"], "--model"),
     (["--save-at", "3"], "--save-at"),
-    (["--save-at", "10", "--steps", "2"], "--save-at 10 needs --save-grads DIR"),
+    (["--save-at", "10", "--steps", "2"], "--save-at 10: needs --save-grads"),
     (["--save-grads", ""], "--save-grads ''"),
-    (["--save-grads", "somewhere"], "--save-grads somewhere needs --save-at"),
+    (["--save-grads", "somewhere"], "--save-grads 'somewhere': needs --save-at"),
     (["--lags", "0,100000000000"], "--lags 0,100000000000: a lag must be at most"),
     (["--dc-lambda", "nan"], "--dc-lambda nan"),
     (["--dc-lambda", "-1"], "--dc-lambda -1"),
@@ -88,8 +88,7 @@ def test_usage_errors_exit_2_with_one_line(args: list[str], option: str) -> None
 def test_cuda_without_gpu_exits_2() -> None:
     out = _run("--device", "cuda")
     assert out.exit_code == 2
-    assert out.stderr.strip() == ("error: --device cuda: no CUDA GPU is available; "
-                                  "use --device cpu or --device auto")
+    assert out.stderr.strip() == "error: --device 'cuda': no CUDA GPU is available; use cpu or auto"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None,
@@ -110,9 +109,22 @@ def test_cli_defaults_match_the_library_defaults() -> None:
     cfg = SimulateConfig()
     for name in ("steps", "seeds", "lr", "optimizer", "dc_lambda", "batch_size", "eval_every",
                  "device", "model", "data_bytes"):
-        assert params[name].default.default == getattr(cfg, name), name
-    assert params["lags"].default.default == ",".join(map(str, cfg.lags))
-    assert params["strategies"].default.default == ",".join(cfg.strategies)
+        default = params[name].default
+        assert getattr(default, "value", default) == getattr(cfg, name), name  # Enums by value
+    assert params["lags"].default == ",".join(map(str, cfg.lags))
+    assert params["strategies"].default == ",".join(cfg.strategies)
+
+
+def test_choice_enums_list_what_the_library_accepts() -> None:
+    from naig.simulate.config import OPTIMIZERS
+    from naig.simulate.model import PRESETS
+    from naig_cli._common import Device, Model, Optimizer
+
+    assert [m.value for m in Model] == list(PRESETS)
+    assert [o.value for o in Optimizer] == list(OPTIMIZERS)
+    assert [d.value for d in Device] == ["cpu", "cuda", "auto"]
+    help_text = RUNNER.invoke(app, ["simulate", "--help"], env={"COLUMNS": "200"}).stdout
+    assert "gpt2-124m" in help_text and "adam" in help_text
 
 
 def test_cli_modules_do_not_import_torch() -> None:
@@ -174,10 +186,11 @@ def test_old_seed_option_is_gone() -> None:
 
 
 def _nan_hogwild(monkeypatch: pytest.MonkeyPatch) -> None:
-    from naig.strategies.hogwild import Hogwild
+    from naig.simulate.strategies import Update
+    from naig.simulate.strategies.hogwild import Hogwild
 
-    monkeypatch.setattr(Hogwild, "combine", lambda self, g, *a: (
-        torch.full_like(g[0], float("nan")), torch.full((g.shape[0],), 1.0 / g.shape[0])))
+    monkeypatch.setattr(Hogwild, "combine", lambda self, b: Update(
+        torch.full_like(b.grads[0], float("nan")), torch.full((b.grads.shape[0],), 1.0 / b.grads.shape[0])))
 
 
 def test_some_runs_diverge_exit_0_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""`naig spectrum` end to end (SPEC §3.1)."""
+"""`naig spectrum` end to end (docs/design.md §3)."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""Energy, relative friction, ridge and null space (SPEC §2.4)."""
+"""Energy, relative friction, ridge and null space (docs/design.md §4)."""
 
 import numpy as np
 from hypothesis import given, settings

@@ -1,4 +1,4 @@
-"""The canonical g2 basis (SPEC §2.2)."""
+"""The canonical g2 basis (docs/design.md §2)."""
 
 import numpy as np
 

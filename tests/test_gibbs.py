@@ -1,4 +1,4 @@
-"""Gibbs weights, beta, K_eff, frozen workers and the MGE combine (SPEC §2.7)."""
+"""Gibbs weights, beta, K_eff, frozen workers and the MGE combine (docs/design.md §7)."""
 
 import math
 
@@ -17,6 +17,7 @@ from naig.gibbs import (
     gibbs_weights,
     normalized_entropy,
     parse_beta,
+    reference_index,
     resolve_beta,
 )
 
@@ -65,8 +66,20 @@ def test_auto_beta_is_inverse_median_of_finite_positive():
 
 @pytest.mark.parametrize("bad", ["-1", "nan", "inf", "abc", -0.5, float("nan")])
 def test_bad_beta_rejected(bad):
-    with pytest.raises(UsageError, match="--beta"):
+    with pytest.raises(UsageError, match="beta=") as info:
         parse_beta(bad)
+    assert info.value.field == "beta" and info.value.value is bad
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "0.5", None])
+def test_resolve_beta_refuses_unparsed_or_bad_values(bad):
+    with pytest.raises(UsageError, match="beta="):
+        resolve_beta(bad, np.array([1.0]))
+
+
+def test_reference_index_is_the_first_least_stale():
+    assert reference_index([3, 1, 7, 1]) == 1 and reference_index(np.array([0])) == 0
+    assert reference_index(torch.tensor([5, 2, 2])) == 1
 
 
 def test_k_eff_frozen_entropy():

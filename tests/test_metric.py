@@ -1,4 +1,4 @@
-"""The Fano–Fisher metric Ψ and its exact certificate (SPEC §2.3)."""
+"""The Fano–Fisher metric Ψ and its exact certificate (docs/design.md §3)."""
 
 import math
 from fractions import Fraction

@@ -1,4 +1,4 @@
-"""Octonion identities on the Fano table (SPEC §2.1)."""
+"""Octonion identities on the Fano table (docs/design.md §1)."""
 
 import numpy as np
 import pytest

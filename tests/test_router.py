@@ -29,7 +29,8 @@ def test_weights_match_the_numpy_pipeline() -> None:
     pi = Router(lags=(0, 10, 20, 35)).weights(grads)
     sk = np.stack([sketch_state_dict({n: t.numpy() for n, t in g.items()}) for g in grads])
     e = energy(sk - sk[0])
-    assert np.allclose(pi.numpy(), gibbs_weights(e, resolve_beta("auto", e)), atol=1e-12)
+    assert isinstance(pi, np.ndarray) and pi.dtype == np.float64 and pi.shape == (4,)
+    assert np.allclose(pi, gibbs_weights(e, resolve_beta("auto", e)), atol=1e-12)
     assert math.isclose(float(pi.sum()), 1.0)
 
 
@@ -37,7 +38,41 @@ def test_reference_defaults_to_min_lag_worker() -> None:
     grads = _grads()
     router = Router(lags=(3, 1, 7, 1))
     assert float(router.energies(grads)[1]) == 0.0
-    assert torch.equal(router.weights(grads), router.weights(grads, reference=grads[1]))
+    np.testing.assert_array_equal(router.weights(grads), router.weights(grads, reference=grads[1]))
+
+
+def test_per_call_staleness_chooses_the_reference() -> None:
+    grads = _grads()
+    router = Router(lags=(0, 1, 2, 3))
+    e = router.energies(grads, staleness=(4, 4, 0, 9))  # worker 2 is the freshest now
+    assert e[2] == 0.0 and e[0] > 0
+    np.testing.assert_array_equal(e, router.energies(grads, reference=grads[2]))
+    free = Router(lags=None)
+    np.testing.assert_array_equal(free.weights(grads, staleness=(4, 4, 0, 9)),
+                                  router.weights(grads, staleness=(4, 4, 0, 9)))
+    with pytest.raises(UsageError, match="staleness"):
+        free.weights(grads)
+    with pytest.raises(UsageError, match="staleness=.*4 gradients but 2 values"):
+        router.weights(grads, staleness=(0, 1))
+
+
+def test_combine_accepts_numpy_and_list_weights() -> None:
+    grads = _grads(2)
+    a = Router(lags=(0, 1)).combine(grads, np.array([0.25, 0.75]))
+    b = Router(lags=(0, 1)).combine(grads, [0.25, 0.75])
+    assert torch.equal(a["w"], b["w"]) and a["w"].dtype == torch.float32
+    with pytest.raises(UsageError, match="expected 2 weights"):
+        Router(lags=(0, 1)).combine(grads, [1.0])
+
+
+def test_mismatched_state_dicts_are_refused_naming_the_tensor() -> None:
+    grads = _grads(2)
+    other = {"w": grads[1]["w"], "c": grads[1]["b"]}
+    with pytest.raises(UsageError, match=r"gradient 1 has other names.*missing \['b'\], extra \['c'\]"):
+        Router(lags=(0, 1)).weights([grads[0], other])
+    reshaped = {"w": grads[1]["w"].reshape(5, 6), "b": grads[1]["b"]}
+    with pytest.raises(UsageError, match="'w' has shape"):
+        Router(lags=(0, 1)).combine([grads[0], reshaped], [0.5, 0.5])
 
 
 def test_flat_tensors_and_combine() -> None:
@@ -58,7 +93,7 @@ def test_combine_state_dicts() -> None:
 
 def test_beta_zero_is_uniform() -> None:
     pi = Router(lags=(0, 1, 2), beta=0).weights(_grads(3))
-    assert torch.allclose(pi, torch.full((3,), 1 / 3, dtype=torch.float64))
+    np.testing.assert_allclose(pi, np.full(3, 1 / 3), rtol=0, atol=1e-15)
 
 
 def test_bad_arguments() -> None:
@@ -68,7 +103,7 @@ def test_bad_arguments() -> None:
         Router(lags=(0, -2))
     with pytest.raises(UsageError, match="Fano line"):
         Router(line=(1, 2, 3))
-    with pytest.raises(UsageError, match="3 gradients but 4 lags"):
+    with pytest.raises(UsageError, match="lags=.*3 gradients but 4 values"):
         Router().weights(_grads(3))
 
 

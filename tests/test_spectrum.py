@@ -1,4 +1,4 @@
-"""certify_spectrum and the charpoly factoring (SPEC §3.1)."""
+"""certify_spectrum and the charpoly factoring (docs/design.md §3)."""
 
 import subprocess
 import sys

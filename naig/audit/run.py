@@ -1,0 +1,374 @@
+"""Audit worker gradients or checkpoints against a reference (docs/design.md §6, §7).
+
+For a reference x_R and workers x_1..x_K (safetensors files with the same
+tensors), each file is streamed once, chunk by chunk, through the sketch S
+(docs/design.md §5) and exact float64 inner products. Per worker:
+
+    d_k = S x_k − S x_R,   E_k = d_kᵀ Ψ_ℓ d_k,   ρ_k = E_k / ((8/3)‖d_k‖²)
+    cos_k = ⟨x_k, x_R⟩ / (‖x_k‖ ‖x_R‖),   ‖Δ_k‖ = ‖x_k − x_R‖
+    π_k = exp(−β E_k) / Σ_j exp(−β E_j)
+
+and a verdict: ``non-finite`` (NaN/Inf anywhere; π_k = 0), ``frozen``
+(π_k < 0.01/K) or ``integrated``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from naig.audit.stream import (
+    FileInfo,
+    Piece,
+    TensorInfo,
+    batches,
+    expand_inputs,
+    inspect_file,
+    needs_torch,
+    plan_tensors,
+    read_pieces,
+)
+from naig.energy import energy, relative_friction
+from naig.errors import DataError, UsageError
+from naig.gibbs import effective_workers, frozen_mask, gibbs_weights, parse_beta, resolve_beta
+from naig.io import METADATA_KEYS
+from naig.metric import DEFAULT_LINE, fano_fisher_metric, parse_line
+from naig.sketch.core import SKETCH_DIM, check_seed, tensor_key
+from naig.sketch.kernels import STATS, accumulate, hash_codes
+
+__all__ = ["AuditConfig", "FileScore", "AuditResult", "run_audit", "DEFAULT_CHUNK"]
+
+DEFAULT_CHUNK = 1 << 22  # scalars per batch (16 MiB of float32)
+_INT = re.compile(r"-?[0-9]{1,18}")  # metadata shown as int (ASCII digits, bounded length)
+_SCORES = ("cos", "delta_norm", "energy", "energy_std", "friction", "pi", "verdict", "sketch_ratio",
+           "nonfinite_tensor", "drift")  # FileScore fields in row order
+_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """Options of an audit run (``naig audit``), validated on construction.
+
+    Raises:
+        UsageError: naming the field (``beta``, ``seed``, ``line``, ``keys``,
+            ``sketches`` or ``chunk``) and the fix.
+    """
+
+    beta: float | str = "auto"  # inverse temperature β ≥ 0, or "auto" (1 / median positive E)
+    seed: int = 0  # sketch seed (uint64); sketch r uses seed + r
+    line: tuple[int, int, int] | str = DEFAULT_LINE  # oriented Fano line ℓ of Ψ_ℓ ("1,2,4" too)
+    keys: str | None = None  # regex: audit only tensor names it matches
+    intersect: bool = False  # use common tensors instead of failing on a mismatch
+    sketches: int = 1  # R independent sketch seeds; E_k reported as mean ± std
+    chunk: int = DEFAULT_CHUNK  # scalars per streamed batch: bounds memory
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "beta", parse_beta(self.beta))
+        object.__setattr__(self, "line", parse_line(self.line))
+        check_seed(self.seed)
+        if isinstance(self.sketches, bool) or not isinstance(self.sketches, int) or self.sketches < 1:
+            raise UsageError("must be an int >= 1, e.g. 8", field="sketches", value=self.sketches)
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+            raise UsageError("must be a positive number of scalars", field="chunk", value=self.chunk)
+
+
+@dataclass(frozen=True)
+class FileScore:
+    """The audit of one worker file against the reference."""
+
+    path: Path
+    metadata: dict[str, str]  # safetensors metadata (lag, step, worker, ...)
+    cos: float | None  # cosine similarity to the reference; None when a norm is 0
+    delta_norm: float  # ‖x_k − x_R‖ in full dimension
+    energy: float  # E_k (mean over sketches); NaN if non-finite
+    energy_std: float | None  # std of E_k over sketches (None for one sketch)
+    friction: float  # ρ_k ∈ [0, 1]
+    pi: float  # Gibbs weight π_k
+    verdict: str  # "integrated" | "frozen" | "non-finite"
+    sketch_ratio: float | None  # ‖d_k‖² / ‖x_k − x_R‖² (None when Δ = 0)
+    drift: list[float]  # d_k (first sketch), 14 g2 coordinates
+    nonfinite_tensor: str | None  # first tensor holding NaN/Inf, if any
+
+    def meta(self, key: str) -> int | str | None:
+        """Metadata value ``key`` as int when it is one (``lag``, ``step``, ``worker``)."""
+        v = self.metadata.get(key)
+        return int(v) if v is not None and _INT.fullmatch(v) else v
+
+    def to_dict(self) -> dict[str, Any]:
+        """One JSON/CSV-ready row: file, metadata columns, every score and the drift."""
+        row: dict[str, Any] = {"file": str(self.path)}
+        row.update({k: self.meta(k) for k in METADATA_KEYS})
+        row.update({k: getattr(self, k) for k in _SCORES})
+        return row
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """Scores of all worker files plus the run's footer figures."""
+
+    reference: Path
+    reference_metadata: dict[str, str]
+    files: list[FileScore]
+    beta: float  # β used
+    k_eff: float  # 1 / Σ π_k²
+    n: int  # scalar parameters audited per file
+    bytes_read: int  # tensor bytes read, all files
+    seconds: float  # wall time of the streaming pass
+    skipped: dict[str, int]  # tensors left out, by reason
+    config: AuditConfig
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def compression(self) -> float:
+        """Routing-signal compression n / 14."""
+        return self.n / SKETCH_DIM
+
+    @property
+    def throughput(self) -> float:
+        """Bytes read per second."""
+        return self.bytes_read / self.seconds if self.seconds > 0 else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the whole audit (non-finite floats still need → null)."""
+        cfg = self.config
+        return {
+            "reference": str(self.reference),
+            "reference_metadata": self.reference_metadata,
+            "files": [f.to_dict() for f in self.files],
+            "beta": self.beta,
+            "beta_option": cfg.beta,
+            "k_eff": self.k_eff,
+            "n": self.n,
+            "compression": self.compression,
+            "bytes_read": self.bytes_read,
+            "seconds": self.seconds,
+            "throughput_bytes_per_s": self.throughput,
+            "skipped_tensors": self.skipped,
+            "line": list(cfg.line),
+            "seed": cfg.seed,
+            "sketches": cfg.sketches,
+            "warnings": self.warnings,
+        }
+
+
+def _resolve_files(
+    ref: str | os.PathLike[str], files: Sequence[str | os.PathLike[str]]
+) -> tuple[Path, list[Path], list[str]]:
+    ref_path = Path(ref)
+    if ref_path.is_dir():
+        raise UsageError(f"{ref_path}: the reference must be one .safetensors file, not a directory")
+    notes, workers, seen = [], [], {_identity(ref_path): ref_path}
+    for p in expand_inputs(files):
+        first = seen.setdefault(_identity(p), p)
+        if first is ref_path and p is not ref_path:
+            notes.append(f"{p}: is the reference itself; skipped as a worker")
+        elif first is not p:
+            notes.append(f"{p}: is the same file as {first}; audited once")
+        else:
+            workers.append(p)
+    if not workers:
+        raise UsageError("no worker files to audit; pass REF followed by one or more FILEs")
+    return ref_path, workers, notes
+
+
+def _identity(p: Path) -> tuple[int, int] | Path:
+    """(device, inode) of an existing file, so symlinks and repeats are recognised."""
+    try:
+        st = p.stat()
+    except OSError:
+        return p.absolute()  # missing: inspect_file reports it
+    return (st.st_dev, st.st_ino)
+
+
+@dataclass
+class _Accumulators:
+    """Running float64 statistics: row 0 is the reference, rows 1..K the workers."""
+
+    stats: np.ndarray  # (K+1, R, 17)
+    bad: list[str | None]  # first non-finite tensor per row
+    bytes_read: int = 0
+
+
+def _codes(pieces: list[Piece], seeds: list[int]) -> list[list[np.ndarray]]:
+    """Hash codes per sketch seed and piece: computed once per batch, reused for every file."""
+    return [
+        [hash_codes(tensor_key(s, p.tensor.name), p.start, p.stop - p.start) for p in pieces] for s in seeds
+    ]
+
+
+def _match(r: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if r.dtype == x.dtype:
+        return r, x
+    return r.astype(np.float64), x.astype(np.float64)
+
+
+def _score(
+    row: int,
+    pieces: list[Piece],
+    xs: Iterable[np.ndarray],
+    refs: list[np.ndarray],
+    codes: list[list[np.ndarray]],
+    acc: _Accumulators,
+    dtypes: dict[str, str],
+) -> None:
+    """Accumulate one file's pieces (arrays ``xs``) against the reference pieces."""
+    for i, x in enumerate(xs):
+        r, x = _match(refs[i], x)
+        for s, per_seed in enumerate(codes):
+            accumulate(per_seed[i], r, x, acc.stats[row, s])
+        name = pieces[i].tensor.name
+        acc.bytes_read += (pieces[i].stop - pieces[i].start) * _ITEMSIZE[dtypes[name]]
+        if acc.bad[row] is None and not np.isfinite(acc.stats[row, 0]).all():
+            acc.bad[row] = name
+
+
+def _dtypes(info: FileInfo) -> dict[str, str]:
+    return {n: t.dtype for n, t in info.tensors.items()}
+
+
+def _stream_all(
+    ref: FileInfo,
+    workers: list[FileInfo],
+    plan: list[TensorInfo],
+    cfg: AuditConfig,
+    progress: Callable[[int], None] | None,
+) -> _Accumulators:
+    seeds = [cfg.seed + r for r in range(cfg.sketches)]
+    acc = _Accumulators(np.zeros((len(workers) + 1, len(seeds), STATS)), [None] * (len(workers) + 1))
+    chunk = max(1, cfg.chunk // cfg.sketches)  # R code arrays per batch: memory stays one chunk
+    dtypes = [_dtypes(f) for f in (ref, *workers)]  # row → {tensor name: dtype}
+    for pieces in batches(plan, chunk):
+        codes = _codes(pieces, seeds)
+        refs = list(read_pieces(ref.path, pieces, dtypes[0]))  # the reference is read once
+        _score(0, pieces, refs, refs, codes, acc, dtypes[0])
+        for row, info in enumerate(workers, start=1):
+            before = acc.bytes_read
+            xs = read_pieces(info.path, pieces, dtypes[row])
+            _score(row, pieces, xs, refs, codes, acc, dtypes[row])
+            if progress:
+                progress(acc.bytes_read - before)
+    return acc
+
+
+def _norm_ratio(num: float, den: float) -> float | None:
+    return float(num / den) if den > 0 and np.isfinite(den) else None
+
+
+def _scores(acc: _Accumulators, workers: list[FileInfo], psi: np.ndarray) -> list[dict]:
+    ref = acc.stats[0]  # (R, 17)
+    rr = ref[0, SKETCH_DIM + 1]  # ‖x_R‖²
+    out = []
+    for row, info in enumerate(workers, start=1):
+        st = acc.stats[row]  # (R, 17)
+        d = st[:, :SKETCH_DIM] - ref[:, :SKETCH_DIM]  # (R, 14) drifts, one per sketch seed
+        finite = acc.bad[row] is None and acc.bad[0] is None and np.isfinite(st).all()
+        e = energy(d, psi) if finite else np.full(len(d), np.nan)  # (R,)
+        dot, xx, dd = st[0, SKETCH_DIM:]
+        out.append(
+            dict(
+                path=info.path,
+                metadata=info.metadata,
+                cos=_norm_ratio(dot, np.sqrt(xx) * np.sqrt(rr)) if finite else None,
+                delta_norm=float(np.sqrt(dd)),
+                energy=float(e.mean()),
+                energy_std=float(e.std(ddof=1)) if len(e) > 1 else None,
+                friction=float(relative_friction(d, psi).mean()) if finite else float("nan"),
+                sketch_ratio=_norm_ratio(float(d[0] @ d[0]), dd) if finite else None,
+                drift=d[0].tolist(),
+                nonfinite_tensor=acc.bad[row],
+            )
+        )
+    return out
+
+
+def _check_reference(acc: _Accumulators, ref: Path) -> None:
+    if acc.bad[0] is not None:
+        raise DataError(
+            f"{ref}: the reference holds NaN/Inf values (tensor {acc.bad[0]!r}), so no drift is "
+            "defined; fix it or choose another reference"
+        )
+
+
+def _verdicts(rows: list[dict], beta_opt: float | str) -> tuple[np.ndarray, float]:
+    e = np.array([r["energy"] for r in rows])  # (K,)
+    if not np.isfinite(e).any():
+        bad = ", ".join(f"{r['path']} ({r['nonfinite_tensor']})" for r in rows)
+        raise DataError(f"every file holds NaN/Inf values: {bad}; fix the gradients upstream")
+    beta = resolve_beta(beta_opt, e)
+    pi = gibbs_weights(e, beta)
+    frozen = frozen_mask(pi)
+    for r, p, fz in zip(rows, pi, frozen, strict=True):
+        ok = np.isfinite(r["energy"])
+        r.update(pi=float(p), verdict="non-finite" if not ok else "frozen" if fz else "integrated")
+    return pi, beta
+
+
+def run_audit(
+    ref: str | os.PathLike[str],
+    files: Sequence[str | os.PathLike[str]],
+    config: AuditConfig = AuditConfig(),
+    progress: Callable[[int], None] | None = None,
+) -> AuditResult:
+    """Stream a reference and worker files and score each worker (docs/design.md §6).
+
+    Args:
+        ref: reference ``.safetensors`` file (gradient or checkpoint).
+        files: worker files or directories (every ``*.safetensors`` inside, sorted).
+        config: options; see ``AuditConfig``.
+        progress: called with the number of bytes read after each file's batch.
+
+    Returns:
+        ``AuditResult``; files are never modified.
+
+    Raises:
+        UsageError: no worker file, or a ``keys`` regex that matches nothing (the
+            other options are checked by ``AuditConfig``).
+        DataError: missing/invalid/pickle files, mismatched tensors, every file non-finite.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from naig.io import save_gradients
+        >>> root = tempfile.mkdtemp()
+        >>> ref = save_gradients(f"{root}/ref.safetensors", {"w": torch.ones(100)})
+        >>> for k in range(3):
+        ...     g = {"w": torch.ones(100) + k * torch.linspace(-1, 1, 100)}
+        ...     _ = save_gradients(f"{root}/grads/w{k}.safetensors", g, lag=10 * k)
+        >>> result = run_audit(ref, [f"{root}/grads"], AuditConfig(beta=1.0))
+        >>> for f in result.files:
+        ...     print(f.path.name, f.meta("lag"), round(f.cos, 3), f.verdict)
+        w0.safetensors 0 1.0 integrated
+        w1.safetensors 10 0.864 frozen
+        w2.safetensors 20 0.651 frozen
+    """
+    psi = fano_fisher_metric(config.line)
+    ref_path, worker_paths, notes = _resolve_files(ref, files)
+    ref_info, workers = inspect_file(ref_path), [inspect_file(p) for p in worker_paths]
+    plan, skipped = plan_tensors(ref_info, workers, config.keys, config.intersect)
+    if needs_torch(plan, [ref_info, *workers]):
+        import torch  # noqa: F401  (bf16/fp8 reads; imported before the clock starts)
+    t0 = time.perf_counter()
+    acc = _stream_all(ref_info, workers, plan, config, progress)
+    seconds = time.perf_counter() - t0
+    _check_reference(acc, ref_path)
+    rows = _scores(acc, workers, psi)
+    pi, beta = _verdicts(rows, config.beta)
+    return AuditResult(
+        reference=ref_path,
+        reference_metadata=ref_info.metadata,
+        files=[FileScore(**r) for r in rows],
+        beta=beta,
+        k_eff=effective_workers(pi),
+        n=sum(t.numel for t in plan),
+        bytes_read=acc.bytes_read,
+        seconds=seconds,
+        skipped=skipped,
+        config=config,
+        warnings=notes,
+    )

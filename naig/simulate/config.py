@@ -1,0 +1,184 @@
+"""Configuration of a simulation, validated once on construction (docs/design.md §8).
+
+Example:
+    >>> cfg = SimulateConfig(lags=(0, 5), steps=10, strategies=("naig", "hogwild"))
+    >>> cfg.workers, cfg.total_steps
+    (2, 40)
+    >>> SimulateConfig(lags=(0, -1))
+    Traceback (most recent call last):
+    ...
+    naig.errors.UsageError: lags=(0, -1): use non-negative ints, one per worker, e.g. 0,10,20,35
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from naig.errors import UsageError
+from naig.gibbs import parse_beta
+from naig.metric import parse_line
+from naig.simulate.model import get_preset
+from naig.simulate.strategies import STRATEGIES
+from naig.sketch.core import check_seed
+
+__all__ = [
+    "SimulateConfig",
+    "OPTIMIZERS",
+    "DEVICES",
+    "MAX_LAG",
+    "MAX_STEPS",
+    "parse_int_list",
+    "resolve_device",
+]
+
+OPTIMIZERS = ("sgd", "adam")  # torch.optim.SGD / torch.optim.Adam, default settings otherwise
+DEVICES = ("cpu", "cuda", "auto")
+MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
+MAX_STEPS = 10**9  # server steps per run (the π history is a (steps, K) buffer)
+
+
+@dataclass(frozen=True)
+class SimulateConfig:
+    """Everything that determines a simulation (defaults: ~1 minute on 2 CPU cores).
+
+    Every field is checked on construction (``dataclasses.replace`` checks again),
+    before anything is trained or written.
+
+    Raises:
+        UsageError: naming the bad field (``UsageError.field``) and the fix.
+    """
+
+    lags: tuple[int, ...] = (0, 10, 20, 35)  # τ_k of each worker, in server steps
+    strategies: tuple[str, ...] = ("naig", "hogwild", "staleness", "sync")  # rules to compare
+    steps: int = 150  # server steps (optimizer updates) per run
+    seeds: int = 2  # independent seeds 0..seeds−1 (init, data streams, val batches)
+    lr: float = 3e-3  # optimizer learning rate
+    optimizer: str = "adam"  # "sgd" or "adam" (torch.optim, default settings otherwise)
+    beta: float | str = "auto"  # Gibbs inverse temperature for naig / naig-exact
+    dc_lambda: float = 0.04  # DC-ASGD λ
+    batch_size: int = 8  # sequences per worker minibatch
+    eval_every: int = 50  # validation every this many steps (0: only at the end)
+    eval_batches: int = 16  # validation batches (of 2 × batch_size sequences) per evaluation
+    device: str = "cpu"  # "cpu", "cuda" or "auto"
+    model: str = "gpt-nano"  # preset name in naig.simulate.model.PRESETS
+    data: str | None = None  # text file; None = the stdlib's .py files
+    data_bytes: int = 2_000_000  # use the first this many bytes of the corpus
+    sketch_seed: int = 0  # seed of the sketch (docs/design.md §5)
+    line: tuple[int, int, int] = (1, 2, 4)  # Fano line ℓ of Ψ_ℓ
+    save_grads: str | None = None  # directory for gradient files (None: save nothing)
+    save_at: tuple[int, ...] = ()  # server steps t at which to save gradients (needs save_grads)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "beta", parse_beta(self.beta))
+        object.__setattr__(self, "line", parse_line(self.line))
+        self._check_workers()
+        self._check_numbers()
+        check_seed(self.sketch_seed, "sketch_seed")
+        get_preset(self.model)
+        self._check_saving()
+        resolve_device(self.device)
+
+    @property
+    def workers(self) -> int:
+        """K, the number of workers."""
+        return len(self.lags)
+
+    @property
+    def total_steps(self) -> int:
+        """Server steps over all seeds and strategies (for progress bars)."""
+        return self.steps * self.seeds * len(self.strategies)
+
+    def _check_workers(self) -> None:
+        _check(len(self.lags) > 0 and all(t >= 0 for t in self.lags), "lags", self.lags,
+               "use non-negative ints, one per worker, e.g. 0,10,20,35")
+        _check(all(t <= MAX_LAG for t in self.lags), "lags", self.lags,
+               f"a lag must be at most {MAX_LAG:,}; any lag >= `steps` ({self.steps}) already "
+               "means every gradient is taken at θ_0")
+        _check(len(self.strategies) > 0, "strategies", self.strategies, "is empty; use e.g. naig,hogwild")
+        for name in self.strategies:
+            _check(name in STRATEGIES, "strategies", name,
+                   f"unknown strategy; use a comma list of {', '.join(STRATEGIES)}")
+        dupes = sorted({n for n in self.strategies if self.strategies.count(n) > 1})
+        _check(not dupes, "strategies", self.strategies,
+               f"{', '.join(dupes)} listed more than once; name each strategy once")
+
+    def _check_numbers(self) -> None:
+        _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, "use sgd or adam")
+        _check(0 < self.steps <= MAX_STEPS, "steps", self.steps,
+               f"use a positive int up to {MAX_STEPS:,}, e.g. 150")
+        _check(self.seeds > 0, "seeds", self.seeds, "use a positive int, e.g. 2")
+        _check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "use a finite value > 0")
+        _check(math.isfinite(self.dc_lambda) and self.dc_lambda >= 0, "dc_lambda", self.dc_lambda,
+               "DC-ASGD's λ must be finite and >= 0, e.g. 0.04")
+        _check(self.batch_size > 0, "batch_size", self.batch_size, "use a positive int, e.g. 8")
+        _check(self.eval_every >= 0, "eval_every", self.eval_every,
+               "use an int >= 0 (0: validate only at the end)")
+        _check(self.eval_batches > 0, "eval_batches", self.eval_batches, "use a positive int, e.g. 16")
+
+    def _check_saving(self) -> None:
+        if self.save_grads is None:
+            _check(not self.save_at, "save_at", self.save_at,
+                   "needs `save_grads` (the directory to write the gradient files to)")
+            return
+        _check(self.save_grads.strip() != "", "save_grads", self.save_grads,
+               "give a directory to write gradient files to, e.g. runs/grads")
+        _check(bool(self.save_at), "save_grads", self.save_grads,
+               f"needs `save_at` (the server steps to save at, in 0..{self.steps - 1})")
+        _check(all(0 <= s < self.steps for s in self.save_at), "save_at", self.save_at,
+               f"steps must lie in 0..{self.steps - 1} (`steps` is {self.steps})")
+        path = Path(self.save_grads)
+        existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
+        _check(existing.is_dir(), "save_grads", self.save_grads,
+               f"{existing} is not a directory; pass a directory (it is created if missing)")
+        _check(os.access(existing, os.W_OK | os.X_OK), "save_grads", self.save_grads,
+               f"{existing} is not writable; pass a directory you can write to")
+
+
+def _check(ok: bool, field: str, value: object, message: str) -> None:
+    if not ok:
+        raise UsageError(message, field=field, value=value)
+
+
+def parse_int_list(text: str, field: str) -> tuple[int, ...]:
+    """Parse ``"0,10,20"`` into non-negative ints.
+
+    Args:
+        text: the comma list.
+        field: the field errors name (``lags``, ``save_at``).
+
+    Raises:
+        UsageError: if the text is not a comma list of non-negative ints.
+
+    Example:
+        >>> parse_int_list("0,10,20,35", "lags")
+        (0, 10, 20, 35)
+    """
+    try:
+        values = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 0 for v in values):
+        raise UsageError("use a comma list of non-negative ints, e.g. 0,10,20,35", field=field,
+                         value=text)
+    return values
+
+
+def resolve_device(device: str) -> str:
+    """``cpu``, ``cuda`` or ``auto`` (cuda when available) as the device name used.
+
+    Raises:
+        UsageError: for an unknown name or ``cuda`` without a GPU.
+    """
+    _check(device in DEVICES, "device", device, "use cpu, cuda or auto")
+    if device == "cpu":
+        return device
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    _check(torch.cuda.is_available(), "device", device,
+           "no CUDA GPU is available; use cpu or auto")
+    return device

@@ -1,0 +1,125 @@
+"""Real text for the simulated training workload: bytes, split 90/10, sampled by seeded generators.
+
+The default corpus is the ``.py`` files of the running Python's standard library
+(``sysconfig.get_paths()["stdlib"]``), sorted recursively by relative path and
+concatenated; nothing is ever downloaded.
+
+Example:
+    >>> import torch
+    >>> data = ByteData.from_bytes(bytes(range(256)) * 10)
+    >>> x, y = data.batch("train", 2, 8, torch.Generator().manual_seed(0))
+    >>> x.shape, bool((x[:, 1:] == y[:, :-1]).all())
+    (torch.Size([2, 8]), True)
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from naig.errors import DataError, UsageError
+
+__all__ = ["TRAIN_FRACTION", "stdlib_bytes", "load_bytes", "ByteData"]
+
+TRAIN_FRACTION = 0.9
+
+
+def stdlib_bytes(limit: int) -> bytes:
+    """The first ``limit`` bytes of the stdlib's ``.py`` files, sorted recursively, concatenated."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = bytearray()
+    for path in sorted(_stdlib_py_files(root), key=lambda p: p.relative_to(root).as_posix()):
+        if len(out) >= limit:
+            break
+        try:
+            out += path.read_bytes()
+        except OSError:
+            continue  # unreadable file (permissions): skip it
+    return bytes(out[:limit])
+
+
+_NOT_STDLIB = {"site-packages", "dist-packages", "__pycache__"}
+
+
+def _stdlib_py_files(root: Path) -> list[Path]:
+    """Every ``.py`` file under ``root``, skipping installed third-party packages."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in _NOT_STDLIB]  # prune in place
+        found += [Path(folder) / f for f in files if f.endswith(".py")]
+    return found
+
+
+def load_bytes(path: str | Path | None, limit: int) -> bytes:
+    """The corpus: the first ``limit`` bytes of ``path``, or of the stdlib when ``path`` is None.
+
+    Raises:
+        UsageError: if ``limit`` is not positive.
+        DataError: if the file is missing or the corpus is too small to train on.
+    """
+    if limit <= 0:
+        raise UsageError("must be positive, e.g. 2000000", field="data_bytes", value=limit)
+    if path is None:
+        return stdlib_bytes(limit)
+    p = Path(path)
+    if p.is_dir():
+        raise DataError("is a directory; pass one text file, e.g. corpus.txt (concatenate "
+                        "several files into one first)", field="data", value=str(p))
+    if not p.is_file():
+        raise DataError("no such file; pass an existing text file", field="data", value=str(p))
+    with p.open("rb") as fh:
+        raw = fh.read(limit)
+    if not raw:
+        raise DataError("is empty; pass a text file with at least a few KB of text", field="data",
+                        value=str(p))
+    return raw
+
+
+@dataclass(frozen=True)
+class ByteData:
+    """A byte corpus split into train (first 90%) and validation (last 10%) tensors.
+
+    Attributes:
+        train: (N_train,) int64 bytes.
+        val: (N_val,) int64 bytes.
+    """
+
+    train: Tensor
+    val: Tensor
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, device: str | torch.device = "cpu") -> ByteData:
+        """Split ``raw`` 90/10 into train/validation tensors on ``device``."""
+        data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device, torch.long)
+        cut = int(len(raw) * TRAIN_FRACTION)
+        return cls(data[:cut], data[cut:])
+
+    def check(self, context: int) -> None:
+        """Raise ``DataError`` unless both splits hold more than ``context + 1`` bytes."""
+        if min(len(self.train), len(self.val)) <= context + 1:
+            raise DataError(
+                f"corpus too small ({len(self.train) + len(self.val)} bytes) for context "
+                f"{context}; pass a larger `data` file or `data_bytes`"
+            )
+
+    def batch(self, split: str, batch: int, context: int,
+              generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Random windows: inputs (B, T) and next-byte targets (B, T), int64.
+
+        Args:
+            split: ``"train"`` or ``"val"``.
+            batch: B windows.
+            context: T bytes per window.
+            generator: seeded generator on the data's device (the only randomness).
+        """
+        data = self.train if split == "train" else self.val
+        start = torch.randint(0, len(data) - context - 1, (batch, 1),
+                              generator=generator, device=data.device)
+        idx = start + torch.arange(context + 1, device=data.device)  # (B, T+1)
+        window = data[idx]
+        return window[:, :-1], window[:, 1:]

@@ -1,0 +1,343 @@
+"""Asynchronous training with stale workers, strategy by strategy (docs/design.md §8).
+
+Protocol, for each seed and each strategy (same initialisation, same data
+streams and same validation batches for every strategy of a seed):
+
+    θ_0 = GPT-2 init (seeded);  ring buffer of the last min(max τ, steps−1)+1 versions θ_v
+    for t = 0 .. steps−1:
+        g_k = ∇L(θ_{max(t−τ_k, 0)}; batch from worker k's own generator)   k = 1..K
+        ĝ, π = strategy.combine(g, τ, θ_t, θ_{t−τ})   (sync: every τ_k = 0)
+        θ_{t+1} = optimizer.step(θ_t, ĝ)                (unchanged SGD or Adam)
+
+Divergence: a run whose worker gradients or parameters become non-finite (NaN/Inf)
+stops at that step t and is recorded as diverged (``RunResult.diverged_at = t``,
+final loss NaN); the other runs go on.
+
+Parameters live in one flat vector (n,); workers evaluate the model
+functionally (``torch.func.functional_call``) at views of a stale flat vector,
+so gradients land in a preallocated (K, n) buffer that the strategies and the
+sketch use directly. All randomness comes from explicit ``torch.Generator``s.
+
+Example:
+    >>> cfg = SimulateConfig(steps=2, seeds=1, strategies=("hogwild",), data_bytes=50_000,
+    ...                      eval_every=0, eval_batches=1)
+    >>> sim = Simulation(cfg)
+    >>> run = sim.start("hogwild", seed=0)
+    >>> run.step(); run.t
+    1
+    >>> res = run_simulation(cfg)
+    >>> res.summaries[0].strategy, res.n_params > 0
+    ('hogwild', True)
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from naig.errors import UsageError
+from naig.gibbs import reference_index
+from naig.io import save_gradients
+from naig.simulate.config import SimulateConfig, resolve_device
+from naig.simulate.data import ByteData, load_bytes
+from naig.simulate.model import GPT, get_preset, lm_loss
+from naig.simulate.results import RunResult, SimulateResult, pi_stats, summarise
+from naig.simulate.strategies import Batch, Strategy, StrategyOptions, make_strategy
+from naig.sketch.core import SKETCH_DIM
+from naig.sketch.torch_sketch import TorchSketch
+
+__all__ = [
+    "Simulation",
+    "Run",
+    "ROUTING_BYTES",
+    "ring_rows",
+    "allocate_ring",
+    "run_simulation",
+]
+
+ROUTING_BYTES = SKETCH_DIM * 4  # a worker's routing signal: 14 float32 values
+_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+}
+Batches = list[tuple[Tensor, Tensor]]
+
+
+class Simulation:
+    """What every run of a simulation shares, built once: device, data, model layout, sketch.
+
+    Args:
+        config: the simulation (already validated by ``SimulateConfig``).
+
+    Raises:
+        UsageError: ``device`` cuda without a GPU.
+        DataError: if the corpus is missing or too small.
+    """
+
+    def __init__(self, config: SimulateConfig) -> None:
+        self.config = config
+        self.device = torch.device(resolve_device(config.device))
+        gcfg = get_preset(config.model)
+        self.data = ByteData.from_bytes(load_bytes(config.data, config.data_bytes), self.device)
+        self.data.check(gcfg.context)
+        self.model = GPT(gcfg, generator=torch.Generator().manual_seed(0)).to(self.device)
+        named = list(self.model.named_parameters())  # the layout only; values come per seed
+        self.names = [n for n, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.sizes = [p.numel() for _, p in named]
+        self.sketch = TorchSketch.build(list(zip(self.names, self.sizes, strict=True)),
+                                        config.sketch_seed, self.device)
+
+    @property
+    def n_params(self) -> int:
+        """n, the number of scalar parameters."""
+        return sum(self.sizes)
+
+    def params(self, flat: Tensor) -> dict[str, Tensor]:
+        """{name: view of ``flat``} in the model's parameter shapes."""
+        views = flat.split(self.sizes)
+        return {n: v.view(s) for n, v, s in zip(self.names, views, self.shapes, strict=True)}
+
+    def loss(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        """Next-byte loss of the model with parameters ``flat`` (n,) on one batch."""
+        return lm_loss(functional_call(self.model, self.params(flat), (x,)), y)
+
+    def init_params(self, seed: int) -> Tensor:
+        """θ_0 for a seed: GPT-2 init from a CPU generator seeded with ``seed``, flat (n,)."""
+        model = GPT(self.model.config, generator=torch.Generator().manual_seed(seed))
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(self.device)
+
+    def generator(self, seed: int) -> torch.Generator:
+        """A generator on the simulation's device seeded with ``seed``."""
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def val_batches(self, seed: int) -> Batches:
+        """Fixed validation batches of a seed (shared by every strategy)."""
+        gen = self.generator(1_000_003 * seed + 99_991)
+        c, ctx = self.config, self.model.config.context
+        return [self.data.batch("val", 2 * c.batch_size, ctx, gen) for _ in range(c.eval_batches)]
+
+    @torch.no_grad()
+    def evaluate(self, flat: Tensor, batches: Batches) -> float:
+        """Mean validation loss (nats/byte) of parameters ``flat`` over ``batches``."""
+        return float(torch.stack([self.loss(flat, x, y) for x, y in batches]).mean())
+
+    def worker_grad(self, theta: Tensor, gen: torch.Generator, out: Tensor) -> None:
+        """Write ∇L(θ; next batch of this worker's stream ``gen``) into ``out`` (n,)."""
+        flat = theta.detach().clone().requires_grad_(True)
+        x, y = self.data.batch("train", self.config.batch_size, self.model.config.context, gen)
+        (grad,) = torch.autograd.grad(self.loss(flat, x, y), flat)
+        out.copy_(grad)
+
+    def strategy(self, name: str) -> Strategy:
+        """A fresh strategy object for one run, with the configured options."""
+        c = self.config
+        return make_strategy(name, StrategyOptions(c.beta, c.dc_lambda, c.line, self.sketch))
+
+    def start(self, strategy: str | Strategy, seed: int) -> Run:
+        """A run at step 0: θ_0 of ``seed``, a fresh optimizer, one data stream per worker."""
+        return Run(self, self.strategy(strategy) if isinstance(strategy, str) else strategy, seed)
+
+    def run(self, strategy: str, seed: int, val: Batches, untrained: float,
+            progress: Callable[[], None] | None = None) -> tuple[RunResult, list[str]]:
+        """Train one (strategy, seed) run to the end; returns its result and saved files."""
+        c, run = self.config, self.start(strategy, seed)
+        curve, saved, elapsed = [(0, untrained)], [], 0.0
+        while run.t < c.steps and run.diverged_at is None:
+            elapsed += _timed(self.device, run.step)
+            if run.diverged_at is not None:
+                break
+            if run.t - 1 in c.save_at:
+                saved += run.save_gradients(Path(c.save_grads or "."))
+            if run.t == c.steps or (c.eval_every and run.t % c.eval_every == 0):
+                curve.append((run.t, self.evaluate(run.theta.detach(), val)))
+            (progress or _nothing)()
+        curve += _skipped_evaluations(c, run.diverged_at, progress)
+        steps_timed = run.t if run.diverged_at is None else run.diverged_at + 1
+        return RunResult(strategy, seed, curve[-1][1], tuple(curve),
+                         ms_per_step=1000 * elapsed / max(steps_timed, 1), diverged_at=run.diverged_at,
+                         **pi_stats(run.pis[:run.t].cpu().numpy())), saved
+
+
+def _nothing() -> None:
+    return None
+
+
+def _timed(device: torch.device, fn: Callable[[], object]) -> float:
+    """Wall seconds of ``fn()``, synchronising the GPU before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def _skipped_evaluations(c: SimulateConfig, diverged_at: int | None,
+                         progress: Callable[[], None] | None) -> list[tuple[int, float]]:
+    """After a divergence: NaN at the remaining evaluation points; progress skips ahead."""
+    if diverged_at is None:
+        return []
+    for _ in range(diverged_at, c.steps):
+        (progress or _nothing)()
+    return [(s, math.nan) for s in range(diverged_at + 1, c.steps + 1)
+            if s == c.steps or (c.eval_every and s % c.eval_every == 0)]
+
+
+class Run:
+    """One (strategy, seed) run, advanced one server step at a time by ``step()``.
+
+    Attributes:
+        theta: (n,) server parameters θ_t (an ``nn.Parameter`` the optimizer owns).
+        t: server steps done.
+        ring: (R, n) parameter versions, version v at row v mod R (``ring_rows``).
+        lags: (K,) int64 effective lags (zeros for ``sync``).
+        grads: (K, n) the last step's worker gradients.
+        pis: (steps, K) float64 coefficient history; rows ``:t`` are filled.
+        diverged_at: step at which a gradient or θ became non-finite (None: finite).
+    """
+
+    def __init__(self, sim: Simulation, strategy: Strategy, seed: int) -> None:
+        c, k = sim.config, sim.config.workers
+        self.sim, self.strategy, self.seed = sim, strategy, seed
+        self.theta = nn.Parameter(sim.init_params(seed))
+        self.optimizer = _OPTIMIZERS[c.optimizer]([self.theta], lr=c.lr)
+        self.ring = allocate_ring(self.theta.detach(), ring_rows(c.lags, c.steps))
+        self.ring[0] = self.theta.detach()
+        lags = c.lags if strategy.uses_lags else (0,) * k
+        self.lags = torch.tensor(lags, dtype=torch.long, device=sim.device)
+        self.workers = torch.arange(k, device=sim.device)
+        self.gens = [sim.generator(1_000_003 * seed + 7_919 * (w + 1)) for w in range(k)]
+        self.grads = self.theta.detach().new_empty(k, self.theta.numel())
+        self.pis = torch.empty(c.steps, k, dtype=torch.float64, device=sim.device)
+        self.t = 0
+        self.diverged_at: int | None = None
+
+    def stale_params(self) -> Tensor:
+        """θ_{max(t−τ_k, 0)} of every worker at the current step: (K, n)."""
+        rows = self.t - self.lags
+        return self.ring[rows.clamp(min=0) % self.ring.shape[0]]  # clamped at θ_0
+
+    def step(self) -> None:
+        """One server step: K worker gradients, the strategy's combine, one optimizer update.
+
+        Sets ``diverged_at`` (and changes nothing more) when a worker gradient is
+        non-finite, or after the update when θ_{t+1} is non-finite.
+        """
+        t, stale = self.t, self.stale_params()
+        for w in range(stale.shape[0]):
+            self.sim.worker_grad(stale[w], self.gens[w], self.grads[w])
+        if not _finite(self.grads):
+            self.diverged_at = t
+            return
+        update = self.strategy.combine(
+            Batch(self.grads, self.lags, self.workers, self.theta.detach(), stale))
+        self._apply(update.grad, update.lr_scale)
+        self.pis[t] = update.weights
+        self.t = t + 1
+        if not _finite(self.theta.detach()):
+            self.diverged_at = t
+            return
+        self.ring[self.t % self.ring.shape[0]] = self.theta.detach()
+
+    def _apply(self, grad: Tensor, lr_scale: float) -> None:
+        """One unchanged optimizer step on ĝ, its lr scaled by ``lr_scale`` for this step only."""
+        self.theta.grad = grad
+        if lr_scale == 1.0:
+            self.optimizer.step()
+            return
+        groups = self.optimizer.param_groups
+        lrs = [g["lr"] for g in groups]
+        for g in groups:
+            g["lr"] = g["lr"] * lr_scale
+        self.optimizer.step()
+        for g, lr in zip(groups, lrs, strict=True):
+            g["lr"] = lr
+
+    def save_gradients(self, root: Path) -> list[str]:
+        """Write ref.safetensors (the least stale worker) and worker<k>.safetensors of the last step."""
+        t = self.t - 1
+        folder = root / f"{self.strategy.name}-seed{self.seed}-step{t}"
+        lags = self.lags.tolist()
+        ref = reference_index(lags)
+        paths = []
+        for w, name in [(ref, "ref")] + [(w, f"worker{w}") for w in range(len(lags))]:
+            tensors = self.sim.params(self.grads[w].clone())
+            meta = dict(lag=lags[w], step=t, worker=w, strategy=self.strategy.name, seed=self.seed)
+            paths.append(str(save_gradients(folder / f"{name}.safetensors", tensors, **meta)))
+        return paths
+
+
+def ring_rows(lags: tuple[int, ...], steps: int) -> int:
+    """Parameter versions the ring buffer must hold: min(max τ, steps − 1) + 1.
+
+    Step t reads θ_{max(t−τ_k, 0)} for t ≤ steps − 1, then writes θ_{t+1}. With R rows
+    (version v at row v mod R) a version is overwritten R steps after it was written.
+    For R = max τ + 1 every version read at step t lies in [t − max τ, t]: none is
+    overwritten yet, and θ_0 (row 0) is overwritten at step max τ, after the last step
+    that clamps to it (t < τ ≤ max τ). For max τ ≥ steps − 1, R = steps holds θ_0 ..
+    θ_{steps−1} in distinct rows; only θ_steps, never read, lands on θ_0's row.
+    """
+    return min(max(lags), steps - 1) + 1
+
+
+def allocate_ring(theta: Tensor, rows: int) -> Tensor:
+    """An empty (rows, n) buffer like ``theta``.
+
+    Raises:
+        UsageError: (field ``lags``) when the memory cannot be allocated.
+    """
+    try:
+        return theta.new_empty(rows, theta.numel())
+    except (RuntimeError, MemoryError) as exc:  # torch's OutOfMemoryError is a RuntimeError
+        gib = rows * theta.numel() * theta.element_size() / 2**30
+        raise UsageError(
+            f"the ring buffer of {rows:,} parameter versions needs {gib:,.1f} GiB and cannot be "
+            f"allocated on {theta.device}; use smaller lags or fewer `steps`", field="lags",
+        ) from exc
+
+
+def _finite(x: Tensor) -> bool:
+    """True when every entry is finite: one reduction (a sum of finite float32 values only
+    overflows past 3e38, itself a divergence)."""
+    return bool(torch.isfinite(x.sum()))
+
+
+def run_simulation(config: SimulateConfig,
+                   progress: Callable[[], None] | None = None) -> SimulateResult:
+    """Run every strategy on every seed and summarise (docs/design.md §8).
+
+    Args:
+        config: the simulation (validated on construction).
+        progress: called once after every server step (``config.total_steps`` calls).
+
+    Returns:
+        A ``SimulateResult`` with one ``RunResult`` per (seed, strategy) and one
+        ``StrategySummary`` per strategy, in ``config.strategies`` order. A run that
+        diverges stops there (``RunResult.diverged_at``, NaN loss); the others continue
+        and nothing is raised (``SimulateResult.diverged`` lists them).
+
+    Raises:
+        UsageError: ``device`` cuda without a GPU, or a ring buffer that does not fit.
+        DataError: if the corpus is missing or too small.
+    """
+    sim = Simulation(config)
+    runs, saved, untrained = [], [], []
+    for seed in range(config.seeds):
+        val = sim.val_batches(seed)
+        untrained.append(sim.evaluate(sim.init_params(seed), val))
+        for name in config.strategies:
+            result, files = sim.run(name, seed, val, untrained[-1], progress)
+            runs.append(result)
+            saved += files
+    n = sim.n_params
+    return SimulateResult(config, str(sim.device), n, statistics.fmean(untrained), ROUTING_BYTES,
+                          n * 4, tuple(runs), summarise(runs, config.strategies), tuple(saved))

@@ -1,0 +1,126 @@
+"""Streaming reader: validation, planning, chunking (docs/design.md §6)."""
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from naig.audit.stream import batches, expand_inputs, inspect_file, plan_tensors, read_pieces
+from naig.errors import DataError, UsageError
+
+
+def test_pieces_cover_every_tensor_exactly(tmp_path):
+    t = {
+        "a": torch.arange(3 * 5 * 7, dtype=torch.float32).reshape(3, 5, 7),
+        "b": torch.arange(11, dtype=torch.float32),
+        "c": torch.tensor(2.5),
+    }
+    save_file(t, tmp_path / "x.safetensors")
+    info = inspect_file(tmp_path / "x.safetensors")
+    plan, _ = plan_tensors(info, [])
+    dtypes = {n: v.dtype for n, v in info.tensors.items()}
+    for chunk in (1, 4, 6, 36, 1000):
+        got = {n: [] for n in t}
+        for batch in batches(plan, chunk):
+            assert sum(p.stop - p.start for p in batch) <= max(chunk, 7)
+            for p, x in zip(batch, read_pieces(info.path, batch, dtypes), strict=True):
+                assert x.size == p.stop - p.start
+                got[p.tensor.name].append((p.start, x))
+        for n, parts in got.items():
+            flat = np.concatenate([x for _, x in sorted(parts, key=lambda q: q[0])])
+            np.testing.assert_array_equal(flat, t[n].reshape(-1).numpy())
+
+
+def test_low_precision_upcast_exactly(tmp_path):
+    x = torch.tensor([1.5, -0.375, 3.0, 1e-3, 448.0])
+    for dt in (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2):
+        save_file({"x": x.to(dt)}, tmp_path / "lp.safetensors")
+        info = inspect_file(tmp_path / "lp.safetensors")
+        (batch,) = batches(plan_tensors(info, [])[0], 100)
+        (got,) = read_pieces(info.path, batch, {"x": info.tensors["x"].dtype})
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, x.to(dt).to(torch.float64).numpy())
+
+
+def test_keys_filter_and_bad_regex(tmp_path):
+    save_file({"enc.w": torch.ones(3), "dec.w": torch.ones(3)}, tmp_path / "x.safetensors")
+    info = inspect_file(tmp_path / "x.safetensors")
+    plan, skipped = plan_tensors(info, [info], keys="^enc")
+    assert [t.name for t in plan] == ["enc.w"] and skipped["keys"] == 1
+    with pytest.raises(UsageError, match="keys='\\(': not a valid regular expression"):
+        plan_tensors(info, [info], keys="(")
+    with pytest.raises(UsageError, match="keys='nothing': matches no floating-point tensor"):
+        plan_tensors(info, [info], keys="nothing")
+
+
+def test_mismatch_and_intersect(tmp_path):
+    save_file({"a": torch.ones(3), "b": torch.ones(2)}, tmp_path / "r.safetensors")
+    save_file({"a": torch.ones(3), "b": torch.ones(5)}, tmp_path / "s.safetensors")
+    save_file({"a": torch.ones(3)}, tmp_path / "m.safetensors")
+    r, s, m = (inspect_file(tmp_path / f"{n}.safetensors") for n in "rsm")
+    with pytest.raises(DataError, match=r"shape \[5\], expected \[2\].*`intersect`"):
+        plan_tensors(r, [s])
+    with pytest.raises(DataError, match="'b'.*missing.*`intersect`"):
+        plan_tensors(r, [m])
+    with pytest.raises(DataError, match="'b' is not in the reference"):
+        plan_tensors(m, [r])
+    plan, skipped = plan_tensors(r, [s, m], intersect=True)
+    assert [t.name for t in plan] == ["a"] and skipped["not common"] == 1
+
+
+def test_expand_inputs_sorted_and_empty_dir(tmp_path):
+    for n in ("b", "a"):
+        save_file({"x": torch.ones(1)}, tmp_path / f"{n}.safetensors")
+    assert [p.name for p in expand_inputs([tmp_path])] == ["a.safetensors", "b.safetensors"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no \\*.safetensors"):
+        expand_inputs([tmp_path / "empty"])
+
+
+def test_int_bool_and_other_dtypes_skipped_in_any_file(tmp_path):
+    save_file(
+        {
+            "w": torch.ones(3),
+            "n": torch.ones(3, dtype=torch.int64),
+            "c": torch.ones(2, dtype=torch.complex64),
+        },
+        tmp_path / "x.safetensors",
+    )
+    save_file({"w": torch.ones(3), "extra_mask": torch.ones(2, dtype=torch.bool)}, tmp_path / "y.safetensors")
+    info, other = inspect_file(tmp_path / "x.safetensors"), inspect_file(tmp_path / "y.safetensors")
+    plan, skipped = plan_tensors(info, [other])  # int/bool present in one file only: still skipped
+    assert [t.name for t in plan] == ["w"]
+    assert skipped["int/bool"] == 1 and skipped["other dtype"] == 1
+
+
+def test_float_in_reference_but_int_in_worker_is_named(tmp_path):
+    save_file({"w": torch.ones(3)}, tmp_path / "r.safetensors")
+    save_file({"w": torch.ones(3, dtype=torch.int32)}, tmp_path / "i.safetensors")
+    r, i = inspect_file(tmp_path / "r.safetensors"), inspect_file(tmp_path / "i.safetensors")
+    with pytest.raises(DataError, match="'w' of the reference r.safetensors has dtype I32"):
+        plan_tensors(r, [i])
+
+
+def test_no_float_tensor_names_the_reference(tmp_path):
+    save_file({"n": torch.ones(3, dtype=torch.int64)}, tmp_path / "r.safetensors")
+    r = inspect_file(tmp_path / "r.safetensors")
+    with pytest.raises(DataError, match="r.safetensors: has no floating-point tensor"):
+        plan_tensors(r, [r])
+
+
+def test_empty_tensor_contributes_nothing(tmp_path):
+    save_file({"e": torch.ones(0, 5), "w": torch.ones(4)}, tmp_path / "x.safetensors")
+    info = inspect_file(tmp_path / "x.safetensors")
+    plan, _ = plan_tensors(info, [info])
+    assert [p.tensor.name for b in batches(plan, 100) for p in b] == ["w"]
+
+
+def test_valid_file_whose_header_length_looks_like_pickle(tmp_path):
+    """The 8-byte header length may start with 0x80; only a missing '{' means not safetensors."""
+    p = tmp_path / "x.safetensors"
+    for pad in range(256):
+        save_file({"w" * (1 + pad): torch.ones(2)}, p)
+        if p.read_bytes()[:1] == b"\x80":
+            break
+    assert p.read_bytes()[:1] == b"\x80"
+    assert list(inspect_file(p).tensors) == ["w" * (1 + pad)]

@@ -1,0 +1,28 @@
+"""The CLI's one table of field → flag, and its one-line wording of library errors."""
+
+import pytest
+
+from naig.errors import DataError, UsageError
+from naig_cli._common import FLAGS, cli_message, flag
+
+
+@pytest.mark.parametrize(("err", "line"), [
+    (UsageError("must be finite and >= 0", field="beta", value="-1"), "--beta '-1': must be finite and >= 0"),
+    (UsageError("use sgd or adam", field="optimizer", value="lion"), "--optimizer 'lion': use sgd or adam"),
+    (UsageError("bad", field="lags", value=(0, -1)), "--lags 0,-1: bad"),
+    (UsageError("needs `save_grads`", field="save_at", value=(5, 9)), "--save-at 5,9: needs --save-grads"),
+    (UsageError("bad", field="dc_lambda", value=float("nan")), "--dc-lambda nan: bad"),
+    (UsageError("use a positive int", field="eval_batches", value=0), "eval_batches=0: use a positive int"),
+    (DataError("f: pass `intersect` to use only the common tensors"),
+     "f: pass --intersect to use only the common tensors"),
+    (UsageError("pass one", field="staleness"), "staleness: pass one"),
+])
+def test_library_errors_are_worded_as_flags(err: Exception, line: str) -> None:
+    assert cli_message(err) == line
+
+
+def test_flags_are_spelled_from_their_fields() -> None:
+    assert flag("sketch_seed") == "--sketch-seed" and flag("not_a_field") == "not_a_field"
+    for field, option in FLAGS.items():
+        assert option.startswith("--") and (option == "--" + field.replace("_", "-")
+                                            or field in ("chunk",)), (field, option)

@@ -1,0 +1,80 @@
+"""Project conventions that keep one home for each idea (checked on the source, with ast)."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def _sources(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are module, class or function docstrings."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+@pytest.mark.parametrize("path", _sources("naig"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_library_strings_name_fields_not_cli_flags(path: Path) -> None:
+    """Library errors carry field names; only naig_cli words them as --flags."""
+    tree = ast.parse(path.read_text())
+    docs = _docstring_nodes(tree)
+    bad = [node.value for node in ast.walk(tree)
+           if isinstance(node, ast.Constant) and isinstance(node.value, str)
+           and id(node) not in docs and FLAG.search(node.value)]
+    assert not bad, bad
+
+
+def _ours(module: str | None) -> bool:
+    return bool(module) and module.split(".")[0] in ("naig", "naig_cli", "tests")
+
+
+def _private_imports(path: Path) -> list[str]:
+    """``from naig... import _x`` and ``mod._x`` where ``mod`` is a module of ours."""
+    tree = ast.parse(path.read_text())
+    names, modules = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {(a.asname or a.name).split(".")[0] for a in node.names if _ours(a.name)}
+        if isinstance(node, ast.ImportFrom) and _ours(node.module):
+            names += [a.name for a in node.names if a.name.startswith("_") and a.name != "__version__"]
+            modules |= {a.asname or a.name for a in node.names}  # may be a submodule
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name) and node.value.id in modules):
+            names.append(f"{node.value.id}.{node.attr}")
+    return names
+
+
+@pytest.mark.parametrize("path", _sources("tests") + _sources("benchmarks") + _sources("examples"),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_tests_and_benchmarks_use_public_names_only(path: Path) -> None:
+    assert not _private_imports(path)
+
+
+def test_every_library_module_declares_all() -> None:
+    missing = [str(p.relative_to(ROOT)) for p in _sources("naig")
+               if p.name != "__main__.py" and "__all__" not in p.read_text()]
+    assert not missing
+
+
+def test_code_cites_the_design_document_not_an_absent_spec() -> None:
+    cites = [str(p.relative_to(ROOT)) for p in _sources("naig") + _sources("naig_cli")
+             if "SPEC §" in p.read_text()]
+    assert not cites
+    design = (ROOT / "docs" / "design.md").read_text()
+    sections = set(re.findall(r"^## (\d+)\.", design, flags=re.M))
+    for p in _sources("naig") + _sources("naig_cli"):
+        for sec in re.findall(r"docs/design\.md §(\d+)", p.read_text()):
+            assert sec in sections, (p, sec)

@@ -1,0 +1,235 @@
+"""The simulate loop (naig.simulate.loop; docs/design.md §8)."""
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import naig.simulate as sim
+from naig.errors import UsageError
+from naig.simulate import SimulateConfig, Simulation, parse_int_list, run_simulation
+
+TINY = SimulateConfig(steps=8, seeds=1, data_bytes=200_000, eval_every=0, eval_batches=2,
+                      batch_size=4, strategies=("hogwild",), lags=(0, 3))
+
+
+def _numbers(result: sim.SimulateResult) -> list[tuple]:
+    return [(r.strategy, r.seed, r.final_val_loss, r.curve, r.mean_pi, r.k_eff)
+            for r in result.runs]
+
+
+@pytest.mark.parametrize("lag", [3, 6, 7, 8, 50, 10**8])  # TINY.steps = 8
+def test_workers_see_clamped_stale_versions(monkeypatch: pytest.MonkeyPatch, lag: int) -> None:
+    """Every worker reads θ_{max(t−τ, 0)}, also for lags ≥ steps, with the smallest ring."""
+    seen: list[torch.Tensor] = []
+    rings: list[int] = []
+    real, real_start = Simulation.worker_grad, Simulation.start
+
+    def spy(self, theta, gen, out):  # noqa: ANN001, ANN202
+        seen.append(theta.clone())
+        real(self, theta, gen, out)
+
+    def start(self, *args):  # noqa: ANN001, ANN002, ANN202
+        run = real_start(self, *args)
+        rings.append(run.ring.shape[0])
+        return run
+
+    monkeypatch.setattr(Simulation, "worker_grad", spy)
+    monkeypatch.setattr(Simulation, "start", start)
+    run_simulation(dataclasses.replace(TINY, optimizer="sgd", lr=0.5, lags=(0, lag)))
+    fresh, stale = seen[0::2], seen[1::2]  # worker 0 (τ = 0), worker 1 (τ = lag)
+    assert all(not torch.equal(fresh[t], fresh[t + 1]) for t in range(len(fresh) - 1))
+    for t in range(TINY.steps):
+        assert torch.equal(stale[t], fresh[max(t - lag, 0)])
+    assert rings == [min(lag, TINY.steps - 1) + 1]
+
+
+def test_ring_rows() -> None:
+    assert sim.ring_rows((0, 3), 8) == 4 and sim.ring_rows((0, 0), 1) == 1
+    assert sim.ring_rows((0, 5000), 2) == 2 and sim.ring_rows((0, 7), 8) == 8
+
+
+def test_ring_that_cannot_be_allocated_is_a_usage_error() -> None:
+    class Huge:  # stands in for θ: any allocation fails as torch's allocator would
+        device = "cpu"
+
+        def new_empty(self, *shape: int) -> None:
+            raise RuntimeError("DefaultCPUAllocator: not enough memory")
+
+        def numel(self) -> int:
+            return 86_000_000
+
+        def element_size(self) -> int:
+            return 4
+
+    with pytest.raises(UsageError, match=r"lags: the ring buffer of 2,001 parameter versions") as info:
+        sim.allocate_ring(Huge(), 2001)
+    assert info.value.field == "lags"
+
+
+def _nan_hogwild(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make hogwild's update NaN (θ_1 non-finite) without touching the other strategies."""
+    from naig.simulate.strategies import Update
+    from naig.simulate.strategies.hogwild import Hogwild
+
+    def combine(self, batch):  # noqa: ANN001, ANN202
+        k = batch.grads.shape[0]
+        return Update(torch.full_like(batch.grads[0], math.nan), torch.full((k,), 1.0 / k))
+
+    monkeypatch.setattr(Hogwild, "combine", combine)
+
+
+def test_a_diverging_run_stops_and_the_others_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    _nan_hogwild(monkeypatch)
+    cfg = dataclasses.replace(TINY, steps=4, seeds=2, eval_every=2, strategies=("naig", "hogwild"))
+    res = run_simulation(cfg)
+    naig, hog = res.summaries
+    assert [r.diverged_at for r in res.runs] == [None, 0, None, 0]
+    assert res.diverged == tuple(r for r in res.runs if r.strategy == "hogwild")
+    bad = res.runs[1]
+    assert math.isnan(bad.final_val_loss) and [s for s, _ in bad.curve] == [0, 2, 4]
+    assert all(math.isnan(v) for _, v in bad.curve[1:])
+    assert math.isnan(hog.val_loss_mean) and math.isnan(hog.val_loss_std)
+    assert hog.diverged_at == (0, 0) and naig.diverged_at == (None, None)
+    assert math.isfinite(naig.val_loss_mean) and naig.change_vs_hogwild_pct is None
+
+
+def test_divergence_is_recorded_for_every_strategy_without_raising() -> None:
+    cfg = dataclasses.replace(TINY, steps=3, optimizer="sgd", lr=1e6,
+                              strategies=("hogwild", "naig", "naig-exact"))
+    res = run_simulation(cfg)  # used to raise "every energy is non-finite" for naig
+    assert all(r.diverged_at is not None and math.isnan(r.final_val_loss) for r in res.runs)
+    assert len(res.diverged) == 3
+
+
+def test_one_seed_has_no_std() -> None:
+    res = run_simulation(dataclasses.replace(TINY, steps=2))
+    assert res.summaries[0].val_loss_std is None
+
+
+def test_sync_computes_every_gradient_at_theta_t(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[torch.Tensor] = []
+    real = Simulation.worker_grad
+    monkeypatch.setattr(Simulation, "worker_grad",
+                        lambda s, th, g, o: (seen.append(th.clone()), real(s, th, g, o)))
+    run_simulation(dataclasses.replace(TINY, strategies=("sync",), steps=5))
+    assert all(torch.equal(seen[2 * t], seen[2 * t + 1]) for t in range(5))
+
+
+def test_zero_lags_make_hogwild_equal_sync() -> None:
+    cfg = dataclasses.replace(TINY, lags=(0, 0), strategies=("hogwild", "sync"), steps=4)
+    a, b = run_simulation(cfg).runs
+    assert a.curve == b.curve
+
+
+def test_same_seed_same_numbers_and_learning() -> None:
+    cfg = dataclasses.replace(TINY, steps=20, strategies=("naig", "hogwild"))
+    one, two = run_simulation(cfg), run_simulation(cfg)
+    assert _numbers(one) == _numbers(two)
+    assert math.isclose(one.untrained_val_loss, math.log(256), abs_tol=0.2)
+    assert all(r.final_val_loss < one.untrained_val_loss - 0.5 for r in one.runs)
+
+
+def test_summary_statistics() -> None:
+    cfg = dataclasses.replace(TINY, steps=10, seeds=2, lags=(0, 2, 4),
+                              strategies=("naig", "hogwild", "staleness"))
+    res = run_simulation(cfg)
+    naig, hog, stale = res.summaries
+    assert hog.change_vs_hogwild_pct == 0.0 and hog.k_eff == 3.0
+    assert (hog.entropy_first, hog.entropy_last) == pytest.approx((1.0, 1.0))
+    assert hog.frozen_fraction == 0.0
+    assert math.isclose(sum(naig.mean_pi), 1.0) and naig.k_eff <= 3.0
+    assert stale.mean_pi == pytest.approx((1 / 3, 1 / 6, 1 / 12))
+    expected = 100 * (naig.val_loss_mean - hog.val_loss_mean) / hog.val_loss_mean
+    assert math.isclose(naig.change_vs_hogwild_pct, expected)
+    assert len(res.runs) == 6 and naig.val_loss_std >= 0
+    assert res.routing_bytes == 56 and res.gradient_bytes == 4 * res.n_params
+
+
+def test_save_grads_writes_audit_ready_files(tmp_path: Path) -> None:
+    cfg = dataclasses.replace(TINY, strategies=("naig",), save_grads=str(tmp_path), save_at=(5,))
+    res = run_simulation(cfg)
+    folder = tmp_path / "naig-seed0-step5"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "ref.safetensors", "worker0.safetensors", "worker1.safetensors"]
+    assert len(res.saved_files) == 3
+    with safe_open(folder / "worker1.safetensors", "pt") as f:
+        meta = f.metadata()
+        assert "wte.weight" in set(f.keys())
+    assert meta == {"lag": "3", "step": "5", "worker": "1", "strategy": "naig", "seed": "0"}
+
+
+@pytest.mark.parametrize(("change", "field", "match"), [
+    ({"strategies": ("naig", "fast")}, "strategies", "strategies='fast': unknown strategy"),
+    ({"model": "gpt-9"}, "model", "model='gpt-9': unknown preset"),
+    ({"beta": -1.0}, "beta", "beta=-1.0: must be finite"),
+    ({"lags": (0, -1)}, "lags", r"lags=\(0, -1\): use non-negative ints"),
+    ({"optimizer": "lion"}, "optimizer", "optimizer='lion': use sgd or adam"),
+    ({"save_at": (99,), "save_grads": "x"}, "save_at", "steps must lie in 0..7"),
+    ({"device": "tpu"}, "device", "device='tpu'"),
+    ({"lags": (0, 2**31)}, "lags", r"lags=\(0, 2147483648\): a lag must be at most"),
+    ({"steps": 10**10}, "steps", "steps=10000000000"),
+    ({"dc_lambda": math.nan}, "dc_lambda", "dc_lambda=nan"),
+    ({"dc_lambda": math.inf}, "dc_lambda", "dc_lambda=inf"),
+    ({"dc_lambda": -0.1}, "dc_lambda", "dc_lambda=-0.1"),
+    ({"sketch_seed": -1}, "sketch_seed", "sketch_seed=-1"),
+    ({"sketch_seed": 2**64}, "sketch_seed", "sketch_seed=18446744073709551616"),
+    ({"strategies": ("naig", "naig", "hogwild")}, "strategies", "naig listed more than once"),
+    ({"batch_size": 0}, "batch_size", "batch_size=0"),
+    ({"eval_batches": 0}, "eval_batches", "eval_batches=0"),
+    ({"eval_every": -1}, "eval_every", "eval_every=-1"),
+    ({"save_at": (10,), "steps": 2}, "save_at", "needs `save_grads`"),
+    ({"save_grads": ""}, "save_grads", "save_grads=''"),
+    ({"save_grads": "x"}, "save_grads", "needs `save_at`"),
+])
+def test_bad_config_is_a_usage_error_naming_the_field(change: dict, field: str, match: str) -> None:
+    with pytest.raises(UsageError, match=match) as info:
+        dataclasses.replace(TINY, **change)
+    assert info.value.field == field and "--" not in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["0,a", "", "1,-2", "0;10", "1.5"])
+def test_parse_int_list_rejects(text: str) -> None:
+    with pytest.raises(UsageError, match="lags") as info:
+        parse_int_list(text, "lags")
+    assert info.value.value == text
+
+
+def test_parse_int_list_accepts() -> None:
+    assert parse_int_list("0,10,20,35", "lags") == (0, 10, 20, 35)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+def test_cuda_without_gpu_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="device='cuda': no CUDA GPU"):
+        dataclasses.replace(TINY, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_runs_on_cuda() -> None:
+    res = run_simulation(dataclasses.replace(TINY, device="cuda", strategies=("naig",)))
+    assert res.device == "cuda" and res.runs[0].final_val_loss < res.untrained_val_loss
+
+
+def test_save_grads_must_be_a_directory(tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    for target in (f, f / "sub"):
+        with pytest.raises(UsageError, match="is not a directory"):
+            dataclasses.replace(TINY, save_grads=str(target), save_at=(1,))
+    dataclasses.replace(TINY, save_grads=str(tmp_path / "new" / "dir"), save_at=(1,))
+
+
+def test_a_run_steps_one_server_update_at_a_time() -> None:
+    sim = Simulation(dataclasses.replace(TINY, strategies=("naig",), lags=(0, 2)))
+    run = sim.start("naig", seed=0)
+    theta0 = run.theta.detach().clone()
+    run.step()
+    run.step()
+    assert run.t == 2 and run.diverged_at is None
+    assert not torch.equal(run.theta.detach(), theta0)
+    assert torch.equal(run.stale_params()[1], theta0)  # lag 2 at t = 2 reads θ_0
+    assert torch.allclose(run.pis[:2].sum(-1), torch.ones(2, dtype=torch.float64))
