@@ -19,6 +19,7 @@ import numpy as np
 from naig.errors import DataError, UsageError
 
 __all__ = [
+    "FROZEN_FACTOR",
     "parse_beta",
     "resolve_beta",
     "gibbs_weights",

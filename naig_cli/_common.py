@@ -70,6 +70,7 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "save_grads": "--save-grads",
     "save_at": "--save-at",
     "plot": "--plot",
+    "warmup_theta0": "--warmup-theta0",
 }
 
 

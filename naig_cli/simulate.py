@@ -65,6 +65,8 @@ def simulate(
         "--save-grads", "Directory for gradient files (needs --save-at).")] = None,
     save_at: Annotated[str | None, opt(
         "--save-at", "Steps to save at, e.g. 50 or 50,100 (needs --save-grads).")] = None,
+    warmup_theta0: Annotated[bool, opt(
+        "--warmup-theta0", "Old fixed-lag protocol: lagged workers start at step 0 with θ_0.")] = False,
 ) -> None:
     """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
 
@@ -80,7 +82,7 @@ def simulate(
         steps=steps, seeds=seeds, lr=lr, optimizer=optimizer.value, beta=beta, dc_lambda=dc_lambda,
         batch_size=batch_size, eval_every=eval_every, device=device.value, model=model.value,
         data=data, data_bytes=data_bytes, sketch_seed=sketch_seed, save_grads=save_grads,
-        save_at=parse_int_list(save_at, "save_at") if save_at else (),
+        save_at=parse_int_list(save_at, "save_at") if save_at else (), warmup_theta0=warmup_theta0,
     )
     with progress("simulate", config.total_steps) as advance:
         result = run_simulation(config, advance)

@@ -21,15 +21,14 @@ def _numbers(result: sim.SimulateResult) -> list[tuple]:
             for r in result.runs]
 
 
-@pytest.mark.parametrize("lag", [3, 6, 7, 8, 50, 10**8])  # TINY.steps = 8
-def test_workers_see_clamped_stale_versions(monkeypatch: pytest.MonkeyPatch, lag: int) -> None:
-    """Every worker reads θ_{max(t−τ, 0)}, also for lags ≥ steps, with the smallest ring."""
-    seen: list[torch.Tensor] = []
+def _spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[int, torch.Tensor]], list[int]]:
+    """Record (worker row, θ) of every gradient taken, and the ring size of every run."""
+    seen: list[tuple[int, torch.Tensor]] = []
     rings: list[int] = []
     real, real_start = Simulation.worker_grad, Simulation.start
 
     def spy(self, theta, gen, out):  # noqa: ANN001, ANN202
-        seen.append(theta.clone())
+        seen.append((len(seen), theta.clone()))
         real(self, theta, gen, out)
 
     def start(self, *args):  # noqa: ANN001, ANN002, ANN202
@@ -39,12 +38,51 @@ def test_workers_see_clamped_stale_versions(monkeypatch: pytest.MonkeyPatch, lag
 
     monkeypatch.setattr(Simulation, "worker_grad", spy)
     monkeypatch.setattr(Simulation, "start", start)
-    run_simulation(dataclasses.replace(TINY, optimizer="sgd", lr=0.5, lags=(0, lag)))
-    fresh, stale = seen[0::2], seen[1::2]  # worker 0 (τ = 0), worker 1 (τ = lag)
+    return seen, rings
+
+
+@pytest.mark.parametrize("lag", [3, 6, 7, 8, 50, 10**8])  # TINY.steps = 8
+def test_warmup_theta0_workers_see_clamped_stale_versions(monkeypatch: pytest.MonkeyPatch,
+                                                           lag: int) -> None:
+    """The old protocol: every worker reads θ_{max(t−τ, 0)} from step 0, also for lags ≥ steps."""
+    seen, rings = _spy(monkeypatch)
+    run_simulation(dataclasses.replace(TINY, optimizer="sgd", lr=0.5, lags=(0, lag), warmup_theta0=True))
+    fresh, stale = [th for _, th in seen[0::2]], [th for _, th in seen[1::2]]  # worker 0, worker 1
     assert all(not torch.equal(fresh[t], fresh[t + 1]) for t in range(len(fresh) - 1))
     for t in range(TINY.steps):
         assert torch.equal(stale[t], fresh[max(t - lag, 0)])
     assert rings == [min(lag, TINY.steps - 1) + 1]
+
+
+@pytest.mark.parametrize("lag", [3, 6, 7, 8, 50])  # TINY.steps = 8
+def test_a_lag_tau_worker_joins_at_step_tau(monkeypatch: pytest.MonkeyPatch, lag: int) -> None:
+    """No start-up burst: worker 1 sends its first gradient at step τ, taken at θ_0, then θ_{t−τ}."""
+    seen, rings = _spy(monkeypatch)
+    res = run_simulation(dataclasses.replace(TINY, optimizer="sgd", lr=0.5, lags=(0, lag)))
+    thetas = [th for _, th in seen]
+    fresh = thetas[:min(lag, TINY.steps)]  # steps 0..τ−1: worker 0 alone
+    rest = thetas[len(fresh):]
+    fresh += rest[0::2]
+    stale = rest[1::2]
+    assert len(stale) == max(0, TINY.steps - lag)  # one gradient per step from step τ on
+    for i, th in enumerate(stale):
+        assert torch.equal(th, fresh[i])  # step t = τ + i reads θ_{t−τ} = θ_i
+    mean_pi = res.runs[0].mean_pi
+    assert mean_pi[0] == pytest.approx(1.0 if lag >= TINY.steps else (lag + 0.5 * (TINY.steps - lag))
+                                       / TINY.steps)
+    assert (mean_pi[1] == pytest.approx(0.5)) if lag < TINY.steps else math.isnan(mean_pi[1])
+    assert rings == [min(lag, TINY.steps - 1) + 1]
+
+
+def test_steps_without_an_active_worker_are_skipped() -> None:
+    sim = Simulation(dataclasses.replace(TINY, lags=(2, 3), strategies=("hogwild",)))
+    run = sim.start("hogwild", seed=0)
+    theta0 = run.theta.detach().clone()
+    run.step(), run.step()
+    assert run.t == 2 and torch.equal(run.theta.detach(), theta0)  # nobody has joined yet
+    run.step()
+    assert not torch.equal(run.theta.detach(), theta0)
+    assert torch.isnan(run.pis[2, 1]) and run.pis[2, 0] == 1.0  # K_2 = 1 active worker
 
 
 def test_ring_rows() -> None:
@@ -133,8 +171,19 @@ def test_same_seed_same_numbers_and_learning() -> None:
     assert all(r.final_val_loss < one.untrained_val_loss - 0.5 for r in one.runs)
 
 
+def test_summary_statistics_with_joins() -> None:
+    """Lags 0, 2, 4 over 10 steps: K_t = 1, 1, 2, 2, 3 × 6 (workers join at step τ)."""
+    cfg = dataclasses.replace(TINY, steps=10, lags=(0, 2, 4), strategies=("hogwild", "staleness"))
+    hog, stale = run_simulation(cfg).summaries
+    assert hog.k_eff == pytest.approx((2 * 1 + 2 * 2 + 6 * 3) / 10)
+    assert hog.mean_pi == pytest.approx(((2 + 2 / 2 + 6 / 3) / 10, (2 / 2 + 6 / 3) / 8, 1 / 3))
+    assert hog.entropy_last == pytest.approx(1.0) and hog.frozen_fraction == 0.0
+    # staleness: π_k = 1 / (K_t max(1, τ_k)) over the steps worker k is active
+    assert stale.mean_pi == pytest.approx((0.5, (2 / 4 + 6 / 6) / 8, 1 / 12))
+
+
 def test_summary_statistics() -> None:
-    cfg = dataclasses.replace(TINY, steps=10, seeds=2, lags=(0, 2, 4),
+    cfg = dataclasses.replace(TINY, steps=10, seeds=2, lags=(0, 2, 4), warmup_theta0=True,
                               strategies=("naig", "hogwild", "staleness"))
     res = run_simulation(cfg)
     naig, hog, stale = res.summaries
@@ -231,5 +280,7 @@ def test_a_run_steps_one_server_update_at_a_time() -> None:
     run.step()
     assert run.t == 2 and run.diverged_at is None
     assert not torch.equal(run.theta.detach(), theta0)
-    assert torch.equal(run.stale_params()[1], theta0)  # lag 2 at t = 2 reads θ_0
-    assert torch.allclose(run.pis[:2].sum(-1), torch.ones(2, dtype=torch.float64))
+    assert torch.equal(run.stale_params()[1], theta0)  # lag 2 joins at t = 2 and reads θ_0
+    assert run.pis[:2, 0].tolist() == [1.0, 1.0] and run.pis[:2, 1].isnan().all()  # alone so far
+    run.step()
+    assert math.isclose(float(run.pis[2].sum()), 1.0)

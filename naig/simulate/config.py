@@ -70,6 +70,7 @@ class SimulateConfig:
     line: tuple[int, int, int] = (1, 2, 4)  # Fano line ℓ of Ψ_ℓ
     save_grads: str | None = None  # directory for gradient files (None: save nothing)
     save_at: tuple[int, ...] = ()  # server steps t at which to save gradients (needs save_grads)
+    warmup_theta0: bool = False  # old protocol: every worker from step 0, early gradients at θ_0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "beta", parse_beta(self.beta))

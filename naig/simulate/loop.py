@@ -201,7 +201,8 @@ class Run:
         ring: (R, n) parameter versions, version v at row v mod R (``ring_rows``).
         lags: (K,) int64 effective lags (zeros for ``sync``).
         grads: (K, n) the last step's worker gradients.
-        pis: (steps, K) float64 coefficient history; rows ``:t`` are filled.
+        pis: (steps, K) float64 coefficient history; rows ``:t`` are filled, NaN where a
+            worker had not joined yet.
         diverged_at: step at which a gradient or θ became non-finite (None: finite).
     """
 
@@ -217,35 +218,63 @@ class Run:
         self.workers = torch.arange(k, device=sim.device)
         self.gens = [sim.generator(1_000_003 * seed + 7_919 * (w + 1)) for w in range(k)]
         self.grads = self.theta.detach().new_empty(k, self.theta.numel())
-        self.pis = torch.empty(c.steps, k, dtype=torch.float64, device=sim.device)
+        self.pis = torch.full((c.steps, k), math.nan, dtype=torch.float64, device=sim.device)
         self.t = 0
         self.diverged_at: int | None = None
 
+    def active(self) -> Tensor:
+        """(K,) bool: the workers that have joined by step t (a lag-τ worker joins at step τ).
+
+        With ``warmup_theta0`` every worker is active from step 0 (its early gradients are
+        taken at θ_0, the old protocol).
+        """
+        if self.sim.config.warmup_theta0:
+            return torch.ones_like(self.lags, dtype=torch.bool)
+        return self.lags <= self.t
+
     def stale_params(self) -> Tensor:
-        """θ_{max(t−τ_k, 0)} of every worker at the current step: (K, n)."""
+        """θ_{t−τ_k} of every worker at the current step, clamped at θ_0: (K, n)."""
         rows = self.t - self.lags
-        return self.ring[rows.clamp(min=0) % self.ring.shape[0]]  # clamped at θ_0
+        return self.ring[rows.clamp(min=0) % self.ring.shape[0]]
 
     def step(self) -> None:
-        """One server step: K worker gradients, the strategy's combine, one optimizer update.
+        """One server step: the active workers' gradients, the strategy's combine, one update.
 
-        Sets ``diverged_at`` (and changes nothing more) when a worker gradient is
-        non-finite, or after the update when θ_{t+1} is non-finite.
+        A step with no active worker (t < min τ) changes nothing but t. Sets ``diverged_at``
+        (and changes nothing more) when a worker gradient is non-finite, or after the update
+        when θ_{t+1} is non-finite.
         """
-        t, stale = self.t, self.stale_params()
-        for w in range(stale.shape[0]):
-            self.sim.worker_grad(stale[w], self.gens[w], self.grads[w])
-        if not _finite(self.grads):
+        t, active = self.t, self.active()
+        self.pis[t] = math.nan  # inactive workers have no coefficient
+        if not bool(active.any()):
+            self._advance()
+            return
+        batch = self._gradients(active)
+        if not _finite(batch.grads):
             self.diverged_at = t
             return
-        update = self.strategy.combine(
-            Batch(self.grads, self.lags, self.workers, self.theta.detach(), stale))
+        update = self.strategy.combine(batch)
         self._apply(update.grad, update.lr_scale)
-        self.pis[t] = update.weights
-        self.t = t + 1
+        self.pis[t, batch.workers] = update.weights.to(torch.float64)
         if not _finite(self.theta.detach()):
-            self.diverged_at = t
+            self.t, self.diverged_at = t + 1, t
             return
+        self._advance()
+
+    def _gradients(self, active: Tensor) -> Batch:
+        """The active workers' gradients at their stale parameters, as one ``Batch``."""
+        stale = self.stale_params()  # (K, n)
+        every = bool(active.all())
+        rows = self.workers if every else self.workers[active]
+        for w in rows.tolist():
+            self.sim.worker_grad(stale[w], self.gens[w], self.grads[w])
+        if every:  # the common case: no (K, n) copies
+            return Batch(self.grads, self.lags, self.workers, self.theta.detach(), stale)
+        return Batch(self.grads[rows], self.lags[rows], rows, self.theta.detach(), stale[rows])
+
+    def _advance(self) -> None:
+        """t ← t + 1, and θ_{t+1} into the ring buffer."""
+        self.t += 1
         self.ring[self.t % self.ring.shape[0]] = self.theta.detach()
 
     def _apply(self, grad: Tensor, lr_scale: float) -> None:
@@ -263,13 +292,15 @@ class Run:
             g["lr"] = lr
 
     def save_gradients(self, root: Path) -> list[str]:
-        """Write ref.safetensors (the least stale worker) and worker<k>.safetensors of the last step."""
+        """Write ref.safetensors (the least stale worker) and worker<k>.safetensors of the last
+        step, for the workers that were active in it."""
         t = self.t - 1
         folder = root / f"{self.strategy.name}-seed{self.seed}-step{t}"
         lags = self.lags.tolist()
-        ref = reference_index(lags)
+        joined = [w for w in range(len(lags)) if self.sim.config.warmup_theta0 or lags[w] <= t]
+        ref = joined[reference_index([lags[w] for w in joined])]
         paths = []
-        for w, name in [(ref, "ref")] + [(w, f"worker{w}") for w in range(len(lags))]:
+        for w, name in [(ref, "ref")] + [(w, f"worker{w}") for w in joined]:
             tensors = self.sim.params(self.grads[w].clone())
             meta = dict(lag=lags[w], step=t, worker=w, strategy=self.strategy.name, seed=self.seed)
             paths.append(str(save_gradients(folder / f"{name}.safetensors", tensors, **meta)))

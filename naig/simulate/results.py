@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from naig.gibbs import effective_workers, frozen_mask, normalized_entropy
+from naig.gibbs import FROZEN_FACTOR, effective_workers, normalized_entropy
 
 if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
@@ -94,21 +94,31 @@ def pi_stats(pis: np.ndarray) -> dict[str, Any]:
     """Mean π, frozen fraction, K_eff and annealing entropies of a (steps, K) history.
 
     Args:
-        pis: (steps, K) coefficients, one row per update that ran (0 rows: all NaN).
+        pis: (steps, K) coefficients, one row per step that ran; NaN where a worker had
+            not joined (its coefficient is undefined, not zero). Rows of all NaN (steps
+            without an update) are left out.
 
     Returns:
-        The ``RunResult`` fields ``mean_pi``, ``frozen_fraction``, ``k_eff``,
-        ``entropy_first`` and ``entropy_last``.
+        The ``RunResult`` fields ``mean_pi`` (per worker, over the steps it was active),
+        ``frozen_fraction`` (over active (step, worker) pairs, π̃ < 0.01/K_t),
+        ``k_eff``, ``entropy_first`` and ``entropy_last`` (entropy normalised by ln K_t,
+        over the first and last 10% of the updates); all NaN when no update ran.
     """
-    if len(pis) == 0:  # diverged at step 0: no combine ran
+    active = ~np.isnan(pis)
+    pis = pis[active.any(-1)]  # (U, K): the steps that made an update
+    active = ~np.isnan(pis)
+    if len(pis) == 0:  # diverged at step 0, or no worker ever joined
         nan = math.nan
         return dict(mean_pi=(nan,) * pis.shape[1], frozen_fraction=nan, k_eff=nan,
                     entropy_first=nan, entropy_last=nan)
-    norm = pis / pis.sum(-1, keepdims=True)
+    norm = np.where(active, pis, 0.0)
+    norm = norm / norm.sum(-1, keepdims=True)  # π̃, inactive workers 0
+    k_t = active.sum(-1)  # (U,) active workers per update
+    frozen = (norm < FROZEN_FACTOR / k_t[:, None]) & active
     w = max(1, len(pis) // 10)
-    ent = normalized_entropy(norm)
-    return dict(mean_pi=tuple(pis.mean(0).tolist()),
-                frozen_fraction=float(frozen_mask(norm).mean()),
+    ent = np.array([normalized_entropy(row[a]) for row, a in zip(norm, active, strict=True)])
+    return dict(mean_pi=tuple(_nanmean(pis, axis=0).tolist()),
+                frozen_fraction=float(frozen.sum() / active.sum()),
                 k_eff=float(np.mean([effective_workers(p) for p in norm])),
                 entropy_first=float(ent[:w].mean()), entropy_last=float(ent[-w:].mean()))
 
