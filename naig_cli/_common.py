@@ -71,6 +71,7 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "save_at": "--save-at",
     "plot": "--plot",
     "warmup_theta0": "--warmup-theta0",
+    "log_dir": "--log-dir",
 }
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -33,7 +35,7 @@ from naig_cli._common import (
 )
 
 if TYPE_CHECKING:
-    from naig.simulate import SimulateResult, StrategySummary
+    from naig.simulate import SimulateResult, StepEvent, StrategySummary
 
 __all__ = ["simulate"]
 
@@ -48,7 +50,9 @@ def simulate(
     ] = _DEFAULT_STRATEGIES,
     steps: Annotated[int, opt("--steps", "Server steps per run.")] = 150,
     seeds: Annotated[int, opt("--seeds", "Number of seeds (0..N-1).")] = 2,
-    lr: Annotated[float, opt("--lr", "Learning rate.")] = 3e-3,
+    lr: Annotated[str, opt(
+        "--lr", "Learning rate, or a comma list: each strategy's is chosen on validation, "
+        "reported on a test split (80/10/10).")] = "3e-3",
     optimizer: Annotated[Optimizer, opt("--optimizer", "Server optimizer.")] = Optimizer.adam,
     beta: BetaOpt = "auto",
     dc_lambda: Annotated[float, opt("--dc-lambda", "DC-ASGD λ.")] = 0.04,
@@ -67,29 +71,50 @@ def simulate(
         "--save-at", "Steps to save at, e.g. 50 or 50,100 (needs --save-grads).")] = None,
     warmup_theta0: Annotated[bool, opt(
         "--warmup-theta0", "Old fixed-lag protocol: lagged workers start at step 0 with θ_0.")] = False,
+    log_dir: Annotated[str | None, opt("--log-dir", "Write one per-step CSV per run into DIR.")] = None,
 ) -> None:
     """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
 
     A run whose gradients or parameters become NaN/Inf stops and is reported as
     diverged (NaN loss in the table, null in JSON); the other runs go on. Exit 0 with
-    a warning on stderr if some runs diverged, exit 1 if every run did.
+    a warning on stderr if some runs diverged, exit 1 if every run did. Ctrl-C prints
+    the runs that finished (a valid JSON document with --json) and exits 130.
     """
-    from naig.simulate import SimulateConfig, parse_int_list, run_simulation
+    from naig.simulate import SimulateConfig, parse_float_list, parse_int_list, run_simulation
 
     _check_plot(plot, data)
     config = SimulateConfig(
         lags=parse_int_list(lags, "lags"), strategies=tuple(s.strip() for s in strategies.split(",")),
-        steps=steps, seeds=seeds, lr=lr, optimizer=optimizer.value, beta=beta, dc_lambda=dc_lambda,
+        steps=steps, seeds=seeds, lr=parse_float_list(lr, "lr"), optimizer=optimizer.value, beta=beta,
+        dc_lambda=dc_lambda,
         batch_size=batch_size, eval_every=eval_every, device=device.value, model=model.value,
         data=data, data_bytes=data_bytes, sketch_seed=sketch_seed, save_grads=save_grads,
         save_at=parse_int_list(save_at, "save_at") if save_at else (), warmup_theta0=warmup_theta0,
+        log_dir=log_dir,
     )
     with progress("simulate", config.total_steps) as advance:
-        result = run_simulation(config, advance)
+        result = run_simulation(config, _reporter(advance, config.eval_every or config.steps))
     print_json(result.to_dict()) if json_out else _render(result)
-    if plot is not None:
+    if plot is not None and result.runs:
         _plot(result, plot)
+    if result.interrupted:
+        fail(f"interrupted: {len(result.runs)} finished runs reported", 130)
     _report_divergence(result)
+
+
+def _reporter(advance: Callable[..., None], every: int) -> Callable[[StepEvent], None]:
+    """Advance the bar on a terminal; without one, a plain line on stderr every ``every`` steps."""
+    if sys.stderr.isatty():
+        return lambda event: advance()
+
+    def line(e: StepEvent) -> None:
+        if e.step % every == 0 or e.step == e.steps:
+            loss = "" if e.val_loss is None else f" val {e.val_loss:.4f}"
+            rate = e.step / e.seconds if e.seconds > 0 else float("inf")
+            sys.stderr.write(f"{e.strategy} seed {e.seed} lr {e.lr:g} step {e.step}/{e.steps}{loss} "
+                             f"{rate:.1f} steps/s\n")
+
+    return line
 
 
 _PLOT_SUFFIXES = (".png", ".pdf", ".svg")
@@ -130,6 +155,8 @@ def _loss_cell(s: StrategySummary) -> str:
     """Mean ± sample std; ``—`` for the std of one seed; the divergence when any seed diverged."""
     steps = [t for t in s.diverged_at if t is not None]
     if not steps:
+        if s.test_loss_mean is not None:
+            return f"{s.test_loss_mean:.4f} ± {fmt_num(s.test_loss_std, '.4f')} (lr {s.lr:g})"
         return f"{s.val_loss_mean:.4f} ± {fmt_num(s.val_loss_std, '.4f')}"
     at = ",".join(map(str, steps))
     if len(s.diverged_at) == 1:
@@ -149,7 +176,9 @@ def _render(r: SimulateResult) -> None:
     out = stdout  # terminal width; COLUMNS when set; 160 columns when piped
     out.print(f"model {c.model} (n = {r.n_params:,} parameters) on {r.device}; "
               f"K = {len(c.lags)} workers, lags {','.join(map(str, c.lags))}")
-    out.print(f"{c.steps} steps × {c.seeds} seed(s); {c.optimizer} lr {c.lr:g}, "
+    lrs = ",".join(f"{v:g}" for v in c.lr)
+    tuned = " (each strategy's chosen on validation, loss on the test split)" if c.tuning else ""
+    out.print(f"{c.steps} steps × {c.seeds} seed(s); {c.optimizer} lr {lrs}{tuned}, "
               f"batch {c.batch_size}/worker; β {c.beta}")
     out.print(f"untrained validation loss {r.untrained_val_loss:.4f} nats/byte "
               "(ln 256 = 5.5452)")

@@ -107,11 +107,12 @@ def test_plot_writes_png(tmp_path: Path) -> None:
 def test_cli_defaults_match_the_library_defaults() -> None:
     params = inspect.signature(cli.simulate).parameters
     cfg = SimulateConfig()
-    for name in ("steps", "seeds", "lr", "optimizer", "dc_lambda", "batch_size", "eval_every",
+    for name in ("steps", "seeds", "optimizer", "dc_lambda", "batch_size", "eval_every",
                  "device", "model", "data_bytes"):
         default = params[name].default
         assert getattr(default, "value", default) == getattr(cfg, name), name  # Enums by value
     assert params["lags"].default == ",".join(map(str, cfg.lags))
+    assert tuple(float(v) for v in params["lr"].default.split(",")) == cfg.lr
     assert params["strategies"].default == ",".join(cfg.strategies)
 
 
@@ -172,7 +173,8 @@ def test_save_grads_on_a_file_exits_2_before_training(tmp_path: Path) -> None:
 def test_huge_lag_needs_no_huge_ring() -> None:
     r = run_naig("simulate", "--steps", "2", "--seeds", "1", "--data-bytes", "200000",
                  "--eval-every", "0", "--strategies", "hogwild", "--lags", "0,100000000")
-    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.returncode == 0, r.stderr
+    assert all(ln.startswith("hogwild seed 0") for ln in r.stderr.splitlines())  # progress only
     assert "hogwild" in r.stdout and "± —" in r.stdout
 
 
@@ -198,7 +200,7 @@ def test_some_runs_diverge_exit_0_with_a_warning(monkeypatch: pytest.MonkeyPatch
     out = _run("--strategies", "naig,hogwild")
     assert out.exit_code == 0, out.output
     assert "hogwild" in out.stdout and "diverged at step 0" in out.stdout
-    warn = out.stderr.strip().splitlines()
+    warn = [ln for ln in out.stderr.splitlines() if " steps/s" not in ln]  # progress lines aside
     assert len(warn) == 1 and warn[0].startswith("warning: 1 of 2 runs diverged"), out.stderr
     assert "hogwild seed 0 at step 0" in warn[0]
     doc = json.loads(_run("--strategies", "naig,hogwild", "--json").stdout)
@@ -248,3 +250,32 @@ def test_bad_plot_target_refused_before_training(tmp_path: Path, target: str) ->
     r = run_naig("simulate", "--plot", str(tmp_path / target), "--steps", "2", "--seeds", "1")
     assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
     assert not list(tmp_path.iterdir())
+
+
+def test_lr_list_tunes_on_validation_and_reports_test(tmp_path: Path) -> None:
+    out = _run("--json", "--strategies", "hogwild,naig", "--lr", "1e-4,3e-3", "--seeds", "2",
+               "--log-dir", str(tmp_path / "logs"))
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert len(doc["runs"]) == 2 * 2 * 2 and doc["config"]["lr"] == [1e-4, 3e-3]
+    for s in doc["summaries"]:
+        runs = [r for r in doc["runs"] if r["strategy"] == s["strategy"]]
+        val = {lr: sum(r["final_val_loss"] for r in runs if r["lr"] == lr) / 2 for lr in (1e-4, 3e-3)}
+        assert s["lr"] == min(val, key=val.get)  # chosen on validation
+        chosen = [r["final_test_loss"] for r in runs if r["lr"] == s["lr"]]
+        assert s["test_loss_mean"] == pytest.approx(sum(chosen) / 2)  # reported on test
+        assert all(r["final_test_loss"] != r["final_val_loss"] for r in runs)
+    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert len(logs) == 8 and logs[0] == "hogwild-seed0-lr0.0001.csv"
+    rows = (tmp_path / "logs" / "naig-seed1-lr0.003.csv").read_text().splitlines()
+    assert rows[0] == "step,train_loss,val_loss,pi_0,pi_1" and len(rows) == 7
+    assert rows[3].split(",")[2] != "" and rows[1].split(",")[2] == ""  # val every 3 steps
+    assert doc["environment"]["torch"] == torch.__version__ and doc["schema_version"] == 2
+
+
+def test_progress_lines_without_a_terminal() -> None:
+    out = _run("--strategies", "hogwild")
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("hogwild seed 0")]
+    assert [ln.split(" val ")[0] for ln in lines] == ["hogwild seed 0 lr 0.003 step 3/6",
+                                                       "hogwild seed 0 lr 0.003 step 6/6"]
+    assert all(ln.endswith("steps/s") for ln in lines)

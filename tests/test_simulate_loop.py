@@ -29,7 +29,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[int, torch.Tensor]
 
     def spy(self, theta, gen, out):  # noqa: ANN001, ANN202
         seen.append((len(seen), theta.clone()))
-        real(self, theta, gen, out)
+        return real(self, theta, gen, out)
 
     def start(self, *args):  # noqa: ANN001, ANN002, ANN202
         run = real_start(self, *args)
@@ -152,7 +152,7 @@ def test_sync_computes_every_gradient_at_theta_t(monkeypatch: pytest.MonkeyPatch
     seen: list[torch.Tensor] = []
     real = Simulation.worker_grad
     monkeypatch.setattr(Simulation, "worker_grad",
-                        lambda s, th, g, o: (seen.append(th.clone()), real(s, th, g, o)))
+                        lambda s, th, g, o: (seen.append(th.clone()), real(s, th, g, o))[1])
     run_simulation(dataclasses.replace(TINY, strategies=("sync",), steps=5))
     assert all(torch.equal(seen[2 * t], seen[2 * t + 1]) for t in range(5))
 

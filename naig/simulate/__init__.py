@@ -7,8 +7,18 @@
 - ``model`` (the byte-level GPT), ``data`` (real text), ``strategies`` (one file per rule).
 """
 
-from naig.simulate.config import SimulateConfig, parse_int_list, resolve_device
-from naig.simulate.loop import ROUTING_BYTES, Run, Simulation, allocate_ring, ring_rows, run_simulation
+from naig.simulate.config import SimulateConfig, parse_float_list, parse_int_list, resolve_device
+from naig.simulate.loop import (
+    ROUTING_BYTES,
+    Run,
+    RunContext,
+    Simulation,
+    StepEvent,
+    allocate_ring,
+    environment,
+    ring_rows,
+    run_simulation,
+)
 from naig.simulate.results import RunResult, SimulateResult, StrategySummary
 
 __all__ = [
@@ -21,6 +31,10 @@ __all__ = [
     "ROUTING_BYTES",
     "allocate_ring",
     "parse_int_list",
+    "parse_float_list",
+    "StepEvent",
+    "RunContext",
+    "environment",
     "resolve_device",
     "ring_rows",
     "run_simulation",

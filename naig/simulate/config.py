@@ -31,6 +31,7 @@ __all__ = [
     "MAX_LAG",
     "MAX_STEPS",
     "parse_int_list",
+    "parse_float_list",
     "resolve_device",
 ]
 
@@ -55,7 +56,7 @@ class SimulateConfig:
     strategies: tuple[str, ...] = ("naig", "hogwild", "staleness", "sync")  # rules to compare
     steps: int = 150  # server steps (optimizer updates) per run
     seeds: int = 2  # independent seeds 0..seeds−1 (init, data streams, val batches)
-    lr: float = 3e-3  # optimizer learning rate
+    lr: tuple[float, ...] = (3e-3,)  # learning rate; several: each strategy's is tuned on validation
     optimizer: str = "adam"  # "sgd" or "adam" (torch.optim, default settings otherwise)
     beta: float | str = "auto"  # Gibbs inverse temperature for naig / naig-exact
     dc_lambda: float = 0.04  # DC-ASGD λ
@@ -71,8 +72,11 @@ class SimulateConfig:
     save_grads: str | None = None  # directory for gradient files (None: save nothing)
     save_at: tuple[int, ...] = ()  # server steps t at which to save gradients (needs save_grads)
     warmup_theta0: bool = False  # old protocol: every worker from step 0, early gradients at θ_0
+    log_dir: str | None = None  # directory for one per-step CSV per run (None: no logs)
 
     def __post_init__(self) -> None:
+        lrs = (self.lr,) if isinstance(self.lr, int | float) else tuple(self.lr)
+        object.__setattr__(self, "lr", lrs)
         object.__setattr__(self, "beta", parse_beta(self.beta))
         object.__setattr__(self, "line", parse_line(self.line))
         self._check_workers()
@@ -88,9 +92,14 @@ class SimulateConfig:
         return len(self.lags)
 
     @property
+    def tuning(self) -> bool:
+        """True with several learning rates: chosen on validation, reported on a test split."""
+        return len(self.lr) > 1
+
+    @property
     def total_steps(self) -> int:
-        """Server steps over all seeds and strategies (for progress bars)."""
-        return self.steps * self.seeds * len(self.strategies)
+        """Server steps over all seeds, strategies and learning rates (for progress bars)."""
+        return self.steps * self.seeds * len(self.strategies) * len(self.lr)
 
     def _check_workers(self) -> None:
         _check(len(self.lags) > 0 and all(t >= 0 for t in self.lags), "lags", self.lags,
@@ -111,7 +120,9 @@ class SimulateConfig:
         _check(0 < self.steps <= MAX_STEPS, "steps", self.steps,
                f"use a positive int up to {MAX_STEPS:,}, e.g. 150")
         _check(self.seeds > 0, "seeds", self.seeds, "use a positive int, e.g. 2")
-        _check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "use a finite value > 0")
+        _check(len(self.lr) > 0 and all(v > 0 and math.isfinite(v) for v in self.lr), "lr", self.lr,
+               "use finite values > 0, e.g. 1e-3 or 3e-4,1e-3,3e-3")
+        _check(len(set(self.lr)) == len(self.lr), "lr", self.lr, "lists a learning rate twice")
         _check(math.isfinite(self.dc_lambda) and self.dc_lambda >= 0, "dc_lambda", self.dc_lambda,
                "DC-ASGD's λ must be finite and >= 0, e.g. 0.04")
         _check(self.batch_size > 0, "batch_size", self.batch_size, "use a positive int, e.g. 8")
@@ -165,6 +176,23 @@ def parse_int_list(text: str, field: str) -> tuple[int, ...]:
         raise UsageError("use a comma list of non-negative ints, e.g. 0,10,20,35", field=field,
                          value=text)
     return values
+
+
+def parse_float_list(text: str, field: str) -> tuple[float, ...]:
+    """Parse ``"3e-4,1e-3"`` into floats (range checks are the config's).
+
+    Raises:
+        UsageError: if the text is not a comma list of numbers.
+
+    Example:
+        >>> parse_float_list("3e-4,1e-3", "lr")
+        (0.0003, 0.001)
+    """
+    try:
+        return tuple(float(p) for p in text.split(","))
+    except ValueError:
+        raise UsageError("use a comma list of numbers, e.g. 3e-4,1e-3,3e-3", field=field,
+                         value=text) from None
 
 
 def resolve_device(device: str) -> str:

@@ -1,4 +1,4 @@
-"""Real text for the simulated training workload: bytes, split 90/10, sampled by seeded generators.
+"""Real text for the simulated training: bytes, split 90/10 or 80/10/10, sampled by seeded generators.
 
 The default corpus is the ``.py`` files of the running Python's standard library
 (``sysconfig.get_paths()["stdlib"]``), sorted recursively by relative path and
@@ -24,9 +24,10 @@ from torch import Tensor
 
 from naig.errors import DataError, UsageError
 
-__all__ = ["TRAIN_FRACTION", "stdlib_bytes", "load_bytes", "ByteData"]
+__all__ = ["SPLITS", "SPLITS_WITH_TEST", "stdlib_bytes", "load_bytes", "ByteData"]
 
-TRAIN_FRACTION = 0.9
+SPLITS = (0.9, 0.1)  # train, validation
+SPLITS_WITH_TEST = (0.8, 0.1, 0.1)  # train, validation, test (learning-rate tuning)
 
 
 def stdlib_bytes(limit: int) -> bytes:
@@ -82,28 +83,36 @@ def load_bytes(path: str | Path | None, limit: int) -> bytes:
 
 @dataclass(frozen=True)
 class ByteData:
-    """A byte corpus split into train (first 90%) and validation (last 10%) tensors.
+    """A byte corpus split in order into train, validation and (optionally) test tensors.
+
+    Without a test split the cut is 90/10 (train/validation); with one, 80/10/10, so that a
+    learning rate chosen on validation is reported on data it never saw.
 
     Attributes:
         train: (N_train,) int64 bytes.
         val: (N_val,) int64 bytes.
+        test: (N_test,) int64 bytes; empty without a test split.
     """
 
     train: Tensor
     val: Tensor
+    test: Tensor
 
     @classmethod
-    def from_bytes(cls, raw: bytes, device: str | torch.device = "cpu") -> ByteData:
-        """Split ``raw`` 90/10 into train/validation tensors on ``device``."""
+    def from_bytes(cls, raw: bytes, device: str | torch.device = "cpu", test: bool = False) -> ByteData:
+        """Split ``raw`` 90/10 (or 80/10/10 with ``test``) into tensors on ``device``."""
         data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device, torch.long)
-        cut = int(len(raw) * TRAIN_FRACTION)
-        return cls(data[:cut], data[cut:])
+        fractions = SPLITS_WITH_TEST if test else SPLITS
+        cuts = [int(len(raw) * sum(fractions[:i + 1])) for i in range(len(fractions) - 1)]
+        parts = list(data.tensor_split(cuts))
+        return cls(*parts, *([data[:0]] if not test else []))
 
     def check(self, context: int) -> None:
-        """Raise ``DataError`` unless both splits hold more than ``context + 1`` bytes."""
-        if min(len(self.train), len(self.val)) <= context + 1:
+        """Raise ``DataError`` unless every split in use holds more than ``context + 1`` bytes."""
+        used = [self.train, self.val] + ([self.test] if len(self.test) else [])
+        if min(len(p) for p in used) <= context + 1:
             raise DataError(
-                f"corpus too small ({len(self.train) + len(self.val)} bytes) for context "
+                f"corpus too small ({sum(len(p) for p in used)} bytes) for context "
                 f"{context}; pass a larger `data` file or `data_bytes`"
             )
 
@@ -112,12 +121,12 @@ class ByteData:
         """Random windows: inputs (B, T) and next-byte targets (B, T), int64.
 
         Args:
-            split: ``"train"`` or ``"val"``.
+            split: ``"train"``, ``"val"`` or ``"test"``.
             batch: B windows.
             context: T bytes per window.
             generator: seeded generator on the data's device (the only randomness).
         """
-        data = self.train if split == "train" else self.val
+        data = getattr(self, split)
         start = torch.randint(0, len(data) - context - 1, (batch, 1),
                               generator=generator, device=data.device)
         idx = start + torch.arange(context + 1, device=data.device)  # (B, T+1)

@@ -32,10 +32,12 @@ Example:
 
 from __future__ import annotations
 
+import csv
 import math
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -60,6 +62,9 @@ __all__ = [
     "ring_rows",
     "allocate_ring",
     "run_simulation",
+    "environment",
+    "StepEvent",
+    "RunContext",
 ]
 
 ROUTING_BYTES = SKETCH_DIM * 4  # a worker's routing signal: 14 float32 values
@@ -85,7 +90,8 @@ class Simulation:
         self.config = config
         self.device = torch.device(resolve_device(config.device))
         gcfg = get_preset(config.model)
-        self.data = ByteData.from_bytes(load_bytes(config.data, config.data_bytes), self.device)
+        raw = load_bytes(config.data, config.data_bytes)
+        self.data = ByteData.from_bytes(raw, self.device, test=config.tuning)
         self.data.check(gcfg.context)
         self.model = GPT(gcfg, generator=torch.Generator().manual_seed(0)).to(self.device)
         named = list(self.model.named_parameters())  # the layout only; values come per seed
@@ -129,45 +135,119 @@ class Simulation:
         """Mean validation loss (nats/byte) of parameters ``flat`` over ``batches``."""
         return float(torch.stack([self.loss(flat, x, y) for x, y in batches]).mean())
 
-    def worker_grad(self, theta: Tensor, gen: torch.Generator, out: Tensor) -> None:
-        """Write ∇L(θ; next batch of this worker's stream ``gen``) into ``out`` (n,)."""
+    def worker_grad(self, theta: Tensor, gen: torch.Generator, out: Tensor) -> Tensor:
+        """Write ∇L(θ; next batch of this worker's stream ``gen``) into ``out`` (n,).
+
+        Returns:
+            The minibatch loss L (a detached 0-d tensor on the device).
+        """
         flat = theta.detach().clone().requires_grad_(True)
         x, y = self.data.batch("train", self.config.batch_size, self.model.config.context, gen)
-        (grad,) = torch.autograd.grad(self.loss(flat, x, y), flat)
+        loss = self.loss(flat, x, y)
+        (grad,) = torch.autograd.grad(loss, flat)
         out.copy_(grad)
+        return loss.detach()
+
+    def test_batches(self, seed: int) -> Batches:
+        """Fixed test batches of a seed (only with a test split: learning-rate tuning)."""
+        gen = self.generator(1_000_003 * seed + 104_729)
+        c, ctx = self.config, self.model.config.context
+        return [self.data.batch("test", 2 * c.batch_size, ctx, gen) for _ in range(c.eval_batches)]
 
     def strategy(self, name: str) -> Strategy:
         """A fresh strategy object for one run, with the configured options."""
         c = self.config
         return make_strategy(name, StrategyOptions(c.beta, c.dc_lambda, c.line, self.sketch))
 
-    def start(self, strategy: str | Strategy, seed: int) -> Run:
-        """A run at step 0: θ_0 of ``seed``, a fresh optimizer, one data stream per worker."""
-        return Run(self, self.strategy(strategy) if isinstance(strategy, str) else strategy, seed)
+    def start(self, strategy: str | Strategy, seed: int, lr: float | None = None) -> Run:
+        """A run at step 0: θ_0 of ``seed``, a fresh optimizer (``lr``: default the first
+        configured), one data stream per worker."""
+        strategy = self.strategy(strategy) if isinstance(strategy, str) else strategy
+        return Run(self, strategy, seed, self.config.lr[0] if lr is None else lr)
 
-    def run(self, strategy: str, seed: int, val: Batches, untrained: float,
-            progress: Callable[[], None] | None = None) -> tuple[RunResult, list[str]]:
-        """Train one (strategy, seed) run to the end; returns its result and saved files."""
-        c, run = self.config, self.start(strategy, seed)
-        curve, saved, elapsed = [(0, untrained)], [], 0.0
+    def run(self, strategy: str, seed: int, lr: float, ctx: RunContext) -> RunResult:
+        """Train one (strategy, seed, lr) run to the end of its budget.
+
+        Args:
+            strategy, seed, lr: what to run.
+            ctx: the seed's shared evaluation batches and the callbacks (progress, log).
+
+        Returns:
+            The ``RunResult``; the files it saved are appended to ``ctx.saved``.
+        """
+        c, run = self.config, self.start(strategy, seed, lr)
+        curve, elapsed = [(0, ctx.untrained)], 0.0
+        log = ctx.open_log(strategy, seed, lr)
         while run.t < c.steps and run.diverged_at is None:
             elapsed += _timed(self.device, run.step)
             if run.diverged_at is not None:
                 break
             if run.t - 1 in c.save_at:
-                saved += run.save_gradients(Path(c.save_grads or "."))
+                ctx.saved += run.save_gradients(Path(c.save_grads or "."))
+            loss = None
             if run.t == c.steps or (c.eval_every and run.t % c.eval_every == 0):
-                curve.append((run.t, self.evaluate(run.theta.detach(), val)))
-            (progress or _nothing)()
-        curve += _skipped_evaluations(c, run.diverged_at, progress)
+                loss = self.evaluate(run.theta.detach(), ctx.val)
+                curve.append((run.t, loss))
+            log(run, loss)
+            ctx.progress(StepEvent(strategy, seed, lr, run.t, c.steps, loss, elapsed))
+        curve += _skipped_evaluations(c, run.diverged_at)
         steps_timed = run.t if run.diverged_at is None else run.diverged_at + 1
+        test = self.evaluate(run.theta.detach(), ctx.test) if ctx.test and run.diverged_at is None else None
         return RunResult(strategy, seed, curve[-1][1], tuple(curve),
                          ms_per_step=1000 * elapsed / max(steps_timed, 1), diverged_at=run.diverged_at,
-                         **pi_stats(run.pis[:run.t].cpu().numpy())), saved
+                         lr=lr, final_test_loss=math.nan if ctx.test and test is None else test,
+                         **pi_stats(run.pis[:run.t].cpu().numpy()))
 
 
-def _nothing() -> None:
-    return None
+@dataclass(frozen=True)
+class StepEvent:
+    """What the progress callback hears after every server step of every run."""
+
+    strategy: str
+    seed: int
+    lr: float
+    step: int  # server steps done in this run
+    steps: int  # server steps per run
+    val_loss: float | None  # validation loss when this step was an evaluation point
+    seconds: float  # wall seconds spent in this run's steps so far
+
+
+@dataclass
+class RunContext:
+    """What the runs of one seed share: evaluation batches, callbacks, saved files."""
+
+    val: Batches  # validation batches of the seed
+    test: Batches | None  # test batches (learning-rate tuning), else None
+    untrained: float  # validation loss at θ_0
+    progress: Callable[[StepEvent], None] = lambda event: None
+    log_dir: Path | None = None  # per-step CSV files go here
+    saved: list[str] = field(default_factory=list)  # gradient files written
+
+    def open_log(self, strategy: str, seed: int, lr: float) -> Callable[[Run, float | None], None]:
+        """A per-step CSV writer for one run (a no-op without ``log_dir``)."""
+        if self.log_dir is None:
+            return lambda run, loss: None
+        return _CsvLog(self.log_dir / f"{strategy}-seed{seed}-lr{lr:g}.csv")
+
+
+class _CsvLog:
+    """One row per server step: step, train loss (mean over the step's workers), val loss, π_k."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = path.open("w", newline="")
+        self.writer = csv.writer(self.fh)
+        self.header = False
+
+    def __call__(self, run: Run, loss: float | None) -> None:
+        if not self.header:
+            k = run.pis.shape[1]
+            self.writer.writerow(["step", "train_loss", "val_loss", *[f"pi_{w}" for w in range(k)]])
+            self.header = True
+        pis = ["" if math.isnan(p) else repr(p) for p in run.pis[run.t - 1].tolist()]
+        self.writer.writerow([run.t, repr(run.train_loss), "" if loss is None else repr(loss), *pis])
+        if run.t == run.sim.config.steps:
+            self.fh.close()
 
 
 def _timed(device: torch.device, fn: Callable[[], object]) -> float:
@@ -181,13 +261,10 @@ def _timed(device: torch.device, fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _skipped_evaluations(c: SimulateConfig, diverged_at: int | None,
-                         progress: Callable[[], None] | None) -> list[tuple[int, float]]:
-    """After a divergence: NaN at the remaining evaluation points; progress skips ahead."""
+def _skipped_evaluations(c: SimulateConfig, diverged_at: int | None) -> list[tuple[int, float]]:
+    """After a divergence: NaN at the remaining evaluation points."""
     if diverged_at is None:
         return []
-    for _ in range(diverged_at, c.steps):
-        (progress or _nothing)()
     return [(s, math.nan) for s in range(diverged_at + 1, c.steps + 1)
             if s == c.steps or (c.eval_every and s % c.eval_every == 0)]
 
@@ -206,11 +283,11 @@ class Run:
         diverged_at: step at which a gradient or θ became non-finite (None: finite).
     """
 
-    def __init__(self, sim: Simulation, strategy: Strategy, seed: int) -> None:
+    def __init__(self, sim: Simulation, strategy: Strategy, seed: int, lr: float) -> None:
         c, k = sim.config, sim.config.workers
-        self.sim, self.strategy, self.seed = sim, strategy, seed
+        self.sim, self.strategy, self.seed, self.lr = sim, strategy, seed, lr
         self.theta = nn.Parameter(sim.init_params(seed))
-        self.optimizer = _OPTIMIZERS[c.optimizer]([self.theta], lr=c.lr)
+        self.optimizer = _OPTIMIZERS[c.optimizer]([self.theta], lr=lr)
         self.ring = allocate_ring(self.theta.detach(), ring_rows(c.lags, c.steps))
         self.ring[0] = self.theta.detach()
         lags = c.lags if strategy.uses_lags else (0,) * k
@@ -221,6 +298,8 @@ class Run:
         self.pis = torch.full((c.steps, k), math.nan, dtype=torch.float64, device=sim.device)
         self.t = 0
         self.diverged_at: int | None = None
+        self.losses = torch.zeros(k, device=sim.device)  # (K,) last minibatch loss per worker
+        self.active_now = torch.zeros(k, dtype=torch.bool, device=sim.device)
 
     def active(self) -> Tensor:
         """(K,) bool: the workers that have joined by step t (a lag-τ worker joins at step τ).
@@ -267,7 +346,8 @@ class Run:
         every = bool(active.all())
         rows = self.workers if every else self.workers[active]
         for w in rows.tolist():
-            self.sim.worker_grad(stale[w], self.gens[w], self.grads[w])
+            self.losses[w] = self.sim.worker_grad(stale[w], self.gens[w], self.grads[w])
+        self.active_now = active
         if every:  # the common case: no (K, n) copies
             return Batch(self.grads, self.lags, self.workers, self.theta.detach(), stale)
         return Batch(self.grads[rows], self.lags[rows], rows, self.theta.detach(), stale[rows])
@@ -290,6 +370,11 @@ class Run:
         self.optimizer.step()
         for g, lr in zip(groups, lrs, strict=True):
             g["lr"] = lr
+
+    @property
+    def train_loss(self) -> float:
+        """Mean minibatch loss of the workers of the last step (NaN before any step)."""
+        return float(self.losses[self.active_now].mean()) if bool(self.active_now.any()) else math.nan
 
     def save_gradients(self, root: Path) -> list[str]:
         """Write ref.safetensors (the least stale worker) and worker<k>.safetensors of the last
@@ -343,32 +428,60 @@ def _finite(x: Tensor) -> bool:
 
 
 def run_simulation(config: SimulateConfig,
-                   progress: Callable[[], None] | None = None) -> SimulateResult:
-    """Run every strategy on every seed and summarise (docs/design.md §8).
+                   progress: Callable[[StepEvent], None] | None = None) -> SimulateResult:
+    """Run every strategy on every seed (and every lr) and summarise (docs/design.md §8).
 
     Args:
         config: the simulation (validated on construction).
-        progress: called once after every server step (``config.total_steps`` calls).
+        progress: called after every server step of every run with a ``StepEvent``.
 
     Returns:
-        A ``SimulateResult`` with one ``RunResult`` per (seed, strategy) and one
+        A ``SimulateResult`` with one ``RunResult`` per (seed, strategy, lr) and one
         ``StrategySummary`` per strategy, in ``config.strategies`` order. A run that
         diverges stops there (``RunResult.diverged_at``, NaN loss); the others continue
-        and nothing is raised (``SimulateResult.diverged`` lists them).
+        and nothing is raised (``SimulateResult.diverged`` lists them). Ctrl-C stops the
+        simulation: the runs that finished are kept and ``interrupted`` is True.
 
     Raises:
         UsageError: ``device`` cuda without a GPU, or a ring buffer that does not fit.
         DataError: if the corpus is missing or too small.
     """
     sim = Simulation(config)
-    runs, saved, untrained = [], [], []
-    for seed in range(config.seeds):
-        val = sim.val_batches(seed)
-        untrained.append(sim.evaluate(sim.init_params(seed), val))
-        for name in config.strategies:
-            result, files = sim.run(name, seed, val, untrained[-1], progress)
-            runs.append(result)
-            saved += files
+    runs: list[RunResult] = []
+    untrained: list[float] = []
+    saved: list[str] = []
+    interrupted = False
+    try:
+        for seed in range(config.seeds):
+            ctx = _context(sim, seed, progress)
+            untrained.append(ctx.untrained)
+            for name in config.strategies:
+                runs += [sim.run(name, seed, lr, ctx) for lr in config.lr]
+            saved += ctx.saved
+    except KeyboardInterrupt:
+        interrupted = True
     n = sim.n_params
-    return SimulateResult(config, str(sim.device), n, statistics.fmean(untrained), ROUTING_BYTES,
-                          n * 4, tuple(runs), summarise(runs, config.strategies), tuple(saved))
+    return SimulateResult(config, str(sim.device), n, statistics.fmean(untrained) if untrained else math.nan,
+                          ROUTING_BYTES, n * 4, tuple(runs), summarise(runs, config.strategies),
+                          tuple(saved), environment(str(sim.device)), interrupted)
+
+
+def _context(sim: Simulation, seed: int, progress: Callable[[StepEvent], None] | None) -> RunContext:
+    val = sim.val_batches(seed)
+    test = sim.test_batches(seed) if sim.config.tuning else None
+    log_dir = Path(sim.config.log_dir) if sim.config.log_dir else None
+    return RunContext(val, test, sim.evaluate(sim.init_params(seed), val),
+                      progress or (lambda event: None), log_dir)
+
+
+def environment(device: str) -> dict[str, object]:
+    """Versions and resources a reader needs to reproduce a run (recorded in the JSON)."""
+    import platform
+
+    import numpy
+
+    from naig import __version__
+
+    return {"naig": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
+            "python": platform.python_version(), "platform": platform.platform(),
+            "threads": torch.get_num_threads(), "device": device}

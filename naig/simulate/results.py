@@ -22,7 +22,10 @@ from naig.gibbs import FROZEN_FACTOR, effective_workers, normalized_entropy
 if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
 
-__all__ = ["RunResult", "StrategySummary", "SimulateResult", "pi_stats", "summarise"]
+__all__ = ["SCHEMA_VERSION", "RunResult", "StrategySummary", "SimulateResult", "pi_stats", "summarise",
+           "choose_lr"]
+
+SCHEMA_VERSION = 2  # of the simulate JSON document
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,8 @@ class RunResult:
     entropy_last: float  # same over the last 10% of steps
     ms_per_step: float  # wall time per server step (K gradients + combine + update), ms
     diverged_at: int | None = None  # step t at which gradients/parameters became non-finite
+    lr: float = math.nan  # the optimizer's learning rate of this run
+    final_test_loss: float | None = None  # test loss at the end (learning-rate tuning only)
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,10 @@ class StrategySummary:
     ms_per_step: float
     curve: tuple[tuple[int, float], ...]  # validation curve, mean over seeds
     diverged_at: tuple[int | None, ...] = ()  # per seed: step of divergence, None if it ran
+    lr: float = math.nan  # the learning rate reported (chosen on validation when tuned)
+    lr_val_loss: dict[str, float] = field(default_factory=dict)  # tuning: lr → mean val loss
+    test_loss_mean: float | None = None  # tuning: mean test loss at the chosen lr
+    test_loss_std: float | None = None  # tuning: its sample std over seeds
 
 
 @dataclass(frozen=True)
@@ -79,10 +88,12 @@ class SimulateResult:
     runs: tuple[RunResult, ...]
     summaries: tuple[StrategySummary, ...]
     saved_files: tuple[str, ...] = field(default=())
+    environment: dict[str, Any] = field(default_factory=dict)  # versions, threads, device
+    interrupted: bool = False  # Ctrl-C: only the runs that finished are here
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of everything (config included; NaN/Inf still need → null)."""
-        return asdict(self)
+        return {"schema_version": SCHEMA_VERSION, **asdict(self)}
 
     @property
     def diverged(self) -> tuple[RunResult, ...]:
@@ -130,29 +141,60 @@ def _nanmean(values: Any, axis: int | None = None) -> Any:
         return np.nanmean(np.asarray(values, dtype=np.float64), axis=axis)
 
 
-def _summarise_one(runs: list[RunResult], name: str, hogwild: float | None) -> StrategySummary:
-    mine = [r for r in runs if r.strategy == name]
-    losses = [r.final_val_loss for r in mine]
+def _loss_stats(losses: list[float]) -> tuple[float, float | None]:
+    """Mean and sample std; NaN when any is NaN (a diverged seed); std None for one value."""
     finite = all(math.isfinite(v) for v in losses)
     mean = statistics.fmean(losses) if finite else math.nan
     std = None if len(losses) < 2 else statistics.stdev(losses) if finite else math.nan
+    return mean, std
+
+
+def choose_lr(runs: list[RunResult]) -> tuple[float, dict[str, float]]:
+    """The learning rate with the lowest mean final validation loss over seeds.
+
+    A diverged seed counts as +∞, so an lr that diverged on any seed loses to one that
+    did not; ties go to the first lr run.
+
+    Args:
+        runs: one strategy's runs, every lr and seed.
+
+    Returns:
+        ``(lr, {repr(lr): mean validation loss})``.
+    """
+    by_lr: dict[float, list[float]] = {}
+    for r in runs:
+        by_lr.setdefault(r.lr, []).append(r.final_val_loss if math.isfinite(r.final_val_loss) else math.inf)
+    means = {lr: statistics.fmean(v) for lr, v in by_lr.items()}
+    best = min(means, key=lambda lr: means[lr])
+    return best, {repr(lr): m for lr, m in means.items()}
+
+
+def _summarise_one(runs: list[RunResult], name: str, hogwild: float | None) -> StrategySummary:
+    lr, table = choose_lr([r for r in runs if r.strategy == name])
+    mine = [r for r in runs if r.strategy == name and r.lr == lr]
+    mean, std = _loss_stats([r.final_val_loss for r in mine])
+    tuned = len(table) > 1
+    test_mean, test_std = _loss_stats([r.final_test_loss for r in mine]) if tuned else (None, None)
 
     def avg(attr: str) -> float:
         return float(_nanmean([getattr(r, attr) for r in mine]))
 
     curve = tuple((s, statistics.fmean(r.curve[i][1] for r in mine))
                   for i, (s, _) in enumerate(mine[0].curve))
-    change = (100.0 * (mean - hogwild) / hogwild
-              if hogwild is not None and math.isfinite(hogwild) and finite else None)
+    headline = test_mean if tuned else mean
+    change = (100.0 * (headline - hogwild) / hogwild
+              if hogwild is not None and math.isfinite(hogwild) and math.isfinite(headline) else None)
     return StrategySummary(
         name, mean, std, change,
         tuple(_nanmean([r.mean_pi for r in mine], axis=0).tolist()), avg("frozen_fraction"),
         avg("k_eff"), avg("entropy_first"), avg("entropy_last"), avg("ms_per_step"), curve,
-        tuple(r.diverged_at for r in mine))
+        tuple(r.diverged_at for r in mine), lr, table if tuned else {}, test_mean, test_std)
 
 
 def summarise(runs: list[RunResult], names: tuple[str, ...]) -> tuple[StrategySummary, ...]:
-    """One ``StrategySummary`` per strategy name, in ``names`` order."""
-    hog = [r.final_val_loss for r in runs if r.strategy == "hogwild"]
-    ref = statistics.fmean(hog) if hog else None
-    return tuple(_summarise_one(runs, n, ref) for n in names)
+    """One ``StrategySummary`` per strategy name that has runs, in ``names`` order."""
+    present = [n for n in names if any(r.strategy == n for r in runs)]
+    summaries = tuple(_summarise_one(runs, n, None) for n in present)
+    hog = next((s for s in summaries if s.strategy == "hogwild"), None)
+    ref = None if hog is None else hog.val_loss_mean if hog.test_loss_mean is None else hog.test_loss_mean
+    return tuple(_summarise_one(runs, n, ref) for n in present)
