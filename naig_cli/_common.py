@@ -70,6 +70,18 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "save_grads": "--save-grads",
     "save_at": "--save-at",
     "plot": "--plot",
+    # naig staleness (naig.arrivals)
+    "workers": "--workers",
+    "compute": "--compute",
+    "per_sample": "--per-sample",
+    "uplink": "--uplink",
+    "downlink": "--downlink",
+    "bandwidth": "--bandwidth",
+    "params": "--params",
+    "mode": "--mode",
+    "window": "--window",
+    "updates": "--updates",
+    "sweep": "--sweep",
 }
 
 
