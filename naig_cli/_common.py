@@ -72,6 +72,20 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "plot": "--plot",
     "warmup_theta0": "--warmup-theta0",
     "log_dir": "--log-dir",
+    "arrivals": "--arrivals",
+    "reference": "--reference",
+    # naig staleness (naig.arrivals)
+    "workers": "--workers",
+    "compute": "--compute",
+    "per_sample": "--per-sample",
+    "uplink": "--uplink",
+    "downlink": "--downlink",
+    "bandwidth": "--bandwidth",
+    "params": "--params",
+    "mode": "--mode",
+    "window": "--window",
+    "updates": "--updates",
+    "sweep": "--sweep",
 }
 
 

@@ -9,7 +9,7 @@ import typer
 from typer.core import TyperGroup
 
 from naig import __version__
-from naig_cli import audit, simulate, spectrum
+from naig_cli import audit, simulate, spectrum, staleness
 
 __all__ = ["app"]
 
@@ -62,9 +62,10 @@ def _root(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    """Certify the Fano–Fisher metric, audit gradient files, simulate stale workers."""
+    """Certify the Fano–Fisher metric, audit gradient files, simulate stale workers and their staleness."""
 
 
 app.command("spectrum")(spectrum.spectrum)
 app.command("audit")(audit.audit)
 app.command("simulate")(simulate.simulate)
+app.command("staleness")(staleness.staleness)

@@ -1,0 +1,320 @@
+"""``naig staleness``: staleness that emerges from worker speeds, measured against its laws.
+
+The library side is ``naig.arrivals`` (docs/design.md §10); it is imported inside the
+command so that ``naig spectrum`` start-up does not pay for it (nor for scipy).
+
+Option design for compute time that scales with the minibatch (X = x0 + b·x1):
+``--compute`` is x0, the per-job time (the whole compute time when ``--per-sample`` is
+absent), ``--per-sample`` is x1, the seconds per sample, and ``--batch-size`` is b.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from enum import Enum
+from typing import TYPE_CHECKING, Annotated
+
+import numpy as np
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from naig.errors import UsageError
+from naig_cli._common import JsonOpt, fmt_num, handle_errors, opt, print_json, progress, stdout
+
+if TYPE_CHECKING:
+    from naig.arrivals import ArrivalModel, Estimate, StalenessReport
+
+__all__ = ["staleness", "Mode", "parse_sweep"]
+
+_MAX_SWEEP = 256
+_HIST_ROWS = 24
+_BAR = 40
+
+
+class Mode(str, Enum):
+    """``--mode`` choices: how a worker waits for parameters."""
+
+    blocking = "blocking"
+    non_blocking = "non-blocking"
+    shared_memory = "shared-memory"
+
+
+_SPEC_HELP = "one for all workers or one per worker, e.g. exp:1 or exp:0.5,exp:1,exp:2,exp:4"
+
+
+@handle_errors
+def staleness(
+    workers: Annotated[int | None, opt("--workers", "K workers (default: the lists' length, or 4).")] = None,
+    compute: Annotated[str, opt("--compute", f"Compute time x0, seconds: const:M, exp:M, "
+                                "shifted-exp:M:SHIFT, gamma:M:SHAPE, lognormal:M:SIGMA (each by its "
+                                f"mean); {_SPEC_HELP}.")] = "exp:1",
+    per_sample: Annotated[str | None, opt("--per-sample", "Compute seconds per sample x1: "
+                                          "X = x0 + b·x1 with b = --batch-size.")] = None,
+    batch_size: Annotated[int, opt("--batch-size", "b, samples per minibatch (needs --per-sample).")] = 1,
+    uplink: Annotated[str | None, opt("--uplink", "Latency of a gradient message, seconds (same "
+                                      "syntax as --compute; const:0 for none).")] = None,
+    downlink: Annotated[str | None, opt("--downlink", "Latency of a parameter message, seconds.")] = None,
+    bandwidth: Annotated[str | None, opt("--bandwidth", "Link bytes/s, one or one per worker: a "
+                                         "message costs latency + 4·params / bandwidth.")] = None,
+    params: Annotated[int, opt("--params", "n float32 parameters of the model (message sizes); "
+                               "default: GPT-2 small.")] = 124_439_808,
+    mode: Annotated[Mode, opt("--mode", "blocking: wait for fresh parameters; non-blocking: compute "
+                              "back to back; shared-memory: blocking, no delays.")] = Mode.blocking,
+    window: Annotated[int, opt("--window", "B arrivals per server update (K: K-batch-async).")] = 1,
+    updates: Annotated[int, opt("--updates", "N gradient arrivals to simulate.")] = 100_000,
+    seed: Annotated[int, opt("--seed", "Seed of the simulation, 0..2^64-1.")] = 0,
+    sweep: Annotated[str | None, opt("--sweep", "Vary one setting: workers=1..64 or "
+                                     "batch-size=1,8,32,128 (ranges A..B and lists).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Simulate gradient arrivals at a master; print staleness, rate and bandwidth beside their laws.
+
+    Each measured value carries a 95% batch-means interval; a prediction outside it is
+    shown in red. Predictions that do not apply (e.g. the K − 1 law in non-blocking
+    mode) are shown as — (null in JSON).
+    """
+    from naig.arrivals import staleness_report
+
+    links = _parse_bandwidth(bandwidth)
+    base = dict(workers=workers, compute=compute, per_sample=per_sample, batch_size=batch_size,
+                uplink=uplink, downlink=downlink, mode=mode.value, bytes_up=4.0 * params,
+                bytes_down=4.0 * params, bandwidth=links)
+    if sweep is None:
+        t0 = time.perf_counter()
+        report = staleness_report(_model(base), updates, seed, window=window, params=params)
+        print_json(report.to_dict()) if json_out else _render(report, time.perf_counter() - t0)
+        return
+    field, values = parse_sweep(sweep)
+    models = [_model(base | _swept(base, field, v)) for v in values]
+    reports = []
+    with progress("staleness sweep", len(models)) as advance:
+        for m in models:
+            reports.append(staleness_report(m, updates, seed, window=window, params=params))
+            advance()
+    if json_out:
+        print_json({"schema_version": reports[0].to_dict()["schema_version"],
+                    "sweep": {"field": field, "values": values}, "runs": [r.to_dict() for r in reports]})
+    else:
+        _render_sweep(field, values, reports)
+
+
+def _model(kwargs: dict) -> ArrivalModel:
+    from naig.arrivals import ArrivalModel
+
+    return ArrivalModel.from_specs(**kwargs)
+
+
+def _parse_bandwidth(text: str | None) -> tuple[float, ...]:
+    if text is None:
+        return ()
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError("use bytes per second, one or one per worker, e.g. 1.25e9",
+                         field="bandwidth", value=text) from None
+    if any(not (math.isfinite(v) and v > 0) for v in values):
+        raise UsageError("use bytes per second > 0, e.g. 1.25e9", field="bandwidth", value=text)
+    return values
+
+
+def _int_items(text: str) -> list[int]:
+    out: list[int] = []
+    for item in text.split(","):
+        lo, _, hi = item.strip().partition("..")
+        a, b = int(lo), int(hi) if hi else int(lo)
+        if a < 1 or b < a:
+            raise ValueError(item)
+        out.extend(range(a, b + 1))
+        if len(out) > _MAX_SWEEP:
+            raise OverflowError
+    return out
+
+
+def parse_sweep(text: str) -> tuple[str, list[int]]:
+    """``workers=1..64`` or ``batch-size=1,8,32`` → (field, values).
+
+    Example:
+        >>> parse_sweep("workers=1..3,8")
+        ('workers', [1, 2, 3, 8])
+    """
+    name, eq, spec = text.partition("=")
+    field = name.strip().replace("-", "_")
+    if not eq or field not in ("workers", "batch_size"):
+        raise UsageError("write workers=VALUES or batch-size=VALUES, e.g. workers=1..64",
+                         field="sweep", value=text)
+    try:
+        values = _int_items(spec)
+    except OverflowError:
+        raise UsageError(f"at most {_MAX_SWEEP} values", field="sweep", value=text) from None
+    except ValueError:
+        raise UsageError("values are integers >= 1 and ranges A..B, e.g. 1..8,16,32",
+                         field="sweep", value=text) from None
+    return field, values
+
+
+def _swept(base: dict, field: str, value: int) -> dict:
+    """The settings of one sweep point; refuses a sweep that contradicts an option."""
+    if field == "workers":
+        given = [f for f in ("compute", "per_sample", "uplink", "downlink") if base[f] and "," in base[f]]
+        if base["workers"] is not None or given or len(base["bandwidth"]) > 1:
+            what = f"`{given[0]}` lists one value per worker" if given else "`workers` is given"
+            raise UsageError(f"varies K: {what}; give one spec for all workers", field="sweep")
+        return {"workers": value}
+    if base["batch_size"] != 1:
+        raise UsageError("varies b: drop `batch_size`", field="sweep")
+    return {"batch_size": value}
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _si(v: float | None, unit: str) -> str:
+    """1.23 GB/s style; ``—`` for undefined."""
+    if v is None or not math.isfinite(v):
+        return "—"
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {prefix}{unit}"
+    return f"{v:.3g} {unit}"
+
+
+def _interval(e: Estimate, spec: str) -> str:
+    return "—" if e.interval is None else escape(f"[{e.low:{spec}}, {e.high:{spec}}]")
+
+
+def _pred(value: float | None, inside: bool | None, spec: str) -> str:
+    """A predicted cell: red when outside the measured interval, — when there is no prediction."""
+    cell = fmt_num(value, spec)
+    return f"[red]{cell} (outside)[/]" if inside is False else cell
+
+
+def _table(title: str, *columns: str) -> Table:
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, show_edge=False)
+    for i, col in enumerate(columns):
+        t.add_column(col, justify="left" if i == 0 else "right", no_wrap=True)
+    return t
+
+
+def _main_rows(r: StalenessReport) -> list[tuple[str, Estimate, float | None, bool | None, str]]:
+    m, p, w = r.measured, r.predicted, r.within()
+    return [
+        ("mean staleness τ", m.mean, p.mean, w["mean"], ".4f"),
+        ("mean τ + 1 (versions old)", m.mean.shifted(1), p.mean_plus_one, w["mean_plus_one"], ".4f"),
+        ("P(τ = 0)", m.p_zero, p.p_zero, w["p_zero"], ".4f"),
+        ("Var τ", m.variance, p.variance, w["variance"], ".3f"),
+        ("arrivals per second λ", m.rate, p.rate, w["rate"], ".4f"),
+        ("age E[A], seconds", m.age, p.age, w["age"], ".4f"),
+        ("sync round E[max C], seconds", r.round_time, p.round_time, w["round_time"], ".4f"),
+    ]
+
+
+def _render(r: StalenessReport, wall: float) -> None:
+    out, k = stdout, r.model.workers
+    out.print(_header(r), markup=False)
+    t = _table("measured (95% batch-means interval) vs predicted", "quantity", "measured", "95% interval",
+               "predicted")
+    for name, e, pred, inside, spec in _main_rows(r):
+        t.add_row(escape(name), fmt_num(e.value, spec), _interval(e, spec), _pred(pred, inside, spec))
+    t.add_row("Little: λ̂·E[A] − 1 vs τ", fmt_num(r.measured.mean.value, ".4f"), "",
+              _pred(r.little, r.within()["little"], ".4f"))
+    out.print(t)
+    out.print(_worker_table(r))
+    out.print(_bandwidth_table(r))
+    out.print(_histogram(r))
+    out.print(f"{r.updates:,} arrivals of {k} workers simulated in {r.simulate_seconds:.3f} s "
+              f"({r.updates / r.simulate_seconds:,.0f} arrivals/s); report {wall:.2f} s in all, "
+              f"with {r.rounds:,} synchronous rounds")
+
+
+def _header(r: StalenessReport) -> str:
+    d = r.model.describe()
+    parts = [f"K = {r.model.workers} workers, {r.model.mode}", f"compute {_specs(d['compute'])}"]
+    if d["per_sample"]:
+        parts.append(f"+ b·{_specs(d['per_sample'])}, b = {r.model.batch_size}")
+    for name in ("uplink", "downlink"):
+        if d[name]:
+            parts.append(f"{name} {_specs(d[name])}")
+    if d["bandwidth"]:
+        parts.append(f"bandwidth {_specs([_si(b, 'B/s') for b in d['bandwidth']])}")
+    win = f", window B = {r.window}" if r.window != 1 else ""
+    return "; ".join(parts) + f"; {r.updates:,} arrivals{win}, seed {r.seed}"
+
+
+def _specs(items: list[str]) -> str:
+    return items[0] if len(set(items)) == 1 else ",".join(items)
+
+
+def _worker_table(r: StalenessReport) -> Table:
+    t = _table("per worker: E[τ_i] = E[C_i]·Σ_{j≠i} 1/E[C_j] (blocking, B = 1)", "worker",
+               "E[X_i] s" if r.model.mode == "non-blocking" else "E[C_i] s", "updates", "mean τ_i",
+               "95% interval", "predicted")
+    pred = r.predicted.per_worker or (None,) * r.model.workers
+    inside = r.within()["per_worker"] or [None] * r.model.workers
+    cycle = r.model.mean_compute() if r.model.mode == "non-blocking" else r.model.mean_cycle()
+    for i, e in enumerate(r.measured.per_worker):
+        t.add_row(str(i), f"{cycle[i]:.4g}", f"{int(r.measured.counts[i]):,}", fmt_num(e.value, ".4f"),
+                  _interval(e, ".4f"), _pred(pred[i], inside[i], ".4f"))
+    return t
+
+
+def _bandwidth_table(r: StalenessReport) -> Table:
+    b = r.bandwidth()
+    t = _table(f"bandwidth at the master, n = {r.params:,} float32 parameters", "flow", "per message",
+               "measured", "predicted")
+    for key, name, size in (("up_gradient", "up: full gradient", b["gradient_bytes"]),
+                            ("up_sketch", "up: sketch only (14 float32)", b["sketch_bytes"]),
+                            ("down_parameters", "down: parameters", b["gradient_bytes"])):
+        t.add_row(name, _si(size, "B"), _si(b["measured"][key], "B/s"), _si(b["predicted"][key], "B/s"))
+    ring = b["sync_allreduce_per_worker"] * r.round_time.value
+    t.add_row("sync ring all-reduce, per worker", _si(ring, "B"),
+              _si(b["sync_allreduce_per_worker"], "B/s"), "")
+    return t
+
+
+def _hist_bins(counts: list[int]) -> list[tuple[str, int, int]]:
+    """(label, first τ, last τ) rows: one per τ, or ranges when there are many; the values past
+    the 99.9th percentile share the last row."""
+    cum = np.cumsum(counts)
+    top = int(np.searchsorted(cum, 0.999 * cum[-1]))
+    width = max(1, math.ceil((top + 1) / _HIST_ROWS))
+    rows = []
+    for a in range(0, top + 1, width):
+        b = min(a + width, top + 1) - 1
+        rows.append((str(a) if a == b else f"{a}–{b}", a, b))
+    if top < len(counts) - 1:
+        rows.append((f"≥ {top + 1}", top + 1, len(counts) - 1))
+    return rows
+
+
+def _histogram(r: StalenessReport) -> Table:
+    counts = r.measured.histogram
+    pmf = r.predicted.pmf(np.arange(len(counts)))
+    total = counts.sum()
+    rows = [(label, counts[a:b + 1].sum() / total, a, b) for label, a, b in _hist_bins(counts.tolist())]
+    peak = max(share for _, share, _, _ in rows)
+    t = _table("staleness histogram (share of updates)", "τ", "measured", "predicted", "")
+    t.columns[-1].justify = "left"
+    for label, share, a, b in rows:
+        pred = "—" if pmf is None else f"{float(pmf[a:b + 1].sum()):.4f}"
+        t.add_row(label, f"{share:.4f}", pred, Text("█" * round(_BAR * share / peak), style="cyan"))
+    return t
+
+
+def _render_sweep(field: str, values: list[int], reports: list[StalenessReport]) -> None:
+    name = "K" if field == "workers" else "b"
+    t = _table(f"sweep over {name}: staleness, age and bandwidth (n = {reports[0].params:,})", name,
+               "λ /s", "mean τ", "95% interval", "predicted", "P(τ=0)", "E[A] s", "up gradient",
+               "up sketch", "sync round s")
+    for v, r in zip(values, reports, strict=True):
+        m, b = r.measured, r.bandwidth()
+        t.add_row(str(v), f"{m.rate.value:.4g}", f"{m.mean.value:.3f}", _interval(m.mean, ".3f"),
+                  _pred(r.predicted.mean, r.within()["mean"], ".3f"), f"{m.p_zero.value:.4f}",
+                  f"{m.age.value:.4g}", _si(b["measured"]["up_gradient"], "B/s"),
+                  _si(b["measured"]["up_sketch"], "B/s"), f"{r.round_time.value:.4g}")
+    first = reports[0]
+    stdout.print(f"{first.model.mode}; {first.updates:,} arrivals per point, seed {first.seed}; "
+                 f"other settings as in the first point: {_header(first)}", markup=False)
+    stdout.print(t)

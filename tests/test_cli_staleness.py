@@ -1,0 +1,110 @@
+"""`naig staleness` end to end: real subprocesses (docs/design.md §10)."""
+
+import json
+
+import pytest
+
+from tests.conftest import assert_one_line_error, run_naig
+
+
+def test_eight_exponential_workers_json() -> None:
+    """The issue's check: mean τ ≈ 7 and P(τ = 0) ≈ 1/8, within their intervals."""
+    r = run_naig("staleness", "--workers", "8", "--compute", "exp:1", "--json")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    doc = json.loads(r.stdout)
+    m, p = doc["staleness"]["measured"], doc["staleness"]["predicted"]
+    ci = m["ci95"]
+    assert m["mean"] == pytest.approx(7, abs=0.05) and ci["mean"][0] <= 7 <= ci["mean"][1]
+    assert m["mean_plus_one"] == pytest.approx(8, abs=0.05) and p["mean_plus_one"] == 8
+    assert m["p_zero"] == pytest.approx(1 / 8, abs=0.005) and ci["p_zero"][0] <= 1 / 8 <= ci["p_zero"][1]
+    assert p["mean"] == 7 and p["p_zero"] == 0.125 and p["variance"] == 56 and len(m["per_worker"]) == 8
+    assert doc["staleness"]["within_ci95"]["mean"] is True and doc["schema_version"] == 1
+
+
+def test_table_output() -> None:
+    r = run_naig("staleness", "--compute", "exp:0.5,exp:1,exp:2,exp:4", "--updates", "20000")
+    assert r.returncode == 0, r.stderr
+    for needle in ("K = 4 workers, blocking", "mean staleness τ", "mean τ + 1", "P(τ = 0)", "E[max C]",
+                   "per worker", "up: sketch only", "56 B", "staleness histogram", "arrivals/s"):
+        assert needle in r.stdout, needle
+
+
+def test_a_prediction_outside_its_interval_is_shown() -> None:
+    """Little's law is an approximation in non-blocking mode; with constant compute it misses
+    by several interval widths, and the table says so."""
+    r = run_naig("staleness", "--compute", "const:1", "--uplink", "exp:2", "--downlink", "exp:2",
+                 "--mode", "non-blocking", "--json")
+    doc = json.loads(r.stdout)
+    assert doc["staleness"]["within_ci95"]["little"] is False
+    table = run_naig("staleness", "--compute", "const:1", "--uplink", "exp:2", "--downlink", "exp:2",
+                     "--mode", "non-blocking").stdout
+    assert "(outside)" in table and f"{doc['staleness']['predicted']['little']:.4f}" in table
+
+
+def test_same_seed_same_json() -> None:
+    args = ("staleness", "--compute", "gamma:1:2", "--uplink", "exp:0.1", "--updates", "5000", "--json")
+    a, b = run_naig(*args, "--seed", "3"), run_naig(*args, "--seed", "3")
+    assert a.returncode == 0 and a.stdout == b.stdout
+    assert a.stdout != run_naig(*args, "--seed", "4").stdout
+
+
+def test_worker_sweep() -> None:
+    r = run_naig("staleness", "--sweep", "workers=1..3,6", "--updates", "5000", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["sweep"] == {"field": "workers", "values": [1, 2, 3, 6]} and doc["schema_version"] == 1
+    means = [run["staleness"]["measured"]["mean"] for run in doc["runs"]]
+    assert means == pytest.approx([0, 1, 2, 5], abs=0.1)
+    table = run_naig("staleness", "--sweep", "workers=1,2", "--updates", "2000")
+    assert table.returncode == 0 and "sweep over K" in table.stdout
+
+
+def test_batch_size_sweep_moves_age_and_bandwidth_not_blocking_staleness() -> None:
+    r = run_naig("staleness", "--compute", "exp:0.1", "--per-sample", "const:0.01", "--sweep",
+                 "batch-size=1,100", "--updates", "20000", "--json")
+    assert r.returncode == 0, r.stderr
+    small, big = (run for run in json.loads(r.stdout)["runs"])
+    assert small["staleness"]["measured"]["mean"] == pytest.approx(3, abs=0.1)
+    assert big["staleness"]["measured"]["mean"] == pytest.approx(3, abs=0.1)
+    assert big["staleness"]["measured"]["age"] / small["staleness"]["measured"]["age"] == pytest.approx(
+        1.1 / 0.11, rel=0.05)
+    assert big["bandwidth"]["predicted"]["up_gradient"] < small["bandwidth"]["predicted"]["up_gradient"]
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["--compute", "weibull:1"], ["--compute 'weibull:1'", "unknown distribution"]),
+    (["--compute", "exp:1,exp:2", "--workers", "3"], ["--compute", "--workers is 3"]),
+    (["--uplink", "gamma:1"], ["--uplink", "SHAPE"]),
+    (["--batch-size", "8"], ["--batch-size 8", "--per-sample"]),
+    (["--mode", "shared-memory", "--downlink", "exp:1"], ["--downlink", "shared memory"]),
+    (["--updates", "0"], ["--updates 0", ">= 1"]),
+    (["--window", "0"], ["--window 0"]),
+    (["--params", "0"], ["--params 0"]),
+    (["--seed", "-1"], ["--seed -1"]),
+    (["--bandwidth", "fast"], ["--bandwidth 'fast'"]),
+    (["--sweep", "lr=1,2"], ["--sweep 'lr=1,2'", "workers=VALUES"]),
+    (["--sweep", "workers=4..2"], ["--sweep", "ranges"]),
+    (["--sweep", "workers=1..1000"], ["--sweep", "at most 256"]),
+    (["--sweep", "workers=1..4", "--compute", "exp:1,exp:2"], ["--sweep", "--compute lists one value"]),
+    (["--sweep", "batch-size=1,2"], ["--batch-size", "--per-sample"]),
+    (["--mode", "async"], ["--mode", "async"]),
+])
+def test_bad_options_are_one_line_exit_2(args: list[str], needles: list[str]) -> None:
+    r = run_naig("staleness", *args)
+    assert_one_line_error(r, 2, *needles)
+    assert r.stdout == ""
+
+
+def test_help_lists_the_modes() -> None:
+    r = run_naig("staleness", "--help")
+    assert r.returncode == 0 and "non-blocking" in r.stdout and "shared-memory" in r.stdout
+
+
+def test_scipy_is_imported_only_when_used() -> None:
+    """`naig spectrum` start-up must not pay for scipy; naig.arrivals imports it on use."""
+    import subprocess
+    import sys
+
+    code = "import sys, naig_cli.main, naig.arrivals; print('scipy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
