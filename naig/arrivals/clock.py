@@ -152,6 +152,18 @@ class ArrivalClock:
         self._settle()
         return self._held.copy()
 
+    def needed_versions(self) -> set[int]:
+        """The parameter versions a queued or future job can still compute on.
+
+        Queued jobs carry the version they pulled; a worker's next job computes on the
+        version it holds or a newer one. A training loop keeps the parameters of these
+        versions (and the current one) and may drop the others.
+        """
+        self._settle()
+        queued = {int(entry[3]) for entry in self._heap}  # (time, worker, job, pulled, reply)
+        newer = set(range(int(self._held.min()), self.version + 1)) if not self._blocking else set()
+        return queued | {int(v) for v in self._held} | newer | {self.version}
+
     def _settle(self) -> None:
         """Reply to the latest arrival with the current version (the server takes 0 s)."""
         if self._last is None:

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from naig.arrivals import ArrivalModel
 from naig.errors import UsageError
 from naig.gibbs import parse_beta
 from naig.metric import parse_line
@@ -26,6 +27,8 @@ from naig.sketch.core import check_seed
 
 __all__ = [
     "SimulateConfig",
+    "DEFAULT_LAGS",
+    "REFERENCES",
     "OPTIMIZERS",
     "DEVICES",
     "MAX_LAG",
@@ -35,6 +38,8 @@ __all__ = [
     "resolve_device",
 ]
 
+DEFAULT_LAGS = (0, 10, 20, 35)  # the paper's Experiment B
+REFERENCES = ("auto", "batch", "ema")
 OPTIMIZERS = ("sgd", "adam")  # torch.optim.SGD / torch.optim.Adam, default settings otherwise
 DEVICES = ("cpu", "cuda", "auto")
 MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
@@ -52,7 +57,7 @@ class SimulateConfig:
         UsageError: naming the bad field (``UsageError.field``) and the fix.
     """
 
-    lags: tuple[int, ...] = (0, 10, 20, 35)  # τ_k of each worker, in server steps
+    lags: tuple[int, ...] = DEFAULT_LAGS  # τ_k of each worker, in server steps (fixed-lag mode)
     strategies: tuple[str, ...] = ("naig", "hogwild", "staleness", "sync")  # rules to compare
     steps: int = 150  # server steps (optimizer updates) per run
     seeds: int = 2  # independent seeds 0..seeds−1 (init, data streams, val batches)
@@ -73,12 +78,19 @@ class SimulateConfig:
     save_at: tuple[int, ...] = ()  # server steps t at which to save gradients (needs save_grads)
     warmup_theta0: bool = False  # old protocol: every worker from step 0, early gradients at θ_0
     log_dir: str | None = None  # directory for one per-step CSV per run (None: no logs)
+    arrivals: str | None = None  # compute-time spec(s), e.g. "exp:1,exp:2": arrival mode, K = list length
+    uplink: str | None = None  # arrival mode: gradient message latency spec(s) (seconds)
+    downlink: str | None = None  # arrival mode: parameter message latency spec(s) (seconds)
+    mode: str = "blocking"  # arrival mode protocol: blocking, non-blocking or shared-memory
+    window: int = 1  # arrival mode: B arrivals per update (1: ASGD; K: K-batch-async)
+    reference: str = "auto"  # naig reference: auto, batch (least stale of the batch) or ema
 
     def __post_init__(self) -> None:
         lrs = (self.lr,) if isinstance(self.lr, int | float) else tuple(self.lr)
         object.__setattr__(self, "lr", lrs)
         object.__setattr__(self, "beta", parse_beta(self.beta))
         object.__setattr__(self, "line", parse_line(self.line))
+        self._check_arrivals()
         self._check_workers()
         self._check_numbers()
         check_seed(self.sketch_seed, "sketch_seed")
@@ -88,8 +100,26 @@ class SimulateConfig:
 
     @property
     def workers(self) -> int:
-        """K, the number of workers."""
-        return len(self.lags)
+        """K, the number of workers (the length of ``lags``, or of the ``arrivals`` list)."""
+        return self.arrival_model().workers if self.arrivals is not None else len(self.lags)
+
+    @property
+    def asynchronous(self) -> bool:
+        """True in arrival mode: staleness emerges from worker speeds (docs/design.md §11)."""
+        return self.arrivals is not None
+
+    @property
+    def resolved_reference(self) -> str:
+        """The naig reference actually used: ``ema`` for single arrivals (B = 1), else ``batch``."""
+        if self.reference != "auto":
+            return self.reference
+        return "ema" if self.asynchronous and self.window == 1 else "batch"
+
+    def arrival_model(self, bytes_up: float = 0.0, bytes_down: float = 0.0) -> ArrivalModel:
+        """The arrival process of arrival mode (message sizes in bytes for transfer times)."""
+        return ArrivalModel.from_specs(self.arrivals or "const:1", uplink=self.uplink,
+                                       downlink=self.downlink, mode=self.mode,
+                                       bytes_up=bytes_up, bytes_down=bytes_down)
 
     @property
     def tuning(self) -> bool:
@@ -114,6 +144,29 @@ class SimulateConfig:
         dupes = sorted({n for n in self.strategies if self.strategies.count(n) > 1})
         _check(not dupes, "strategies", self.strategies,
                f"{', '.join(dupes)} listed more than once; name each strategy once")
+
+    def _check_arrivals(self) -> None:
+        if self.arrivals is None:
+            for name in ("uplink", "downlink"):
+                _check(getattr(self, name) is None, name, getattr(self, name),
+                       "needs `arrivals` (worker compute times, e.g. exp:1,exp:2)")
+            _check(self.mode == "blocking" and self.window == 1, "mode" if self.mode != "blocking"
+                   else "window", self.mode if self.mode != "blocking" else self.window,
+                   "needs `arrivals`; fixed lags have no protocol or window")
+            return
+        _check(self.lags == DEFAULT_LAGS, "lags", self.lags,
+               "excludes `arrivals`: staleness emerges from worker speeds; drop one of them")
+        _check(not self.warmup_theta0, "warmup_theta0", True, "applies to fixed lags only")
+        try:
+            k = self.arrival_model().workers  # parses the specs
+        except UsageError as exc:  # the model calls the compute times `compute`
+            if exc.field not in ("compute", "workers"):
+                raise
+            raise UsageError(exc.message, field="arrivals", value=self.arrivals) from None
+        _check(isinstance(self.window, int) and 1 <= self.window <= k, "window", self.window,
+               f"use an int in 1..{k} (1: ASGD, {k}: K-batch-async)")
+        _check(self.reference in REFERENCES, "reference", self.reference,
+               f"use one of {', '.join(REFERENCES)}")
 
     def _check_numbers(self) -> None:
         _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, "use sgd or adam")

@@ -47,6 +47,7 @@ from torch.func import functional_call
 from naig.errors import UsageError
 from naig.gibbs import reference_index
 from naig.io import save_gradients
+from naig.simulate.arrival_loop import ArrivalRun, SyncRoundClock
 from naig.simulate.config import SimulateConfig, resolve_device
 from naig.simulate.data import ByteData, load_bytes
 from naig.simulate.model import GPT, get_preset, lm_loss
@@ -100,6 +101,12 @@ class Simulation:
         self.sizes = [p.numel() for _, p in named]
         self.sketch = TorchSketch.build(list(zip(self.names, self.sizes, strict=True)),
                                         config.sketch_seed, self.device)
+        n_bytes = 4 * self.n_params  # one float32 gradient or parameter message
+        self.arrival_model = config.arrival_model(n_bytes, n_bytes) if config.asynchronous else None
+
+    def make_optimizer(self, theta: nn.Parameter, lr: float) -> torch.optim.Optimizer:
+        """The configured torch optimizer over θ, default settings besides ``lr``."""
+        return _OPTIMIZERS[self.config.optimizer]([theta], lr=lr)
 
     @property
     def n_params(self) -> int:
@@ -159,11 +166,18 @@ class Simulation:
         c = self.config
         return make_strategy(name, StrategyOptions(c.beta, c.dc_lambda, c.line, self.sketch))
 
-    def start(self, strategy: str | Strategy, seed: int, lr: float | None = None) -> Run:
+    def start(self, strategy: str | Strategy, seed: int, lr: float | None = None) -> Run | ArrivalRun:
         """A run at step 0: θ_0 of ``seed``, a fresh optimizer (``lr``: default the first
-        configured), one data stream per worker."""
+        configured), one data stream per worker.
+
+        In arrival mode the run is an ``ArrivalRun`` (updates in arrival order), except for
+        ``sync``, which runs synchronous rounds and pays each round's time.
+        """
         strategy = self.strategy(strategy) if isinstance(strategy, str) else strategy
-        return Run(self, strategy, seed, self.config.lr[0] if lr is None else lr)
+        lr = self.config.lr[0] if lr is None else lr
+        if self.config.asynchronous and strategy.uses_lags:
+            return ArrivalRun(self, strategy, seed, lr)
+        return Run(self, strategy, seed, lr)
 
     def run(self, strategy: str, seed: int, lr: float, ctx: RunContext) -> RunResult:
         """Train one (strategy, seed, lr) run to the end of its budget.
@@ -176,26 +190,41 @@ class Simulation:
             The ``RunResult``; the files it saved are appended to ``ctx.saved``.
         """
         c, run = self.config, self.start(strategy, seed, lr)
-        curve, elapsed = [(0, ctx.untrained)], 0.0
+        curve, seconds, elapsed, done = [(0, ctx.untrained)], [0.0], 0.0, 0
         log = ctx.open_log(strategy, seed, lr)
-        while run.t < c.steps and run.diverged_at is None:
+        while not run.done:
             elapsed += _timed(self.device, run.step)
             if run.diverged_at is not None:
                 break
-            if run.t - 1 in c.save_at:
+            if isinstance(run, Run) and run.t - 1 in c.save_at:
                 ctx.saved += run.save_gradients(Path(c.save_grads or "."))
             loss = None
-            if run.t == c.steps or (c.eval_every and run.t % c.eval_every == 0):
+            if run.progress > done and _evaluates(c, run.progress, done):
                 loss = self.evaluate(run.theta.detach(), ctx.val)
                 curve.append((run.t, loss))
+                seconds.append(run.time)
             log(run, loss)
-            ctx.progress(StepEvent(strategy, seed, lr, run.t, c.steps, loss, elapsed))
-        curve += _skipped_evaluations(c, run.diverged_at)
-        steps_timed = run.t if run.diverged_at is None else run.diverged_at + 1
-        test = self.evaluate(run.theta.detach(), ctx.test) if ctx.test and run.diverged_at is None else None
-        return RunResult(strategy, seed, curve[-1][1], tuple(curve),
-                         ms_per_step=1000 * elapsed / max(steps_timed, 1), diverged_at=run.diverged_at,
-                         lr=lr, final_test_loss=math.nan if ctx.test and test is None else test,
+            if run.progress > done:
+                done = run.progress
+                ctx.progress(StepEvent(strategy, seed, lr, done, c.steps, loss, elapsed))
+        return self._result(run, ctx, curve, seconds, elapsed)
+
+    def _result(self, run: Run | ArrivalRun, ctx: RunContext, curve: list[tuple[int, float]],
+                seconds: list[float], elapsed: float) -> RunResult:
+        c = self.config
+        if run.diverged_at is not None:  # NaN at the evaluation points that never came
+            per_step = c.workers // c.window if isinstance(run, ArrivalRun) else 1  # updates per step
+            curve += [(per_step * s, math.nan) for s in _remaining_evaluations(c, len(curve))]
+        updates = run.t if run.diverged_at is None else run.diverged_at + 1
+        test = None
+        if ctx.test is not None:
+            test = self.evaluate(run.theta.detach(), ctx.test) if run.diverged_at is None else math.nan
+        staleness = run.staleness_summary() if isinstance(run, ArrivalRun) else None
+        return RunResult(run.strategy.name, run.seed, curve[-1][1], tuple(curve),
+                         ms_per_step=1000 * elapsed / max(updates, 1), diverged_at=run.diverged_at,
+                         lr=run.lr, final_test_loss=test,
+                         curve_seconds=tuple(seconds) if c.asynchronous else (),
+                         updates=run.t, staleness=staleness,
                          **pi_stats(run.pis[:run.t].cpu().numpy()))
 
 
@@ -261,12 +290,20 @@ def _timed(device: torch.device, fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _skipped_evaluations(c: SimulateConfig, diverged_at: int | None) -> list[tuple[int, float]]:
-    """After a divergence: NaN at the remaining evaluation points."""
-    if diverged_at is None:
-        return []
-    return [(s, math.nan) for s in range(diverged_at + 1, c.steps + 1)
-            if s == c.steps or (c.eval_every and s % c.eval_every == 0)]
+def _evaluates(c: SimulateConfig, progress: int, before: int) -> bool:
+    """True when progress (in steps) reached the end or crossed a multiple of ``eval_every``."""
+    return progress >= c.steps or bool(c.eval_every and progress // c.eval_every > before // c.eval_every)
+
+
+def _evaluation_points(c: SimulateConfig) -> list[int]:
+    """The steps (step-equivalents in arrival mode) at which a run is evaluated, 0 included."""
+    every = [s for s in range(c.eval_every, c.steps, c.eval_every)] if c.eval_every else []
+    return [0, *every, c.steps]
+
+
+def _remaining_evaluations(c: SimulateConfig, done: int) -> list[int]:
+    """Evaluation points (as steps) a diverged run did not reach: ``done`` of them were."""
+    return _evaluation_points(c)[done:]
 
 
 class Run:
@@ -287,7 +324,7 @@ class Run:
         c, k = sim.config, sim.config.workers
         self.sim, self.strategy, self.seed, self.lr = sim, strategy, seed, lr
         self.theta = nn.Parameter(sim.init_params(seed))
-        self.optimizer = _OPTIMIZERS[c.optimizer]([self.theta], lr=lr)
+        self.optimizer = sim.make_optimizer(self.theta, lr)
         self.ring = allocate_ring(self.theta.detach(), ring_rows(c.lags, c.steps))
         self.ring[0] = self.theta.detach()
         lags = c.lags if strategy.uses_lags else (0,) * k
@@ -300,6 +337,18 @@ class Run:
         self.diverged_at: int | None = None
         self.losses = torch.zeros(k, device=sim.device)  # (K,) last minibatch loss per worker
         self.active_now = torch.zeros(k, dtype=torch.bool, device=sim.device)
+        self.rounds = SyncRoundClock(sim, seed) if c.asynchronous else None  # sync pays round times
+        self.time = 0.0  # simulated seconds (arrival mode's sync only)
+
+    @property
+    def done(self) -> bool:
+        """True after ``steps`` server steps (or once the run diverged)."""
+        return self.t >= self.sim.config.steps or self.diverged_at is not None
+
+    @property
+    def progress(self) -> int:
+        """Server steps done."""
+        return self.t
 
     def active(self) -> Tensor:
         """(K,) bool: the workers that have joined by step t (a lag-τ worker joins at step τ).
@@ -353,8 +402,10 @@ class Run:
         return Batch(self.grads[rows], self.lags[rows], rows, self.theta.detach(), stale[rows])
 
     def _advance(self) -> None:
-        """t ← t + 1, and θ_{t+1} into the ring buffer."""
+        """t ← t + 1, and θ_{t+1} into the ring buffer (and a round's time for sync in arrival mode)."""
         self.t += 1
+        if self.rounds is not None:
+            self.time = self.rounds.tick()
         self.ring[self.t % self.ring.shape[0]] = self.theta.detach()
 
     def _apply(self, grad: Tensor, lr_scale: float) -> None:

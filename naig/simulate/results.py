@@ -46,6 +46,9 @@ class RunResult:
     diverged_at: int | None = None  # step t at which gradients/parameters became non-finite
     lr: float = math.nan  # the optimizer's learning rate of this run
     final_test_loss: float | None = None  # test loss at the end (learning-rate tuning only)
+    curve_seconds: tuple[float, ...] = ()  # arrival mode: simulated seconds of each curve point
+    updates: int = 0  # server updates applied
+    staleness: dict[str, Any] | None = None  # arrival mode: measured τ (mean, per_worker, p_zero, max)
 
 
 @dataclass(frozen=True)
