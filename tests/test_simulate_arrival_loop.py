@@ -8,7 +8,7 @@ import torch
 
 from naig.arrivals import simulate_arrivals
 from naig.errors import UsageError
-from naig.simulate import Simulation, SimulateConfig, run_simulation
+from naig.simulate import SimulateConfig, Simulation, run_simulation
 
 TINY = SimulateConfig(arrivals="exp:1,exp:1,exp:2,exp:4", steps=6, seeds=1, data_bytes=200_000,
                       eval_every=3, eval_batches=2, batch_size=4, strategies=("hogwild",))
