@@ -41,6 +41,11 @@ __all__ = [
     "Optimizer",
     "Device",
     "Model",
+    "Mode",
+    "UplinkOpt",
+    "DownlinkOpt",
+    "ModeOpt",
+    "WindowOpt",
 ]
 
 FLAGS: dict[str, str] = {  # library field name → the flag that sets it
@@ -229,6 +234,24 @@ def opt(flag: str, text: str, **kwargs: Any) -> Any:
     return typer.Option(flag, help=text, **kwargs)
 
 
+class Mode(str, Enum):
+    """``--mode`` choices: the protocol of the arrival process (docs/design.md §10)."""
+
+    blocking = "blocking"
+    non_blocking = "non-blocking"
+    shared_memory = "shared-memory"
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 BetaOpt = Annotated[str, typer.Option("--beta", help="Gibbs inverse temperature β: 'auto' or a float >= 0.")]
 LineOpt = Annotated[str, typer.Option("--line", help="Oriented Fano line I,J,K of the metric Ψ.")]
+UplinkOpt = Annotated[str | None, typer.Option(
+    "--uplink", help="Latency of a gradient message, seconds: const:MEAN, exp:MEAN, ... (one, or one "
+    "per worker).")]
+DownlinkOpt = Annotated[str | None, typer.Option(
+    "--downlink", help="Latency of a parameter message, seconds (one, or one per worker).")]
+ModeOpt = Annotated[Mode, typer.Option(
+    "--mode", help="blocking: wait for fresh parameters; non-blocking: compute back to back; "
+    "shared-memory: blocking without messages.")]
+WindowOpt = Annotated[int, typer.Option(
+    "--window", help="B arrivals per server update (1: ASGD; K: K-batch-async).")]

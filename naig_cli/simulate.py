@@ -10,6 +10,7 @@ import importlib.util
 import io
 import sys
 from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -21,9 +22,14 @@ from naig.errors import UsageError
 from naig_cli._common import (
     BetaOpt,
     Device,
+    DownlinkOpt,
     JsonOpt,
+    Mode,
     Model,
+    ModeOpt,
     Optimizer,
+    UplinkOpt,
+    WindowOpt,
     fail,
     fmt_num,
     handle_errors,
@@ -40,6 +46,14 @@ if TYPE_CHECKING:
 __all__ = ["simulate"]
 
 _DEFAULT_STRATEGIES = "naig,hogwild,staleness,sync"
+
+
+class Reference(str, Enum):
+    """``--reference`` choices (naig.simulate.config.REFERENCES)."""
+
+    auto = "auto"
+    batch = "batch"
+    ema = "ema"
 
 
 @handle_errors
@@ -72,6 +86,17 @@ def simulate(
     warmup_theta0: Annotated[bool, opt(
         "--warmup-theta0", "Old fixed-lag protocol: lagged workers start at step 0 with θ_0.")] = False,
     log_dir: Annotated[str | None, opt("--log-dir", "Write one per-step CSV per run into DIR.")] = None,
+    arrivals: Annotated[str | None, opt(
+        "--arrivals", "Arrival mode: worker compute times in seconds, one per worker (exp:MEAN, "
+        "const:MEAN, shifted-exp:MEAN:SHIFT, gamma:MEAN:SHAPE, lognormal:MEAN:SIGMA), e.g. "
+        "exp:1,exp:1,exp:2,exp:4. Excludes --lags.")] = None,
+    uplink: UplinkOpt = None,
+    downlink: DownlinkOpt = None,
+    mode: ModeOpt = Mode.blocking,
+    window: WindowOpt = 1,
+    reference: Annotated[Reference, opt(
+        "--reference", "naig's reference: auto (ema for --window 1, else the least stale of the "
+        "batch), batch or ema.")] = Reference.auto,
 ) -> None:
     """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
 
@@ -90,7 +115,8 @@ def simulate(
         batch_size=batch_size, eval_every=eval_every, device=device.value, model=model.value,
         data=data, data_bytes=data_bytes, sketch_seed=sketch_seed, save_grads=save_grads,
         save_at=parse_int_list(save_at, "save_at") if save_at else (), warmup_theta0=warmup_theta0,
-        log_dir=log_dir,
+        log_dir=log_dir, arrivals=arrivals, uplink=uplink, downlink=downlink, mode=mode.value,
+        window=window, reference=reference.value,
     )
     with progress("simulate", config.total_steps) as advance:
         result = run_simulation(config, _reporter(advance, config.eval_every or config.steps))

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
 
 __all__ = ["SCHEMA_VERSION", "RunResult", "StrategySummary", "SimulateResult", "pi_stats", "summarise",
-           "choose_lr"]
+           "choose_lr", "time_to_loss"]
 
 SCHEMA_VERSION = 2  # of the simulate JSON document
 
@@ -76,6 +76,11 @@ class StrategySummary:
     lr_val_loss: dict[str, float] = field(default_factory=dict)  # tuning: lr → mean val loss
     test_loss_mean: float | None = None  # tuning: mean test loss at the chosen lr
     test_loss_std: float | None = None  # tuning: its sample std over seeds
+    curve_seconds: tuple[float, ...] = ()  # arrival mode: mean simulated seconds of each curve point
+    time_to_loss: float | None = None  # arrival mode: median over seeds of the simulated seconds
+    #                                    to reach sync's final loss of the seed (None: not reached)
+    reached: int | None = None  # arrival mode: seeds that reached sync's final loss
+    staleness_mean: float | None = None  # arrival mode: mean measured τ over the strategy's runs
 
 
 @dataclass(frozen=True)
@@ -152,6 +157,41 @@ def _loss_stats(losses: list[float]) -> tuple[float, float | None]:
     return mean, std
 
 
+def time_to_loss(run: RunResult, target: float) -> float:
+    """Simulated seconds until a run's validation curve first reaches ``target``.
+
+    Linear interpolation between evaluation points; ``inf`` when it never does.
+
+    Example:
+        >>> r = RunResult("x", 0, 2.0, ((0, 5.0), (10, 3.0), (20, 2.0)), (), 0.0, 1.0, 0.0, 0.0, 1.0,
+        ...               curve_seconds=(0.0, 4.0, 8.0))
+        >>> time_to_loss(r, 2.5), time_to_loss(r, 1.0)
+        (6.0, inf)
+    """
+    points = list(zip(run.curve_seconds, (loss for _, loss in run.curve), strict=False))
+    for (t0, l0), (t1, l1) in zip(points, points[1:], strict=False):
+        if math.isfinite(l1) and l1 <= target:
+            return t1 if not (math.isfinite(l0) and l0 > l1) else t0 + (t1 - t0) * (l0 - target) / (l0 - l1)
+    return math.inf
+
+
+def _time_stats(mine: list[RunResult], runs: list[RunResult], sync_lr: float | None) -> dict[str, Any]:
+    """Median time to sync's final loss of the same seed, and how many seeds got there."""
+    if not mine or not mine[0].curve_seconds or sync_lr is None:
+        return {}
+    target = {r.seed: r.final_val_loss for r in runs if r.strategy == "sync" and r.lr == sync_lr}
+    times = [time_to_loss(r, target[r.seed]) for r in mine if r.seed in target]
+    if not times:
+        return {}
+    median = statistics.median(times)
+    points = min(len(r.curve_seconds) for r in mine)  # a diverged run stops early
+    seconds = tuple(statistics.fmean(r.curve_seconds[i] for r in mine) for i in range(points))
+    tau = [r.staleness["mean"] for r in mine if r.staleness]
+    return dict(curve_seconds=seconds, time_to_loss=median if math.isfinite(median) else None,
+                reached=sum(math.isfinite(t) for t in times),
+                staleness_mean=statistics.fmean(tau) if tau else None)
+
+
 def choose_lr(runs: list[RunResult]) -> tuple[float, dict[str, float]]:
     """The learning rate with the lowest mean final validation loss over seeds.
 
@@ -172,7 +212,8 @@ def choose_lr(runs: list[RunResult]) -> tuple[float, dict[str, float]]:
     return best, {repr(lr): m for lr, m in means.items()}
 
 
-def _summarise_one(runs: list[RunResult], name: str, hogwild: float | None) -> StrategySummary:
+def _summarise_one(runs: list[RunResult], name: str, hogwild: float | None,
+                   sync_lr: float | None) -> StrategySummary:
     lr, table = choose_lr([r for r in runs if r.strategy == name])
     mine = [r for r in runs if r.strategy == name and r.lr == lr]
     mean, std = _loss_stats([r.final_val_loss for r in mine])
@@ -191,13 +232,14 @@ def _summarise_one(runs: list[RunResult], name: str, hogwild: float | None) -> S
         name, mean, std, change,
         tuple(_nanmean([r.mean_pi for r in mine], axis=0).tolist()), avg("frozen_fraction"),
         avg("k_eff"), avg("entropy_first"), avg("entropy_last"), avg("ms_per_step"), curve,
-        tuple(r.diverged_at for r in mine), lr, table if tuned else {}, test_mean, test_std)
+        tuple(r.diverged_at for r in mine), lr, table if tuned else {}, test_mean, test_std,
+        **_time_stats(mine, runs, sync_lr))
 
 
 def summarise(runs: list[RunResult], names: tuple[str, ...]) -> tuple[StrategySummary, ...]:
     """One ``StrategySummary`` per strategy name that has runs, in ``names`` order."""
     present = [n for n in names if any(r.strategy == n for r in runs)]
-    summaries = tuple(_summarise_one(runs, n, None) for n in present)
-    hog = next((s for s in summaries if s.strategy == "hogwild"), None)
+    sync_lr = choose_lr([r for r in runs if r.strategy == "sync"])[0] if "sync" in present else None
+    hog = _summarise_one(runs, "hogwild", None, sync_lr) if "hogwild" in present else None
     ref = None if hog is None else hog.val_loss_mean if hog.test_loss_mean is None else hog.test_loss_mean
-    return tuple(_summarise_one(runs, n, ref) for n in present)
+    return tuple(_summarise_one(runs, n, ref, sync_lr) for n in present)
