@@ -141,7 +141,7 @@ class StrategyOptions:
     """
 
     beta: float | str = "auto"  # Gibbs inverse temperature (naig, naig-exact): float ≥ 0 or "auto"
-    dc_lambda: float = 2.0  # dc-asgd's constant λ (chosen by benchmarks/dc_lambda.py, docs/design.md §10)
+    dc_lambda: float = 20.0  # dc-asgd's constant λ (measured: benchmarks/dc_lambda.py, docs/design.md §10)
     line: tuple[int, int, int] = (1, 2, 4)  # oriented Fano line ℓ of the metric Ψ_ℓ
     sketch: TorchSketch | None = None  # precomputed sketch of the flat layout (naig)
     lr: float = 3e-3  # η, the run's base learning rate (gap-aware under SGD counts gaps in η-steps)
