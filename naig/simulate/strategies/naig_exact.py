@@ -2,6 +2,8 @@
 
 E_k = (8/3)(4/14) ‖g_k − g_R‖²: the expected sketched energy of a drift spread
 evenly over g2 (E[‖S x‖²] = ‖x‖², a fraction 4/14 of it on the ridge, eigenvalue 8/3).
+At window 1 the reference is an n-float EMA(0.9) of the applied gradients (float64),
+as ``naig``'s sketch-space one (see ``naig.simulate.strategies.naig``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ class NAIGExact(GibbsStrategy):
 
     name = "naig-exact"
 
-    def energies(self, grads: Tensor, ref: int) -> Tensor:
-        """E_k = (8/3)(4/14) ‖g_k − g_R‖² as (K,) float64."""
-        d = grads.to(torch.float64) - grads[ref].to(torch.float64)
-        return EXACT_FACTOR * (d * d).sum(-1)
+    def embed(self, grads: Tensor) -> Tensor:
+        """g_k itself, (B, n) float64."""
+        return grads.to(torch.float64)
+
+    def energy_of(self, drifts: Tensor) -> Tensor:
+        """E_k = (8/3)(4/14) ‖d_k‖² as (B,) float64."""
+        return EXACT_FACTOR * (drifts * drifts).sum(-1)

@@ -1,0 +1,204 @@
+"""Injected worker faults: what a faulty worker sends instead of its gradient (docs/design.md §12).
+
+A fault is written ``W:KIND[:ARG][@STEP]``: worker W (any worker, the reference
+included) sends, from server update STEP on (default 0), instead of its gradient g (n,):
+
+============  ==============================================================
+``signflip:a``  −a·g
+``scale:a``     a·g
+``noise:σ``     g + ε, ε ~ N(0, σ²‖g‖²/n · I)  (so E‖ε‖² = σ²‖g‖²)
+``zero``        0
+``nan``         NaN in every coordinate
+``random``      ‖g‖ · z/‖z‖, z ~ N(0, I)  (a random direction of the same norm)
+============  ==============================================================
+
+Several faults may name one worker; they apply in the order given. Randomness comes
+from an explicit ``torch.Generator`` (one draw of n values per noisy or random row, in
+row order, then fault order).
+
+Example:
+    >>> import torch
+    >>> faults = parse_faults(["1:signflip:10", "0:zero@2"])
+    >>> [str(f) for f in faults]
+    ['1:signflip:10@0', '0:zero@2']
+    >>> g = torch.ones(3, 2)
+    >>> apply_faults(faults, g, torch.tensor([0, 1, 2]), step=0, generator=torch.Generator()).tolist()
+    [False, True, False]
+    >>> g.tolist()
+    [[1.0, 1.0], [-10.0, -10.0], [1.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from naig.errors import UsageError
+
+__all__ = ["Fault", "FAULT_KINDS", "parse_fault", "parse_faults", "check_faults", "apply_faults",
+           "faulty_workers"]
+
+FAULT_KINDS = ("signflip", "scale", "noise", "zero", "nan", "random")
+_WITH_ARG = ("signflip", "scale", "noise")
+_FORMAT = "use W:KIND[:ARG][@STEP], e.g. 1:signflip:10 or 0:nan@50"
+_PATTERN = re.compile(r"^(?P<worker>[^:@]+):(?P<kind>[^:@]+)(?::(?P<arg>[^@]+))?(?:@(?P<step>.+))?$")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault.
+
+    Attributes:
+        worker: the worker index W ≥ 0.
+        kind: one of ``FAULT_KINDS``.
+        arg: a (signflip, scale) or σ (noise); None for the kinds without an argument.
+        start: the first server update (0-based) at which the fault is active.
+    """
+
+    worker: int
+    kind: str
+    arg: float | None = None
+    start: int = 0
+
+    def __str__(self) -> str:
+        arg = "" if self.arg is None else f":{self.arg:g}"
+        return f"{self.worker}:{self.kind}{arg}@{self.start}"
+
+    def active(self, step: int) -> bool:
+        """True from server update ``start`` on."""
+        return step >= self.start
+
+    def apply(self, grad: Tensor, generator: torch.Generator) -> None:
+        """Replace ``grad`` (n,) in place by what the faulty worker sends (see the module table)."""
+        if self.kind in ("signflip", "scale"):
+            grad.mul_(-self.arg if self.kind == "signflip" else self.arg)  # type: ignore[operator]
+        elif self.kind == "zero":
+            grad.zero_()
+        elif self.kind == "nan":
+            grad.fill_(math.nan)
+        else:
+            _apply_random(self, grad, generator)
+
+
+def _apply_random(fault: Fault, grad: Tensor, generator: torch.Generator) -> None:
+    """noise: g + σ‖g‖/√n · z; random: ‖g‖ z/‖z‖ (z standard normal, drawn from ``generator``)."""
+    norm = float(torch.linalg.vector_norm(grad, dtype=torch.float64))
+    z = torch.randn(grad.shape, generator=generator, device=grad.device, dtype=grad.dtype)
+    if fault.kind == "noise":
+        grad.add_(z, alpha=fault.arg * norm / math.sqrt(grad.numel()))  # type: ignore[operator]
+        return
+    z_norm = float(torch.linalg.vector_norm(z, dtype=torch.float64))
+    grad.copy_(z).mul_(norm / z_norm if z_norm > 0 else 0.0)
+
+
+def parse_fault(text: str) -> Fault:
+    """Parse one ``W:KIND[:ARG][@STEP]``.
+
+    Raises:
+        UsageError: field ``faults``, naming the text and the fix.
+
+    Example:
+        >>> parse_fault("2:noise:0.5@100")
+        Fault(worker=2, kind='noise', arg=0.5, start=100)
+    """
+    m = _PATTERN.match(text.strip())
+    if m is None:
+        raise UsageError(_FORMAT, field="faults", value=text)
+    worker = _int(m["worker"], text, "the worker W")
+    kind = m["kind"].strip().lower()
+    if kind not in FAULT_KINDS:
+        raise UsageError(f"unknown fault kind {kind!r}; use signflip:a, scale:a, noise:σ, zero, nan "
+                         "or random", field="faults", value=text)
+    start = 0 if m["step"] is None else _int(m["step"], text, "STEP")
+    return Fault(worker, kind, _arg(kind, m["arg"], text), start)
+
+
+def _int(part: str, text: str, what: str) -> int:
+    try:
+        value = int(part.strip())
+    except ValueError:
+        raise UsageError(f"{what} must be an int >= 0; {_FORMAT}", field="faults", value=text) from None
+    if value < 0:
+        raise UsageError(f"{what} must be an int >= 0; {_FORMAT}", field="faults", value=text)
+    return value
+
+
+def _arg(kind: str, part: str | None, text: str) -> float | None:
+    if kind not in _WITH_ARG:
+        if part is not None:
+            raise UsageError(f"{kind} takes no argument, e.g. 2:{kind}@100", field="faults", value=text)
+        return None
+    if part is None:
+        raise UsageError(f"{kind} needs an argument, e.g. 1:{kind}:{'0.5' if kind == 'noise' else '10'}",
+                         field="faults", value=text)
+    try:
+        value = float(part)
+    except ValueError:
+        raise UsageError(f"the argument of {kind} must be a number; {_FORMAT}", field="faults",
+                         value=text) from None
+    if not math.isfinite(value) or (kind == "noise" and value < 0):
+        raise UsageError(f"the argument of {kind} must be finite{' and >= 0' if kind == 'noise' else ''}",
+                         field="faults", value=text)
+    return value
+
+
+def parse_faults(texts: str | Sequence[str]) -> tuple[Fault, ...]:
+    """Parse faults given one per string (a repeatable option), in order.
+
+    Args:
+        texts: a sequence of ``W:KIND[:ARG][@STEP]`` strings, or one such string.
+
+    Raises:
+        UsageError: field ``faults`` for the first malformed one.
+    """
+    return tuple(parse_fault(t) for t in ([texts] if isinstance(texts, str) else texts))
+
+
+def check_faults(faults: Iterable[Fault], workers: int) -> None:
+    """Refuse a fault on a worker that does not exist (``UsageError``, field ``faults``).
+
+    Example:
+        >>> check_faults(parse_faults(["4:zero"]), workers=4)
+        Traceback (most recent call last):
+        ...
+        naig.errors.UsageError: faults='4:zero@0': worker 4 does not exist; the 4 workers are 0..3
+    """
+    for f in faults:
+        if f.worker >= workers:
+            raise UsageError(f"worker {f.worker} does not exist; the {workers} workers are 0..{workers - 1}",
+                             field="faults", value=str(f))
+
+
+def faulty_workers(faults: Iterable[Fault]) -> tuple[int, ...]:
+    """The sorted distinct workers named by ``faults`` (tables mark them)."""
+    return tuple(sorted({f.worker for f in faults}))
+
+
+def apply_faults(faults: Sequence[Fault], grads: Tensor, workers: Tensor, step: int,
+                 generator: torch.Generator) -> Tensor:
+    """Apply the faults active at ``step`` to the rows of ``grads`` in place.
+
+    Args:
+        faults: parsed faults, applied in order.
+        grads: (B, n) float gradients; row k was sent by ``workers[k]``.
+        workers: (B,) int worker index of each row.
+        step: the server update being assembled (0-based).
+        generator: a ``torch.Generator`` on ``grads``' device (noise, random).
+
+    Returns:
+        (B,) bool, True for the rows a fault changed.
+    """
+    touched = torch.zeros(grads.shape[0], dtype=torch.bool)
+    active = [f for f in faults if f.active(step)]
+    if active:
+        for row, worker in enumerate(workers.tolist()):
+            for f in active:
+                if f.worker == worker:
+                    f.apply(grads[row], generator)
+                    touched[row] = True
+    return touched
