@@ -212,7 +212,7 @@ def _main_rows(r: StalenessReport) -> list[tuple[str, Estimate, float | None, bo
 
 
 def _render(r: StalenessReport, wall: float) -> None:
-    out, k = stdout, r.model.workers
+    out = stdout
     out.print(_header(r), markup=False)
     t = _table("measured (95% batch-means interval) vs predicted", "quantity", "measured", "95% interval",
                "predicted")
@@ -224,14 +224,15 @@ def _render(r: StalenessReport, wall: float) -> None:
     out.print(_worker_table(r))
     out.print(_bandwidth_table(r))
     out.print(_histogram(r))
-    out.print(f"{r.updates:,} arrivals of {k} workers simulated in {r.simulate_seconds:.3f} s "
-              f"({r.updates / r.simulate_seconds:,.0f} arrivals/s); report {wall:.2f} s in all, "
-              f"with {r.rounds:,} synchronous rounds")
+    out.print(f"{r.updates:,} arrivals simulated in {r.simulate_seconds:.3f} s "
+              f"({r.updates / r.simulate_seconds:,.0f} arrivals/s), {r.rounds:,} synchronous rounds; "
+              f"{wall:.2f} s in all; statistics after a start-up of {r.measured.warmup} arrivals")
 
 
 def _header(r: StalenessReport) -> str:
     d = r.model.describe()
-    parts = [f"K = {r.model.workers} workers, {r.model.mode}", f"compute {_specs(d['compute'])}"]
+    k = r.model.workers
+    parts = [f"K = {k} worker{'s' * (k != 1)}, {r.model.mode}", f"compute {_specs(d['compute'])}"]
     if d["per_sample"]:
         parts.append(f"+ b·{_specs(d['per_sample'])}, b = {r.model.batch_size}")
     for name in ("uplink", "downlink"):
@@ -305,16 +306,15 @@ def _histogram(r: StalenessReport) -> Table:
 
 def _render_sweep(field: str, values: list[int], reports: list[StalenessReport]) -> None:
     name = "K" if field == "workers" else "b"
-    t = _table(f"sweep over {name}: staleness, age and bandwidth (n = {reports[0].params:,})", name,
-               "λ /s", "mean τ", "95% interval", "predicted", "P(τ=0)", "E[A] s", "up gradient",
-               "up sketch", "sync round s")
+    t = _table(f"sweep over {name}: staleness, age, bandwidth (n = {reports[0].params:,})", name, "λ /s",
+               "mean τ ± 95%", "predicted", "P(τ=0)", "E[A] s", "gradients ↑", "round s")
+    t.collapse_padding = True
     for v, r in zip(values, reports, strict=True):
-        m, b = r.measured, r.bandwidth()
-        t.add_row(str(v), f"{m.rate.value:.4g}", f"{m.mean.value:.3f}", _interval(m.mean, ".3f"),
+        m = r.measured
+        half = "" if m.mean.interval is None else f" ± {(m.mean.high - m.mean.low) / 2:.3f}"
+        t.add_row(str(v), f"{m.rate.value:.4g}", f"{m.mean.value:.3f}{half}",
                   _pred(r.predicted.mean, r.within()["mean"], ".3f"), f"{m.p_zero.value:.4f}",
-                  f"{m.age.value:.4g}", _si(b["measured"]["up_gradient"], "B/s"),
-                  _si(b["measured"]["up_sketch"], "B/s"), f"{r.round_time.value:.4g}")
-    first = reports[0]
-    stdout.print(f"{first.model.mode}; {first.updates:,} arrivals per point, seed {first.seed}; "
-                 f"other settings as in the first point: {_header(first)}", markup=False)
+                  f"{m.age.value:.4g}", _si(r.bandwidth()["measured"]["up_gradient"], "B/s"),
+                  f"{r.round_time.value:.4g}")
+    stdout.print(f"first point: {_header(reports[0])}", markup=False)
     stdout.print(t)
