@@ -41,6 +41,7 @@ __all__ = [
     "Optimizer",
     "Device",
     "Model",
+    "ArrivalMode",
 ]
 
 FLAGS: dict[str, str] = {  # library field name → the flag that sets it
@@ -218,6 +219,14 @@ class Model(str, Enum):
     gpt_nano = "gpt-nano"
     gpt_micro = "gpt-micro"
     gpt2_124m = "gpt2-124m"
+
+
+class ArrivalMode(str, Enum):
+    """``--mode`` choices of the arrival model (naig.arrivals.MODES): how a worker waits for parameters."""
+
+    blocking = "blocking"
+    non_blocking = "non-blocking"
+    shared_memory = "shared-memory"
 
 
 def opt(flag: str, text: str, **kwargs: Any) -> Any:

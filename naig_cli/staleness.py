@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import time
-from enum import Enum
 from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
@@ -22,24 +21,16 @@ from rich.table import Table
 from rich.text import Text
 
 from naig.errors import UsageError
-from naig_cli._common import JsonOpt, fmt_num, handle_errors, opt, print_json, progress, stdout
+from naig_cli._common import ArrivalMode, JsonOpt, fmt_num, handle_errors, opt, print_json, progress, stdout
 
 if TYPE_CHECKING:
     from naig.arrivals import ArrivalModel, Estimate, StalenessReport
 
-__all__ = ["staleness", "Mode", "parse_sweep"]
+__all__ = ["staleness", "parse_sweep"]
 
 _MAX_SWEEP = 256
 _HIST_ROWS = 24
 _BAR = 40
-
-
-class Mode(str, Enum):
-    """``--mode`` choices: how a worker waits for parameters."""
-
-    blocking = "blocking"
-    non_blocking = "non-blocking"
-    shared_memory = "shared-memory"
 
 
 _SPEC_HELP = "one for all workers or one per worker, e.g. exp:1 or exp:0.5,exp:1,exp:2,exp:4"
@@ -61,8 +52,8 @@ def staleness(
                                          "message costs latency + 4·params / bandwidth.")] = None,
     params: Annotated[int, opt("--params", "n float32 parameters of the model (message sizes); "
                                "default: GPT-2 small.")] = 124_439_808,
-    mode: Annotated[Mode, opt("--mode", "blocking: wait for fresh parameters; non-blocking: compute "
-                              "back to back; shared-memory: blocking, no delays.")] = Mode.blocking,
+    mode: Annotated[ArrivalMode, opt("--mode", "blocking: wait for fresh parameters; non-blocking: compute "
+                              "back to back; shared-memory: blocking, no delays.")] = ArrivalMode.blocking,
     window: Annotated[int, opt("--window", "B arrivals per server update (K: K-batch-async).")] = 1,
     updates: Annotated[int, opt("--updates", "N gradient arrivals to simulate.")] = 100_000,
     seed: Annotated[int, opt("--seed", "Seed of the simulation, 0..2^64-1.")] = 0,
@@ -76,27 +67,40 @@ def staleness(
     shown in red. Predictions that do not apply (e.g. the K − 1 law in non-blocking
     mode) are shown as — (null in JSON).
     """
-    from naig.arrivals import staleness_report
+    from naig.arrivals.engine import check_count
 
-    links = _parse_bandwidth(bandwidth)
+    check_count(params, "params")  # before it sizes the messages
     base = dict(workers=workers, compute=compute, per_sample=per_sample, batch_size=batch_size,
                 uplink=uplink, downlink=downlink, mode=mode.value, bytes_up=4.0 * params,
-                bytes_down=4.0 * params, bandwidth=links)
+                bytes_down=4.0 * params, bandwidth=_parse_bandwidth(bandwidth))
+    run = dict(updates=updates, seed=seed, window=window, params=params)
     if sweep is None:
-        t0 = time.perf_counter()
-        report = staleness_report(_model(base), updates, seed, window=window, params=params)
-        print_json(report.to_dict()) if json_out else _render(report, time.perf_counter() - t0)
-        return
-    field, values = parse_sweep(sweep)
+        _run_one(base, run, json_out)
+    else:
+        _run_sweep(base, run, *parse_sweep(sweep), json_out)
+
+
+def _run_one(base: dict, run: dict, json_out: bool) -> None:
+    from naig.arrivals import staleness_report
+
+    t0 = time.perf_counter()
+    report = staleness_report(_model(base), **run)
+    print_json(report.to_dict()) if json_out else _render(report, time.perf_counter() - t0)
+
+
+def _run_sweep(base: dict, run: dict, field: str, values: list[int], json_out: bool) -> None:
+    """One report per value of the swept setting; every model is checked before the first run."""
+    from naig.arrivals import SCHEMA_VERSION, staleness_report
+
     models = [_model(base | _swept(base, field, v)) for v in values]
     reports = []
     with progress("staleness sweep", len(models)) as advance:
         for m in models:
-            reports.append(staleness_report(m, updates, seed, window=window, params=params))
+            reports.append(staleness_report(m, **run))
             advance()
     if json_out:
-        print_json({"schema_version": reports[0].to_dict()["schema_version"],
-                    "sweep": {"field": field, "values": values}, "runs": [r.to_dict() for r in reports]})
+        print_json({"schema_version": SCHEMA_VERSION, "sweep": {"field": field, "values": values},
+                    "runs": [r.to_dict() for r in reports]})
     else:
         _render_sweep(field, values, reports)
 
