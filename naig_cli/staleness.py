@@ -39,9 +39,9 @@ _SPEC_HELP = "one for all workers or one per worker, e.g. exp:1 or exp:0.5,exp:1
 @handle_errors
 def staleness(
     workers: Annotated[int | None, opt("--workers", "K workers (default: the lists' length, or 4).")] = None,
-    compute: Annotated[str, opt("--compute", f"Compute time x0, seconds: const:M, exp:M, "
-                                "shifted-exp:M:SHIFT, gamma:M:SHAPE, lognormal:M:SIGMA (each by its "
-                                f"mean); {_SPEC_HELP}.")] = "exp:1",
+    compute: Annotated[str, opt("--compute", "Compute time x0, seconds: const:MEAN, exp:MEAN, "
+                                "shifted-exp:MEAN:SHIFT, gamma:MEAN:SHAPE, lognormal:MEAN:SIGMA; "
+                                f"{_SPEC_HELP}.")] = "exp:1",
     per_sample: Annotated[str | None, opt("--per-sample", "Compute seconds per sample x1: "
                                           "X = x0 + b·x1 with b = --batch-size.")] = None,
     batch_size: Annotated[int, opt("--batch-size", "b, samples per minibatch (needs --per-sample).")] = 1,

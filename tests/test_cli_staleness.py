@@ -99,6 +99,7 @@ def test_bad_options_are_one_line_exit_2(args: list[str], needles: list[str]) ->
 def test_help_lists_the_modes() -> None:
     r = run_naig("staleness", "--help")
     assert r.returncode == 0 and "non-blocking" in r.stdout and "shared-memory" in r.stdout
+    assert "shifted-exp:MEAN:SHIFT" in r.stdout  # not eaten by rich's :emoji: codes
 
 
 def test_scipy_is_imported_only_when_used() -> None:
