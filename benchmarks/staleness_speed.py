@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 from naig.arrivals import ArrivalClock, ArrivalModel, simulate_arrivals, staleness_report
 
@@ -29,7 +30,7 @@ SETUPS = {
 }
 
 
-def _rate(fn, n: int, repeats: int) -> float:  # noqa: ANN001
+def _rate(fn: Callable[[int], object], n: int, repeats: int) -> float:
     """Median arrivals/s of ``fn(n)`` over ``repeats`` runs."""
     times = []
     for _ in range(repeats):

@@ -41,7 +41,6 @@ __all__ = [
     "Optimizer",
     "Device",
     "Model",
-    "Mode",
     "UplinkOpt",
     "DownlinkOpt",
     "ModeOpt",
@@ -229,17 +228,17 @@ class Model(str, Enum):
     gpt2_124m = "gpt2-124m"
 
 
-def opt(flag: str, text: str, **kwargs: Any) -> Any:
-    """``typer.Option(flag, help=text, **kwargs)``, short enough for one signature line."""
-    return typer.Option(flag, help=text, **kwargs)
-
-
-class Mode(str, Enum):
-    """``--mode`` choices: the protocol of the arrival process (docs/design.md §10)."""
+class ArrivalMode(str, Enum):
+    """``--mode`` choices of the arrival model (naig.arrivals.MODES): how a worker waits for parameters."""
 
     blocking = "blocking"
     non_blocking = "non-blocking"
     shared_memory = "shared-memory"
+
+
+def opt(flag: str, text: str, **kwargs: Any) -> Any:
+    """``typer.Option(flag, help=text, **kwargs)``, short enough for one signature line."""
+    return typer.Option(flag, help=text, **kwargs)
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -247,10 +246,10 @@ BetaOpt = Annotated[str, typer.Option("--beta", help="Gibbs inverse temperature 
 LineOpt = Annotated[str, typer.Option("--line", help="Oriented Fano line I,J,K of the metric Ψ.")]
 UplinkOpt = Annotated[str | None, typer.Option(
     "--uplink", help="Latency of a gradient message, seconds: const:MEAN, exp:MEAN, ... (one, or one "
-    "per worker).")]
+    "per worker; const:0 for none).")]
 DownlinkOpt = Annotated[str | None, typer.Option(
     "--downlink", help="Latency of a parameter message, seconds (one, or one per worker).")]
-ModeOpt = Annotated[Mode, typer.Option(
+ModeOpt = Annotated[ArrivalMode, typer.Option(
     "--mode", help="blocking: wait for fresh parameters; non-blocking: compute back to back; "
     "shared-memory: blocking without messages.")]
 WindowOpt = Annotated[int, typer.Option(

@@ -20,11 +20,11 @@ from rich.table import Table
 
 from naig.errors import UsageError
 from naig_cli._common import (
+    ArrivalMode,
     BetaOpt,
     Device,
     DownlinkOpt,
     JsonOpt,
-    Mode,
     Model,
     ModeOpt,
     Optimizer,
@@ -92,7 +92,7 @@ def simulate(
         "exp:1,exp:1,exp:2,exp:4. Excludes --lags.")] = None,
     uplink: UplinkOpt = None,
     downlink: DownlinkOpt = None,
-    mode: ModeOpt = Mode.blocking,
+    mode: ModeOpt = ArrivalMode.blocking,
     window: WindowOpt = 1,
     reference: Annotated[Reference, opt(
         "--reference", "naig's reference: auto (ema for --window 1, else the least stale of the "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import time
-from enum import Enum
 from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
@@ -22,24 +21,29 @@ from rich.table import Table
 from rich.text import Text
 
 from naig.errors import UsageError
-from naig_cli._common import JsonOpt, fmt_num, handle_errors, opt, print_json, progress, stdout
+from naig_cli._common import (
+    ArrivalMode,
+    DownlinkOpt,
+    JsonOpt,
+    ModeOpt,
+    UplinkOpt,
+    WindowOpt,
+    fmt_num,
+    handle_errors,
+    opt,
+    print_json,
+    progress,
+    stdout,
+)
 
 if TYPE_CHECKING:
     from naig.arrivals import ArrivalModel, Estimate, StalenessReport
 
-__all__ = ["staleness", "Mode", "parse_sweep"]
+__all__ = ["staleness", "parse_sweep"]
 
 _MAX_SWEEP = 256
 _HIST_ROWS = 24
 _BAR = 40
-
-
-class Mode(str, Enum):
-    """``--mode`` choices: how a worker waits for parameters."""
-
-    blocking = "blocking"
-    non_blocking = "non-blocking"
-    shared_memory = "shared-memory"
 
 
 _SPEC_HELP = "one for all workers or one per worker, e.g. exp:1 or exp:0.5,exp:1,exp:2,exp:4"
@@ -48,22 +52,20 @@ _SPEC_HELP = "one for all workers or one per worker, e.g. exp:1 or exp:0.5,exp:1
 @handle_errors
 def staleness(
     workers: Annotated[int | None, opt("--workers", "K workers (default: the lists' length, or 4).")] = None,
-    compute: Annotated[str, opt("--compute", f"Compute time x0, seconds: const:M, exp:M, "
-                                "shifted-exp:M:SHIFT, gamma:M:SHAPE, lognormal:M:SIGMA (each by its "
-                                f"mean); {_SPEC_HELP}.")] = "exp:1",
+    compute: Annotated[str, opt("--compute", "Compute time x0, seconds: const:MEAN, exp:MEAN, "
+                                "shifted-exp:MEAN:SHIFT, gamma:MEAN:SHAPE, lognormal:MEAN:SIGMA; "
+                                f"{_SPEC_HELP}.")] = "exp:1",
     per_sample: Annotated[str | None, opt("--per-sample", "Compute seconds per sample x1: "
                                           "X = x0 + b·x1 with b = --batch-size.")] = None,
     batch_size: Annotated[int, opt("--batch-size", "b, samples per minibatch (needs --per-sample).")] = 1,
-    uplink: Annotated[str | None, opt("--uplink", "Latency of a gradient message, seconds (same "
-                                      "syntax as --compute; const:0 for none).")] = None,
-    downlink: Annotated[str | None, opt("--downlink", "Latency of a parameter message, seconds.")] = None,
+    uplink: UplinkOpt = None,
+    downlink: DownlinkOpt = None,
     bandwidth: Annotated[str | None, opt("--bandwidth", "Link bytes/s, one or one per worker: a "
                                          "message costs latency + 4·params / bandwidth.")] = None,
     params: Annotated[int, opt("--params", "n float32 parameters of the model (message sizes); "
                                "default: GPT-2 small.")] = 124_439_808,
-    mode: Annotated[Mode, opt("--mode", "blocking: wait for fresh parameters; non-blocking: compute "
-                              "back to back; shared-memory: blocking, no delays.")] = Mode.blocking,
-    window: Annotated[int, opt("--window", "B arrivals per server update (K: K-batch-async).")] = 1,
+    mode: ModeOpt = ArrivalMode.blocking,
+    window: WindowOpt = 1,
     updates: Annotated[int, opt("--updates", "N gradient arrivals to simulate.")] = 100_000,
     seed: Annotated[int, opt("--seed", "Seed of the simulation, 0..2^64-1.")] = 0,
     sweep: Annotated[str | None, opt("--sweep", "Vary one setting: workers=1..64 or "
@@ -76,27 +78,40 @@ def staleness(
     shown in red. Predictions that do not apply (e.g. the K − 1 law in non-blocking
     mode) are shown as — (null in JSON).
     """
-    from naig.arrivals import staleness_report
+    from naig.arrivals.engine import check_count
 
-    links = _parse_bandwidth(bandwidth)
+    check_count(params, "params")  # before it sizes the messages
     base = dict(workers=workers, compute=compute, per_sample=per_sample, batch_size=batch_size,
                 uplink=uplink, downlink=downlink, mode=mode.value, bytes_up=4.0 * params,
-                bytes_down=4.0 * params, bandwidth=links)
+                bytes_down=4.0 * params, bandwidth=_parse_bandwidth(bandwidth))
+    run = dict(updates=updates, seed=seed, window=window, params=params)
     if sweep is None:
-        t0 = time.perf_counter()
-        report = staleness_report(_model(base), updates, seed, window=window, params=params)
-        print_json(report.to_dict()) if json_out else _render(report, time.perf_counter() - t0)
-        return
-    field, values = parse_sweep(sweep)
+        _run_one(base, run, json_out)
+    else:
+        _run_sweep(base, run, *parse_sweep(sweep), json_out)
+
+
+def _run_one(base: dict, run: dict, json_out: bool) -> None:
+    from naig.arrivals import staleness_report
+
+    t0 = time.perf_counter()
+    report = staleness_report(_model(base), **run)
+    print_json(report.to_dict()) if json_out else _render(report, time.perf_counter() - t0)
+
+
+def _run_sweep(base: dict, run: dict, field: str, values: list[int], json_out: bool) -> None:
+    """One report per value of the swept setting; every model is checked before the first run."""
+    from naig.arrivals import SCHEMA_VERSION, staleness_report
+
     models = [_model(base | _swept(base, field, v)) for v in values]
     reports = []
     with progress("staleness sweep", len(models)) as advance:
         for m in models:
-            reports.append(staleness_report(m, updates, seed, window=window, params=params))
+            reports.append(staleness_report(m, **run))
             advance()
     if json_out:
-        print_json({"schema_version": reports[0].to_dict()["schema_version"],
-                    "sweep": {"field": field, "values": values}, "runs": [r.to_dict() for r in reports]})
+        print_json({"schema_version": SCHEMA_VERSION, "sweep": {"field": field, "values": values},
+                    "runs": [r.to_dict() for r in reports]})
     else:
         _render_sweep(field, values, reports)
 
@@ -212,7 +227,7 @@ def _main_rows(r: StalenessReport) -> list[tuple[str, Estimate, float | None, bo
 
 
 def _render(r: StalenessReport, wall: float) -> None:
-    out, k = stdout, r.model.workers
+    out = stdout
     out.print(_header(r), markup=False)
     t = _table("measured (95% batch-means interval) vs predicted", "quantity", "measured", "95% interval",
                "predicted")
@@ -224,14 +239,15 @@ def _render(r: StalenessReport, wall: float) -> None:
     out.print(_worker_table(r))
     out.print(_bandwidth_table(r))
     out.print(_histogram(r))
-    out.print(f"{r.updates:,} arrivals of {k} workers simulated in {r.simulate_seconds:.3f} s "
-              f"({r.updates / r.simulate_seconds:,.0f} arrivals/s); report {wall:.2f} s in all, "
-              f"with {r.rounds:,} synchronous rounds")
+    out.print(f"{r.updates:,} arrivals simulated in {r.simulate_seconds:.3f} s "
+              f"({r.updates / r.simulate_seconds:,.0f} arrivals/s), {r.rounds:,} synchronous rounds; "
+              f"{wall:.2f} s in all; statistics after a start-up of {r.measured.warmup} arrivals")
 
 
 def _header(r: StalenessReport) -> str:
     d = r.model.describe()
-    parts = [f"K = {r.model.workers} workers, {r.model.mode}", f"compute {_specs(d['compute'])}"]
+    k = r.model.workers
+    parts = [f"K = {k} worker{'s' * (k != 1)}, {r.model.mode}", f"compute {_specs(d['compute'])}"]
     if d["per_sample"]:
         parts.append(f"+ b·{_specs(d['per_sample'])}, b = {r.model.batch_size}")
     for name in ("uplink", "downlink"):
@@ -305,16 +321,15 @@ def _histogram(r: StalenessReport) -> Table:
 
 def _render_sweep(field: str, values: list[int], reports: list[StalenessReport]) -> None:
     name = "K" if field == "workers" else "b"
-    t = _table(f"sweep over {name}: staleness, age and bandwidth (n = {reports[0].params:,})", name,
-               "λ /s", "mean τ", "95% interval", "predicted", "P(τ=0)", "E[A] s", "up gradient",
-               "up sketch", "sync round s")
+    t = _table(f"sweep over {name}: staleness, age, bandwidth (n = {reports[0].params:,})", name, "λ /s",
+               "mean τ ± 95%", "predicted", "P(τ=0)", "E[A] s", "gradients ↑", "round s")
+    t.collapse_padding = True
     for v, r in zip(values, reports, strict=True):
-        m, b = r.measured, r.bandwidth()
-        t.add_row(str(v), f"{m.rate.value:.4g}", f"{m.mean.value:.3f}", _interval(m.mean, ".3f"),
+        m = r.measured
+        half = "" if m.mean.interval is None else f" ± {(m.mean.high - m.mean.low) / 2:.3f}"
+        t.add_row(str(v), f"{m.rate.value:.4g}", f"{m.mean.value:.3f}{half}",
                   _pred(r.predicted.mean, r.within()["mean"], ".3f"), f"{m.p_zero.value:.4f}",
-                  f"{m.age.value:.4g}", _si(b["measured"]["up_gradient"], "B/s"),
-                  _si(b["measured"]["up_sketch"], "B/s"), f"{r.round_time.value:.4g}")
-    first = reports[0]
-    stdout.print(f"{first.model.mode}; {first.updates:,} arrivals per point, seed {first.seed}; "
-                 f"other settings as in the first point: {_header(first)}", markup=False)
+                  f"{m.age.value:.4g}", _si(r.bandwidth()["measured"]["up_gradient"], "B/s"),
+                  f"{r.round_time.value:.4g}")
+    stdout.print(f"first point: {_header(reports[0])}", markup=False)
     stdout.print(t)

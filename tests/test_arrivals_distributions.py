@@ -68,3 +68,12 @@ def test_streams_are_per_worker_and_component() -> None:
     assert not np.array_equal(a, worker_stream(5, 3, COMPUTE).random(4))
     assert not np.array_equal(a, worker_stream(6, 2, COMPUTE).random(4))
     assert not np.array_equal(a, worker_stream(5, 2, COMPUTE, family=1).random(4))
+
+
+def test_direct_construction_is_validated() -> None:
+    with pytest.raises(UsageError, match="unknown"):
+        Distribution("weibull", 1.0)
+    with pytest.raises(UsageError, match="SHIFT < MEAN"):
+        Distribution("shifted-exp", 1.0, 2.0)
+    with pytest.raises(UsageError, match="finite"):
+        Distribution("exp", float("nan"))

@@ -29,6 +29,17 @@ def test_non_blocking_by_hand() -> None:
     assert tr.staleness.tolist() == [0, 1, 1, 1, 1] and tr.pending is None
 
 
+def test_non_blocking_by_hand_two_workers_with_ties() -> None:
+    """Job n of either worker starts at 0.25 + n and arrives at 1.75 + n (worker 0 first); the reply
+    to rank r carries version r + 1 and lands 0.25 s later, one job behind."""
+    m = ArrivalModel.from_specs("const:1", workers=2, uplink="const:0.5", downlink="const:0.25",
+                                mode="non-blocking")
+    tr = simulate_arrivals(m, 8)
+    assert tr.worker.tolist() == [0, 1] * 4 and tr.job.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert tr.pulled.tolist() == [0, 0, 0, 0, 1, 2, 3, 4]
+    assert tr.staleness.tolist() == [0, 1, 2, 3, 3, 3, 3, 3]
+
+
 def test_window_by_hand_mid_window_arrivals_get_the_current_version() -> None:
     tr = simulate_arrivals(ArrivalModel.from_specs("const:1", workers=2), 6, window=2)
     assert tr.pulled.tolist() == [0, 0, 0, 1, 1, 2]  # worker 0 arrives mid-window: version 0, 1, 2

@@ -54,3 +54,12 @@ def test_describe_is_json_ready() -> None:
     assert d["compute"] == ["exp:1", "gamma:2:3"] and d["downlink"] == ["const:0.1", "const:0.1"]
     assert d["uplink"] is None and d["workers"] == 2 and d["mode"] == "blocking"
     assert isinstance(np.float64(d["bytes_up"]), float)
+
+
+def test_direct_construction_needs_positive_compute_means() -> None:
+    from naig.arrivals import Distribution
+
+    with pytest.raises(UsageError) as info:
+        ArrivalModel(compute=[Distribution("const", 0.0)])
+    assert info.value.field == "compute"
+    assert ArrivalModel(compute=[Distribution("exp", 1.0)] * 2).compute == (Distribution("exp", 1.0),) * 2

@@ -80,6 +80,7 @@ def test_batch_size_sweep_moves_age_and_bandwidth_not_blocking_staleness() -> No
     (["--updates", "0"], ["--updates 0", ">= 1"]),
     (["--window", "0"], ["--window 0"]),
     (["--params", "0"], ["--params 0"]),
+    (["--params", "-5"], ["--params -5"]),
     (["--seed", "-1"], ["--seed -1"]),
     (["--bandwidth", "fast"], ["--bandwidth 'fast'"]),
     (["--sweep", "lr=1,2"], ["--sweep 'lr=1,2'", "workers=VALUES"]),
@@ -98,6 +99,7 @@ def test_bad_options_are_one_line_exit_2(args: list[str], needles: list[str]) ->
 def test_help_lists_the_modes() -> None:
     r = run_naig("staleness", "--help")
     assert r.returncode == 0 and "non-blocking" in r.stdout and "shared-memory" in r.stdout
+    assert "shifted-exp:MEAN:SHIFT" in r.stdout  # not eaten by rich's :emoji: codes
 
 
 def test_scipy_is_imported_only_when_used() -> None:
@@ -108,3 +110,19 @@ def test_scipy_is_imported_only_when_used() -> None:
     code = "import sys, naig_cli.main, naig.arrivals; print('scipy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_window_divides_the_blocking_mean() -> None:
+    r = run_naig("staleness", "--compute", "gamma:1:2", "--workers", "6", "--window", "3",
+                 "--updates", "30000", "--json")
+    s = json.loads(r.stdout)["staleness"]
+    assert s["predicted"]["mean"] == pytest.approx(5 / 3) and s["within_ci95"]["mean"] is True
+    assert s["predicted"]["per_worker"] is None and s["measured"]["updates_per_second"] == pytest.approx(
+        s["measured"]["rate"] / 3)
+
+
+def test_mode_choices_match_the_library() -> None:
+    from naig.arrivals import MODES
+    from naig_cli._common import ArrivalMode
+
+    assert tuple(m.value for m in ArrivalMode) == MODES

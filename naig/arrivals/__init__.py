@@ -36,6 +36,7 @@ from naig.arrivals.report import (
     Measured,
     StalenessReport,
     measure,
+    round_time_estimate,
     staleness_report,
     warmup_length,
 )
@@ -47,6 +48,6 @@ __all__ = [
     "ArrivalModel", "ArrivalTrace", "simulate_arrivals", "round_times",
     "Arrival", "ArrivalClock", "RoundClock",
     "Prediction", "predict", "expected_max", "ring_allreduce_bytes",
-    "Measured", "StalenessReport", "measure", "warmup_length", "staleness_report",
+    "Measured", "StalenessReport", "measure", "warmup_length", "round_time_estimate", "staleness_report",
     "Estimate", "GofResult", "batch_means", "iid_mean", "rate_estimate", "chi_square_gof",
 ]

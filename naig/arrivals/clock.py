@@ -143,11 +143,11 @@ class ArrivalClock:
         return self.version
 
     def held(self) -> np.ndarray:
-        """(K,) int64: blocking modes, the version each worker's job in flight holds.
+        """(K,) int64: the version each worker's latest job computes on.
 
-        It answers the reply to the latest arrival first, with the current version (so
-        call it after ``applied()``). Non-blocking: the newest version each worker has
-        received by now.
+        Blocking modes: the job in flight (``ArrivalTrace.pending``); the reply to the latest
+        arrival is answered first, with the current version, so call it after ``applied()``.
+        Non-blocking: the version of the latest job the clock has queued for each worker.
         """
         self._settle()
         return self._held.copy()

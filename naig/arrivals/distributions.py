@@ -68,6 +68,16 @@ class Distribution:
     mean: float
     param: float = 0.0
 
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise UsageError(f"unknown distribution; use one of {', '.join(KINDS)}", field="kind",
+                             value=self.kind)
+        spec = f"{self.kind}:{self.mean}:{self.param}"
+        for v in (self.mean, self.param):
+            if not (isinstance(v, int | float) and math.isfinite(v)):
+                raise UsageError("numbers must be finite", field="distribution", value=spec)
+        _check(self.kind, self.mean, self.param, "distribution", spec, positive=False)
+
     @property
     def variance(self) -> float:
         """Var[X] in s², from the table of the module docstring."""

@@ -81,7 +81,11 @@ class ArrivalModel:
     bandwidth: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "compute", tuple(self.compute))
         k = len(self.compute)
+        if any(d.mean <= 0 for d in self.compute):
+            raise UsageError("compute times need a mean > 0", field="compute",
+                             value=",".join(d.spec for d in self.compute))
         if k == 0:
             raise UsageError("needs at least one worker", field="compute", value=())
         for field in ("uplink", "downlink", "per_sample", "bandwidth"):
