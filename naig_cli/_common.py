@@ -77,6 +77,10 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "warmup_theta0": "--warmup-theta0",
     "log_dir": "--log-dir",
     "arrivals": "--arrivals",
+    "faults": "--faults",
+    "byzantine": "--byzantine",
+    "max_staleness": "--max-staleness",
+    "clip": "--clip",
     "reference": "--reference",
     # naig staleness (naig.arrivals)
     "workers": "--workers",

@@ -60,8 +60,9 @@ class Reference(str, Enum):
 def simulate(
     lags: Annotated[str, opt("--lags", "Worker lags τ_k: comma list of ints >= 0.")] = "0,10,20,35",
     strategies: Annotated[str, opt(
-        "--strategies", "Comma list of: sync, hogwild, naig, staleness, dc-asgd, naig-exact.")
-    ] = _DEFAULT_STRATEGIES,
+        "--strategies", "Comma list of: sync, hogwild, naig, naig-exact, naig-blind, fresh-only, "
+        "drop-stale, staleness, staleness-lr, dc-asgd, dc-asgd-a, gap-aware, median, trimmed-mean, "
+        "krum, multi-krum, centered-clip.")] = _DEFAULT_STRATEGIES,
     steps: Annotated[int, opt("--steps", "Server steps per run.")] = 150,
     seeds: Annotated[int, opt("--seeds", "Number of seeds (0..N-1).")] = 2,
     lr: Annotated[str, opt(
@@ -69,7 +70,7 @@ def simulate(
         "reported on a test split (80/10/10).")] = "3e-3",
     optimizer: Annotated[Optimizer, opt("--optimizer", "Server optimizer.")] = Optimizer.adam,
     beta: BetaOpt = "auto",
-    dc_lambda: Annotated[float, opt("--dc-lambda", "DC-ASGD λ.")] = 0.04,
+    dc_lambda: Annotated[float, opt("--dc-lambda", "dc-asgd's constant λ.")] = 20.0,
     batch_size: Annotated[int, opt("--batch-size", "Sequences per worker minibatch.")] = 8,
     eval_every: Annotated[int, opt("--eval-every", "Validate every N steps (0: at the end).")] = 50,
     device: Annotated[Device, opt("--device", "Where to train.")] = Device.cpu,
@@ -94,6 +95,14 @@ def simulate(
     downlink: DownlinkOpt = None,
     mode: ModeOpt = ArrivalMode.blocking,
     window: WindowOpt = 1,
+    faults: Annotated[list[str] | None, opt(
+        "--faults", "Inject a fault, W:KIND[:ARG][@STEP] (repeatable): signflip:A, scale:A, noise:S, "
+        "zero, nan, random; e.g. 1:signflip:10 or 0:nan@50.")] = None,
+    byzantine: Annotated[int, opt(
+        "--byzantine", "f: trimmed-mean trims f per side; krum scores K-f-2 neighbours.")] = 1,
+    max_staleness: Annotated[int | None, opt(
+        "--max-staleness", "drop-stale keeps gradients with staleness <= this [default: K].")] = None,
+    clip: Annotated[str, opt("--clip", "centered-clip radius, or auto (median distance).")] = "auto",
     reference: Annotated[Reference, opt(
         "--reference", "naig's reference: auto (ema for --window 1, else the least stale of the "
         "batch), batch or ema.")] = Reference.auto,
@@ -116,8 +125,11 @@ def simulate(
         data=data, data_bytes=data_bytes, sketch_seed=sketch_seed, save_grads=save_grads,
         save_at=parse_int_list(save_at, "save_at") if save_at else (), warmup_theta0=warmup_theta0,
         log_dir=log_dir, arrivals=arrivals, uplink=uplink, downlink=downlink, mode=mode.value,
-        window=window, reference=reference.value,
+        window=window, reference=reference.value, faults=tuple(faults or ()), byzantine=byzantine,
+        max_staleness=max_staleness, clip=clip,
     )
+    for warning in config.strategy_warnings():
+        stderr.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
     with progress("simulate", config.total_steps) as advance:
         result = run_simulation(config, _reporter(advance, config.eval_every or config.steps))
     print_json(result.to_dict()) if json_out else _render(result)
@@ -173,87 +185,151 @@ def _report_divergence(r: SimulateResult) -> None:
     stderr.print(f"warning: {what}", markup=False, highlight=False, soft_wrap=True)
 
 
-def _pi_cell(s: StrategySummary) -> str:
-    return " ".join("—" if p != p else f"{p:.3f}" for p in s.mean_pi)
+def _pi_cell(s: StrategySummary, faulty: tuple[int, ...]) -> str:
+    """Mean π per worker; a faulty worker's π is marked with ``!``."""
+    cells = ["—" if p != p else f"{p:.3f}" for p in s.mean_pi]
+    return " ".join(f"[yellow]{c}![/]" if w in faulty else c for w, c in enumerate(cells))
 
 
 def _loss_cell(s: StrategySummary) -> str:
-    """Mean ± sample std; ``—`` for the std of one seed; the divergence when any seed diverged."""
-    steps = [t for t in s.diverged_at if t is not None]
-    if not steps:
-        if s.test_loss_mean is not None:
-            return f"{s.test_loss_mean:.4f} ± {fmt_num(s.test_loss_std, '.4f')} (lr {s.lr:g})"
-        return f"{s.val_loss_mean:.4f} ± {fmt_num(s.val_loss_std, '.4f')}"
-    at = ",".join(map(str, steps))
-    if len(s.diverged_at) == 1:
-        return f"[red]diverged at step {at}[/]"
-    return f"[red]NaN: {len(steps)}/{len(s.diverged_at)} seeds diverged (step {at})[/]"
+    """Mean ± half the 95% interval; with diverged seeds their count and the median instead."""
+    loss = s.loss
+    if loss.get("diverged"):
+        steps = ",".join(str(t) for t in s.diverged_at if t is not None)
+        if loss["n"] == 1:
+            return f"[red]diverged at step {steps}[/]"
+        median = "∞" if loss["median"] == float("inf") else f"{loss['median']:.4f}"
+        return f"[red]median {median}; {loss['diverged']}/{loss['n']} diverged at step {steps}[/]"
+    lo, hi = s.ci95
+    half = "—" if lo != lo else f"{(hi - lo) / 2:.4f}"
+    return f"{loss['mean']:.4f} ± {half}"
 
 
-def _change(s: StrategySummary) -> str:
-    if s.change_vs_hogwild_pct is None or s.strategy == "hogwild" or s.val_loss_mean != s.val_loss_mean:
+def _paired_cell(p: dict | None, name: str) -> str:
+    """``−0.123±0.075 p=0.003``: mean paired difference ± half its 95% interval, and the p-value.
+
+    Green when the interval lies below 0 (lower loss than the baseline), red above 0.
+    """
+    if p is None or p.get("baseline") == name or p["n"] == 0:
         return "—"
-    c = s.change_vs_hogwild_pct
-    return f"[{'green' if c < 0 else 'red'}]{c:+.2f}%[/]"
+    lo, hi = p["ci95"]
+    half = "" if lo != lo else f"±{(hi - lo) / 2:.3f}"
+    pv = "" if p["p_value"] != p["p_value"] else f" p={p['p_value']:.2g}"
+    colour = "green" if hi < 0 else "red" if lo > 0 else "default"
+    dropped = f" ({p['dropped']} dropped)" if p["dropped"] else ""
+    return f"[{colour}]{p['diff']:+.3f}{half}{pv}[/]{dropped}"
+
+
+def _time_cell(s: StrategySummary, seeds: int) -> str:
+    if s.time_to_loss is None:
+        return "—" if s.reached is None else f"not reached (0/{seeds})"
+    return f"{s.time_to_loss:,.1f} s" + ("" if s.reached == seeds else f" ({s.reached}/{seeds})")
 
 
 def _render(r: SimulateResult) -> None:
     c = r.config
     out = stdout  # terminal width; COLUMNS when set; 160 columns when piped
+    workers = (f"arrivals {c.arrivals} ({c.mode}, window {c.window}, reference {c.resolved_reference})"
+               if c.asynchronous else f"lags {','.join(map(str, c.lags))}")
     out.print(f"model {c.model} (n = {r.n_params:,} parameters) on {r.device}; "
-              f"K = {len(c.lags)} workers, lags {','.join(map(str, c.lags))}")
+              f"K = {c.workers} workers, {workers}")
     lrs = ",".join(f"{v:g}" for v in c.lr)
     tuned = " (each strategy's chosen on validation, loss on the test split)" if c.tuning else ""
+    faults = f"; faults {' '.join(c.faults)}" if c.faults else ""
     out.print(f"{c.steps} steps × {c.seeds} seed(s); {c.optimizer} lr {lrs}{tuned}, "
-              f"batch {c.batch_size}/worker; β {c.beta}")
-    out.print(f"untrained validation loss {r.untrained_val_loss:.4f} nats/byte "
-              "(ln 256 = 5.5452)")
+              f"batch {c.batch_size}/worker; β {c.beta}{faults}")
+    out.print(f"untrained validation loss {r.untrained_val_loss:.4f} nats/byte (ln 256 = 5.5452)")
     table, hidden = _table(r, out.width)
     out.print(table)
     if hidden:
         out.print(f"(too narrow for {', '.join(hidden)}: widen the terminal or use --json)")
-    out.print(f"routing signal {r.routing_bytes} B/worker/step vs full gradient "
+    out.print(f"routing signal {r.routing_bytes} B/worker/update vs full gradient "
               f"{r.gradient_bytes:,} B (n/14 = {r.n_params / 14:,.0f}×)")
     for path in r.saved_files[:1]:
         out.print(f"gradients saved ({len(r.saved_files)} files), e.g. {path}", markup=False)
+    if c.asynchronous:
+        _render_curves(r)
 
 
-_COLUMNS = ("strategy", "val loss ± std", "vs hog", "mean π", "frozen", "K_eff", "H first→last",
-            "ms/step")  # README's simulate section explains each
-_DROP_ORDER = ("H first→last", "frozen", "ms/step")  # dropped in this order when too narrow
+def _columns(r: SimulateResult) -> list[str]:
+    c, cols = r.config, ["strategy", "loss ± 95% CI"]
+    if c.tuning:
+        cols.append("lr")
+    cols.append("Δ vs hogwild")
+    if r.best_baseline not in (None, "hogwild"):
+        cols.append(f"Δ vs {r.best_baseline}")
+    if c.asynchronous:
+        cols += ["τ̄", "t→sync loss"]
+    if any(s.correction is not None for s in r.summaries):
+        cols.append("‖g̃−g‖/‖g‖")
+    return cols + ["mean π", "K_eff", "frozen", "H first→last", "ms/update"]
+
+
+def _cells(r: SimulateResult, s: StrategySummary) -> dict[str, str]:
+    from naig.simulate.faults import faulty_workers
+
+    faulty = faulty_workers(r.config.fault_list)
+    return {
+        "strategy": s.strategy, "loss ± 95% CI": _loss_cell(s), "lr": f"{s.lr:g}",
+        "Δ vs hogwild": _paired_cell(s.paired_vs_hogwild, s.strategy),
+        f"Δ vs {r.best_baseline or 'best'}": _paired_cell(s.paired_vs_best, s.strategy),
+        "τ̄": fmt_num(s.staleness_mean, ".2f"), "t→sync loss": _time_cell(s, r.config.seeds),
+        "‖g̃−g‖/‖g‖": fmt_num(s.correction, ".2%"), "mean π": _pi_cell(s, faulty),
+        "K_eff": fmt_num(s.k_eff, ".2f"), "frozen": fmt_num(s.frozen_fraction, ".1%"),
+        "H first→last": f"{fmt_num(s.entropy_first, '.3f')}→{fmt_num(s.entropy_last, '.3f')}",
+        "ms/update": fmt_num(s.ms_per_step, ".1f"),
+    }
+
+
+_DROP_ORDER = ("H first→last", "frozen", "ms/update", "K_eff", "‖g̃−g‖/‖g‖", "τ̄", "mean π",
+               "lr")  # the first is dropped first; then the columns after "Δ vs hogwild"
 
 
 def _table(r: SimulateResult, width: int) -> tuple[Table, list[str]]:
     """The per-strategy table and the columns hidden so that it fits ``width``.
 
     Cells never wrap (``no_wrap``); when the terminal is too narrow for every column,
-    annealing entropy, frozen fraction and ms/step are dropped in that order (the
-    ``--json`` document always has them).
+    columns are dropped in ``_DROP_ORDER`` (the ``--json`` document always has them).
     """
-    title = (f"final val loss, nats/byte (lower is better); π per worker, "
-             f"lags {' '.join(map(str, r.config.lags))}")
-    cells = {
-        s.strategy: dict(zip(_COLUMNS, (
-            s.strategy, _loss_cell(s), _change(s), _pi_cell(s), fmt_num(s.frozen_fraction, ".1%"),
-            fmt_num(s.k_eff, ".2f"),
-            f"{fmt_num(s.entropy_first, '.3f')}→{fmt_num(s.entropy_last, '.3f')}",
-            fmt_num(s.ms_per_step, ".1f")), strict=True))
-        for s in r.summaries
-    }
-    columns = list(_COLUMNS)
-    for drop in (None, *_DROP_ORDER):
-        if drop is not None:
+    what = "test" if r.config.tuning else "validation"
+    title = (f"final {what} loss, nats/byte (lower is better), over {r.config.seeds} seed(s); Δ: mean "
+             f"paired per-seed difference ± half its 95% CI, paired t-test p")
+    rows = [_cells(r, s) for s in r.summaries]
+    all_columns = _columns(r)
+    columns = list(all_columns)
+    late = [c for c in all_columns[all_columns.index("Δ vs hogwild") + 1:] if c not in _DROP_ORDER]
+    order = [*_DROP_ORDER, *reversed(late)]
+    if r.config.faults:  # then the weights on the faulty workers matter most: keep them longest
+        order.remove("mean π")
+        order.append("mean π")
+    for drop in (None, *order):
+        if drop is not None and drop in columns:
             columns.remove(drop)
         t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
                   show_edge=False, title_justify="left")
         for col in columns:
-            t.add_column(col, justify="left" if col in ("strategy", "mean π") else "right",
-                         no_wrap=True)
-        for row in cells.values():
+            t.add_column(col, justify="left" if col in ("strategy", "mean π") else "right", no_wrap=True)
+        for row in rows:
             t.add_row(*(row[col] for col in columns))
         if _natural_width(t) <= width:
             break
-    return t, [col for col in _COLUMNS if col not in columns]
+    return t, [col for col in all_columns if col not in columns]
+
+
+def _render_curves(r: SimulateResult) -> None:
+    """Validation loss (mean over seeds) at each evaluation point: updates and simulated seconds."""
+    t = Table(title="validation loss vs server updates and simulated wall-clock (mean over seeds)",
+              box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, show_edge=False,
+              title_justify="left")
+    t.add_column("strategy", no_wrap=True)
+    points = max(len(s.curve) for s in r.summaries)
+    for i in range(points):
+        t.add_column(f"#{i}", justify="right", no_wrap=True)
+    for s in r.summaries:
+        cells = [f"{loss:.3f} @{updates}u/{sec:,.0f}s" if loss == loss else "—"
+                 for (updates, loss), sec in zip(s.curve, s.curve_seconds, strict=False)]
+        t.add_row(s.strategy, *cells)
+    stdout.print(t)
 
 
 def _natural_width(t: Table) -> int:

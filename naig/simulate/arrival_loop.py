@@ -19,6 +19,7 @@ only on the seed) and the same minibatch streams, and gets the same gradient bud
 gradients, each costing the round time max_i C_i drawn from the same model.
 
 Example:
+    >>> from naig.simulate import Simulation, SimulateConfig
     >>> cfg = SimulateConfig(arrivals="exp:1,exp:2", steps=2, seeds=1, strategies=("hogwild",),
     ...                      data_bytes=50_000, eval_every=0, eval_batches=1)
     >>> run = Simulation(cfg).start("hogwild", seed=0)
@@ -36,6 +37,8 @@ import torch
 from torch import Tensor, nn
 
 from naig.arrivals import ArrivalClock, RoundClock
+from naig.simulate.faults import apply_batch_faults
+from naig.simulate.results import Corrections
 from naig.simulate.strategies import Batch, Strategy
 
 if TYPE_CHECKING:
@@ -74,6 +77,9 @@ class ArrivalRun:
         self.staleness = np.zeros(self.budget + b, dtype=np.int64)  # τ of every gradient received
         self.sender = np.zeros(self.budget + b, dtype=np.int64)  # and the worker that sent it
         self.losses = torch.zeros(b, device=sim.device)
+        self.faults = c.fault_list
+        self.fault_gen = sim.generator(1_000_003 * seed + 31_337)  # noise and random faults
+        self.corrections = Corrections()
         self.t = self.gradients = self.windows = 0
         self.time = 0.0
         self.diverged_at: int | None = None
@@ -89,13 +95,15 @@ class ArrivalRun:
         return float(self.losses.mean())
 
     def step(self) -> None:
-        """Receive one window of B arrivals, combine them and apply one update."""
+        """Receive one window of B arrivals, combine them and apply one update.
+
+        Injected faults change the gradients first; an update with ``lr_scale`` 0 applies
+        nothing and the version stays; the run diverges when θ becomes non-finite.
+        """
         workers, taus = self._receive()
         batch = Batch(self.grads, taus, workers, self.theta.detach(), self.stale)
-        if not bool(torch.isfinite(self.grads.sum())):
-            self.diverged_at = self.t
-            return
-        update = self.strategy.combine(batch)
+        update = self.strategy.combine(apply_batch_faults(self.faults, batch, self.t, self.fault_gen))
+        self.corrections.record(update)
         self.windows += 1
         if update.lr_scale == 0.0:  # nothing survived (e.g. drop-stale): no update, same version
             return

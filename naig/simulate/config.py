@@ -21,9 +21,11 @@ from naig.arrivals import ArrivalModel
 from naig.errors import UsageError
 from naig.gibbs import parse_beta
 from naig.metric import parse_line
+from naig.simulate.faults import Fault, check_faults, parse_faults
 from naig.simulate.model import get_preset
-from naig.simulate.strategies import STRATEGIES
+from naig.simulate.strategies import STRATEGIES, StrategyOptions
 from naig.sketch.core import check_seed
+from naig.sketch.torch_sketch import TorchSketch
 
 __all__ = [
     "SimulateConfig",
@@ -64,7 +66,7 @@ class SimulateConfig:
     lr: tuple[float, ...] = (3e-3,)  # learning rate; several: each strategy's is tuned on validation
     optimizer: str = "adam"  # "sgd" or "adam" (torch.optim, default settings otherwise)
     beta: float | str = "auto"  # Gibbs inverse temperature for naig / naig-exact
-    dc_lambda: float = 0.04  # DC-ASGD λ
+    dc_lambda: float = 20.0  # DC-ASGD λ (measured: benchmarks/dc_lambda.py, docs/design.md §12)
     batch_size: int = 8  # sequences per worker minibatch
     eval_every: int = 50  # validation every this many steps (0: only at the end)
     eval_batches: int = 16  # validation batches (of 2 × batch_size sequences) per evaluation
@@ -84,6 +86,10 @@ class SimulateConfig:
     mode: str = "blocking"  # arrival mode protocol: blocking, non-blocking or shared-memory
     window: int = 1  # arrival mode: B arrivals per update (1: ASGD; K: K-batch-async)
     reference: str = "auto"  # naig reference: auto, batch (least stale of the batch) or ema
+    faults: tuple[str, ...] = ()  # injected faults, each W:KIND[:ARG][@STEP] (docs/design.md §12)
+    byzantine: int = 1  # f: trimmed-mean trims f per side; krum scores K − f − 2 neighbours
+    max_staleness: int | None = None  # drop-stale keeps τ ≤ this (None: K)
+    clip: float | str = "auto"  # centered-clip radius, or "auto" (median ‖g_k − v‖)
 
     def __post_init__(self) -> None:
         lrs = (self.lr,) if isinstance(self.lr, int | float) else tuple(self.lr)
@@ -96,12 +102,37 @@ class SimulateConfig:
         check_seed(self.sketch_seed, "sketch_seed")
         get_preset(self.model)
         self._check_saving()
+        check_faults(parse_faults(self.faults), self.workers)
+        self.strategy_warnings()  # every strategy is defined in this mode and batch size
         resolve_device(self.device)
 
     @property
     def workers(self) -> int:
         """K, the number of workers (the length of ``lags``, or of the ``arrivals`` list)."""
         return self.arrival_model().workers if self.arrivals is not None else len(self.lags)
+
+    def strategy_warnings(self) -> tuple[str, ...]:
+        """One-line warnings of the strategies that run degraded here (e.g. krum with small K).
+
+        Raises:
+            UsageError: field ``strategies`` for a rule not defined in this mode or batch size.
+        """
+        options = self.strategy_options()
+        return tuple(w for name in self.strategies for w in STRATEGIES[name].check(options))
+
+    def strategy_options(self, sketch: TorchSketch | None = None, lr: float | None = None) -> StrategyOptions:
+        """The options every strategy of a run gets (``lr``: the run's; default the first)."""
+        mode = "arrivals" if self.asynchronous else "lockstep"
+        reference = None if self.reference == "auto" else self.reference
+        return StrategyOptions(self.beta, self.dc_lambda, self.line, sketch,
+                               lr=self.lr[0] if lr is None else lr, optimizer=self.optimizer, mode=mode,
+                               window=self.window, workers=self.workers, max_staleness=self.max_staleness,
+                               byzantine=self.byzantine, clip=self.clip, reference=reference)
+
+    @property
+    def fault_list(self) -> tuple[Fault, ...]:
+        """The parsed ``faults``."""
+        return parse_faults(self.faults)
 
     @property
     def asynchronous(self) -> bool:
@@ -177,8 +208,11 @@ class SimulateConfig:
                "use finite values > 0, e.g. 1e-3 or 3e-4,1e-3,3e-3")
         _check(len(set(self.lr)) == len(self.lr), "lr", self.lr, "lists a learning rate twice")
         _check(math.isfinite(self.dc_lambda) and self.dc_lambda >= 0, "dc_lambda", self.dc_lambda,
-               "DC-ASGD's λ must be finite and >= 0, e.g. 0.04")
+               "DC-ASGD's λ must be finite and >= 0, e.g. 20")
         _check(self.batch_size > 0, "batch_size", self.batch_size, "use a positive int, e.g. 8")
+        _check(self.byzantine >= 0, "byzantine", self.byzantine, "use an int >= 0, e.g. 1")
+        _check(self.max_staleness is None or self.max_staleness >= 0, "max_staleness", self.max_staleness,
+               "use an int >= 0 (the largest staleness drop-stale keeps), e.g. 4")
         _check(self.eval_every >= 0, "eval_every", self.eval_every,
                "use an int >= 0 (0: validate only at the end)")
         _check(self.eval_batches > 0, "eval_batches", self.eval_batches, "use a positive int, e.g. 16")

@@ -34,14 +34,18 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from naig.errors import UsageError
 
+if TYPE_CHECKING:
+    from naig.simulate.strategies import Batch
+
 __all__ = ["Fault", "FAULT_KINDS", "parse_fault", "parse_faults", "check_faults", "apply_faults",
-           "faulty_workers"]
+           "apply_batch_faults", "faulty_workers"]
 
 FAULT_KINDS = ("signflip", "scale", "noise", "zero", "nan", "random")
 _WITH_ARG = ("signflip", "scale", "noise")
@@ -177,6 +181,13 @@ def check_faults(faults: Iterable[Fault], workers: int) -> None:
 def faulty_workers(faults: Iterable[Fault]) -> tuple[int, ...]:
     """The sorted distinct workers named by ``faults`` (tables mark them)."""
     return tuple(sorted({f.worker for f in faults}))
+
+
+def apply_batch_faults(faults: Sequence[Fault], batch: Batch, step: int, generator: torch.Generator) -> Batch:
+    """``apply_faults`` on a strategy ``Batch`` (its gradients change in place); returns the batch."""
+    if faults:
+        apply_faults(faults, batch.grads, batch.workers, step, generator)
+    return batch
 
 
 def apply_faults(faults: Sequence[Fault], grads: Tensor, workers: Tensor, step: int,

@@ -50,9 +50,10 @@ from naig.io import save_gradients
 from naig.simulate.arrival_loop import ArrivalRun, SyncRoundClock
 from naig.simulate.config import SimulateConfig, resolve_device
 from naig.simulate.data import ByteData, load_bytes
+from naig.simulate.faults import apply_batch_faults
 from naig.simulate.model import GPT, get_preset, lm_loss
-from naig.simulate.results import RunResult, SimulateResult, pi_stats, summarise
-from naig.simulate.strategies import Batch, Strategy, StrategyOptions, make_strategy
+from naig.simulate.results import Corrections, RunResult, SimulateResult, pi_stats, summarise
+from naig.simulate.strategies import Batch, Strategy, make_strategy
 from naig.sketch.core import SKETCH_DIM
 from naig.sketch.torch_sketch import TorchSketch
 
@@ -161,10 +162,9 @@ class Simulation:
         c, ctx = self.config, self.model.config.context
         return [self.data.batch("test", 2 * c.batch_size, ctx, gen) for _ in range(c.eval_batches)]
 
-    def strategy(self, name: str) -> Strategy:
-        """A fresh strategy object for one run, with the configured options."""
-        c = self.config
-        return make_strategy(name, StrategyOptions(c.beta, c.dc_lambda, c.line, self.sketch))
+    def strategy(self, name: str, lr: float | None = None) -> Strategy:
+        """A fresh strategy object for one run at learning rate ``lr``, with the configured options."""
+        return make_strategy(name, self.config.strategy_options(self.sketch, lr))
 
     def start(self, strategy: str | Strategy, seed: int, lr: float | None = None) -> Run | ArrivalRun:
         """A run at step 0: θ_0 of ``seed``, a fresh optimizer (``lr``: default the first
@@ -173,8 +173,8 @@ class Simulation:
         In arrival mode the run is an ``ArrivalRun`` (updates in arrival order), except for
         ``sync``, which runs synchronous rounds and pays each round's time.
         """
-        strategy = self.strategy(strategy) if isinstance(strategy, str) else strategy
         lr = self.config.lr[0] if lr is None else lr
+        strategy = self.strategy(strategy, lr) if isinstance(strategy, str) else strategy
         if self.config.asynchronous and strategy.uses_lags:
             return ArrivalRun(self, strategy, seed, lr)
         return Run(self, strategy, seed, lr)
@@ -224,7 +224,7 @@ class Simulation:
                          ms_per_step=1000 * elapsed / max(updates, 1), diverged_at=run.diverged_at,
                          lr=run.lr, final_test_loss=test,
                          curve_seconds=tuple(seconds) if c.asynchronous else (),
-                         updates=run.t, staleness=staleness,
+                         updates=run.t, staleness=staleness, correction=run.corrections.mean,
                          **pi_stats(run.pis[:run.t].cpu().numpy()))
 
 
@@ -338,6 +338,9 @@ class Run:
         self.losses = torch.zeros(k, device=sim.device)  # (K,) last minibatch loss per worker
         self.active_now = torch.zeros(k, dtype=torch.bool, device=sim.device)
         self.rounds = SyncRoundClock(sim, seed) if c.asynchronous else None  # sync pays round times
+        self.faults = c.fault_list
+        self.fault_gen = sim.generator(1_000_003 * seed + 31_337)  # noise and random faults
+        self.corrections = Corrections()  # mean ‖g̃ − g‖/‖g‖ of correcting rules
         self.time = 0.0  # simulated seconds (arrival mode's sync only)
 
     @property
@@ -368,9 +371,10 @@ class Run:
     def step(self) -> None:
         """One server step: the active workers' gradients, the strategy's combine, one update.
 
-        A step with no active worker (t < min τ) changes nothing but t. Sets ``diverged_at``
-        (and changes nothing more) when a worker gradient is non-finite, or after the update
-        when θ_{t+1} is non-finite.
+        A step with no active worker (t < min τ) changes nothing but t. Injected faults
+        change the gradients before the strategy sees them. An update with ``lr_scale`` 0
+        makes no optimizer step. The run diverges (``diverged_at``) when θ_{t+1} is
+        non-finite (SPEC: a non-finite gradient a rule leaves out is not a divergence).
         """
         t, active = self.t, self.active()
         self.pis[t] = math.nan  # inactive workers have no coefficient
@@ -378,12 +382,11 @@ class Run:
             self._advance()
             return
         batch = self._gradients(active)
-        if not _finite(batch.grads):
-            self.diverged_at = t
-            return
-        update = self.strategy.combine(batch)
-        self._apply(update.grad, update.lr_scale)
-        self.pis[t, batch.workers] = update.weights.to(torch.float64)
+        update = self.strategy.combine(apply_batch_faults(self.faults, batch, t, self.fault_gen))
+        self.pis[t, batch.workers] = (update.weights * update.lr_scale).to(torch.float64)
+        self.corrections.record(update)
+        if update.lr_scale != 0.0:
+            self._apply(update.grad, update.lr_scale)
         if not _finite(self.theta.detach()):
             self.t, self.diverged_at = t + 1, t
             return
@@ -512,9 +515,10 @@ def run_simulation(config: SimulateConfig,
     except KeyboardInterrupt:
         interrupted = True
     n = sim.n_params
+    summaries, best = summarise(runs, config.strategies, "arrivals" if config.asynchronous else "lockstep")
     return SimulateResult(config, str(sim.device), n, statistics.fmean(untrained) if untrained else math.nan,
-                          ROUTING_BYTES, n * 4, tuple(runs), summarise(runs, config.strategies),
-                          tuple(saved), environment(str(sim.device)), interrupted)
+                          ROUTING_BYTES, n * 4, tuple(runs), summaries, tuple(saved),
+                          environment(str(sim.device)), interrupted, best)
 
 
 def _context(sim: Simulation, seed: int, progress: Callable[[StepEvent], None] | None) -> RunContext:

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from naig.gibbs import FROZEN_FACTOR, effective_workers, normalized_entropy
+from naig.simulate.stats import best_baseline, best_by_validation, paired, summarize, time_to_loss
 
 if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
+    from naig.simulate.strategies import Update
 
-__all__ = ["SCHEMA_VERSION", "RunResult", "StrategySummary", "SimulateResult", "pi_stats", "summarise",
-           "choose_lr", "time_to_loss"]
+__all__ = ["Corrections", "SCHEMA_VERSION", "RunResult", "StrategySummary", "SimulateResult", "pi_stats",
+           "summarise", "choose_lr"]
 
 SCHEMA_VERSION = 2  # of the simulate JSON document
 
@@ -49,21 +51,21 @@ class RunResult:
     curve_seconds: tuple[float, ...] = ()  # arrival mode: simulated seconds of each curve point
     updates: int = 0  # server updates applied
     staleness: dict[str, Any] | None = None  # arrival mode: measured τ (mean, per_worker, p_zero, max)
+    correction: float | None = None  # mean ‖g̃ − g‖/‖g‖ of a correcting rule (dc-asgd, gap-aware)
 
 
 @dataclass(frozen=True)
 class StrategySummary:
     """A strategy's numbers over seeds (means; loss also with its standard deviation).
 
-    The loss mean, std and change are NaN (None for the change) when any seed diverged:
-    a mean over the surviving seeds alone would flatter the strategy. The π statistics
-    and ms/step average over the steps that ran.
+    The loss mean and std are NaN when any seed diverged: a mean over the surviving seeds
+    alone would flatter the strategy (``loss`` then holds the median, with diverged seeds
+    as +∞, and the count). The π statistics and ms/step average over the steps that ran.
     """
 
     strategy: str
-    val_loss_mean: float
+    val_loss_mean: float  # final validation loss, mean over seeds (NaN if any diverged)
     val_loss_std: float | None  # sample std over seeds; None for one seed (undefined)
-    change_vs_hogwild_pct: float | None  # 100 (L − L_hogwild) / L_hogwild; None without hogwild
     mean_pi: tuple[float, ...]
     frozen_fraction: float
     k_eff: float
@@ -81,6 +83,13 @@ class StrategySummary:
     #                                    to reach sync's final loss of the seed (None: not reached)
     reached: int | None = None  # arrival mode: seeds that reached sync's final loss
     staleness_mean: float | None = None  # arrival mode: mean measured τ over the strategy's runs
+    loss: dict[str, Any] = field(default_factory=dict)  # the headline loss (test when tuned, else
+    #                                                     validation) over seeds: n, mean, std,
+    #                                                     ci95, median (diverged = +∞), diverged
+    ci95: tuple[float, float] = (math.nan, math.nan)  # 95% t-interval of the headline loss
+    paired_vs_hogwild: dict[str, Any] | None = None  # paired per-seed difference: diff, ci95, p_value
+    paired_vs_best: dict[str, Any] | None = None  # the same against the best non-oracle baseline
+    correction: float | None = None  # mean ‖g̃ − g‖/‖g‖ (dc-asgd, dc-asgd-a, gap-aware)
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,7 @@ class SimulateResult:
     saved_files: tuple[str, ...] = field(default=())
     environment: dict[str, Any] = field(default_factory=dict)  # versions, threads, device
     interrupted: bool = False  # Ctrl-C: only the runs that finished are here
+    best_baseline: str | None = None  # the best non-oracle baseline, chosen on validation
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of everything (config included; NaN/Inf still need → null)."""
@@ -107,6 +117,23 @@ class SimulateResult:
     def diverged(self) -> tuple[RunResult, ...]:
         """The runs that diverged (non-finite gradients or parameters)."""
         return tuple(r for r in self.runs if r.diverged_at is not None)
+
+
+class Corrections:
+    """Running mean of ``Update.correction`` (‖g̃ − g‖/‖g‖ of the rules that correct gradients)."""
+
+    def __init__(self) -> None:
+        self.total, self.count = 0.0, 0
+
+    def record(self, update: Update) -> None:
+        """Add one update's correction (ignored when the rule has none or it is not finite)."""
+        if update.correction is not None and math.isfinite(update.correction):
+            self.total, self.count = self.total + update.correction, self.count + 1
+
+    @property
+    def mean(self) -> float | None:
+        """The mean correction, or None when the rule corrects nothing."""
+        return self.total / self.count if self.count else None
 
 
 def pi_stats(pis: np.ndarray) -> dict[str, Any]:
@@ -157,30 +184,13 @@ def _loss_stats(losses: list[float]) -> tuple[float, float | None]:
     return mean, std
 
 
-def time_to_loss(run: RunResult, target: float) -> float:
-    """Simulated seconds until a run's validation curve first reaches ``target``.
-
-    Linear interpolation between evaluation points; ``inf`` when it never does.
-
-    Example:
-        >>> r = RunResult("x", 0, 2.0, ((0, 5.0), (10, 3.0), (20, 2.0)), (), 0.0, 1.0, 0.0, 0.0, 1.0,
-        ...               curve_seconds=(0.0, 4.0, 8.0))
-        >>> time_to_loss(r, 2.5), time_to_loss(r, 1.0)
-        (6.0, inf)
-    """
-    points = list(zip(run.curve_seconds, (loss for _, loss in run.curve), strict=False))
-    for (t0, l0), (t1, l1) in zip(points, points[1:], strict=False):
-        if math.isfinite(l1) and l1 <= target:
-            return t1 if not (math.isfinite(l0) and l0 > l1) else t0 + (t1 - t0) * (l0 - target) / (l0 - l1)
-    return math.inf
-
-
-def _time_stats(mine: list[RunResult], runs: list[RunResult], sync_lr: float | None) -> dict[str, Any]:
-    """Median time to sync's final loss of the same seed, and how many seeds got there."""
-    if not mine or not mine[0].curve_seconds or sync_lr is None:
+def _time_stats(mine: list[RunResult], sync_runs: list[RunResult]) -> dict[str, Any]:
+    """Median simulated time to sync's final loss of the same seed, and how many seeds got there."""
+    if not mine or not mine[0].curve_seconds or not sync_runs:
         return {}
-    target = {r.seed: r.final_val_loss for r in runs if r.strategy == "sync" and r.lr == sync_lr}
-    times = [time_to_loss(r, target[r.seed]) for r in mine if r.seed in target]
+    target = {r.seed: r.final_val_loss for r in sync_runs}
+    times = [time_to_loss(r.curve_seconds, [loss for _, loss in r.curve[:len(r.curve_seconds)]],
+                          target[r.seed]) for r in mine if r.seed in target]
     if not times:
         return {}
     median = statistics.median(times)
@@ -193,53 +203,76 @@ def _time_stats(mine: list[RunResult], runs: list[RunResult], sync_lr: float | N
 
 
 def choose_lr(runs: list[RunResult]) -> tuple[float, dict[str, float]]:
-    """The learning rate with the lowest mean final validation loss over seeds.
-
-    A diverged seed counts as +∞, so an lr that diverged on any seed loses to one that
-    did not; ties go to the first lr run.
+    """The learning rate chosen on validation: fewest diverged seeds, then lowest mean loss.
 
     Args:
         runs: one strategy's runs, every lr and seed.
 
     Returns:
-        ``(lr, {repr(lr): mean validation loss})``.
+        ``(lr, {repr(lr): mean validation loss over the seeds that did not diverge})``.
     """
     by_lr: dict[float, list[float]] = {}
     for r in runs:
-        by_lr.setdefault(r.lr, []).append(r.final_val_loss if math.isfinite(r.final_val_loss) else math.inf)
-    means = {lr: statistics.fmean(v) for lr, v in by_lr.items()}
-    best = min(means, key=lambda lr: means[lr])
-    return best, {repr(lr): m for lr, m in means.items()}
+        by_lr.setdefault(r.lr, []).append(r.final_val_loss)
+    table = {repr(lr): float(_nanmean(v)) for lr, v in by_lr.items()}
+    return best_by_validation(by_lr), table
 
 
-def _summarise_one(runs: list[RunResult], name: str, hogwild: float | None,
-                   sync_lr: float | None) -> StrategySummary:
-    lr, table = choose_lr([r for r in runs if r.strategy == name])
-    mine = [r for r in runs if r.strategy == name and r.lr == lr]
-    mean, std = _loss_stats([r.final_val_loss for r in mine])
+def _headline(r: RunResult, tuned: bool) -> float:
+    """The loss a strategy is judged by: test with learning-rate tuning, else validation."""
+    return r.final_test_loss if tuned and r.final_test_loss is not None else r.final_val_loss
+
+
+def _paired(mine: list[RunResult], base: list[RunResult] | None, name: str | None,
+            tuned: bool) -> dict[str, Any] | None:
+    """The paired per-seed difference to a baseline over the seeds both have."""
+    if not base or name is None:
+        return None
+    theirs = {r.seed: _headline(r, tuned) for r in base}
+    seeds = [r for r in mine if r.seed in theirs]
+    return paired([_headline(r, tuned) for r in seeds], [theirs[r.seed] for r in seeds], name).to_dict()
+
+
+def _summarise_one(name: str, mine: list[RunResult], table: dict[str, float], picked: dict[str, list],
+                   best: str | None) -> StrategySummary:
     tuned = len(table) > 1
+    mean, std = _loss_stats([r.final_val_loss for r in mine])
     test_mean, test_std = _loss_stats([r.final_test_loss for r in mine]) if tuned else (None, None)
+    loss = summarize([_headline(r, tuned) for r in mine])
 
     def avg(attr: str) -> float:
         return float(_nanmean([getattr(r, attr) for r in mine]))
 
     curve = tuple((s, statistics.fmean(r.curve[i][1] for r in mine))
                   for i, (s, _) in enumerate(mine[0].curve))
-    headline = test_mean if tuned else mean
-    change = (100.0 * (headline - hogwild) / hogwild
-              if hogwild is not None and math.isfinite(hogwild) and math.isfinite(headline) else None)
+    corrections = [r.correction for r in mine if r.correction is not None]
     return StrategySummary(
-        name, mean, std, change,
-        tuple(_nanmean([r.mean_pi for r in mine], axis=0).tolist()), avg("frozen_fraction"),
+        name, mean, std, tuple(_nanmean([r.mean_pi for r in mine], axis=0).tolist()), avg("frozen_fraction"),
         avg("k_eff"), avg("entropy_first"), avg("entropy_last"), avg("ms_per_step"), curve,
-        tuple(r.diverged_at for r in mine), lr, table if tuned else {}, test_mean, test_std,
-        **_time_stats(mine, runs, sync_lr))
+        tuple(r.diverged_at for r in mine), mine[0].lr, table if tuned else {}, test_mean, test_std,
+        loss=loss.to_dict(), ci95=loss.ci95,
+        paired_vs_hogwild=_paired(mine, picked.get("hogwild"), "hogwild", tuned),
+        paired_vs_best=_paired(mine, picked.get(best), best, tuned),
+        correction=statistics.fmean(corrections) if corrections else None,
+        **_time_stats(mine, picked.get("sync", [])))
 
 
-def summarise(runs: list[RunResult], names: tuple[str, ...]) -> tuple[StrategySummary, ...]:
-    """One ``StrategySummary`` per strategy name that has runs, in ``names`` order."""
+def summarise(runs: list[RunResult], names: tuple[str, ...],
+              mode: str = "lockstep") -> tuple[tuple[StrategySummary, ...], str | None]:
+    """One ``StrategySummary`` per strategy that has runs (in ``names`` order), and the best baseline.
+
+    Each strategy is reported at its learning rate chosen on validation (``choose_lr``);
+    the best non-oracle baseline is chosen on validation too (``stats.best_baseline``), and
+    every strategy gets its paired difference to Hogwild! and to that baseline.
+
+    Args:
+        runs: every finished run.
+        names: the strategies in table order.
+        mode: ``"lockstep"`` or ``"arrivals"`` (which rules are oracles).
+    """
     present = [n for n in names if any(r.strategy == n for r in runs)]
-    sync_lr = choose_lr([r for r in runs if r.strategy == "sync"])[0] if "sync" in present else None
-    hog = _summarise_one(runs, "hogwild", None, sync_lr) if "hogwild" in present else None
-    ref = None if hog is None else hog.val_loss_mean if hog.test_loss_mean is None else hog.test_loss_mean
-    return tuple(_summarise_one(runs, n, ref, sync_lr) for n in present)
+    chosen = {n: choose_lr([r for r in runs if r.strategy == n]) for n in present}
+    picked = {n: sorted((r for r in runs if r.strategy == n and r.lr == chosen[n][0]), key=lambda r: r.seed)
+              for n in present}
+    best = best_baseline({n: [r.final_val_loss for r in picked[n]] for n in present}, mode)
+    return tuple(_summarise_one(n, picked[n], chosen[n][1], picked, best) for n in present), best
