@@ -49,6 +49,7 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "seed": "--seed",  # audit: the sketch seed
     "keys": "--keys",
     "intersect": "--intersect",
+    "recursive": "--recursive",
     "sketches": "--sketches",
     "chunk": "--chunk-mb",
     "csv": "--csv",

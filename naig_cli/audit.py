@@ -53,16 +53,19 @@ _COLUMNS = [
 @handle_errors
 def audit(
     ref: Annotated[Path, typer.Argument(
-        help="Reference .safetensors file (gradient or checkpoint) the workers are scored against.",
+        help="Reference the workers are scored against: a .safetensors file (gradient or checkpoint), "
+             "or a sharded checkpoint (its *.safetensors.index.json, or the folder holding it).",
         show_default=False)],
     files: Annotated[list[Path], typer.Argument(
-        help="Worker .safetensors files, or directories (every *.safetensors inside, sorted).",
+        help="Workers: .safetensors files, sharded checkpoints (index file or its folder), or folders "
+             "of files (every *.safetensors inside, sorted; sub-folders with --recursive).",
         show_default=False)],
     beta: BetaOpt = "auto",
     seed: Annotated[int, opt("--seed", "Sketch seed (uint64).", min=0, max=2**64 - 1)] = 0,
     line: LineOpt = "1,2,4",
     keys: Annotated[str | None, opt("--keys", "Regex: audit only matching tensor names.")] = None,
     intersect: Annotated[bool, opt("--intersect", "Use common tensors on mismatch.")] = False,
+    recursive: Annotated[bool, opt("--recursive", "Also audit the files in sub-folders.")] = False,
     sketches: Annotated[int, opt("--sketches", "R sketch seeds: E as mean ± std.", min=1)] = 1,
     chunk_mb: Annotated[float, opt("--chunk-mb", "Streaming batch size in MiB (>= 0.0625).")] = 16.0,
     json_out: JsonOpt = False,
@@ -76,7 +79,7 @@ def audit(
                          value=chunk_mb)
     _check_csv_target(csv_path, [ref, *files])
     config = AuditConfig(beta=beta, seed=seed, line=line, keys=keys, intersect=intersect,
-                         sketches=sketches, chunk=int(chunk_mb * 2**20) // 4)
+                         sketches=sketches, chunk=int(chunk_mb * 2**20) // 4, recursive=recursive)
     with progress("auditing", None, bytes_=True) as advance:
         result = run_audit(ref, files, config, progress=advance)
     for note in result.warnings:

@@ -5,7 +5,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from naig.audit.stream import batches, expand_inputs, inspect_file, plan_tensors, read_pieces
+from naig.audit.inputs import expand_inputs
+from naig.audit.stream import batches, inspect_file, plan_tensors, read_pieces
 from naig.errors import DataError, UsageError
 
 

@@ -80,11 +80,24 @@ def test_directory_without_safetensors(untouched, tmp_path):
     assert_one_line_error(r, 1, "empty", "no *.safetensors")
 
 
-@pytest.mark.parametrize("kind", ["empty", "truncated"])
-def test_empty_or_truncated(untouched, tmp_path, kind):
+@pytest.mark.parametrize(("cut", "words"), [
+    (0, "is empty (0 bytes)"),
+    (5, "is truncated (5 bytes, not even a header length)"),
+    (20, "is truncated inside its header (20 bytes; the header alone needs"),
+    (-1, "is truncated (3,"),  # inside the data: half of the file
+])
+def test_empty_or_truncated_says_incomplete(untouched, tmp_path, cut, words):
     good = (untouched / "workers" / "w1.safetensors").read_bytes()
-    bad = tmp_path / f"{kind}.safetensors"
-    bad.write_bytes(b"" if kind == "empty" else good[: len(good) // 2])
+    bad = tmp_path / "cut.safetensors"
+    bad.write_bytes(good[: len(good) // 2 if cut == -1 else cut])
+    r = run_naig("audit", untouched / "ref.safetensors", bad)
+    assert_one_line_error(r, 1, str(bad), words, "incomplete", "copy it again")
+    assert "re-save" not in r.stderr  # re-saving a cut copy cannot help
+
+
+def test_trailing_garbage_is_invalid_not_truncated(untouched, tmp_path):
+    bad = tmp_path / "long.safetensors"
+    bad.write_bytes((untouched / "workers" / "w1.safetensors").read_bytes() + b"xx")
     r = run_naig("audit", untouched / "ref.safetensors", bad)
     assert_one_line_error(r, 1, str(bad), "not a valid safetensors file")
 

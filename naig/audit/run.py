@@ -24,17 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from naig.audit.stream import (
-    FileInfo,
-    Piece,
-    TensorInfo,
-    batches,
-    expand_inputs,
-    inspect_file,
-    needs_torch,
-    plan_tensors,
-    read_pieces,
-)
+from naig.audit.inputs import INDEX_SUFFIX, expand_inputs, find_index, inspect_input, read_input
+from naig.audit.stream import FileInfo, Piece, TensorInfo, batches, needs_torch, plan_tensors
 from naig.energy import energy, relative_friction
 from naig.errors import DataError, UsageError
 from naig.gibbs import effective_workers, frozen_mask, gibbs_weights, parse_beta, resolve_beta
@@ -68,6 +59,7 @@ class AuditConfig:
     intersect: bool = False  # use common tensors instead of failing on a mismatch
     sketches: int = 1  # R independent sketch seeds; E_k reported as mean ± std
     chunk: int = DEFAULT_CHUNK  # scalars per streamed batch: bounds memory
+    recursive: bool = False  # folders: also walk sub-folders (a folder with an index is one checkpoint)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "beta", parse_beta(self.beta))
@@ -158,14 +150,24 @@ class AuditResult:
         }
 
 
+def _reference_path(ref: str | os.PathLike[str]) -> Path:
+    """The reference: a file, an index, or a folder holding an index (one checkpoint)."""
+    p = Path(ref)
+    if p.is_dir():
+        index = find_index(p)
+        if index is None:
+            raise UsageError(f"{p}: the reference must be one .safetensors file or one sharded checkpoint "
+                             f"(a folder holding a *{INDEX_SUFFIX}), not a folder of files")
+        return index
+    return p
+
+
 def _resolve_files(
-    ref: str | os.PathLike[str], files: Sequence[str | os.PathLike[str]]
+    ref: str | os.PathLike[str], files: Sequence[str | os.PathLike[str]], recursive: bool
 ) -> tuple[Path, list[Path], list[str]]:
-    ref_path = Path(ref)
-    if ref_path.is_dir():
-        raise UsageError(f"{ref_path}: the reference must be one .safetensors file, not a directory")
+    ref_path = _reference_path(ref)
     notes, workers, seen = [], [], {_identity(ref_path): ref_path}
-    for p in expand_inputs(files):
+    for p in expand_inputs(files, recursive):
         first = seen.setdefault(_identity(p), p)
         if first is ref_path and p is not ref_path:
             notes.append(f"{p}: is the reference itself; skipped as a worker")
@@ -183,7 +185,7 @@ def _identity(p: Path) -> tuple[int, int] | Path:
     try:
         st = p.stat()
     except OSError:
-        return p.absolute()  # missing: inspect_file reports it
+        return p.absolute()  # missing: inspect_input reports it
     return (st.st_dev, st.st_ino)
 
 
@@ -246,11 +248,11 @@ def _stream_all(
     dtypes = [_dtypes(f) for f in (ref, *workers)]  # row → {tensor name: dtype}
     for pieces in batches(plan, chunk):
         codes = _codes(pieces, seeds)
-        refs = list(read_pieces(ref.path, pieces, dtypes[0]))  # the reference is read once
+        refs = list(read_input(ref, pieces, dtypes[0]))  # the reference is read once
         _score(0, pieces, refs, refs, codes, acc, dtypes[0])
         for row, info in enumerate(workers, start=1):
             before = acc.bytes_read
-            xs = read_pieces(info.path, pieces, dtypes[row])
+            xs = read_input(info, pieces, dtypes[row])
             _score(row, pieces, xs, refs, codes, acc, dtypes[row])
             if progress:
                 progress(acc.bytes_read - before)
@@ -319,8 +321,11 @@ def run_audit(
     """Stream a reference and worker files and score each worker (docs/design.md §6).
 
     Args:
-        ref: reference ``.safetensors`` file (gradient or checkpoint).
-        files: worker files or directories (every ``*.safetensors`` inside, sorted).
+        ref: reference ``.safetensors`` file (gradient or checkpoint), or a sharded
+            checkpoint: its ``*.safetensors.index.json`` or the folder holding it.
+        files: worker files, index files or folders: a folder holding a
+            ``*.safetensors.index.json`` is one checkpoint; any other folder means every
+            ``*.safetensors`` in it, sorted (and in its sub-folders with ``recursive``).
         config: options; see ``AuditConfig``.
         progress: called with the number of bytes read after each file's batch.
 
@@ -348,8 +353,8 @@ def run_audit(
         w2.safetensors 20 0.651 frozen
     """
     psi = fano_fisher_metric(config.line)
-    ref_path, worker_paths, notes = _resolve_files(ref, files)
-    ref_info, workers = inspect_file(ref_path), [inspect_file(p) for p in worker_paths]
+    ref_path, worker_paths, notes = _resolve_files(ref, files, config.recursive)
+    ref_info, workers = inspect_input(ref_path), [inspect_input(p) for p in worker_paths]
     plan, skipped = plan_tensors(ref_info, workers, config.keys, config.intersect)
     if needs_torch(plan, [ref_info, *workers]):
         import torch  # noqa: F401  (bf16/fp8 reads; imported before the clock starts)
