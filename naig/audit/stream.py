@@ -206,6 +206,49 @@ def _auditable(info: FileInfo, pattern: re.Pattern | None) -> dict[str, TensorIn
     }
 
 
+def _prefixes(names: Sequence[str]) -> list[str]:
+    """Dotted prefixes (``module.``, ``model.``, ``module._orig_mod.``) that every name carries."""
+    first = next(iter(names), "").split(".")
+    cands = [".".join(first[:depth]) + "." for depth in range(1, min(4, len(first)))]
+    return [p for p in cands if all(n.startswith(p) for n in names)]
+
+
+def _prefix_hint(mine: dict, theirs: dict) -> str:
+    """When two sets of names match once a common prefix is stripped, say which prefix."""
+    for p in _prefixes(list(theirs)):
+        if any(n[len(p):] in mine for n in theirs):
+            return f"; its names carry the prefix {p!r} that the reference's lack: strip it before saving"
+    for p in _prefixes(list(mine)):
+        if any(n[len(p):] in theirs for n in mine):
+            return f"; the reference's names carry the prefix {p!r} that its names lack: strip it"
+    return ""
+
+
+def _disjoint(mine: dict, other: FileInfo, theirs: dict) -> str | None:
+    """Why a file has no tensor in common with the reference, or None when it has some."""
+    if not any(n in other.tensors for n in mine):
+        return f"{other.path} shares no tensor name with it{_prefix_hint(mine, other.tensors)}"
+    same = [n for n in mine if n in theirs]
+    if not same:
+        return f"{other.path} holds its tensors in other dtypes"
+    if not any(theirs[n].shape == mine[n].shape for n in same):
+        return f"{other.path} has {len(same)} of its names, each with another shape"
+    return None
+
+
+def _nothing_common(ref: FileInfo, theirs: list[tuple[FileInfo, dict]], mine: dict) -> DataError:
+    why = [w for o, t in theirs if (w := _disjoint(mine, o, t))]
+    detail = "; ".join(why[:3]) + (f"; and {len(why) - 3} more files" if len(why) > 3 else "")
+    return DataError(f"no floating-point tensor is common to the reference {ref.path} and every worker "
+                     f"(same name and shape): {detail or 'no tensor is in every file'}")
+
+
+def _check_overlap(ref: FileInfo, mine: dict, other: FileInfo) -> None:
+    if not any(n in other.tensors for n in mine):
+        hint = _prefix_hint(mine, other.tensors) or "; compare files of the same model"
+        raise DataError(f"{other.path}: shares no tensor name with the reference {ref.path.name}{hint}")
+
+
 def _mismatch(ref: FileInfo, mine: dict, other: FileInfo, theirs: dict) -> str | None:
     for n in mine:
         if n not in theirs:
@@ -273,9 +316,10 @@ def plan_tensors(
         common = [n for n in mine if all(n in t and t[n].shape == mine[n].shape for _, t in theirs)]
         skipped["not common"] = len(mine) - len(common)
         if not common:
-            raise DataError("no floating-point tensor is common to all files (same name and shape)")
+            raise _nothing_common(ref, theirs, mine)
         return [mine[n] for n in common], skipped
     for other, t in theirs:
+        _check_overlap(ref, mine, other)
         msg = _mismatch(ref, mine, other, t)
         if msg:
             raise DataError(f"{msg}; pass `intersect` to use only the common tensors")
