@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from naig.audit.correlation import lag_correlation
 from naig.audit.inputs import INDEX_SUFFIX, expand_inputs, find_index, inspect_input, read_input
 from naig.audit.stream import FileInfo, Piece, TensorInfo, batches, needs_torch, plan_tensors
 from naig.energy import energy, relative_friction
@@ -116,6 +117,7 @@ class AuditResult:
     skipped: dict[str, int]  # tensors left out, by reason
     config: AuditConfig
     warnings: list[str] = field(default_factory=list)
+    lag_correlation: dict[str, Any] | None = None  # Spearman r_s of E and ‖Δ‖ with lag (correlation.py)
 
     @property
     def compression(self) -> float:
@@ -147,6 +149,7 @@ class AuditResult:
             "seed": cfg.seed,
             "sketches": cfg.sketches,
             "warnings": self.warnings,
+            "lag_correlation": self.lag_correlation,
         }
 
 
@@ -263,6 +266,12 @@ def _norm_ratio(num: float, den: float) -> float | None:
     return float(num / den) if den > 0 and np.isfinite(den) else None
 
 
+def _cosine(dot: float, xx: float, rr: float) -> float | None:
+    """⟨x, r⟩ / (‖x‖‖r‖), clamped to [−1, 1] (rounding can exceed it by an ulp); None when a norm is 0."""
+    c = _norm_ratio(dot, np.sqrt(xx) * np.sqrt(rr))
+    return None if c is None else min(1.0, max(-1.0, c))
+
+
 def _scores(acc: _Accumulators, workers: list[FileInfo], psi: np.ndarray) -> list[dict]:
     ref = acc.stats[0]  # (R, 17)
     rr = ref[0, SKETCH_DIM + 1]  # ‖x_R‖²
@@ -277,7 +286,7 @@ def _scores(acc: _Accumulators, workers: list[FileInfo], psi: np.ndarray) -> lis
             dict(
                 path=info.path,
                 metadata=info.metadata,
-                cos=_norm_ratio(dot, np.sqrt(xx) * np.sqrt(rr)) if finite else None,
+                cos=_cosine(dot, xx, rr) if finite else None,
                 delta_norm=float(np.sqrt(dd)),
                 energy=float(e.mean()),
                 energy_std=float(e.std(ddof=1)) if len(e) > 1 else None,
@@ -310,6 +319,12 @@ def _verdicts(rows: list[dict], beta_opt: float | str) -> tuple[np.ndarray, floa
         ok = np.isfinite(r["energy"])
         r.update(pi=float(p), verdict="non-finite" if not ok else "frozen" if fz else "integrated")
     return pi, beta
+
+
+def _lag_correlation(files: list[FileScore], seed: int) -> dict[str, Any] | None:
+    """Does E track staleness in these files? (None without ≥ 3 distinct int ``lag`` values.)"""
+    lags = [f.meta("lag") for f in files]
+    return lag_correlation(lags, [f.energy for f in files], [f.delta_norm for f in files], seed=seed)
 
 
 def run_audit(
@@ -364,10 +379,11 @@ def run_audit(
     _check_reference(acc, ref_path)
     rows = _scores(acc, workers, psi)
     pi, beta = _verdicts(rows, config.beta)
+    files = [FileScore(**r) for r in rows]
     return AuditResult(
         reference=ref_path,
         reference_metadata=ref_info.metadata,
-        files=[FileScore(**r) for r in rows],
+        files=files,
         beta=beta,
         k_eff=effective_workers(pi),
         n=sum(t.numel for t in plan),
@@ -376,4 +392,5 @@ def run_audit(
         skipped=skipped,
         config=config,
         warnings=notes,
+        lag_correlation=_lag_correlation(files, config.seed),
     )
