@@ -33,6 +33,7 @@ __all__ = [
     "print_json",
     "fail",
     "fmt_num",
+    "printable",
     "progress",
     "opt",
     "JsonOpt",
@@ -148,9 +149,37 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def fmt_num(v: float | None, spec: str) -> str:
-    """Format a number for a table cell; ``—`` for None, NaN and anything undefined."""
-    return "—" if v is None or v != v else format(v, spec)
+def fmt_num(v: float | None, spec: str, big: float | None = None) -> str:
+    """Format a number for a table cell; ``—`` for None, NaN and anything undefined.
+
+    With ``big``, a magnitude ≥ ``big`` is written ``1.235e+30`` whatever ``spec`` says.
+
+    Example:
+        >>> fmt_num(3.14159, ".2f"), fmt_num(None, ".2f"), fmt_num(2e30, ".2f", big=1e6)
+        ('3.14', '—', '2.000e+30')
+    """
+    if v is None or v != v:
+        return "—"
+    return format(v, ".3e") if big is not None and abs(v) >= big else format(v, spec)
+
+
+def printable(obj: Any) -> Any:
+    r"""Strings (also inside dicts and lists) with undecodable file-name bytes written as ``\xff``.
+
+    Python keeps such bytes of a file name as lone surrogates, which no UTF-8 output
+    (table, CSV, JSON) can hold.
+
+    Example:
+        >>> printable({"file": "w\udcff.safetensors", "n": [1, "ok"]})
+        {'file': 'w\\xff.safetensors', 'n': [1, 'ok']}
+    """
+    if isinstance(obj, str):
+        return obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(obj, dict):
+        return {printable(k): printable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [printable(v) for v in obj]
+    return obj
 
 
 def print_json(doc: Any) -> None:

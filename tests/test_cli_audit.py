@@ -2,7 +2,11 @@
 
 import hashlib
 import json
+import os
 import pickle
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -311,3 +315,144 @@ def test_markup_in_names_and_metadata_is_shown_literally(untouched, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert "[bold]w1" in r.stdout and "[/x]" in r.stdout and "Traceback" not in r.stderr
+
+
+def _run_at(width: int, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": str(width)}
+    return subprocess.run([sys.executable, "-m", "naig_cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+@pytest.fixture
+def wide_inputs(tmp_path: Path) -> Path:
+    """Long names, every metadata key varying, one file without metadata, one 1e30 gradient."""
+    ref = make_state(0)
+    save_gradients(tmp_path / "ref.safetensors", ref)
+    for k in range(3):
+        state = {n: ref[n] + make_state(10 + k, scale=0.3 * (k + 1))[n] for n in ref}
+        save_gradients(tmp_path / "w" / f"a_rather_long_worker_file_name_{k}.safetensors", state,
+                       lag=5 * k, step=1000 + k, worker=k)
+    save_gradients(tmp_path / "w" / "no_metadata.safetensors", make_state(7))
+    save_gradients(tmp_path / "w" / "huge.safetensors", make_state(8, scale=1e30))
+    return tmp_path
+
+
+@pytest.mark.parametrize("width", [80, 60])
+@pytest.mark.parametrize("sketches", ["1", "3"])
+def test_table_never_cuts_a_number(wide_inputs, width, sketches):
+    args = ("audit", wide_inputs / "ref.safetensors", wide_inputs / "w", "--sketches", sketches)
+    r = _run_at(width, *args)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert all(len(line) <= width for line in lines) and "…" not in r.stdout
+    files = json.loads(_run_at(width, *args, "--json").stdout)["files"]
+    rows = [line for line in lines if line.split() and line.split()[-1] in ("integrated", "frozen")]
+    assert len(rows) == len(files)
+    for f, row in zip(files, rows, strict=True):
+        assert f"{f['pi']:.4f}" in row.split() and f["verdict"] in row.split()
+        e = f["energy"]
+        assert (f"{e:.3e}" if e >= 1e6 else f"{e:.2f}") in row.split()
+    if width == 60:
+        assert "left out to fit 60 columns" in r.stdout
+    for item in ("K_eff = ", "compression n/14 = ", "tensors skipped: ", "E vs lag: Spearman r = "):
+        line = next(ln for ln in lines if item in ln)  # each footer item whole on one line
+        assert re.search(re.escape(item) + r"\S", line), line
+
+
+def test_huge_values_are_compact(wide_inputs):
+    r = run_naig("audit", wide_inputs / "ref.safetensors", wide_inputs / "w" / "huge.safetensors")
+    assert r.returncode == 0, r.stderr
+    assert max(len(line) for line in r.stdout.splitlines()) <= 200
+    assert re.search(r"\d\.\d{3}e\+6\d", r.stdout) and not re.search(r"\d{12}", r.stdout)
+
+
+def test_title_says_for_all_only_when_every_file_has_the_value(tmp_path):
+    save_gradients(tmp_path / "ref.safetensors", make_state(0))
+    save_gradients(tmp_path / "a.safetensors", make_state(1), lag=5, step=7)
+    save_gradients(tmp_path / "b.safetensors", make_state(2), step=7)
+    r = run_naig("audit", *(tmp_path / f"{n}.safetensors" for n in ("ref", "a", "b")))
+    assert r.returncode == 0, r.stderr
+    title = r.stdout.splitlines()[0]
+    assert "step 7 for all" in title and "lag" not in title
+    header = next(line for line in r.stdout.splitlines() if "verdict" in line)
+    assert header.split()[:2] == ["file", "lag"]
+
+
+def test_lag_correlation_in_footer_and_json(grads_dir):
+    args = ("audit", grads_dir / "ref.safetensors", grads_dir / "workers")
+    doc = json.loads(run_naig(*args, "--json").stdout)["lag_correlation"]
+    assert doc["files"] == 3 and doc["exact"] is True
+    assert doc["delta_norm"]["spearman"] == 1.0 and doc["delta_norm"]["p_value"] == pytest.approx(2 / 6)
+    out = run_naig(*args).stdout
+    assert "‖Δ‖ vs lag: Spearman r = +1.00 (p = 0.33)" in out and "(permutation test, exact, 3 files)" in out
+
+
+def test_undecodable_file_names_in_table_csv_and_json(untouched, tmp_path):
+    raw = os.fsdecode(b"w\xff.safetensors")
+    (tmp_path / raw).write_bytes((untouched / "workers" / "w1.safetensors").read_bytes())
+    args = ("audit", untouched / "ref.safetensors", tmp_path / raw)
+    r = run_naig(*args, "--csv", tmp_path / "out.csv")
+    assert r.returncode == 0 and "w\\xff" in r.stdout, r.stderr
+    assert "w\\xff.safetensors" in (tmp_path / "out.csv").read_text(encoding="utf-8")
+    r = run_naig(*args, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["files"][0]["file"].endswith("w\\xff.safetensors")
+
+
+def test_intersect_with_nothing_common_names_the_file_and_prefix(untouched, tmp_path):
+    save_gradients(tmp_path / "ddp.safetensors", {"module." + k: v for k, v in make_state(1).items()})
+    r = run_naig("audit", untouched / "ref.safetensors", tmp_path / "ddp.safetensors", "--intersect")
+    assert_one_line_error(r, 1, str(tmp_path / "ddp.safetensors"), "prefix 'module.'")
+
+
+def _shard(folder: Path, state: dict, meta: dict) -> None:
+    folder.mkdir(parents=True)
+    names = list(state)
+    weight_map = {}
+    for i, keys in enumerate((names[:1], names[1:]), start=1):
+        shard = f"model-{i:05d}-of-00002.safetensors"
+        save_file({k: state[k] for k in keys}, folder / shard, metadata=meta)
+        weight_map.update(dict.fromkeys(keys, shard))
+    index = {"metadata": {}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def test_sharded_checkpoints_match_single_files(tmp_path):
+    ref = make_state(0)
+    save_file(ref, tmp_path / "ref.safetensors")
+    for k in (1, 2):
+        state = {n: ref[n] + make_state(k, scale=0.1 * k)[n] for n in ref}
+        save_file(state, tmp_path / f"single{k}.safetensors", metadata={"step": str(1000 * k)})
+        _shard(tmp_path / f"ckpt_step{1000 * k}", state, {"step": str(1000 * k)})
+    base = ("audit", tmp_path / "ref.safetensors")
+    single = json.loads(run_naig(*base, tmp_path / "single1.safetensors", tmp_path / "single2.safetensors",
+                                 "--json").stdout)
+    keys = ("cos", "delta_norm", "energy", "friction", "pi", "step")
+    for workers in ([tmp_path / "ckpt_step1000", tmp_path / "ckpt_step2000"],
+                    [tmp_path / f"ckpt_step{s}" / "model.safetensors.index.json" for s in (1000, 2000)]):
+        r = run_naig(*base, *workers, "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert [[f[k] for k in keys] for f in doc["files"]] == [[f[k] for k in keys] for f in single["files"]]
+        assert doc["n"] == single["n"] and doc["bytes_read"] == single["bytes_read"]
+    r = run_naig("audit", tmp_path / "ckpt_step1000", tmp_path / "ckpt_step2000")
+    assert r.returncode == 0, r.stderr
+    assert "reference ckpt_step1000/model" in r.stdout and "ckpt_step2000/model" in r.stdout
+
+
+def test_recursive_folders(tmp_path, untouched):
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    for k, sub in enumerate(("a", "b")):
+        (tmp_path / "runs" / sub).mkdir(exist_ok=True)
+        save_gradients(tmp_path / "runs" / sub / f"w{k}.safetensors", make_state(k + 1), lag=k)
+    ref = untouched / "ref.safetensors"
+    assert_one_line_error(run_naig("audit", ref, tmp_path / "runs"), 1, "--recursive")
+    r = run_naig("audit", ref, tmp_path / "runs", "--recursive", "--json")
+    assert r.returncode == 0, r.stderr
+    names = [Path(f["file"]).name for f in json.loads(r.stdout)["files"]]
+    assert names == ["w0.safetensors", "w1.safetensors"]
+
+
+def test_help_describes_ref_and_files():
+    out = _run_at(100, "audit", "--help").stdout
+    for words in ("ref", "files", "Reference the workers are scored", "sharded checkpoint", "--recursive"):
+        assert words in out, words
