@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hypothesis.strategies as st
 import pytest
 import torch
+from hypothesis import given, settings
 from safetensors.torch import save_file
+from typer.testing import CliRunner
 
 from naig.io import save_gradients
 from tests.conftest import assert_one_line_error, make_state, run_naig
@@ -456,3 +459,70 @@ def test_help_describes_ref_and_files():
     out = _run_at(100, "audit", "--help").stdout
     for words in ("ref", "files", "Reference the workers are scored", "sharded checkpoint", "--recursive"):
         assert words in out, words
+
+
+# Property: no input file, however broken, gives a traceback (CLI run in-process, so it stays fast).
+_DTYPES = ["F32", "F16", "BF16", "F64", "F8_E4M3", "I64", "BOOL", "C64", "XX", 7, None]
+_runner = CliRunner()
+
+
+def _audit_in_process(ref: Path, worker: Path) -> None:
+    from naig_cli.main import app
+
+    r = _runner.invoke(app, ["audit", str(ref), str(worker)])
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert r.exit_code in (0, 1), (r.exit_code, r.stderr)
+    if r.exit_code == 1:
+        lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("warning: ")]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+
+
+def _header(draw) -> bytes:
+    """A random JSON header (names, dtypes, shapes, offsets, metadata), length field and data."""
+    entries = {}
+    for _ in range(draw(st.integers(0, 3))):
+        name = draw(st.sampled_from(["layer.weight", "layer.bias", "x", "__metadata__", ""]))
+        shape = draw(st.lists(st.integers(-2, 2**33), max_size=3))
+        start = draw(st.integers(-4, 5000))
+        entries[name] = {"dtype": draw(st.sampled_from(_DTYPES)), "shape": shape,
+                         "data_offsets": [start, start + draw(st.integers(-4, 5000))]}
+    if draw(st.booleans()):
+        entries["__metadata__"] = draw(st.sampled_from([{"lag": "3"}, {"lag": 3}, [], "x", {"step": None}]))
+    text = json.dumps(entries).encode()
+    length = draw(st.sampled_from([len(text), len(text) + 5, max(0, len(text) - 3), 2**40]))
+    return length.to_bytes(8, "little") + text + draw(st.binary(max_size=6000))
+
+
+def _broken(draw, valid: bytes) -> bytes:
+    """Random bytes, a random header, a cut or a flipped byte of a valid file."""
+    kind = draw(st.sampled_from(["bytes", "header", "cut", "flip"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=300))
+    if kind == "header":
+        return _header(draw)
+    if kind == "cut":
+        return valid[: draw(st.integers(0, len(valid) - 1))]
+    pos = draw(st.integers(0, len(valid) - 1))
+    return valid[:pos] + bytes([valid[pos] ^ draw(st.integers(1, 255))]) + valid[pos + 1 :]
+
+
+@pytest.fixture(scope="module")
+def fuzz_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fuzz")
+    save_gradients(root / "valid.safetensors", make_state(3), lag=1)
+    save_gradients(root / "ref.safetensors", make_state(0))
+    return root
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_fuzzed_files_never_give_a_traceback(fuzz_dir, data):
+    ref, bad = fuzz_dir / "ref.safetensors", fuzz_dir / "bad.safetensors"
+    content = _broken(data.draw, (fuzz_dir / "valid.safetensors").read_bytes())
+    bad.write_bytes(content)
+    ref_before = ref.read_bytes()
+    if data.draw(st.booleans()):
+        _audit_in_process(bad, ref)
+    else:
+        _audit_in_process(ref, bad)
+    assert ref.read_bytes() == ref_before and bad.read_bytes() == content  # nothing written
