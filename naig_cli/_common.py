@@ -33,6 +33,8 @@ __all__ = [
     "print_json",
     "fail",
     "fmt_num",
+    "kernel_path",
+    "kernel_notice",
     "printable",
     "progress",
     "opt",
@@ -114,6 +116,33 @@ def _width() -> int | None:
 stdout = Console(highlight=False, width=_width())
 stderr = Console(stderr=True, highlight=False)
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+_NOT_BUILT = "numpy; the C extension was not built"
+
+
+def kernel_path() -> str:
+    """Which body of the audit's sketch kernel runs: the C extension, or numpy and why.
+
+    Example:
+        >>> kernel_path().startswith(("C", "numpy"))
+        True
+    """
+    from naig.sketch.kernels import HAVE_COMPILED
+
+    if HAVE_COMPILED:
+        return "C"
+    if os.environ.get("NAIG_PURE_NUMPY") == "1":
+        return "numpy, forced by NAIG_PURE_NUMPY=1"
+    return _NOT_BUILT
+
+
+def kernel_notice() -> str | None:
+    """A one-line warning when the C kernel is missing without being asked to be (None otherwise)."""
+    if kernel_path() != _NOT_BUILT:
+        return None
+    return ("the C sketch kernel was not built (no C compiler at install time), so the audit runs on its "
+            "numpy path: same numbers, about 3x slower; reinstall naig where a C compiler is available")
 
 
 def fail(message: str, code: int) -> None:

@@ -25,6 +25,7 @@ from naig_cli._common import (
     flag,
     fmt_num,
     handle_errors,
+    kernel_notice,
     opt,
     print_json,
     printable,
@@ -82,6 +83,9 @@ def audit(
     _check_csv_target(csv_path, [ref, *files])
     config = AuditConfig(beta=beta, seed=seed, line=line, keys=keys, intersect=intersect,
                          sketches=sketches, chunk=int(chunk_mb * 2**20) // 4, recursive=recursive)
+    notice = kernel_notice()
+    if notice:
+        sys.stderr.write(f"warning: {notice}\n")
     with progress("auditing", None, bytes_=True) as advance:
         result = run_audit(ref, files, config, progress=advance)
     for note in result.warnings:
