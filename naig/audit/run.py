@@ -350,7 +350,9 @@ def run_audit(
     Raises:
         UsageError: no worker file, or a ``keys`` regex that matches nothing (the
             other options are checked by ``AuditConfig``).
-        DataError: missing/invalid/pickle files, mismatched tensors, every file non-finite.
+        DataError: missing, truncated, invalid or pickle files; an incomplete sharded
+            checkpoint; a file truncated or changed while it is read; mismatched tensors;
+            every file non-finite. Each message is one line naming the file.
 
     Example:
         >>> import tempfile, torch
