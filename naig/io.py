@@ -1,13 +1,17 @@
 """Read and write gradient / checkpoint files in the safetensors format.
 
 ``save_gradients`` lets training code write audit input (a state dict of
-gradients with ``lag``, ``step`` and ``worker`` metadata). Pickle formats
-(``.pt``, ``.bin``, ``.ckpt``) are never loaded.
+gradients with ``lag``, ``step`` and ``worker`` metadata) from the dicts training
+loops actually hold: ``None`` gradients of frozen parameters, tied weights and other
+tensors that share storage, sparse embedding gradients, DTensor (FSDP2) shards and
+numpy arrays of any stride. Pickle formats (``.pt``, ``.bin``, ``.ckpt``) are never loaded.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +21,97 @@ from naig.errors import UsageError
 __all__ = ["METADATA_KEYS", "save_gradients"]
 
 METADATA_KEYS = ("lag", "step", "worker")
+_RESERVED = "__metadata__"  # the safetensors header key that holds the metadata
+_SHOWN = 5  # names listed in a notice before "and N more"
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:_SHOWN])
+    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+
+
+def _from_numpy(value: Any) -> Any:
+    """A numpy array as a torch tensor: native byte order, positive strides, contiguous."""
+    import numpy as np
+    import torch
+
+    arr = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("="))
+    return torch.from_numpy(arr)
+
+
+def _to_tensor(name: str, value: Any, densified: list[str]) -> Any:
+    """One value as a detached, contiguous CPU tensor (gathered if a DTensor, dense if sparse)."""
+    import numpy as np
+    import torch
+
+    try:
+        if callable(getattr(value, "full_tensor", None)):  # DTensor (FSDP2, tensor parallel)
+            value = value.full_tensor()
+        t = _from_numpy(value) if isinstance(value, np.ndarray) else torch.as_tensor(value)
+        if t.layout != torch.strided:  # sparse gradients, e.g. nn.Embedding(sparse=True)
+            t = t.to_dense()
+            densified.append(name)
+        return t.detach().cpu().contiguous()
+    except (TypeError, ValueError, RuntimeError, NotImplementedError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"tensor {name!r} cannot be saved ({reason}); pass a torch tensor or a numpy "
+                         "array of numbers", field="tensors") from None
+
+
+def _unshare(tensors: dict[str, Any]) -> dict[str, Any]:
+    """Copy tensors that share storage with an earlier one (tied weights, views), so each is saved."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in tensors.items():
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr and storage.nbytes():
+            t = t.clone() if ptr in seen else t
+            seen.add(ptr)
+        out[name] = t
+    return out
+
+
+def _check_names(tensors: Mapping[str, Any]) -> None:
+    for name in tensors:
+        if not isinstance(name, str):
+            raise UsageError(f"tensor names must be str, got {name!r}; use the state dict's names",
+                             field="tensors")
+        if name == _RESERVED:
+            raise UsageError(f"the name {_RESERVED!r} is reserved by safetensors for the metadata; "
+                             "rename that tensor", field="tensors")
+
+
+def _prepare(tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate and convert; warn once about skipped ``None`` values and densified sparse tensors."""
+    _check_names(tensors)
+    missing = [n for n, t in tensors.items() if t is None]
+    if len(missing) == len(tensors):
+        raise UsageError("every tensor is None; pass gradients after backward()", field="tensors")
+    if missing:
+        warnings.warn(f"save_gradients: skipped {len(missing)} tensor(s) with no gradient (None, e.g. "
+                      f"frozen or unused parameters): {_names(missing)}", UserWarning, stacklevel=3)
+    densified: list[str] = []
+    data = {n: _to_tensor(n, t, densified) for n, t in tensors.items() if t is not None}
+    if densified:
+        warnings.warn(f"save_gradients: sparse gradient(s) saved as dense tensors: {_names(densified)}",
+                      UserWarning, stacklevel=3)
+    return _unshare(data)
+
+
+def _write(path: Path, data: dict[str, Any], meta: dict[str, str]) -> None:
+    """Write atomically: a temporary file in the same folder, then a rename."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".safetensors.tmp")
+    os.close(fd)
+    try:
+        save_file(data, tmp, metadata=meta)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def save_gradients(
@@ -30,11 +125,25 @@ def save_gradients(
 ) -> Path:
     """Save a state dict of gradients (or parameters) as a safetensors file for ``naig audit``.
 
+    Takes the dict as a training loop builds it, ``{n: p.grad for n, p in
+    model.named_parameters()}``:
+
+    - ``None`` values (frozen or unused parameters) are skipped, and a ``UserWarning``
+      names them (filter it with ``warnings`` if that is expected);
+    - tensors that share storage (tied weights, overlapping views) are each saved
+      under their own name (safetensors alone refuses them);
+    - sparse tensors (``nn.Embedding(sparse=True)`` gradients) are saved dense, with a
+      ``UserWarning`` naming them;
+    - DTensors (FSDP2, tensor parallel) are gathered with ``full_tensor()``: a
+      collective, so every rank of the mesh must call ``save_gradients`` (or gather)
+      together;
+    - numpy arrays of any stride or byte order are copied to contiguous native order.
+
     Args:
-        path: destination ``.safetensors`` path; parent directories are created.
-        tensors: {name: torch.Tensor or numpy array}; non-contiguous tensors are
-            copied to contiguous CPU memory. Typical use:
-            ``{n: p.grad for n, p in model.named_parameters() if p.grad is not None}``.
+        path: destination ``.safetensors`` path; parent directories are created. The
+            file is written to a temporary name and renamed, so a failed call leaves no
+            partial file.
+        tensors: {name: torch.Tensor, DTensor, numpy array or None}.
         lag: staleness τ of this worker, in server steps (metadata ``lag``).
         step: server step at which the gradient was taken (metadata ``step``).
         worker: worker id (metadata ``worker``).
@@ -44,7 +153,9 @@ def save_gradients(
         The path written.
 
     Raises:
-        UsageError: if ``path`` does not end in ``.safetensors`` or ``tensors`` is empty.
+        UsageError: the path does not end in ``.safetensors``; ``tensors`` is empty or
+            all ``None``; a name is not a str or is ``__metadata__`` (reserved by
+            safetensors); a value cannot be turned into a tensor. Nothing is written then.
 
     Example:
         >>> import torch, tempfile, os
@@ -52,9 +163,6 @@ def save_gradients(
         >>> save_gradients(p, {"w": torch.ones(3)}, lag=10, step=50, worker=0).name
         'w0.safetensors'
     """
-    import torch
-    from safetensors.torch import save_file
-
     path = Path(path)
     if path.suffix != ".safetensors":
         raise UsageError(f"{path}: gradient files must end in .safetensors; rename it")
@@ -62,7 +170,5 @@ def save_gradients(
         raise UsageError(f"{path}: no tensors to save; pass a non-empty state dict")
     meta = {"lag": lag, "step": step, "worker": worker, **metadata}
     meta = {k: str(v) for k, v in meta.items() if v is not None}
-    data = {n: torch.as_tensor(t).detach().cpu().contiguous() for n, t in tensors.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(data, str(path), metadata=meta)
+    _write(path, _prepare(tensors), meta)
     return path

@@ -33,6 +33,9 @@ __all__ = [
     "print_json",
     "fail",
     "fmt_num",
+    "kernel_path",
+    "kernel_notice",
+    "printable",
     "progress",
     "opt",
     "JsonOpt",
@@ -53,6 +56,7 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "seed": "--seed",  # audit: the sketch seed
     "keys": "--keys",
     "intersect": "--intersect",
+    "recursive": "--recursive",
     "sketches": "--sketches",
     "chunk": "--chunk-mb",
     "csv": "--csv",
@@ -138,6 +142,33 @@ stderr = Console(stderr=True, highlight=False)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+_NOT_BUILT = "numpy; the C extension was not built"
+
+
+def kernel_path() -> str:
+    """Which body of the audit's sketch kernel runs: the C extension, or numpy and why.
+
+    Example:
+        >>> kernel_path().startswith(("C", "numpy"))
+        True
+    """
+    from naig.sketch.kernels import HAVE_COMPILED
+
+    if HAVE_COMPILED:
+        return "C"
+    if os.environ.get("NAIG_PURE_NUMPY") == "1":
+        return "numpy, forced by NAIG_PURE_NUMPY=1"
+    return _NOT_BUILT
+
+
+def kernel_notice() -> str | None:
+    """A one-line warning when the C kernel is missing without being asked to be (None otherwise)."""
+    if kernel_path() != _NOT_BUILT:
+        return None
+    return ("the C sketch kernel was not built (no C compiler at install time), so the audit runs on its "
+            "numpy path: same numbers, about 3x slower; reinstall naig where a C compiler is available")
+
+
 def fail(message: str, code: int) -> None:
     """Print ``error: message`` as one line on stderr and exit with ``code``."""
     sys.stderr.write(f"error: {message}\n")
@@ -171,9 +202,37 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def fmt_num(v: float | None, spec: str) -> str:
-    """Format a number for a table cell; ``—`` for None, NaN and anything undefined."""
-    return "—" if v is None or v != v else format(v, spec)
+def fmt_num(v: float | None, spec: str, big: float | None = None) -> str:
+    """Format a number for a table cell; ``—`` for None, NaN and anything undefined.
+
+    With ``big``, a magnitude ≥ ``big`` is written ``1.235e+30`` whatever ``spec`` says.
+
+    Example:
+        >>> fmt_num(3.14159, ".2f"), fmt_num(None, ".2f"), fmt_num(2e30, ".2f", big=1e6)
+        ('3.14', '—', '2.000e+30')
+    """
+    if v is None or v != v:
+        return "—"
+    return format(v, ".3e") if big is not None and abs(v) >= big else format(v, spec)
+
+
+def printable(obj: Any) -> Any:
+    r"""Strings (also inside dicts and lists) with undecodable file-name bytes written as ``\xff``.
+
+    Python keeps such bytes of a file name as lone surrogates, which no UTF-8 output
+    (table, CSV, JSON) can hold.
+
+    Example:
+        >>> printable({"file": "w\udcff.safetensors", "n": [1, "ok"]})
+        {'file': 'w\\xff.safetensors', 'n': [1, 'ok']}
+    """
+    if isinstance(obj, str):
+        return obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(obj, dict):
+        return {printable(k): printable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [printable(v) for v in obj]
+    return obj
 
 
 def print_json(doc: Any) -> None:

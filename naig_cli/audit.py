@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from naig.errors import UsageError
+from naig.io import METADATA_KEYS
 from naig_cli._common import (
     BetaOpt,
     JsonOpt,
@@ -24,8 +25,10 @@ from naig_cli._common import (
     flag,
     fmt_num,
     handle_errors,
+    kernel_notice,
     opt,
     print_json,
+    printable,
     progress,
     stdout,
 )
@@ -53,16 +56,19 @@ _COLUMNS = [
 @handle_errors
 def audit(
     ref: Annotated[Path, typer.Argument(
-        help="Reference .safetensors file (gradient or checkpoint) the workers are scored against.",
+        help="Reference the workers are scored against: a .safetensors file (gradient or checkpoint), "
+             "or a sharded checkpoint (its *.safetensors.index.json, or the folder holding it).",
         show_default=False)],
     files: Annotated[list[Path], typer.Argument(
-        help="Worker .safetensors files, or directories (every *.safetensors inside, sorted).",
+        help="Workers: .safetensors files, sharded checkpoints (index file or its folder), or folders "
+             "of files (every *.safetensors inside, sorted; sub-folders with --recursive).",
         show_default=False)],
     beta: BetaOpt = "auto",
     seed: Annotated[int, opt("--seed", "Sketch seed (uint64).", min=0, max=2**64 - 1)] = 0,
     line: LineOpt = "1,2,4",
     keys: Annotated[str | None, opt("--keys", "Regex: audit only matching tensor names.")] = None,
     intersect: Annotated[bool, opt("--intersect", "Use common tensors on mismatch.")] = False,
+    recursive: Annotated[bool, opt("--recursive", "Also audit the files in sub-folders.")] = False,
     sketches: Annotated[int, opt("--sketches", "R sketch seeds: E as mean ± std.", min=1)] = 1,
     chunk_mb: Annotated[float, opt("--chunk-mb", "Streaming batch size in MiB (>= 0.0625).")] = 16.0,
     json_out: JsonOpt = False,
@@ -76,12 +82,15 @@ def audit(
                          value=chunk_mb)
     _check_csv_target(csv_path, [ref, *files])
     config = AuditConfig(beta=beta, seed=seed, line=line, keys=keys, intersect=intersect,
-                         sketches=sketches, chunk=int(chunk_mb * 2**20) // 4)
+                         sketches=sketches, chunk=int(chunk_mb * 2**20) // 4, recursive=recursive)
+    notice = kernel_notice()
+    if notice:
+        sys.stderr.write(f"warning: {notice}\n")
     with progress("auditing", None, bytes_=True) as advance:
         result = run_audit(ref, files, config, progress=advance)
     for note in result.warnings:
         sys.stderr.write(f"warning: {note}\n")
-    doc = result.to_dict()
+    doc = printable(result.to_dict())  # file names with undecodable bytes: \xff
     doc["skipped_tensors"] = {flag(k): v for k, v in doc["skipped_tensors"].items()}  # "keys" → "--keys"
     if csv_path is not None:
         _write_csv(csv_path, doc["files"])
@@ -132,48 +141,126 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 _STYLE = {"integrated": "green", "frozen": "yellow", "non-finite": "red"}
+_BIG = 1e6  # larger magnitudes are shown as 1.234e+30, so a huge gradient cannot widen the table
+_FILE_MIN = 10  # the file column folds (never cuts) its names, down to this width
+_DROP = ("worker", "step", "ρ", "lag", "‖Δ‖", "cos")  # left out in this order when the table is too wide
+_INDEX = ".safetensors.index.json"
+
+
+def _display_name(file: str) -> str:
+    """A file's row label: its stem; a sharded checkpoint as folder/stem of its index."""
+    p = Path(file)
+    if p.name.endswith(_INDEX):
+        return f"{p.parent.name}/{p.name.removesuffix(_INDEX)}"
+    return p.name.removesuffix(".safetensors")
 
 
 def _energy_cell(r: dict, multi: bool) -> str:
-    spread = f" ± {r['energy_std']:.2f}" if multi and r["energy_std"] is not None else ""
-    return fmt_num(r["energy"], ".2f") + spread
+    e = fmt_num(r["energy"], ".2f", big=_BIG)
+    if not multi or r["energy_std"] is None:
+        return e
+    return f"{e} ± {fmt_num(r['energy_std'], '.2f', big=_BIG)}"
+
+
+def _title(result, rows: list[dict]) -> tuple[str, list[str]]:  # noqa: ANN001
+    """The title, with metadata that every file carries with one value; the varying keys become columns."""
+    values = {k: [r[k] for r in rows] for k in METADATA_KEYS}
+    constant = {k: v[0] for k, v in values.items() if len(rows) > 1 and v[0] is not None and len(set(v)) == 1}
+    shown = [k for k, v in values.items() if k not in constant and any(x is not None for x in v)]
+    same = "".join(f", {k} {v} for all" for k, v in constant.items())
+    return f"naig audit — reference {_display_name(printable(str(result.reference)))}{same}", shown
+
+
+def _columns(result, rows: list[dict]) -> tuple[str, dict[str, list[str]]]:  # noqa: ANN001
+    """The title and each column's plain-text cells (metadata, scores, verdict), in table order."""
+    multi = result.config.sketches > 1
+    title, meta = _title(result, rows)
+    cols = {k: [str(r[k]) if r[k] is not None else "—" for r in rows] for k in meta}
+    cols["cos"] = [fmt_num(r["cos"], ".6f") for r in rows]
+    cols["‖Δ‖"] = [fmt_num(r["delta_norm"], ".4g") for r in rows]
+    cols["E ± std" if multi else "E"] = [_energy_cell(r, multi) for r in rows]
+    cols["ρ"] = [fmt_num(r["friction"], ".3f") for r in rows]
+    cols["π"] = [fmt_num(r["pi"], ".4f") for r in rows]
+    cols["verdict"] = [r["verdict"] for r in rows]
+    return title, cols
+
+
+def _fit(cols: dict[str, list[str]], names: list[str], width: int) -> list[str]:
+    """Leave out columns (in ``_DROP`` order) until every cell fits whole next to a folded file column."""
+    def need(keys: list[str]) -> int:  # each column: its widest cell plus 2 of padding
+        return sum(max(map(len, [k, *cols[k]])) + 2 for k in keys)
+
+    file_width = min(_FILE_MIN, max(map(len, ["file", *names])))
+    keys, dropped = list(cols), []
+    for k in _DROP:
+        if need(keys) + file_width + 2 <= width:
+            break
+        if k in keys:
+            keys.remove(k)
+            dropped.append(k)
+    return dropped
 
 
 def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
-    multi = result.config.sketches > 1
-    values = {k: {r[k] for r in rows} - {None} for k in ("lag", "step", "worker")}
-    meta = [k for k, v in values.items() if len(v) > 1 or (len(v) == 1 and len(rows) == 1)]
-    same = "".join(f", {k} {next(iter(v))} for all" for k, v in values.items() if k not in meta and v)
-    title = escape(f"naig audit — reference {result.reference.name}{same}")  # names are user data
-    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    t.add_column("file", no_wrap=True, overflow="ellipsis", min_width=12)
-    for col in [*meta, "cos", "‖Δ‖", "E ± std" if multi else "E", "ρ", "π"]:
-        t.add_column(col, justify="right", no_wrap=True)
-    t.add_column("verdict", no_wrap=True, min_width=10)
-    for r in rows:
-        name = escape(Path(r["file"]).name.removesuffix(".safetensors"))
-        cells = [escape(str(r[k])) if r[k] is not None else "—" for k in meta]
-        t.add_row(
-            name,
-            *cells,
-            fmt_num(r["cos"], ".6f"),
-            fmt_num(r["delta_norm"], ".4g"),
-            _energy_cell(r, multi),
-            fmt_num(r["friction"], ".3f"),
-            fmt_num(r["pi"], ".4f"),
-            f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]",
-        )
+    title, cols = _columns(result, rows)
+    names = [_display_name(r["file"]) for r in rows]
+    dropped = _fit(cols, names, stdout.width)
+    t = Table(title=escape(title), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    t.add_column("file", overflow="fold", min_width=min(_FILE_MIN, max(map(len, names))))
+    keys = [k for k in cols if k not in dropped]
+    for k in keys:
+        t.add_column(k, justify="left" if k == "verdict" else "right", no_wrap=True,
+                     min_width=max(map(len, [k, *cols[k]])))
+    for i, r in enumerate(rows):
+        cells = [escape(cols[k][i]) for k in keys]  # names and metadata are user data: no markup
+        if "verdict" in keys:
+            cells[-1] = f"[{_STYLE[r['verdict']]}]{cells[-1]}[/]"
+        t.add_row(escape(names[i]), *cells)
     stdout.print(t)
-    stdout.print(_footer(result))
+    if dropped:
+        stdout.print(f"left out to fit {stdout.width} columns: {', '.join(dropped)} (--json has them all)",
+                     markup=False)
+    for line in _pack(_footer(result), stdout.width):
+        stdout.print(line, markup=False, no_wrap=True, overflow="ignore", crop=False)
 
 
-def _footer(result) -> str:  # noqa: ANN001
+def _pack(items: list[str], width: int, sep: str = "   ") -> list[str]:
+    """Lay footer items out in lines of at most ``width`` characters, never splitting an item."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + len(sep) + len(item) <= width:
+            lines[-1] += sep + item
+        else:
+            lines.append(item)
+    return lines
+
+
+def _p_value(p: float | None) -> str:
+    return "—" if p is None else f"{p:.2g}" if p >= 0.001 else "< 0.001"
+
+
+def _lag_items(doc: dict | None) -> list[str]:
+    """Footer items: does E (and ‖Δ‖) rank the files by staleness?"""
+    if doc is None:
+        return []
+    how = "exact" if doc["exact"] else f"{doc['permutations']} permutations"
+    items = [f"{label} vs lag: Spearman r = {fmt_num(c['spearman'], '+.2f')} (p = {_p_value(c['p_value'])})"
+             for label, c in (("E", doc["energy"]), ("‖Δ‖", doc["delta_norm"]))]
+    return [*items, f"(permutation test, {how}, {doc['files']} files)"]
+
+
+def _footer(result) -> list[str]:  # noqa: ANN001
     cfg = result.config
     skipped = ", ".join(f"{v} {flag(k)}" for k, v in result.skipped.items() if v) or "none"
-    return (
-        f"β = {result.beta:.6g} ({'auto' if cfg.beta == 'auto' else 'fixed'})   "
-        f"K_eff = {result.k_eff:.3f} of {len(result.files)}   n = {result.n:,}   "
-        f"compression n/14 = {result.compression:,.0f}×   line = {cfg.line}   seed = {cfg.seed}\n"
+    return [
+        f"β = {result.beta:.6g} ({'auto' if cfg.beta == 'auto' else 'fixed'})",
+        f"K_eff = {result.k_eff:.3f} of {len(result.files)}",
+        f"n = {result.n:,}",
+        f"compression n/14 = {result.compression:,.0f}×",
+        f"line = {cfg.line}",
+        f"seed = {cfg.seed}",
         f"read {result.bytes_read / 2**20:,.1f} MiB in {result.seconds:.2f} s "
-        f"({result.throughput / 2**20:,.0f} MiB/s)   tensors skipped: {skipped}"
-    )
+        f"({result.throughput / 2**20:,.0f} MiB/s)",
+        f"tensors skipped: {skipped}",
+        *_lag_items(result.lag_correlation),
+    ]

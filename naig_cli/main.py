@@ -33,9 +33,10 @@ class _OneLineGroup(TyperGroup):
                 raise
             ctx = getattr(exc, "ctx", None)
             where = ctx.command_path if ctx is not None else "naig"
-            message = exc.format_message().replace("\n", " ")
-            if message.strip():  # no-args-is-help has already printed the help
-                sys.stderr.write(f"error: {message} See '{where} --help'.\n")
+            message = exc.format_message().replace("\n", " ").strip()
+            if message:  # no-args-is-help has already printed the help
+                stop = "" if message.endswith((".", "!", "?")) else "."
+                sys.stderr.write(f"error: {message}{stop} See '{where} --help'.\n")
             sys.exit(exc.exit_code)
         sys.exit(code if isinstance(code, int) else 0)
 
@@ -52,7 +53,9 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"naig {__version__}")
+        from naig_cli._common import kernel_path
+
+        typer.echo(f"naig {__version__} (sketch kernel: {kernel_path()})")
         raise typer.Exit()
 
 

@@ -128,3 +128,44 @@ def test_router_and_audit_agree_on_the_same_gradients(grads_dir):
     e_router = Router(lags=(0, 10, 20), seed=4).energies(workers, reference=ref)
     e_audit = [f.energy for f in run_audit(grads_dir / "ref.safetensors", paths, AuditConfig(seed=4)).files]
     np.testing.assert_allclose(e_audit, e_router, rtol=1e-10, atol=1e-10)
+
+
+def test_cosine_of_a_file_with_itself_is_clamped_to_one(tmp_path):
+    rng = np.random.default_rng(0)
+    found = None
+    for _ in range(200):  # find vectors whose float64 cosine with themselves rounds above 1
+        x = rng.normal(size=7).astype(np.float32)
+        a = x.astype(np.float64)
+        if (a @ a) / (np.sqrt(a @ a) * np.sqrt(a @ a)) > 1.0:
+            found = x
+            break
+    assert found is not None, "no vector rounds above 1: the test needs another seed"
+    save_gradients(tmp_path / "r.safetensors", {"w": torch.from_numpy(found)})
+    save_gradients(tmp_path / "w.safetensors", {"w": torch.from_numpy(found.copy())})
+    (f,) = run_audit(tmp_path / "r.safetensors", [tmp_path / "w.safetensors"]).files
+    assert f.cos == 1.0
+
+
+def test_energy_rank_correlation_with_lag(tmp_path):
+    """Workers drifting more the staler they are: r_s = 1 for ‖Δ‖; the exact p-value of 4 files is 2/24."""
+    ref = make_state(0)
+    save_gradients(tmp_path / "ref.safetensors", ref)
+    for k, lag in enumerate((0, 10, 20, 35)):
+        noise = make_state(50 + k, scale=0.1 * (k + 1))
+        save_gradients(tmp_path / f"w{k}.safetensors", {n: ref[n] + noise[n] for n in ref}, lag=lag)
+    r = run_audit(tmp_path / "ref.safetensors", sorted(tmp_path.glob("w*.safetensors")))
+    doc = r.lag_correlation
+    assert doc["files"] == 4 and doc["exact"] is True and doc["seed"] == 0
+    assert doc["delta_norm"] == {"spearman": 1.0, "p_value": pytest.approx(2 / 24)}
+    from scipy.stats import spearmanr
+
+    want = spearmanr([0, 10, 20, 35], [f.energy for f in r.files]).statistic
+    assert doc["energy"]["spearman"] == pytest.approx(want, abs=1e-12)
+    assert r.to_dict()["lag_correlation"] == doc
+
+
+def test_no_lag_metadata_no_correlation(grads_dir, tmp_path):
+    save_gradients(tmp_path / "a.safetensors", make_state(1))
+    save_gradients(tmp_path / "b.safetensors", make_state(2))
+    r = run_audit(grads_dir / "ref.safetensors", [tmp_path])
+    assert r.lag_correlation is None and r.to_dict()["lag_correlation"] is None

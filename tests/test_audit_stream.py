@@ -5,7 +5,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from naig.audit.stream import batches, expand_inputs, inspect_file, plan_tensors, read_pieces
+from naig.audit.inputs import expand_inputs
+from naig.audit.stream import batches, inspect_file, plan_tensors, read_pieces
 from naig.errors import DataError, UsageError
 
 
@@ -124,3 +125,25 @@ def test_valid_file_whose_header_length_looks_like_pickle(tmp_path):
             break
     assert p.read_bytes()[:1] == b"\x80"
     assert list(inspect_file(p).tensors) == ["w" * (1 + pad)]
+
+
+def test_nothing_in_common_names_the_files_and_the_prefix(tmp_path):
+    plain = {"layer.weight": torch.ones(2, 3), "layer.bias": torch.ones(3)}
+    save_file(plain, tmp_path / "r.safetensors")
+    save_file({"module." + k: v for k, v in plain.items()}, tmp_path / "ddp.safetensors")
+    save_file({"model." + k: v for k, v in plain.items()}, tmp_path / "hf.safetensors")
+    save_file({"other": torch.ones(3)}, tmp_path / "o.safetensors")
+    save_file({"layer.weight": torch.ones(3, 2), "layer.bias": torch.ones(2)}, tmp_path / "t.safetensors")
+    r, ddp, hf, o, t = (inspect_file(tmp_path / f"{n}.safetensors") for n in ("r", "ddp", "hf", "o", "t"))
+    with pytest.raises(DataError) as err:
+        plan_tensors(r, [ddp, o, t], intersect=True)
+    msg = str(err.value)
+    assert msg.startswith(f"no floating-point tensor is common to the reference {r.path} and every worker")
+    assert f"{ddp.path} shares no tensor name with it; its names carry the prefix 'module.'" in msg
+    assert f"{o.path} shares no tensor name with it" in msg and f"{t.path} has 2 of its names" in msg
+    with pytest.raises(DataError, match=r"hf.safetensors: shares no tensor name .* prefix 'model.'"):
+        plan_tensors(r, [hf])  # without intersect, too
+    with pytest.raises(DataError, match=r"the reference's names carry the prefix 'module.' that its names"):
+        plan_tensors(ddp, [r])
+    with pytest.raises(DataError, match="o.safetensors: shares no tensor name .*compare files of the same"):
+        plan_tensors(r, [o])

@@ -2,12 +2,19 @@
 
 import hashlib
 import json
+import os
 import pickle
+import re
+import subprocess
+import sys
 from pathlib import Path
 
+import hypothesis.strategies as st
 import pytest
 import torch
+from hypothesis import given, settings
 from safetensors.torch import save_file
+from typer.testing import CliRunner
 
 from naig.io import save_gradients
 from tests.conftest import assert_one_line_error, make_state, run_naig
@@ -80,11 +87,24 @@ def test_directory_without_safetensors(untouched, tmp_path):
     assert_one_line_error(r, 1, "empty", "no *.safetensors")
 
 
-@pytest.mark.parametrize("kind", ["empty", "truncated"])
-def test_empty_or_truncated(untouched, tmp_path, kind):
+@pytest.mark.parametrize(("cut", "words"), [
+    (0, "is empty (0 bytes)"),
+    (5, "is truncated (5 bytes, not even a header length)"),
+    (20, "is truncated inside its header (20 bytes; the header alone needs"),
+    (-1, "is truncated (3,"),  # inside the data: half of the file
+])
+def test_empty_or_truncated_says_incomplete(untouched, tmp_path, cut, words):
     good = (untouched / "workers" / "w1.safetensors").read_bytes()
-    bad = tmp_path / f"{kind}.safetensors"
-    bad.write_bytes(b"" if kind == "empty" else good[: len(good) // 2])
+    bad = tmp_path / "cut.safetensors"
+    bad.write_bytes(good[: len(good) // 2 if cut == -1 else cut])
+    r = run_naig("audit", untouched / "ref.safetensors", bad)
+    assert_one_line_error(r, 1, str(bad), words, "incomplete", "copy it again")
+    assert "re-save" not in r.stderr  # re-saving a cut copy cannot help
+
+
+def test_trailing_garbage_is_invalid_not_truncated(untouched, tmp_path):
+    bad = tmp_path / "long.safetensors"
+    bad.write_bytes((untouched / "workers" / "w1.safetensors").read_bytes() + b"xx")
     r = run_naig("audit", untouched / "ref.safetensors", bad)
     assert_one_line_error(r, 1, str(bad), "not a valid safetensors file")
 
@@ -298,3 +318,211 @@ def test_markup_in_names_and_metadata_is_shown_literally(untouched, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert "[bold]w1" in r.stdout and "[/x]" in r.stdout and "Traceback" not in r.stderr
+
+
+def _run_at(width: int, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": str(width)}
+    return subprocess.run([sys.executable, "-m", "naig_cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+@pytest.fixture
+def wide_inputs(tmp_path: Path) -> Path:
+    """Long names, every metadata key varying, one file without metadata, one 1e30 gradient."""
+    ref = make_state(0)
+    save_gradients(tmp_path / "ref.safetensors", ref)
+    for k in range(3):
+        state = {n: ref[n] + make_state(10 + k, scale=0.3 * (k + 1))[n] for n in ref}
+        save_gradients(tmp_path / "w" / f"a_rather_long_worker_file_name_{k}.safetensors", state,
+                       lag=5 * k, step=1000 + k, worker=k)
+    save_gradients(tmp_path / "w" / "no_metadata.safetensors", make_state(7))
+    save_gradients(tmp_path / "w" / "huge.safetensors", make_state(8, scale=1e30))
+    return tmp_path
+
+
+@pytest.mark.parametrize("width", [80, 60])
+@pytest.mark.parametrize("sketches", ["1", "3"])
+def test_table_never_cuts_a_number(wide_inputs, width, sketches):
+    args = ("audit", wide_inputs / "ref.safetensors", wide_inputs / "w", "--sketches", sketches)
+    r = _run_at(width, *args)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert all(len(line) <= width for line in lines) and "…" not in r.stdout
+    files = json.loads(_run_at(width, *args, "--json").stdout)["files"]
+    rows = [line for line in lines if line.split() and line.split()[-1] in ("integrated", "frozen")]
+    assert len(rows) == len(files)
+    for f, row in zip(files, rows, strict=True):
+        assert f"{f['pi']:.4f}" in row.split() and f["verdict"] in row.split()
+        e = f["energy"]
+        assert (f"{e:.3e}" if e >= 1e6 else f"{e:.2f}") in row.split()
+    if width == 60:
+        assert "left out to fit 60 columns" in r.stdout
+    for item in ("K_eff = ", "compression n/14 = ", "tensors skipped: ", "E vs lag: Spearman r = "):
+        line = next(ln for ln in lines if item in ln)  # each footer item whole on one line
+        assert re.search(re.escape(item) + r"\S", line), line
+
+
+def test_huge_values_are_compact(wide_inputs):
+    r = run_naig("audit", wide_inputs / "ref.safetensors", wide_inputs / "w" / "huge.safetensors")
+    assert r.returncode == 0, r.stderr
+    assert max(len(line) for line in r.stdout.splitlines()) <= 200
+    assert re.search(r"\d\.\d{3}e\+6\d", r.stdout) and not re.search(r"\d{12}", r.stdout)
+
+
+def test_title_says_for_all_only_when_every_file_has_the_value(tmp_path):
+    save_gradients(tmp_path / "ref.safetensors", make_state(0))
+    save_gradients(tmp_path / "a.safetensors", make_state(1), lag=5, step=7)
+    save_gradients(tmp_path / "b.safetensors", make_state(2), step=7)
+    r = run_naig("audit", *(tmp_path / f"{n}.safetensors" for n in ("ref", "a", "b")))
+    assert r.returncode == 0, r.stderr
+    title = r.stdout.splitlines()[0]
+    assert "step 7 for all" in title and "lag" not in title
+    header = next(line for line in r.stdout.splitlines() if "verdict" in line)
+    assert header.split()[:2] == ["file", "lag"]
+
+
+def test_lag_correlation_in_footer_and_json(grads_dir):
+    args = ("audit", grads_dir / "ref.safetensors", grads_dir / "workers")
+    doc = json.loads(run_naig(*args, "--json").stdout)["lag_correlation"]
+    assert doc["files"] == 3 and doc["exact"] is True
+    assert doc["delta_norm"]["spearman"] == 1.0 and doc["delta_norm"]["p_value"] == pytest.approx(2 / 6)
+    out = run_naig(*args).stdout
+    assert "‖Δ‖ vs lag: Spearman r = +1.00 (p = 0.33)" in out and "(permutation test, exact, 3 files)" in out
+
+
+def test_undecodable_file_names_in_table_csv_and_json(untouched, tmp_path):
+    raw = os.fsdecode(b"w\xff.safetensors")
+    (tmp_path / raw).write_bytes((untouched / "workers" / "w1.safetensors").read_bytes())
+    args = ("audit", untouched / "ref.safetensors", tmp_path / raw)
+    r = run_naig(*args, "--csv", tmp_path / "out.csv")
+    assert r.returncode == 0 and "w\\xff" in r.stdout, r.stderr
+    assert "w\\xff.safetensors" in (tmp_path / "out.csv").read_text(encoding="utf-8")
+    r = run_naig(*args, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["files"][0]["file"].endswith("w\\xff.safetensors")
+
+
+def test_intersect_with_nothing_common_names_the_file_and_prefix(untouched, tmp_path):
+    save_gradients(tmp_path / "ddp.safetensors", {"module." + k: v for k, v in make_state(1).items()})
+    r = run_naig("audit", untouched / "ref.safetensors", tmp_path / "ddp.safetensors", "--intersect")
+    assert_one_line_error(r, 1, str(tmp_path / "ddp.safetensors"), "prefix 'module.'")
+
+
+def _shard(folder: Path, state: dict, meta: dict) -> None:
+    folder.mkdir(parents=True)
+    names = list(state)
+    weight_map = {}
+    for i, keys in enumerate((names[:1], names[1:]), start=1):
+        shard = f"model-{i:05d}-of-00002.safetensors"
+        save_file({k: state[k] for k in keys}, folder / shard, metadata=meta)
+        weight_map.update(dict.fromkeys(keys, shard))
+    index = {"metadata": {}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def test_sharded_checkpoints_match_single_files(tmp_path):
+    ref = make_state(0)
+    save_file(ref, tmp_path / "ref.safetensors")
+    for k in (1, 2):
+        state = {n: ref[n] + make_state(k, scale=0.1 * k)[n] for n in ref}
+        save_file(state, tmp_path / f"single{k}.safetensors", metadata={"step": str(1000 * k)})
+        _shard(tmp_path / f"ckpt_step{1000 * k}", state, {"step": str(1000 * k)})
+    base = ("audit", tmp_path / "ref.safetensors")
+    single = json.loads(run_naig(*base, tmp_path / "single1.safetensors", tmp_path / "single2.safetensors",
+                                 "--json").stdout)
+    keys = ("cos", "delta_norm", "energy", "friction", "pi", "step")
+    for workers in ([tmp_path / "ckpt_step1000", tmp_path / "ckpt_step2000"],
+                    [tmp_path / f"ckpt_step{s}" / "model.safetensors.index.json" for s in (1000, 2000)]):
+        r = run_naig(*base, *workers, "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert [[f[k] for k in keys] for f in doc["files"]] == [[f[k] for k in keys] for f in single["files"]]
+        assert doc["n"] == single["n"] and doc["bytes_read"] == single["bytes_read"]
+    r = run_naig("audit", tmp_path / "ckpt_step1000", tmp_path / "ckpt_step2000")
+    assert r.returncode == 0, r.stderr
+    assert "reference ckpt_step1000/model" in r.stdout and "ckpt_step2000/model" in r.stdout
+
+
+def test_recursive_folders(tmp_path, untouched):
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    for k, sub in enumerate(("a", "b")):
+        (tmp_path / "runs" / sub).mkdir(exist_ok=True)
+        save_gradients(tmp_path / "runs" / sub / f"w{k}.safetensors", make_state(k + 1), lag=k)
+    ref = untouched / "ref.safetensors"
+    assert_one_line_error(run_naig("audit", ref, tmp_path / "runs"), 1, "--recursive")
+    r = run_naig("audit", ref, tmp_path / "runs", "--recursive", "--json")
+    assert r.returncode == 0, r.stderr
+    names = [Path(f["file"]).name for f in json.loads(r.stdout)["files"]]
+    assert names == ["w0.safetensors", "w1.safetensors"]
+
+
+def test_help_describes_ref_and_files():
+    out = _run_at(100, "audit", "--help").stdout
+    for words in ("ref", "files", "Reference the workers are scored", "sharded checkpoint", "--recursive"):
+        assert words in out, words
+
+
+# Property: no input file, however broken, gives a traceback (CLI run in-process, so it stays fast).
+_DTYPES = ["F32", "F16", "BF16", "F64", "F8_E4M3", "I64", "BOOL", "C64", "XX", 7, None]
+_runner = CliRunner()
+
+
+def _audit_in_process(ref: Path, worker: Path) -> None:
+    from naig_cli.main import app
+
+    r = _runner.invoke(app, ["audit", str(ref), str(worker)])
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert r.exit_code in (0, 1), (r.exit_code, r.stderr)
+    if r.exit_code == 1:
+        lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("warning: ")]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+
+
+def _header(draw) -> bytes:
+    """A random JSON header (names, dtypes, shapes, offsets, metadata), length field and data."""
+    entries = {}
+    for _ in range(draw(st.integers(0, 3))):
+        name = draw(st.sampled_from(["layer.weight", "layer.bias", "x", "__metadata__", ""]))
+        shape = draw(st.lists(st.integers(-2, 2**33), max_size=3))
+        start = draw(st.integers(-4, 5000))
+        entries[name] = {"dtype": draw(st.sampled_from(_DTYPES)), "shape": shape,
+                         "data_offsets": [start, start + draw(st.integers(-4, 5000))]}
+    if draw(st.booleans()):
+        entries["__metadata__"] = draw(st.sampled_from([{"lag": "3"}, {"lag": 3}, [], "x", {"step": None}]))
+    text = json.dumps(entries).encode()
+    length = draw(st.sampled_from([len(text), len(text) + 5, max(0, len(text) - 3), 2**40]))
+    return length.to_bytes(8, "little") + text + draw(st.binary(max_size=6000))
+
+
+def _broken(draw, valid: bytes) -> bytes:
+    """Random bytes, a random header, a cut or a flipped byte of a valid file."""
+    kind = draw(st.sampled_from(["bytes", "header", "cut", "flip"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=300))
+    if kind == "header":
+        return _header(draw)
+    if kind == "cut":
+        return valid[: draw(st.integers(0, len(valid) - 1))]
+    pos = draw(st.integers(0, len(valid) - 1))
+    return valid[:pos] + bytes([valid[pos] ^ draw(st.integers(1, 255))]) + valid[pos + 1 :]
+
+
+@pytest.fixture(scope="module")
+def fuzz_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fuzz")
+    save_gradients(root / "valid.safetensors", make_state(3), lag=1)
+    save_gradients(root / "ref.safetensors", make_state(0))
+    return root
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_fuzzed_files_never_give_a_traceback(fuzz_dir, data):
+    ref, bad = fuzz_dir / "ref.safetensors", fuzz_dir / "bad.safetensors"
+    content = _broken(data.draw, (fuzz_dir / "valid.safetensors").read_bytes())
+    bad.write_bytes(content)
+    ref_before = ref.read_bytes()
+    if data.draw(st.booleans()):
+        _audit_in_process(bad, ref)
+    else:
+        _audit_in_process(ref, bad)
+    assert ref.read_bytes() == ref_before and bad.read_bytes() == content  # nothing written

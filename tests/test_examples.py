@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,37 @@ def test_experiment_a_beta_auto_integrates_the_partial_worker(experiment_a):
     files = {f["lag"]: f for f in _audit(experiment_a, "auto")}
     assert files[10]["verdict"] == "integrated" and files[20]["verdict"] == "frozen"
     assert files[35]["pi"] == max(f["pi"] for f in files.values())
+
+
+def test_router_loop_trains_and_its_gradients_audit(tmp_path):
+    out = tmp_path / "grads"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "router_loop.py"), "--steps", "60", "--save", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr
+    for rule in ("naig", "hogwild"):
+        line = next(ln for ln in r.stdout.splitlines() if ln.startswith(rule))
+        losses = [float(v) for v in line.split(":")[1].split()]
+        assert len(losses) == 4 and losses[-1] < 0.9 * losses[0], line  # it learns
+    audit = run_naig("audit", out / "ref.safetensors", out, "--json")
+    assert audit.returncode == 0, audit.stderr
+    files = json.loads(audit.stdout)["files"]
+    assert sorted(f["worker"] for f in files) == [0, 1, 2, 3] and all(f["step"] == 59 for f in files)
+
+
+def _readme_snippets() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def test_readme_has_python_snippets():
+    assert len(_readme_snippets()) >= 3
+
+
+@pytest.mark.parametrize("index", range(len(_readme_snippets())))
+def test_readme_python_snippet_runs_as_it_stands(tmp_path, index):
+    """Each snippet runs alone, unchanged, in an empty folder (files it writes land there)."""
+    r = subprocess.run([sys.executable, "-c", _readme_snippets()[index]], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr

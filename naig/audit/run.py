@@ -24,17 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from naig.audit.stream import (
-    FileInfo,
-    Piece,
-    TensorInfo,
-    batches,
-    expand_inputs,
-    inspect_file,
-    needs_torch,
-    plan_tensors,
-    read_pieces,
-)
+from naig.audit.correlation import lag_correlation
+from naig.audit.inputs import INDEX_SUFFIX, expand_inputs, find_index, inspect_input, read_input
+from naig.audit.stream import FileInfo, Piece, TensorInfo, batches, needs_torch, plan_tensors
 from naig.energy import energy, relative_friction
 from naig.errors import DataError, UsageError
 from naig.gibbs import effective_workers, frozen_mask, gibbs_weights, parse_beta, resolve_beta
@@ -68,6 +60,7 @@ class AuditConfig:
     intersect: bool = False  # use common tensors instead of failing on a mismatch
     sketches: int = 1  # R independent sketch seeds; E_k reported as mean ± std
     chunk: int = DEFAULT_CHUNK  # scalars per streamed batch: bounds memory
+    recursive: bool = False  # folders: also walk sub-folders (a folder with an index is one checkpoint)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "beta", parse_beta(self.beta))
@@ -124,6 +117,7 @@ class AuditResult:
     skipped: dict[str, int]  # tensors left out, by reason
     config: AuditConfig
     warnings: list[str] = field(default_factory=list)
+    lag_correlation: dict[str, Any] | None = None  # Spearman r_s of E and ‖Δ‖ with lag (correlation.py)
 
     @property
     def compression(self) -> float:
@@ -155,17 +149,28 @@ class AuditResult:
             "seed": cfg.seed,
             "sketches": cfg.sketches,
             "warnings": self.warnings,
+            "lag_correlation": self.lag_correlation,
         }
 
 
+def _reference_path(ref: str | os.PathLike[str]) -> Path:
+    """The reference: a file, an index, or a folder holding an index (one checkpoint)."""
+    p = Path(ref)
+    if p.is_dir():
+        index = find_index(p)
+        if index is None:
+            raise UsageError(f"{p}: the reference must be one .safetensors file or one sharded checkpoint "
+                             f"(a folder holding a *{INDEX_SUFFIX}), not a folder of files")
+        return index
+    return p
+
+
 def _resolve_files(
-    ref: str | os.PathLike[str], files: Sequence[str | os.PathLike[str]]
+    ref: str | os.PathLike[str], files: Sequence[str | os.PathLike[str]], recursive: bool
 ) -> tuple[Path, list[Path], list[str]]:
-    ref_path = Path(ref)
-    if ref_path.is_dir():
-        raise UsageError(f"{ref_path}: the reference must be one .safetensors file, not a directory")
+    ref_path = _reference_path(ref)
     notes, workers, seen = [], [], {_identity(ref_path): ref_path}
-    for p in expand_inputs(files):
+    for p in expand_inputs(files, recursive):
         first = seen.setdefault(_identity(p), p)
         if first is ref_path and p is not ref_path:
             notes.append(f"{p}: is the reference itself; skipped as a worker")
@@ -183,7 +188,7 @@ def _identity(p: Path) -> tuple[int, int] | Path:
     try:
         st = p.stat()
     except OSError:
-        return p.absolute()  # missing: inspect_file reports it
+        return p.absolute()  # missing: inspect_input reports it
     return (st.st_dev, st.st_ino)
 
 
@@ -246,11 +251,11 @@ def _stream_all(
     dtypes = [_dtypes(f) for f in (ref, *workers)]  # row → {tensor name: dtype}
     for pieces in batches(plan, chunk):
         codes = _codes(pieces, seeds)
-        refs = list(read_pieces(ref.path, pieces, dtypes[0]))  # the reference is read once
+        refs = list(read_input(ref, pieces, dtypes[0]))  # the reference is read once
         _score(0, pieces, refs, refs, codes, acc, dtypes[0])
         for row, info in enumerate(workers, start=1):
             before = acc.bytes_read
-            xs = read_pieces(info.path, pieces, dtypes[row])
+            xs = read_input(info, pieces, dtypes[row])
             _score(row, pieces, xs, refs, codes, acc, dtypes[row])
             if progress:
                 progress(acc.bytes_read - before)
@@ -259,6 +264,12 @@ def _stream_all(
 
 def _norm_ratio(num: float, den: float) -> float | None:
     return float(num / den) if den > 0 and np.isfinite(den) else None
+
+
+def _cosine(dot: float, xx: float, rr: float) -> float | None:
+    """⟨x, r⟩ / (‖x‖‖r‖), clamped to [−1, 1] (rounding can exceed it by an ulp); None when a norm is 0."""
+    c = _norm_ratio(dot, np.sqrt(xx) * np.sqrt(rr))
+    return None if c is None else min(1.0, max(-1.0, c))
 
 
 def _scores(acc: _Accumulators, workers: list[FileInfo], psi: np.ndarray) -> list[dict]:
@@ -275,7 +286,7 @@ def _scores(acc: _Accumulators, workers: list[FileInfo], psi: np.ndarray) -> lis
             dict(
                 path=info.path,
                 metadata=info.metadata,
-                cos=_norm_ratio(dot, np.sqrt(xx) * np.sqrt(rr)) if finite else None,
+                cos=_cosine(dot, xx, rr) if finite else None,
                 delta_norm=float(np.sqrt(dd)),
                 energy=float(e.mean()),
                 energy_std=float(e.std(ddof=1)) if len(e) > 1 else None,
@@ -310,6 +321,12 @@ def _verdicts(rows: list[dict], beta_opt: float | str) -> tuple[np.ndarray, floa
     return pi, beta
 
 
+def _lag_correlation(files: list[FileScore], seed: int) -> dict[str, Any] | None:
+    """Does E track staleness in these files? (None without ≥ 3 distinct int ``lag`` values.)"""
+    lags = [f.meta("lag") for f in files]
+    return lag_correlation(lags, [f.energy for f in files], [f.delta_norm for f in files], seed=seed)
+
+
 def run_audit(
     ref: str | os.PathLike[str],
     files: Sequence[str | os.PathLike[str]],
@@ -319,8 +336,11 @@ def run_audit(
     """Stream a reference and worker files and score each worker (docs/design.md §6).
 
     Args:
-        ref: reference ``.safetensors`` file (gradient or checkpoint).
-        files: worker files or directories (every ``*.safetensors`` inside, sorted).
+        ref: reference ``.safetensors`` file (gradient or checkpoint), or a sharded
+            checkpoint: its ``*.safetensors.index.json`` or the folder holding it.
+        files: worker files, index files or folders: a folder holding a
+            ``*.safetensors.index.json`` is one checkpoint; any other folder means every
+            ``*.safetensors`` in it, sorted (and in its sub-folders with ``recursive``).
         config: options; see ``AuditConfig``.
         progress: called with the number of bytes read after each file's batch.
 
@@ -330,7 +350,9 @@ def run_audit(
     Raises:
         UsageError: no worker file, or a ``keys`` regex that matches nothing (the
             other options are checked by ``AuditConfig``).
-        DataError: missing/invalid/pickle files, mismatched tensors, every file non-finite.
+        DataError: missing, truncated, invalid or pickle files; an incomplete sharded
+            checkpoint; a file truncated or changed while it is read; mismatched tensors;
+            every file non-finite. Each message is one line naming the file.
 
     Example:
         >>> import tempfile, torch
@@ -348,8 +370,8 @@ def run_audit(
         w2.safetensors 20 0.651 frozen
     """
     psi = fano_fisher_metric(config.line)
-    ref_path, worker_paths, notes = _resolve_files(ref, files)
-    ref_info, workers = inspect_file(ref_path), [inspect_file(p) for p in worker_paths]
+    ref_path, worker_paths, notes = _resolve_files(ref, files, config.recursive)
+    ref_info, workers = inspect_input(ref_path), [inspect_input(p) for p in worker_paths]
     plan, skipped = plan_tensors(ref_info, workers, config.keys, config.intersect)
     if needs_torch(plan, [ref_info, *workers]):
         import torch  # noqa: F401  (bf16/fp8 reads; imported before the clock starts)
@@ -359,10 +381,11 @@ def run_audit(
     _check_reference(acc, ref_path)
     rows = _scores(acc, workers, psi)
     pi, beta = _verdicts(rows, config.beta)
+    files = [FileScore(**r) for r in rows]
     return AuditResult(
         reference=ref_path,
         reference_metadata=ref_info.metadata,
-        files=[FileScore(**r) for r in rows],
+        files=files,
         beta=beta,
         k_eff=effective_workers(pi),
         n=sum(t.numel for t in plan),
@@ -371,4 +394,5 @@ def run_audit(
         skipped=skipped,
         config=config,
         warnings=notes,
+        lag_correlation=_lag_correlation(files, config.seed),
     )

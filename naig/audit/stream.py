@@ -8,11 +8,12 @@ the number of files. Pickle formats are refused without being opened.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,6 @@ __all__ = [
     "FileInfo",
     "Piece",
     "inspect_file",
-    "expand_inputs",
     "plan_tensors",
     "batches",
     "read_pieces",
@@ -57,12 +57,23 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class FileInfo:
-    """A validated safetensors file: its tensors (in file order), metadata and size in bytes."""
+    """A validated safetensors file, or a sharded checkpoint read as one (docs/design.md §6).
+
+    ``path`` is the file, or the checkpoint's ``*.safetensors.index.json``; ``tensors``
+    are in reading order (file order; shard by shard for a checkpoint); ``nbytes`` is
+    the size on disk of all its files; ``shards`` maps each tensor of a sharded
+    checkpoint to the shard file that holds it (empty for a single file).
+    """
 
     path: Path
     tensors: dict[str, TensorInfo]
     metadata: dict[str, str]
     nbytes: int
+    shards: dict[str, Path] = field(default_factory=dict)
+
+    def file_of(self, name: str) -> Path:
+        """The file that holds tensor ``name``."""
+        return self.shards.get(name, self.path)
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,46 @@ def _sniff(path: Path) -> None:
         )
 
 
+_MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header, in bytes
+
+
+def _data_end(header: bytes) -> int:
+    """End offset of the last tensor's data (relative to the data section) in a JSON header."""
+    entries = json.loads(header)
+    return max((int(v["data_offsets"][1]) for k, v in entries.items() if k != "__metadata__"), default=0)
+
+
+def _truncation(p: Path) -> str | None:
+    """Say how a file is cut short, when it is (None: it is broken in another way)."""
+    size = p.stat().st_size
+    with open(p, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else 0
+        header = fh.read(n) if 0 < n <= _MAX_HEADER else b""
+    if size < 8:
+        return "is empty (0 bytes)" if size == 0 else f"is truncated ({size} bytes, not even a header length)"
+    if n > _MAX_HEADER:
+        return None
+    if 8 + n > size:
+        return f"is truncated inside its header ({size:,} bytes; the header alone needs {8 + n:,})"
+    try:
+        need = 8 + n + _data_end(header)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
+    return f"is truncated ({size:,} bytes; its header describes {need:,})" if need > size else None
+
+
+def _invalid(p: Path, exc: Exception) -> DataError:
+    """The one-line error for a file safetensors refused."""
+    cut = _truncation(p)
+    if cut:
+        return DataError(f"{p}: {cut}: the file is incomplete (an interrupted write, copy or download); "
+                         "write or copy it again")
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return DataError(f"{p}: not a valid safetensors file ({reason}); "
+                     "re-save it with safetensors.torch.save_file")
+
+
 def inspect_file(path: str | os.PathLike[str]) -> FileInfo:
     """Validate a safetensors file and read its header (not its data).
 
@@ -132,34 +183,8 @@ def inspect_file(path: str | os.PathLike[str]) -> FileInfo:
                 tensors[name] = TensorInfo(name, sl.get_dtype(), tuple(sl.get_shape()))
             meta = dict(sorted((f.metadata() or {}).items()))  # the file order is not stable
     except Exception as exc:  # SafetensorError and friends: one line, no traceback
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(
-            f"{p}: not a valid safetensors file ({reason}); re-save it with safetensors.torch.save_file"
-        ) from None
+        raise _invalid(p, exc) from None
     return FileInfo(p, tensors, meta, p.stat().st_size)
-
-
-def expand_inputs(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
-    """Expand directory arguments into their ``*.safetensors`` files, sorted.
-
-    Returns:
-        Paths in argument order, each directory replaced by its files (not recursive);
-        other paths are passed through unchecked (``inspect_file`` validates them).
-
-    Raises:
-        DataError: a directory with no ``*.safetensors`` file.
-    """
-    out: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            found = sorted(p.glob("*.safetensors"))
-            if not found:
-                raise DataError(f"{p}: directory has no *.safetensors files; pass files instead")
-            out.extend(found)
-        else:
-            out.append(p)
-    return out
 
 
 _INT_BOOL = re.compile(r"^(I|U)\d+$|^BOOL$")
@@ -179,6 +204,49 @@ def _auditable(info: FileInfo, pattern: re.Pattern | None) -> dict[str, TensorIn
         for n, t in info.tensors.items()
         if _skip_reason(t.dtype) is None and (pattern is None or pattern.search(n))
     }
+
+
+def _prefixes(names: Sequence[str]) -> list[str]:
+    """Dotted prefixes (``module.``, ``model.``, ``module._orig_mod.``) that every name carries."""
+    first = next(iter(names), "").split(".")
+    cands = [".".join(first[:depth]) + "." for depth in range(1, min(4, len(first)))]
+    return [p for p in cands if all(n.startswith(p) for n in names)]
+
+
+def _prefix_hint(mine: dict, theirs: dict) -> str:
+    """When two sets of names match once a common prefix is stripped, say which prefix."""
+    for p in _prefixes(list(theirs)):
+        if any(n[len(p):] in mine for n in theirs):
+            return f"; its names carry the prefix {p!r} that the reference's lack: strip it before saving"
+    for p in _prefixes(list(mine)):
+        if any(n[len(p):] in theirs for n in mine):
+            return f"; the reference's names carry the prefix {p!r} that its names lack: strip it"
+    return ""
+
+
+def _disjoint(mine: dict, other: FileInfo, theirs: dict) -> str | None:
+    """Why a file has no tensor in common with the reference, or None when it has some."""
+    if not any(n in other.tensors for n in mine):
+        return f"{other.path} shares no tensor name with it{_prefix_hint(mine, other.tensors)}"
+    same = [n for n in mine if n in theirs]
+    if not same:
+        return f"{other.path} holds its tensors in other dtypes"
+    if not any(theirs[n].shape == mine[n].shape for n in same):
+        return f"{other.path} has {len(same)} of its names, each with another shape"
+    return None
+
+
+def _nothing_common(ref: FileInfo, theirs: list[tuple[FileInfo, dict]], mine: dict) -> DataError:
+    why = [w for o, t in theirs if (w := _disjoint(mine, o, t))]
+    detail = "; ".join(why[:3]) + (f"; and {len(why) - 3} more files" if len(why) > 3 else "")
+    return DataError(f"no floating-point tensor is common to the reference {ref.path} and every worker "
+                     f"(same name and shape): {detail or 'no tensor is in every file'}")
+
+
+def _check_overlap(ref: FileInfo, mine: dict, other: FileInfo) -> None:
+    if not any(n in other.tensors for n in mine):
+        hint = _prefix_hint(mine, other.tensors) or "; compare files of the same model"
+        raise DataError(f"{other.path}: shares no tensor name with the reference {ref.path.name}{hint}")
 
 
 def _mismatch(ref: FileInfo, mine: dict, other: FileInfo, theirs: dict) -> str | None:
@@ -248,9 +316,10 @@ def plan_tensors(
         common = [n for n in mine if all(n in t and t[n].shape == mine[n].shape for _, t in theirs)]
         skipped["not common"] = len(mine) - len(common)
         if not common:
-            raise DataError("no floating-point tensor is common to all files (same name and shape)")
+            raise _nothing_common(ref, theirs, mine)
         return [mine[n] for n in common], skipped
     for other, t in theirs:
+        _check_overlap(ref, mine, other)
         msg = _mismatch(ref, mine, other, t)
         if msg:
             raise DataError(f"{msg}; pass `intersect` to use only the common tensors")

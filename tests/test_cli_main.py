@@ -1,0 +1,59 @@
+"""The app as a whole: `python -m naig`, `--version` naming the sketch kernel, one-line usage errors."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from naig import __version__
+from naig.sketch.kernels import HAVE_COMPILED
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+_WITHOUT_KERNEL = (
+    "import sys; sys.modules['naig.sketch._kernel'] = None; "  # the extension cannot be imported
+    "from naig_cli.main import app; app(prog_name='naig')"
+)
+
+
+def _naig(*args: str, code: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "naig", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
+
+
+def test_python_dash_m_naig_runs_the_cli():
+    r = _naig("spectrum", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["verified"] is True
+
+
+def test_version_names_the_sketch_kernel():
+    path = "C" if HAVE_COMPILED else "numpy; the C extension was not built"
+    assert _naig("--version").stdout.strip() == f"naig {__version__} (sketch kernel: {path})"
+    forced = _naig("--version", env={"NAIG_PURE_NUMPY": "1"}).stdout
+    assert forced.strip().endswith("(sketch kernel: numpy, forced by NAIG_PURE_NUMPY=1)")
+    missing = _naig("--version", code=_WITHOUT_KERNEL).stdout
+    assert missing.strip().endswith("(sketch kernel: numpy; the C extension was not built)")
+
+
+def test_audit_warns_once_when_the_kernel_was_not_built(tmp_path):
+    from naig.io import save_gradients
+    from tests.conftest import make_state
+
+    for name in ("ref", "w"):
+        save_gradients(tmp_path / f"{name}.safetensors", make_state(len(name)))
+    args = ("audit", str(tmp_path / "ref.safetensors"), str(tmp_path / "w.safetensors"), "--json")
+    r = _naig(*args, code=_WITHOUT_KERNEL)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("warning: the C sketch kernel was not built")
+    assert json.loads(r.stdout)["files"][0]["energy"] > 0
+    assert _naig(*args, env={"NAIG_PURE_NUMPY": "1"}).stderr == ""  # asked for: no warning
+
+
+def test_usage_errors_are_one_line_sentences():
+    r = _naig("spectrum", "--tol", "x")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("error: Invalid value for '--tol'")
+    assert ". See 'naig spectrum --help'." in r.stderr
