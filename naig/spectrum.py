@@ -26,7 +26,11 @@ from naig.metric import (
 )
 from naig.sketch import splitmix64, splitmix64_array
 
-__all__ = ["SpectrumReport", "certify_spectrum", "factor_charpoly", "format_charpoly"]
+__all__ = [
+    "SCHEMA_VERSION","SpectrumReport", "certify_spectrum", "factor_charpoly", "format_charpoly"]
+
+
+SCHEMA_VERSION = 1  # of the `naig spectrum --json` document
 
 
 @dataclass(frozen=True)

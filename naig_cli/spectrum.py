@@ -10,7 +10,7 @@ from rich.table import Table
 from naig.errors import UsageError
 from naig.metric import E_MAX_FACTOR, parse_line
 from naig.octonion import oriented_lines
-from naig.spectrum import SpectrumReport, certify_spectrum, format_charpoly
+from naig.spectrum import SCHEMA_VERSION, SpectrumReport, certify_spectrum, format_charpoly
 from naig_cli._common import JsonOpt, LineOpt, handle_errors, print_json, stdout
 
 __all__ = ["spectrum"]
@@ -35,7 +35,8 @@ def spectrum(
     ok = all(r.verified for r in reports)
     if json_out:
         docs = [r.to_dict() for r in reports]
-        print_json({"verified": ok, "lines": docs} if all_lines else docs[0])
+        doc = {"verified": ok, "lines": docs} if all_lines else docs[0]
+        print_json({"schema_version": SCHEMA_VERSION, **doc})
     elif all_lines:
         _render_all(reports)
     else:
