@@ -60,7 +60,8 @@ class Reference(str, Enum):
 def simulate(
     lags: Annotated[str, opt("--lags", "Worker lags τ_k: comma list of ints >= 0.")] = "0,10,20,35",
     strategies: Annotated[str, opt(
-        "--strategies", "Comma list of: sync, hogwild, naig, staleness, dc-asgd, naig-exact.")
+        "--strategies", "Comma list of: sync, hogwild, naig, staleness, dc-asgd, naig-exact; with "
+        "--arrivals also diloco, gasloc, local-sgd, allreduce (local updates).")
     ] = _DEFAULT_STRATEGIES,
     steps: Annotated[int, opt("--steps", "Server steps per run.")] = 150,
     seeds: Annotated[int, opt("--seeds", "Number of seeds (0..N-1).")] = 2,
@@ -97,6 +98,20 @@ def simulate(
     reference: Annotated[Reference, opt(
         "--reference", "naig's reference: auto (ema for --window 1, else the least stale of the "
         "batch), batch or ema.")] = Reference.auto,
+    # --- local updates and gossip (docs/design.md §12) ---
+    local_steps: Annotated[str | None, opt(
+        "--local-steps", "Inner steps H per round, one or one per worker, e.g. 10 or 10,10,5,2 "
+        "(default 10 for diloco, gasloc, local-sgd; with it, naig weights pseudo-gradients).")] = None,
+    outer_lr: Annotated[float | None, opt(
+        "--outer-lr", "Outer learning rate of diloco and naig (default 0.7) and gasloc (default: --lr).")
+    ] = None,
+    outer_momentum: Annotated[float | None, opt(
+        "--outer-momentum", "Outer Nesterov momentum of diloco and naig, Adam β1 of gasloc (default 0.9).")
+    ] = None,
+    bandwidth: Annotated[str | None, opt(
+        "--bandwidth", "Link bytes/s, one or one per worker (arrival mode): a message costs latency + "
+        "bytes / bandwidth.")] = None,
+    # --- end local updates ---
 ) -> None:
     """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
 
@@ -117,6 +132,8 @@ def simulate(
         save_at=parse_int_list(save_at, "save_at") if save_at else (), warmup_theta0=warmup_theta0,
         log_dir=log_dir, arrivals=arrivals, uplink=uplink, downlink=downlink, mode=mode.value,
         window=window, reference=reference.value,
+        local_steps=_positive_ints(local_steps), outer_lr=outer_lr, outer_momentum=outer_momentum,
+        bandwidth=parse_float_list(bandwidth, "bandwidth") if bandwidth else (),
     )
     with progress("simulate", config.total_steps) as advance:
         result = run_simulation(config, _reporter(advance, config.eval_every or config.steps))
@@ -216,6 +233,36 @@ def _render(r: SimulateResult) -> None:
               f"{r.gradient_bytes:,} B (n/14 = {r.n_params / 14:,.0f}×)")
     for path in r.saved_files[:1]:
         out.print(f"gradients saved ({len(r.saved_files)} files), e.g. {path}", markup=False)
+    _render_communication(r)
+
+
+# --- local updates and gossip (docs/design.md §12) ---
+def _positive_ints(text: str | None) -> tuple[int, ...] | None:
+    """``--local-steps`` as ints (range checks are the config's); None when not given."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError("use one int >= 1, or one per worker, e.g. 10 or 10,10,5,2", field="local_steps",
+                         value=text) from None
+
+
+def _render_communication(r: SimulateResult) -> None:
+    """Arrival mode: per strategy, bytes sent per worker, simulated seconds and samples at the end."""
+    if not r.config.asynchronous:
+        return
+    stdout.print("bytes sent per worker (mean, then each worker), simulated seconds and samples "
+                 "at the end, mean over seeds:")
+    for s in r.summaries:
+        if not s.bytes_per_worker:
+            continue
+        each = " ".join(f"{b / 1e6:.2f}" for b in s.bytes_per_worker)
+        secs = fmt_num(s.curve_seconds[-1] if s.curve_seconds else None, ",.1f")
+        samples = f"{s.curve_samples[-1]:,.0f}" if s.curve_samples else "—"
+        stdout.print(f"  {s.strategy}: {sum(s.bytes_per_worker) / len(s.bytes_per_worker) / 1e6:.2f} MB "
+                     f"({each}); {secs} s; {samples} samples", markup=False, highlight=False)
+# --- end local updates ---
 
 
 _COLUMNS = ("strategy", "val loss ± std", "vs hog", "mean π", "frozen", "K_eff", "H first→last",

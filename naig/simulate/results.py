@@ -49,6 +49,12 @@ class RunResult:
     curve_seconds: tuple[float, ...] = ()  # arrival mode: simulated seconds of each curve point
     updates: int = 0  # server updates applied
     staleness: dict[str, Any] | None = None  # arrival mode: measured τ (mean, per_worker, p_zero, max)
+    # --- local updates (docs/design.md §12) ---
+    curve_samples: tuple[int, ...] = ()  # sequences consumed (gradients × batch_size) at each curve point
+    curve_bytes: tuple[float, ...] = ()  # mean over workers of the bytes sent by each curve point
+    bytes_per_worker: tuple[float, ...] = ()  # bytes each worker sent in the whole run
+    local: dict[str, Any] | None = None  # local-update runs: method, H, outer steps, busy fractions
+    # --- end local updates ---
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,11 @@ class StrategySummary:
     #                                    to reach sync's final loss of the seed (None: not reached)
     reached: int | None = None  # arrival mode: seeds that reached sync's final loss
     staleness_mean: float | None = None  # arrival mode: mean measured τ over the strategy's runs
+    # --- local updates (docs/design.md §12) ---
+    curve_samples: tuple[float, ...] = ()  # mean over seeds of the samples at each curve point
+    curve_bytes: tuple[float, ...] = ()  # mean over seeds of the bytes sent per worker by each point
+    bytes_per_worker: tuple[float, ...] = ()  # mean over seeds of the bytes each worker sent
+    # --- end local updates ---
 
 
 @dataclass(frozen=True)
@@ -233,7 +244,25 @@ def _summarise_one(runs: list[RunResult], name: str, hogwild: float | None,
         tuple(_nanmean([r.mean_pi for r in mine], axis=0).tolist()), avg("frozen_fraction"),
         avg("k_eff"), avg("entropy_first"), avg("entropy_last"), avg("ms_per_step"), curve,
         tuple(r.diverged_at for r in mine), lr, table if tuned else {}, test_mean, test_std,
-        **_time_stats(mine, runs, sync_lr))
+        **{**_communication_stats(mine), **_time_stats(mine, runs, sync_lr)})
+
+
+# --- local updates (docs/design.md §12) ---
+def _communication_stats(mine: list[RunResult]) -> dict[str, Any]:
+    """Means over seeds of the curves' samples, seconds and bytes, and of the bytes per worker
+    (curves up to the shortest: a diverged run stops early)."""
+    points = min(len(r.curve_bytes) for r in mine)
+
+    def mean_curve(attr: str) -> tuple[float, ...]:
+        if any(len(getattr(r, attr)) < points for r in mine):
+            return ()
+        return tuple(statistics.fmean(getattr(r, attr)[i] for r in mine) for i in range(points))
+
+    per_worker = np.mean([r.bytes_per_worker for r in mine], axis=0) if mine[0].bytes_per_worker else ()
+    return dict(curve_samples=mean_curve("curve_samples"), curve_bytes=mean_curve("curve_bytes"),
+                curve_seconds=mean_curve("curve_seconds") if mine[0].curve_seconds else (),
+                bytes_per_worker=tuple(float(v) for v in per_worker))
+# --- end local updates ---
 
 
 def summarise(runs: list[RunResult], names: tuple[str, ...]) -> tuple[StrategySummary, ...]:
