@@ -133,8 +133,11 @@ class SimulateConfig:
 
     def arrival_model(self, bytes_up: float = 0.0, bytes_down: float = 0.0) -> ArrivalModel:
         """The arrival process of arrival mode (message sizes in bytes for transfer times)."""
-        return ArrivalModel.from_specs(self.arrivals or "const:1", uplink=self.uplink,
-                                       downlink=self.downlink, mode=self.mode,
+        # K = the list length (SPEC §10): single specs everywhere mean one worker
+        lists = (self.arrivals or "", self.uplink or "", self.downlink or "")
+        single = self.arrivals is not None and "," not in "".join(lists) and len(self.bandwidth) <= 1
+        return ArrivalModel.from_specs(self.arrivals or "const:1", workers=1 if single else None,
+                                       uplink=self.uplink, downlink=self.downlink, mode=self.mode,
                                        bytes_up=bytes_up, bytes_down=bytes_down, bandwidth=self.bandwidth)
 
     @property
