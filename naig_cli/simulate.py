@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 from rich import box
 from rich.console import Console
@@ -262,6 +262,25 @@ def _render_communication(r: SimulateResult) -> None:
         samples = f"{s.curve_samples[-1]:,.0f}" if s.curve_samples else "—"
         stdout.print(f"  {s.strategy}: {sum(s.bytes_per_worker) / len(s.bytes_per_worker) / 1e6:.2f} MB "
                      f"({each}); {secs} s; {samples} samples", markup=False, highlight=False)
+
+
+def _plot_clock(r: SimulateResult, path: str, plt: Any) -> None:
+    """Arrival mode: validation loss against samples, simulated seconds and MB sent per worker."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharey=True)
+    for s in r.summaries:
+        loss = [v for _, v in s.curve]
+        for ax, xs in zip(axes, (s.curve_samples, s.curve_seconds, [b / 1e6 for b in s.curve_bytes]),
+                          strict=True):
+            ax.plot(xs, loss[:len(xs)], label=s.strategy, marker="o", ms=3)
+    labels = ("samples (sequences)", "simulated seconds", "MB sent per worker")
+    for ax, label in zip(axes, labels, strict=True):
+        ax.set(xlabel=label)
+    axes[0].set(ylabel="validation loss (nats/byte)")
+    axes[2].set_xscale("symlog", linthresh=0.1)
+    axes[0].legend()
+    fig.suptitle(f"arrivals {r.config.arrivals}, {r.config.seeds} seed(s), mean over seeds")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
 # --- end local updates ---
 
 
@@ -316,6 +335,9 @@ def _plot(r: SimulateResult, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if r.config.asynchronous and any(s.curve_bytes for s in r.summaries):
+        _plot_clock(r, path, plt)  # local updates: loss vs samples, seconds and bytes
+        return
     fig, ax = plt.subplots(figsize=(7, 4))
     for s in r.summaries:
         ax.plot(*zip(*s.curve, strict=True), label=s.strategy, marker="o", ms=3)
