@@ -133,7 +133,7 @@ class SimulateConfig:
 
     def arrival_model(self, bytes_up: float = 0.0, bytes_down: float = 0.0) -> ArrivalModel:
         """The arrival process of arrival mode (message sizes in bytes for transfer times)."""
-        # K = the list length (SPEC §10): single specs everywhere mean one worker
+        # K = the list length: single specs everywhere mean one worker (docs/design.md §12)
         lists = (self.arrivals or "", self.uplink or "", self.downlink or "")
         single = self.arrivals is not None and "," not in "".join(lists) and len(self.bandwidth) <= 1
         return ArrivalModel.from_specs(self.arrivals or "const:1", workers=1 if single else None,

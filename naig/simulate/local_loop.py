@@ -111,7 +111,7 @@ class LocalMethod:
 
 
 def resolve_method(name: str, config: SimulateConfig, lr: float) -> LocalMethod:
-    """The method of a local strategy with its outer defaults (SPEC §10) and the config's overrides.
+    """The method of a local strategy with its outer defaults (docs/design.md §12) and the overrides.
 
     Args:
         name: a name in ``LOCAL_STRATEGIES`` or ``PSEUDO_STRATEGIES``.
