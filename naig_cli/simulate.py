@@ -260,8 +260,19 @@ def _render_communication(r: SimulateResult) -> None:
         each = " ".join(f"{b / 1e6:.2f}" for b in s.bytes_per_worker)
         secs = fmt_num(s.curve_seconds[-1] if s.curve_seconds else None, ",.1f")
         samples = f"{s.curve_samples[-1]:,.0f}" if s.curve_samples else "—"
-        stdout.print(f"  {s.strategy}: {sum(s.bytes_per_worker) / len(s.bytes_per_worker) / 1e6:.2f} MB "
-                     f"({each}); {secs} s; {samples} samples", markup=False, highlight=False)
+        stdout.print(f"  {s.strategy}{_method(r, s.strategy)}: "
+                     f"{sum(s.bytes_per_worker) / len(s.bytes_per_worker) / 1e6:.2f} MB ({each}); {secs} s; "
+                     f"{samples} samples", markup=False, highlight=False)
+
+
+def _method(r: SimulateResult, name: str) -> str:
+    """`` (inner → outer lr, momentum; H; reference)`` of a local-update strategy, else ``''``."""
+    m = next((run.local for run in r.runs if run.strategy == name and run.local), None)
+    if m is None:
+        return ""
+    h = ",".join(map(str, m["local_steps"]))
+    ref = f"; vs {m['reference']}" if m["reference"] else ""
+    return f" ({m['inner']} → {m['outer']} lr {m['outer_lr']:g} m {m['outer_momentum']:g}; H {h}{ref})"
 
 
 def _plot_clock(r: SimulateResult, path: str, plt: Any) -> None:

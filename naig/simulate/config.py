@@ -210,9 +210,13 @@ class SimulateConfig:
                        "each worker, e.g. exp:1,exp:1,exp:2,exp:4): it runs on the simulated clock")
             _check(not local, "strategies", ",".join(local), "runs on the simulated clock and needs "
                    "`arrivals` (compute seconds per inner step, e.g. exp:1,exp:1,exp:2,exp:4)")
-        for name in ("outer_lr", "outer_momentum"):
-            _check(getattr(self, name) is None or self.local_mode, name, getattr(self, name),
-                   "applies to local-update strategies only (diloco, gasloc, naig with `local_steps`)")
+        users = {"local_steps": ("diloco", "gasloc", "local-sgd", *PSEUDO_STRATEGIES),
+                 "outer_lr": ("diloco", "gasloc", *PSEUDO_STRATEGIES),
+                 "outer_momentum": ("diloco", "gasloc", *PSEUDO_STRATEGIES)}
+        for name, rules in users.items():
+            _check(getattr(self, name) is None or any(n in rules for n in self.strategies), name,
+                   getattr(self, name), f"applies to local-update strategies only ({', '.join(rules)}); "
+                   "list one in `strategies`")
         h = self.local_steps
         ok = h is None or (len(h) in (1, self.workers) and all(isinstance(v, int) and 1 <= v <= MAX_STEPS
                                                                 for v in h))
