@@ -318,5 +318,5 @@ def test_local_updates_report_bytes_seconds_and_samples() -> None:
     assert runs["naig"]["local"]["weighting"] == "gibbs" and runs["gasloc"]["local"]["topology"] == "gossip"
     assert runs["diloco"]["local"]["outer"] == "sgd-nesterov" and runs["diloco"]["local"]["rounds"] == 2
     text = RUNNER.invoke(app, args, env={"COLUMNS": "200"}).stdout
-    assert "bytes sent per worker" in text and "  gasloc: " in text
+    assert "bytes sent per worker" in text and "  gasloc (adamw → adam lr 0.003 m 0.9; H 2,2,2,2): " in text
 # --- end local updates ---
