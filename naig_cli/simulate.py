@@ -147,8 +147,15 @@ def simulate(
 
 def _reporter(advance: Callable[..., None], every: int) -> Callable[[StepEvent], None]:
     """Advance the bar on a terminal; without one, a plain line on stderr every ``every`` steps."""
-    if sys.stderr.isatty():
-        return lambda event: advance()
+    if sys.stderr.isatty():  # a run's progress may jump (a diloco round is H steps): advance by the jump
+        last: dict[str, Any] = {"run": None, "step": 0}
+
+        def bar(e: StepEvent) -> None:
+            run = (e.strategy, e.seed, e.lr)
+            advance(e.step - (last["step"] if last["run"] == run else 0))
+            last.update(run=run, step=e.step)
+
+        return bar
 
     def line(e: StepEvent) -> None:
         if e.step % every == 0 or e.step == e.steps:
