@@ -86,6 +86,9 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "max_staleness": "--max-staleness",
     "clip": "--clip",
     "reference": "--reference",
+    "local_steps": "--local-steps",  # local updates (docs/design.md §12)
+    "outer_lr": "--outer-lr",
+    "outer_momentum": "--outer-momentum",
     # naig staleness (naig.arrivals)
     "workers": "--workers",
     "compute": "--compute",

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 from rich import box
 from rich.console import Console
@@ -62,7 +62,8 @@ def simulate(
     strategies: Annotated[str, opt(
         "--strategies", "Comma list of: sync, hogwild, naig, naig-exact, naig-blind, fresh-only, "
         "drop-stale, staleness, staleness-lr, dc-asgd, dc-asgd-a, gap-aware, median, trimmed-mean, "
-        "krum, multi-krum, centered-clip.")] = _DEFAULT_STRATEGIES,
+        "krum, multi-krum, centered-clip; with --arrivals also diloco, gasloc, local-sgd, allreduce "
+        "(local updates).")] = _DEFAULT_STRATEGIES,
     steps: Annotated[int, opt("--steps", "Server steps per run.")] = 150,
     seeds: Annotated[int, opt("--seeds", "Number of seeds (0..N-1).")] = 2,
     lr: Annotated[str, opt(
@@ -106,6 +107,20 @@ def simulate(
     reference: Annotated[Reference, opt(
         "--reference", "naig's reference: auto (ema for --window 1, else the least stale of the "
         "batch), batch or ema.")] = Reference.auto,
+    # --- local updates and gossip (docs/design.md §13) ---
+    local_steps: Annotated[str | None, opt(
+        "--local-steps", "Inner steps H per round, one or one per worker, e.g. 10 or 10,10,5,2 "
+        "(default 10 for diloco, gasloc, local-sgd; with it, naig weights pseudo-gradients).")] = None,
+    outer_lr: Annotated[float | None, opt(
+        "--outer-lr", "Outer learning rate of diloco and naig (default 0.7) and gasloc (default: --lr).")
+    ] = None,
+    outer_momentum: Annotated[float | None, opt(
+        "--outer-momentum", "Outer Nesterov momentum of diloco and naig, Adam β1 of gasloc (default 0.9).")
+    ] = None,
+    bandwidth: Annotated[str | None, opt(
+        "--bandwidth", "Link bytes/s, one or one per worker (arrival mode): a message costs latency + "
+        "bytes / bandwidth.")] = None,
+    # --- end local updates ---
 ) -> None:
     """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
 
@@ -127,6 +142,8 @@ def simulate(
         log_dir=log_dir, arrivals=arrivals, uplink=uplink, downlink=downlink, mode=mode.value,
         window=window, reference=reference.value, faults=tuple(faults or ()), byzantine=byzantine,
         max_staleness=max_staleness, clip=clip,
+        local_steps=_positive_ints(local_steps), outer_lr=outer_lr, outer_momentum=outer_momentum,
+        bandwidth=parse_float_list(bandwidth, "bandwidth") if bandwidth else (),
     )
     for warning in config.strategy_warnings():
         stderr.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
@@ -142,8 +159,15 @@ def simulate(
 
 def _reporter(advance: Callable[..., None], every: int) -> Callable[[StepEvent], None]:
     """Advance the bar on a terminal; without one, a plain line on stderr every ``every`` steps."""
-    if sys.stderr.isatty():
-        return lambda event: advance()
+    if sys.stderr.isatty():  # a run's progress may jump (a diloco round is H steps): advance by the jump
+        last: dict[str, Any] = {"run": None, "step": 0}
+
+        def bar(e: StepEvent) -> None:
+            run = (e.strategy, e.seed, e.lr)
+            advance(e.step - (last["step"] if last["run"] == run else 0))
+            last.update(run=run, step=e.step)
+
+        return bar
 
     def line(e: StepEvent) -> None:
         if e.step % every == 0 or e.step == e.steps:
@@ -249,6 +273,66 @@ def _render(r: SimulateResult) -> None:
         out.print(f"gradients saved ({len(r.saved_files)} files), e.g. {path}", markup=False)
     if c.asynchronous:
         _render_curves(r)
+    _render_communication(r)
+
+
+# --- local updates and gossip (docs/design.md §13) ---
+def _positive_ints(text: str | None) -> tuple[int, ...] | None:
+    """``--local-steps`` as ints (range checks are the config's); None when not given."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError("use one int >= 1, or one per worker, e.g. 10 or 10,10,5,2", field="local_steps",
+                         value=text) from None
+
+
+def _render_communication(r: SimulateResult) -> None:
+    """Arrival mode: per strategy, bytes sent per worker, simulated seconds and samples at the end."""
+    if not r.config.asynchronous:
+        return
+    stdout.print("bytes sent per worker (mean, then each worker), simulated seconds and samples "
+                 "at the end, mean over seeds:")
+    for s in r.summaries:
+        if not s.bytes_per_worker:
+            continue
+        each = " ".join(f"{b / 1e6:.2f}" for b in s.bytes_per_worker)
+        secs = fmt_num(s.curve_seconds[-1] if s.curve_seconds else None, ",.1f")
+        samples = f"{s.curve_samples[-1]:,.0f}" if s.curve_samples else "—"
+        stdout.print(f"  {s.strategy}{_method(r, s.strategy)}: "
+                     f"{sum(s.bytes_per_worker) / len(s.bytes_per_worker) / 1e6:.2f} MB ({each}); {secs} s; "
+                     f"{samples} samples", markup=False, highlight=False)
+
+
+def _method(r: SimulateResult, name: str) -> str:
+    """`` (inner → outer lr, momentum; H; reference)`` of a local-update strategy, else ``''``."""
+    m = next((run.local for run in r.runs if run.strategy == name and run.local), None)
+    if m is None:
+        return ""
+    h = ",".join(map(str, m["local_steps"]))
+    ref = f"; vs {m['reference']}" if m["reference"] else ""
+    return f" ({m['inner']} → {m['outer']} lr {m['outer_lr']:g} m {m['outer_momentum']:g}; H {h}{ref})"
+
+
+def _plot_clock(r: SimulateResult, path: str, plt: Any) -> None:
+    """Arrival mode: validation loss against samples, simulated seconds and MB sent per worker."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharey=True)
+    for s in r.summaries:
+        loss = [v for _, v in s.curve]
+        for ax, xs in zip(axes, (s.curve_samples, s.curve_seconds, [b / 1e6 for b in s.curve_bytes]),
+                          strict=True):
+            ax.plot(xs, loss[:len(xs)], label=s.strategy, marker="o", ms=3)
+    labels = ("samples (sequences)", "simulated seconds", "MB sent per worker")
+    for ax, label in zip(axes, labels, strict=True):
+        ax.set(xlabel=label)
+    axes[0].set(ylabel="validation loss (nats/byte)")
+    axes[2].set_xscale("symlog", linthresh=0.1)
+    axes[0].legend()
+    fig.suptitle(f"arrivals {r.config.arrivals}, {r.config.seeds} seed(s), mean over seeds")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+# --- end local updates ---
 
 
 def _columns(r: SimulateResult) -> list[str]:
@@ -345,6 +429,9 @@ def _plot(r: SimulateResult, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if r.config.asynchronous and any(s.curve_bytes for s in r.summaries):
+        _plot_clock(r, path, plt)  # local updates: loss vs samples, seconds and bytes
+        return
     fig, ax = plt.subplots(figsize=(7, 4))
     for s in r.summaries:
         ax.plot(*zip(*s.curve, strict=True), label=s.strategy, marker="o", ms=3)

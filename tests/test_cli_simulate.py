@@ -279,3 +279,44 @@ def test_progress_lines_without_a_terminal() -> None:
     assert [ln.split(" val ")[0] for ln in lines] == ["hogwild seed 0 lr 0.003 step 3/6",
                                                        "hogwild seed 0 lr 0.003 step 6/6"]
     assert all(ln.endswith("steps/s") for ln in lines)
+
+
+# --- local updates and gossip (docs/design.md §12) ---
+LOCAL = ["simulate", "--steps", "4", "--seeds", "1", "--data-bytes", "200000", "--eval-every", "2",
+         "--arrivals", "exp:1,exp:1,exp:2,exp:4"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--strategies", "diloco"], "--strategies 'diloco': runs on the simulated clock and needs --arrivals"),
+    (["--local-steps", "5"], "--local-steps 5: needs --arrivals"),
+    (["--bandwidth", "1e6"], "--bandwidth 1000000.0: needs --arrivals"),
+    (["--arrivals", "exp:1,exp:2", "--strategies", "hogwild", "--outer-lr", "0.5"],
+     "--outer-lr 0.5: applies to local-update"),
+    (["--arrivals", "exp:1,exp:2", "--local-steps", "0"], "--local-steps 0: use one int >= 1"),
+    (["--arrivals", "exp:1,exp:2", "--local-steps", "ten"], "--local-steps 'ten': use one int >= 1"),
+    (["--arrivals", "exp:1,exp:2", "--strategies", "gasloc", "--outer-momentum", "1"],
+     "--outer-momentum 1.0"),
+    (["--arrivals", "exp:1,exp:2", "--bandwidth", "fast"], "--bandwidth 'fast'"),
+    (["--arrivals", "exp:1,exp:2", "--bandwidth", "1e6,-1"], "--bandwidth 1000000.0,-1.0"),
+])
+def test_local_update_usage_errors(args: list[str], message: str) -> None:
+    out = RUNNER.invoke(app, ["simulate", "--steps", "2", "--seeds", "1", *args])
+    assert out.exit_code == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
+
+
+def test_local_updates_report_bytes_seconds_and_samples() -> None:
+    args = [*LOCAL, "--strategies", "diloco,gasloc,local-sgd,allreduce,naig", "--local-steps", "2",
+            "--bandwidth", "1e6"]
+    doc = json.loads(RUNNER.invoke(app, [*args, "--json"]).stdout)
+    assert doc["config"]["local_steps"] == [2] and doc["config"]["bandwidth"] == [1e6]
+    for s in doc["summaries"]:
+        assert s["curve_samples"][-1] == 4 * 4 * 8 and len(s["curve_bytes"]) == len(s["curve_seconds"])
+        assert len(s["bytes_per_worker"]) == 4 and s["curve_seconds"][-1] > 0
+    runs = {r["strategy"]: r for r in doc["runs"]}
+    assert runs["naig"]["local"]["weighting"] == "gibbs" and runs["gasloc"]["local"]["topology"] == "gossip"
+    assert runs["diloco"]["local"]["outer"] == "sgd-nesterov" and runs["diloco"]["local"]["rounds"] == 2
+    text = RUNNER.invoke(app, args, env={"COLUMNS": "200"}).stdout
+    assert "bytes sent per worker" in text and "  gasloc (adamw → adam lr 0.003 m 0.9; H 2,2,2,2): " in text
+# --- end local updates ---

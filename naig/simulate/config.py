@@ -38,6 +38,9 @@ __all__ = [
     "parse_int_list",
     "parse_float_list",
     "resolve_device",
+    "LOCAL_STRATEGIES",
+    "PSEUDO_STRATEGIES",
+    "DEFAULT_LOCAL_STEPS",
 ]
 
 DEFAULT_LAGS = (0, 10, 20, 35)  # the paper's Experiment B
@@ -46,6 +49,11 @@ OPTIMIZERS = ("sgd", "adam")  # torch.optim.SGD / torch.optim.Adam, default sett
 DEVICES = ("cpu", "cuda", "auto")
 MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
 MAX_STEPS = 10**9  # server steps per run (the π history is a (steps, K) buffer)
+# --- local updates and gossip (docs/design.md §13) ---
+LOCAL_STRATEGIES = ("diloco", "gasloc", "local-sgd", "allreduce")  # run types, not Batch → Update rules
+PSEUDO_STRATEGIES = ("naig", "naig-exact")  # in local mode: Gibbs weights on pseudo-gradients
+DEFAULT_LOCAL_STEPS = 10  # inner steps H per round when `local_steps` is not given
+# --- end local updates ---
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,13 @@ class SimulateConfig:
     byzantine: int = 1  # f: trimmed-mean trims f per side; krum scores K − f − 2 neighbours
     max_staleness: int | None = None  # drop-stale keeps τ ≤ this (None: K)
     clip: float | str = "auto"  # centered-clip radius, or "auto" (median ‖g_k − v‖)
+    # --- local updates and gossip (docs/design.md §13) ---
+    local_steps: tuple[int, ...] | None = None  # inner steps H per round, one or one per worker
+    #                                             (None: DEFAULT_LOCAL_STEPS for the local strategies)
+    outer_lr: float | None = None  # outer learning rate (None: each local strategy's default)
+    outer_momentum: float | None = None  # diloco/naig Nesterov momentum, gasloc Adam β1 (None: 0.9)
+    bandwidth: tuple[float, ...] = ()  # arrival mode: link bytes/s, one or one per worker; (): infinite
+    # --- end local updates ---
 
     def __post_init__(self) -> None:
         lrs = (self.lr,) if isinstance(self.lr, int | float) else tuple(self.lr)
@@ -97,6 +112,7 @@ class SimulateConfig:
         object.__setattr__(self, "beta", parse_beta(self.beta))
         object.__setattr__(self, "line", parse_line(self.line))
         self._check_arrivals()
+        self._check_local()  # local updates (docs/design.md §13)
         self._check_workers()
         self._check_numbers()
         check_seed(self.sketch_seed, "sketch_seed")
@@ -148,9 +164,12 @@ class SimulateConfig:
 
     def arrival_model(self, bytes_up: float = 0.0, bytes_down: float = 0.0) -> ArrivalModel:
         """The arrival process of arrival mode (message sizes in bytes for transfer times)."""
-        return ArrivalModel.from_specs(self.arrivals or "const:1", uplink=self.uplink,
-                                       downlink=self.downlink, mode=self.mode,
-                                       bytes_up=bytes_up, bytes_down=bytes_down)
+        # K = the list length: single specs everywhere mean one worker (docs/design.md §13)
+        lists = (self.arrivals or "", self.uplink or "", self.downlink or "")
+        single = self.arrivals is not None and "," not in "".join(lists) and len(self.bandwidth) <= 1
+        return ArrivalModel.from_specs(self.arrivals or "const:1", workers=1 if single else None,
+                                       uplink=self.uplink, downlink=self.downlink, mode=self.mode,
+                                       bytes_up=bytes_up, bytes_down=bytes_down, bandwidth=self.bandwidth)
 
     @property
     def tuning(self) -> bool:
@@ -170,8 +189,8 @@ class SimulateConfig:
                "means every gradient is taken at θ_0")
         _check(len(self.strategies) > 0, "strategies", self.strategies, "is empty; use e.g. naig,hogwild")
         for name in self.strategies:
-            _check(name in STRATEGIES, "strategies", name,
-                   f"unknown strategy; use a comma list of {', '.join(STRATEGIES)}")
+            _check(name in STRATEGIES or name in LOCAL_STRATEGIES, "strategies", name,
+                   f"unknown strategy; use a comma list of {', '.join((*STRATEGIES, *LOCAL_STRATEGIES))}")
         dupes = sorted({n for n in self.strategies if self.strategies.count(n) > 1})
         _check(not dupes, "strategies", self.strategies,
                f"{', '.join(dupes)} listed more than once; name each strategy once")
@@ -198,6 +217,49 @@ class SimulateConfig:
                f"use an int in 1..{k} (1: ASGD, {k}: K-batch-async)")
         _check(self.reference in REFERENCES, "reference", self.reference,
                f"use one of {', '.join(REFERENCES)}")
+
+    # --- local updates and gossip (docs/design.md §13) ---
+    @property
+    def local_mode(self) -> bool:
+        """True when a local-update strategy is listed or ``local_steps`` is given: then ``naig``
+        and ``naig-exact`` weight pseudo-gradients in DiLoCo rounds (docs/design.md §13)."""
+        return self.local_steps is not None or any(n in LOCAL_STRATEGIES for n in self.strategies)
+
+    def inner_steps(self) -> tuple[int, ...]:
+        """H_i of every worker (K values): ``local_steps`` spread to K, or the default 10 each."""
+        h = self.local_steps or (DEFAULT_LOCAL_STEPS,)
+        return h * self.workers if len(h) == 1 else h
+
+    def _check_local(self) -> None:
+        if self.local_steps is not None:
+            object.__setattr__(self, "local_steps", tuple(self.local_steps))
+        object.__setattr__(self, "bandwidth", tuple(self.bandwidth))
+        local = [n for n in self.strategies if n in LOCAL_STRATEGIES]
+        if self.arrivals is None:
+            for name, value in (("local_steps", self.local_steps), ("bandwidth", self.bandwidth or None)):
+                _check(value is None, name, value, "needs `arrivals` (compute seconds per step of "
+                       "each worker, e.g. exp:1,exp:1,exp:2,exp:4): it runs on the simulated clock")
+            _check(not local, "strategies", ",".join(local), "runs on the simulated clock and needs "
+                   "`arrivals` (compute seconds per inner step, e.g. exp:1,exp:1,exp:2,exp:4)")
+        users = {"local_steps": ("diloco", "gasloc", "local-sgd", *PSEUDO_STRATEGIES),
+                 "outer_lr": ("diloco", "gasloc", *PSEUDO_STRATEGIES),
+                 "outer_momentum": ("diloco", "gasloc", *PSEUDO_STRATEGIES)}
+        for name, rules in users.items():
+            _check(getattr(self, name) is None or any(n in rules for n in self.strategies), name,
+                   getattr(self, name), f"applies to local-update strategies only ({', '.join(rules)}); "
+                   "list one in `strategies`")
+        h = self.local_steps
+        ok = h is None or (len(h) in (1, self.workers) and all(isinstance(v, int) and 1 <= v <= MAX_STEPS
+                                                                for v in h))
+        _check(ok, "local_steps", h,
+               f"use one int >= 1, or one per worker ({self.workers}), e.g. 10 or 10,10,5,2")
+        lr = self.outer_lr
+        _check(lr is None or (math.isfinite(lr) and lr > 0), "outer_lr", lr,
+               "use a finite value > 0, e.g. 0.7")
+        m = self.outer_momentum
+        _check(m is None or (math.isfinite(m) and 0 <= m < 1), "outer_momentum", m,
+               "use a value in [0, 1), e.g. 0.9 (0: no momentum)")
+    # --- end local updates ---
 
     def _check_numbers(self) -> None:
         _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, "use sgd or adam")

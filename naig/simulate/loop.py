@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -51,6 +52,7 @@ from naig.simulate.arrival_loop import ArrivalRun, SyncRoundClock
 from naig.simulate.config import SimulateConfig, resolve_device
 from naig.simulate.data import ByteData, load_bytes
 from naig.simulate.faults import apply_batch_faults
+from naig.simulate.local_loop import LocalRun, communication, is_local, start_local
 from naig.simulate.model import GPT, get_preset, lm_loss
 from naig.simulate.results import Corrections, RunResult, SimulateResult, pi_stats, summarise
 from naig.simulate.strategies import Batch, Strategy, make_strategy
@@ -166,14 +168,20 @@ class Simulation:
         """A fresh strategy object for one run at learning rate ``lr``, with the configured options."""
         return make_strategy(name, self.config.strategy_options(self.sketch, lr))
 
-    def start(self, strategy: str | Strategy, seed: int, lr: float | None = None) -> Run | ArrivalRun:
+    def start(self, strategy: str | Strategy, seed: int,
+              lr: float | None = None) -> Run | ArrivalRun | LocalRun:
         """A run at step 0: θ_0 of ``seed``, a fresh optimizer (``lr``: default the first
         configured), one data stream per worker.
 
         In arrival mode the run is an ``ArrivalRun`` (updates in arrival order), except for
-        ``sync``, which runs synchronous rounds and pays each round's time.
+        ``sync``, which runs synchronous rounds and pays each round's time. Local-update
+        strategies (and naig in local mode) get a ``LocalRun`` (docs/design.md §13).
         """
         lr = self.config.lr[0] if lr is None else lr
+        # --- local updates (docs/design.md §13) ---
+        if is_local(self.config, strategy if isinstance(strategy, str) else strategy.name):
+            return start_local(self, strategy, seed, lr)
+        # --- end local updates ---
         strategy = self.strategy(strategy, lr) if isinstance(strategy, str) else strategy
         if self.config.asynchronous and strategy.uses_lags:
             return ArrivalRun(self, strategy, seed, lr)
@@ -191,6 +199,7 @@ class Simulation:
         """
         c, run = self.config, self.start(strategy, seed, lr)
         curve, seconds, elapsed, done = [(0, ctx.untrained)], [0.0], 0.0, 0
+        marks = [communication(run)]  # (samples, bytes sent per worker) at each curve point
         log = ctx.open_log(strategy, seed, lr)
         while not run.done:
             elapsed += _timed(self.device, run.step)
@@ -203,14 +212,15 @@ class Simulation:
                 loss = self.evaluate(run.theta.detach(), ctx.val)
                 curve.append((run.t, loss))
                 seconds.append(run.time)
+                marks.append(communication(run))
             log(run, loss)
             if run.progress > done:
                 done = run.progress
                 ctx.progress(StepEvent(strategy, seed, lr, done, c.steps, loss, elapsed))
-        return self._result(run, ctx, curve, seconds, elapsed)
+        return self._result(run, ctx, curve, seconds, elapsed, marks)
 
-    def _result(self, run: Run | ArrivalRun, ctx: RunContext, curve: list[tuple[int, float]],
-                seconds: list[float], elapsed: float) -> RunResult:
+    def _result(self, run: Run | ArrivalRun | LocalRun, ctx: RunContext, curve: list[tuple[int, float]],
+                seconds: list[float], elapsed: float, marks: list[tuple[int, Any]]) -> RunResult:
         c = self.config
         if run.diverged_at is not None:  # NaN at the evaluation points that never came
             per_step = c.workers // c.window if isinstance(run, ArrivalRun) else 1  # updates per step
@@ -224,8 +234,21 @@ class Simulation:
                          ms_per_step=1000 * elapsed / max(updates, 1), diverged_at=run.diverged_at,
                          lr=run.lr, final_test_loss=test,
                          curve_seconds=tuple(seconds) if c.asynchronous else (),
-                         updates=run.t, staleness=staleness, correction=run.corrections.mean,
-                         **pi_stats(run.pis[:run.t].cpu().numpy()))
+                         updates=run.t, staleness=staleness,
+                         correction=run.corrections.mean if hasattr(run, "corrections") else None,
+                         **pi_stats(run.pis[:run.t].cpu().numpy()), **_communication_fields(run, marks))
+
+
+# --- local updates (docs/design.md §13) ---
+def _communication_fields(run: Run | ArrivalRun | LocalRun, marks: list[tuple[int, Any]]) -> dict[str, Any]:
+    """RunResult fields: samples and mean bytes sent per worker at each curve point, bytes per
+    worker at the end, and a local-update run's method (H, outer optimizer, busy fractions)."""
+    final = communication(run)[1]
+    return dict(curve_samples=tuple(m[0] for m in marks),
+                curve_bytes=tuple(float(m[1].mean()) for m in marks),
+                bytes_per_worker=tuple(final.tolist()),
+                local=run.describe() if isinstance(run, LocalRun) else None)
+# --- end local updates ---
 
 
 @dataclass(frozen=True)

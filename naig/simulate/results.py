@@ -52,6 +52,12 @@ class RunResult:
     updates: int = 0  # server updates applied
     staleness: dict[str, Any] | None = None  # arrival mode: measured τ (mean, per_worker, p_zero, max)
     correction: float | None = None  # mean ‖g̃ − g‖/‖g‖ of a correcting rule (dc-asgd, gap-aware)
+    # --- local updates (docs/design.md §13) ---
+    curve_samples: tuple[int, ...] = ()  # sequences consumed (gradients × batch_size) at each curve point
+    curve_bytes: tuple[float, ...] = ()  # mean over workers of the bytes sent by each curve point
+    bytes_per_worker: tuple[float, ...] = ()  # bytes each worker sent in the whole run
+    local: dict[str, Any] | None = None  # local-update runs: method, H, outer steps, busy fractions
+    # --- end local updates ---
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,11 @@ class StrategySummary:
     paired_vs_hogwild: dict[str, Any] | None = None  # paired per-seed difference: diff, ci95, p_value
     paired_vs_best: dict[str, Any] | None = None  # the same against the best non-oracle baseline
     correction: float | None = None  # mean ‖g̃ − g‖/‖g‖ (dc-asgd, dc-asgd-a, gap-aware)
+    # --- local updates (docs/design.md §13) ---
+    curve_samples: tuple[float, ...] = ()  # mean over seeds of the samples at each curve point
+    curve_bytes: tuple[float, ...] = ()  # mean over seeds of the bytes sent per worker by each point
+    bytes_per_worker: tuple[float, ...] = ()  # mean over seeds of the bytes each worker sent
+    # --- end local updates ---
 
 
 @dataclass(frozen=True)
@@ -254,7 +265,25 @@ def _summarise_one(name: str, mine: list[RunResult], table: dict[str, float], pi
         paired_vs_hogwild=_paired(mine, picked.get("hogwild"), "hogwild", tuned),
         paired_vs_best=_paired(mine, picked.get(best), best, tuned),
         correction=statistics.fmean(corrections) if corrections else None,
-        **_time_stats(mine, picked.get("sync", [])))
+        **{**_communication_stats(mine), **_time_stats(mine, picked.get("sync", []))})
+
+
+# --- local updates (docs/design.md §13) ---
+def _communication_stats(mine: list[RunResult]) -> dict[str, Any]:
+    """Means over seeds of the curves' samples, seconds and bytes, and of the bytes per worker
+    (curves up to the shortest: a diverged run stops early)."""
+    points = min(len(r.curve_bytes) for r in mine)
+
+    def mean_curve(attr: str) -> tuple[float, ...]:
+        if any(len(getattr(r, attr)) < points for r in mine):
+            return ()
+        return tuple(statistics.fmean(getattr(r, attr)[i] for r in mine) for i in range(points))
+
+    per_worker = np.mean([r.bytes_per_worker for r in mine], axis=0) if mine[0].bytes_per_worker else ()
+    return dict(curve_samples=mean_curve("curve_samples"), curve_bytes=mean_curve("curve_bytes"),
+                curve_seconds=mean_curve("curve_seconds") if mine[0].curve_seconds else (),
+                bytes_per_worker=tuple(float(v) for v in per_worker))
+# --- end local updates ---
 
 
 def summarise(runs: list[RunResult], names: tuple[str, ...],
