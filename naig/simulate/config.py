@@ -134,7 +134,9 @@ class SimulateConfig:
             UsageError: field ``strategies`` for a rule not defined in this mode or batch size.
         """
         options = self.strategy_options()
-        return tuple(w for name in self.strategies for w in STRATEGIES[name].check(options))
+        rules = [n for n in self.strategies  # local updates and pseudo-gradient naig are run types
+                 if n in STRATEGIES and not (self.local_mode and n in PSEUDO_STRATEGIES)]
+        return tuple(w for name in rules for w in STRATEGIES[name].check(options))
 
     def strategy_options(self, sketch: TorchSketch | None = None, lr: float | None = None) -> StrategyOptions:
         """The options every strategy of a run gets (``lr``: the run's; default the first)."""

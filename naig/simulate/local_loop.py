@@ -401,7 +401,8 @@ class RoundRun(LocalRun):
         if self.rule is None:
             return uniform
         stacked = torch.cat([rows, rows.mean(0, keepdim=True)])  # reference: the last row
-        e = self.rule.energies(stacked, b)[:b].detach().cpu().numpy().astype(np.float64)
+        points = self.rule.embed(stacked)
+        e = self.rule.energy_of(points[:b] - points[b]).detach().cpu().numpy().astype(np.float64)
         try:
             return torch.from_numpy(gibbs_weights(e, self.sim.config.beta))
         except DataError:  # every energy non-finite: no worker can be preferred
