@@ -51,6 +51,7 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "intersect": "--intersect",
     "sketches": "--sketches",
     "chunk": "--chunk-mb",
+    "threads": "--threads",
     "csv": "--csv",
     "tol": "--tol",
     "lags": "--lags",

@@ -41,6 +41,7 @@ _COLUMNS = [
     "cos",
     "delta_norm",
     "energy",
+    "energy_spread",
     "energy_std",
     "friction",
     "pi",
@@ -65,6 +66,8 @@ def audit(
     intersect: Annotated[bool, opt("--intersect", "Use common tensors on mismatch.")] = False,
     sketches: Annotated[int, opt("--sketches", "R sketch seeds: E as mean ± std.", min=1)] = 1,
     chunk_mb: Annotated[float, opt("--chunk-mb", "Streaming batch size in MiB (>= 0.0625).")] = 16.0,
+    threads: Annotated[int | None, opt("--threads", "Files scored in parallel (default: all cores).",
+                                       min=1, show_default=False)] = None,
     json_out: JsonOpt = False,
     csv_path: Annotated[Path | None, opt("--csv", "Also write the per-file table as CSV.")] = None,
 ) -> None:
@@ -76,7 +79,8 @@ def audit(
                          value=chunk_mb)
     _check_csv_target(csv_path, [ref, *files])
     config = AuditConfig(beta=beta, seed=seed, line=line, keys=keys, intersect=intersect,
-                         sketches=sketches, chunk=int(chunk_mb * 2**20) // 4)
+                         sketches=sketches, chunk=int(chunk_mb * 2**20) // 4,
+                         **({} if threads is None else {"threads": threads}))
     with progress("auditing", None, bytes_=True) as advance:
         result = run_audit(ref, files, config, progress=advance)
     for note in result.warnings:
@@ -134,20 +138,31 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 _STYLE = {"integrated": "green", "frozen": "yellow", "non-finite": "red"}
 
 
-def _energy_cell(r: dict, multi: bool) -> str:
-    spread = f" ± {r['energy_std']:.2f}" if multi and r["energy_std"] is not None else ""
-    return fmt_num(r["energy"], ".2f") + spread
+def _energy_cell(r: dict) -> str:
+    """E ± its analytic spread over sketch seeds (the spread of the mean when R sketches are averaged)."""
+    spread = r["energy_spread"]
+    return fmt_num(r["energy"], ".2f") + ("" if spread is None else f" ± {spread:.2f}")
+
+
+def _rank_notice(result) -> str | None:  # noqa: ANN001
+    """One line when some workers' E ± spread overlap: another --seed may reorder them."""
+    pairs = result.rank_overlaps()
+    if not pairs:
+        return None
+    i, j = pairs[0]
+    a, b = (Path(result.files[k].path).name.removesuffix(".safetensors") for k in (i, j))
+    return (f"note: ranking by E not stable under sketch noise: {len(pairs)} pair(s) overlap within "
+            f"E ± spread (e.g. {a}, {b}); --sketches R divides the spread by √R")
 
 
 def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
-    multi = result.config.sketches > 1
     values = {k: {r[k] for r in rows} - {None} for k in ("lag", "step", "worker")}
     meta = [k for k, v in values.items() if len(v) > 1 or (len(v) == 1 and len(rows) == 1)]
     same = "".join(f", {k} {next(iter(v))} for all" for k, v in values.items() if k not in meta and v)
     title = escape(f"naig audit — reference {result.reference.name}{same}")  # names are user data
     t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     t.add_column("file", no_wrap=True, overflow="ellipsis", min_width=12)
-    for col in [*meta, "cos", "‖Δ‖", "E ± std" if multi else "E", "ρ", "π"]:
+    for col in [*meta, "cos", "‖Δ‖", "E ± spread", "ρ", "π"]:
         t.add_column(col, justify="right", no_wrap=True)
     t.add_column("verdict", no_wrap=True, min_width=10)
     for r in rows:
@@ -158,13 +173,16 @@ def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
             *cells,
             fmt_num(r["cos"], ".6f"),
             fmt_num(r["delta_norm"], ".4g"),
-            _energy_cell(r, multi),
+            _energy_cell(r),
             fmt_num(r["friction"], ".3f"),
             fmt_num(r["pi"], ".4f"),
             f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]",
         )
     stdout.print(t)
     stdout.print(_footer(result))
+    notice = _rank_notice(result)
+    if notice:
+        stdout.print(escape(notice), soft_wrap=True)
 
 
 def _footer(result) -> str:  # noqa: ANN001

@@ -142,9 +142,25 @@ class AuditResult:
         """Bytes read per second."""
         return self.bytes_read / self.seconds if self.seconds > 0 else float("inf")
 
+    def rank_overlaps(self) -> list[tuple[int, int]]:
+        """Pairs (i, j), i < j, of files whose intervals [max(E − spread, 0), E + spread] overlap.
+
+        Another sketch seed may swap such a pair in the ranking by E (docs/design.md §5.1);
+        an empty list means the ranking is stable at one spread. E ≥ 0 always, hence the
+        clamp: a worker equal to the reference (E = 0 ± 0) overlaps no one. Non-finite
+        files are left out.
+        """
+        e = np.array([f.energy for f in self.files], dtype=float)  # (K,)
+        s = np.array([np.nan if f.energy_spread is None else f.energy_spread for f in self.files])
+        ok = np.isfinite(e) & np.isfinite(s)
+        lo, hi = np.maximum(e - s, 0.0), e + s
+        close = (lo[:, None] < hi[None, :]) & (lo[None, :] < hi[:, None])  # (K, K)
+        i, j = np.nonzero(np.triu(close & ok[:, None] & ok[None, :], 1))
+        return list(zip(i.tolist(), j.tolist(), strict=True))
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the whole audit (non-finite floats still need → null)."""
-        cfg = self.config
+        cfg, overlaps = self.config, self.rank_overlaps()
         return {
             "reference": str(self.reference),
             "reference_metadata": self.reference_metadata,
@@ -158,6 +174,8 @@ class AuditResult:
             "seconds": self.seconds,
             "throughput_bytes_per_s": self.throughput,
             "skipped_tensors": self.skipped,
+            "ranking_stable": not overlaps,
+            "rank_overlaps": [[str(self.files[i].path), str(self.files[j].path)] for i, j in overlaps],
             "line": list(cfg.line),
             "seed": cfg.seed,
             "sketches": cfg.sketches,
