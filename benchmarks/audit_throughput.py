@@ -94,17 +94,17 @@ if pid == 0:
     fd = os.open(os.devnull, os.O_WRONLY); os.dup2(fd, 1)
     os.execv(sys.argv[1], sys.argv[1:])
 _, status, usage = os.wait4(pid, 0)
-print(time.perf_counter() - t0, usage.ru_maxrss / 1024, status)
+print(time.perf_counter() - t0, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, status)
 """
 
 
-def timed(cmd: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS MiB) of one fresh process."""
+def timed(cmd: list[str]) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS MiB, CPU seconds) of one fresh process."""
     out = subprocess.run([sys.executable, "-c", LAUNCHER, *cmd], capture_output=True, text=True)
-    wall, rss, status = out.stdout.split()
+    wall, rss, cpu, status = out.stdout.split()
     if status != "0":
         raise SystemExit(f"command failed ({status}): {' '.join(cmd)}\n{out.stderr}")
-    return float(wall), float(rss)
+    return float(wall), float(rss), float(cpu)
 
 
 def commands(paths: list[Path], dtype: str, threads: int | None) -> dict[str, list[str]]:
@@ -153,12 +153,15 @@ def main() -> None:
 
 def report(n: int, sizes: dict[str, int], times: dict[str, dict[str, list]], one: tuple) -> None:
     """Print medians, the ratios and peak RSS figures."""
-    med = {d: {k: statistics.median(w for w, _ in v) for k, v in t.items()} for d, t in times.items()}
+    med = {d: {k: statistics.median(w for w, _, _ in v) for k, v in t.items()} for d, t in times.items()}
     for d, m in med.items():
         gb = 5 * sizes[d] / 1e9
         for k, w in m.items():
-            rss = max(r for _, r in times[d][k])
-            print(f"{d:9} {k:9}: median {w:6.3f} s  ({gb / w:6.2f} GB/s)  peak RSS {rss:7.1f} MiB")
+            runs = times[d][k]
+            rss, cpu = max(r for _, r, _ in runs), statistics.median(c for _, _, c in runs)
+            fastest = min(x for x, _, _ in runs)
+            print(f"{d:9} {k:9}: median {w:6.3f} s (min {fastest:6.3f}, {gb / w:6.2f} GB/s)"
+                  f"  CPU {cpu:6.3f} s  peak RSS {rss:7.1f} MiB")
         print(f"{d:9} naig/cat = {m['naig'] / m['cat']:.2f}" + ("  (target <= 4)" if d == "float32" else ""))
         if "baseline" in m:
             print(f"{d:9} naig/baseline = {m['naig'] / m['baseline']:.2f}  (target <= 1.3)")
@@ -168,7 +171,7 @@ def report(n: int, sizes: dict[str, int], times: dict[str, dict[str, list]], one
                   f"{med[d]['naig'] / med['float32']['naig']:.2f}  (target <= 1.1)")
     first = next(iter(times))
     print(f"naig audit peak RSS ({first}): 1 worker file {one[1]:.1f} MiB, 4 worker files "
-          f"{max(r for _, r in times[first]['naig']):.1f} MiB")
+          f"{max(r for _, r, _ in times[first]['naig']):.1f} MiB")
 
 
 if __name__ == "__main__":

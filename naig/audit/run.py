@@ -52,7 +52,7 @@ DEFAULT_CHUNK = 1 << 22  # scalars per batch (16 MiB of float32)
 _INT = re.compile(r"-?[0-9]{1,18}")  # metadata shown as int (ASCII digits, bounded length)
 _SCORES = ("cos", "delta_norm", "energy", "energy_spread", "energy_std", "friction", "pi", "verdict",
            "sketch_ratio", "nonfinite_tensor", "drift")  # FileScore fields in row order
-_MAX_PIECES = 4096  # pieces per batch: bounds the per-piece partial sums kept for the fold
+_PARTIAL_BUDGET = 1 << 18  # per-piece sums (of STATS floats each) one batch may hold: 38 MB
 
 
 @dataclass(frozen=True)
@@ -284,11 +284,15 @@ def _fold(batch: _Batch, acc: _Accumulators, where: list[dict], progress: Callab
     batch.reader.close()
 
 
-def _limited(groups: Iterator[list[Piece]]) -> Iterator[list[Piece]]:
-    """Split batches holding more than ``_MAX_PIECES`` pieces (the pieces and their order stay)."""
+def _limited(groups: Iterator[list[Piece]], per_piece: int) -> Iterator[list[Piece]]:
+    """Split batches so their per-piece sums (``per_piece`` rows each) fit ``_PARTIAL_BUDGET``.
+
+    Only the grouping changes: the pieces, and so every sum, stay the same.
+    """
+    most = max(1, _PARTIAL_BUDGET // per_piece)
     for pieces in groups:
-        for i in range(0, len(pieces), _MAX_PIECES):
-            yield pieces[i : i + _MAX_PIECES]
+        for i in range(0, len(pieces), most):
+            yield pieces[i : i + most]
 
 
 def _stream_all(
@@ -311,12 +315,14 @@ def _stream_all(
     try:
         with ThreadPoolExecutor(cfg.threads, thread_name_prefix="naig-audit") as pool:
             try:
-                for pieces in _limited(batches(plan, chunk)):
+                for pieces in _limited(batches(plan, chunk), len(where) * len(seeds)):
                     inflight.append(_submit(pool, pieces, seeds, where))
                     if len(inflight) > 1:
-                        _fold(inflight.popleft(), acc, where, progress)
+                        _fold(inflight[0], acc, where, progress)
+                        inflight.popleft()
                 while inflight:
-                    _fold(inflight.popleft(), acc, where, progress)
+                    _fold(inflight[0], acc, where, progress)
+                    inflight.popleft()
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
@@ -331,11 +337,11 @@ def _norm_ratio(num: float, den: float) -> float | None:
 
 
 def _scores(acc: _Accumulators, workers: list[FileInfo], psi: np.ndarray) -> list[dict]:
-    ref = acc.stats[0]  # (R, 17)
+    ref = acc.stats[0]  # (R, STATS)
     rr = ref[0, SKETCH_DIM + 1]  # ‖x_R‖²
     out = []
     for row, info in enumerate(workers, start=1):
-        st = acc.stats[row]  # (R, 17)
+        st = acc.stats[row]  # (R, STATS)
         d = st[:, :SKETCH_DIM] - ref[:, :SKETCH_DIM]  # (R, 14) drifts, one per sketch seed
         finite = acc.bad[row] is None and acc.bad[0] is None and np.isfinite(st).all()
         e = energy(d, psi) if finite else np.full(len(d), np.nan)  # (R,)
