@@ -114,6 +114,33 @@ def test_compiled_sum_order_does_not_depend_on_the_dtype(dtype):
 
 
 @pytest.mark.parametrize("compiled", paths)
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d not in ("F32", "F64")])
+def test_every_bit_pattern_through_the_fused_pass(compiled, dtype):
+    """Each 8- and 16-bit pattern read in place gives the sums of its exact float64 value."""
+    size = torch.empty(0, dtype=TORCH[dtype]).element_size()
+    bits = np.arange(256**size, dtype=np.uint16 if size == 2 else np.uint8)
+    values = decode(bits, dtype, compiled=False)
+    finite = bits[~np.isnan(values)]
+    x = np.random.default_rng(4).permutation(finite)
+    r = np.roll(x, 5)
+    codes = hash_codes(3, 0, x.size, compiled=compiled)
+    got, want = np.zeros(STATS), np.zeros(STATS)
+    accumulate(codes, r, x, got, compiled=compiled, ref_dtype=dtype, x_dtype=dtype)
+    accumulate(codes, decode(r, dtype), decode(x, dtype), want, compiled=compiled)
+    np.testing.assert_array_equal(got, want)
+    own, own64 = np.zeros(STATS), np.zeros(STATS)  # the reference's own row
+    accumulate(codes, x, x, own, compiled=compiled, ref_dtype=dtype, x_dtype=dtype)
+    x64 = decode(x, dtype)
+    accumulate(codes, x64, x64, own64, compiled=compiled)
+    np.testing.assert_array_equal(own, own64)
+    for b in bits[np.isnan(values)][:64]:  # NaN patterns poison the sums they enter
+        out = np.zeros(STATS)
+        accumulate(np.zeros(8, np.uint8), np.zeros(8, bits.dtype), np.full(8, b), out, compiled=compiled,
+                   ref_dtype=dtype, x_dtype=dtype)
+        assert np.isnan(out[0]) and np.isnan(out[15]), (dtype, hex(b))
+
+
+@pytest.mark.parametrize("compiled", paths)
 def test_several_seeds_in_one_pass_equal_one_pass_each(compiled):
     rng = np.random.default_rng(3)
     x, r = rng.normal(size=(2, 1027)).astype(np.float32)

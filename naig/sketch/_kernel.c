@@ -33,7 +33,7 @@
 enum { T_F64, T_F32, T_F16, T_BF16, T_E4M3FN, T_E5M2, T_E4M3FNUZ, T_E5M2FNUZ, T_E8M0, T_COUNT };
 static const Py_ssize_t ITEMSIZE[T_COUNT] = {8, 4, 2, 2, 1, 1, 1, 1, 1};
 #define NSTATS 18
-#define BLK 256 /* scalars converted per block; a multiple of the 4 lanes */
+#define BLK 256 /* scalars converted per block; a multiple of 8, the vector body's step */
 
 static double LUT8[T_COUNT][256]; /* fp8 bit pattern -> value, filled at import */
 
@@ -166,44 +166,114 @@ static void lanes_scalar(const uint8_t *codes, const double *xs, const double *r
 #define AVX2 __attribute__((target("avx2,f16c")))
 static int have_avx2;
 
-/* Four stored scalars to four doubles, exactly. */
-AVX2 static inline __m256d ld_f64(const uint8_t *p) { return _mm256_loadu_pd((const double *)p); }
-AVX2 static inline __m256d ld_f32(const uint8_t *p) { return _mm256_cvtps_pd(_mm_loadu_ps((const float *)p)); }
-AVX2 static inline __m256d ld_bf16(const uint8_t *p) {
-    __m128i w = _mm_unpacklo_epi16(_mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)p)); /* h << 16 */
-    return _mm256_cvtps_pd(_mm_castsi128_ps(w));
+/* Eight stored scalars to two vectors of four doubles (scalars 0-3, 4-7), exactly. */
+#define LOADER(NAME) AVX2 static inline void NAME(const uint8_t *p, __m256d *lo, __m256d *hi)
+AVX2 static inline void split_ps(__m256 f, __m256d *lo, __m256d *hi) {
+    *lo = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
+    *hi = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
 }
-AVX2 static inline __m256d ld_f16(const uint8_t *p) {
-    return _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p)));
+LOADER(ld_f64) {
+    *lo = _mm256_loadu_pd((const double *)p);
+    *hi = _mm256_loadu_pd((const double *)(p + 32));
+}
+LOADER(ld_f32) { split_ps(_mm256_loadu_ps((const float *)p), lo, hi); }
+LOADER(ld_bf16) { /* a bfloat16 is the top half of a float */
+    __m128i w = _mm_loadu_si128((const __m128i *)p), z = _mm_setzero_si128();
+    *lo = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_unpacklo_epi16(z, w)));
+    *hi = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_unpackhi_epi16(z, w)));
+}
+LOADER(ld_f16) { split_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), lo, hi); }
+
+/* 8-bit floats through halves: the bytes widened to 16-bit lanes and rebuilt as the half with
+ * the same mantissa bits (subnormals included), scaled by a power of two, NaNs patched. */
+AVX2 static inline __m128i ld8_u16(const uint8_t *p) {
+    return _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+}
+AVX2 static inline __m128i sign16(__m128i w) { /* bit 7 of each byte to bit 15 */
+    return _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+}
+AVX2 static inline void fp8_split(__m256 f, __m128i nan16, __m256d *lo, __m256d *hi) {
+    if (!_mm_testz_si128(nan16, nan16)) /* rare: patch the NaN patterns */
+        f = _mm256_blendv_ps(f, _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan16)));
+    split_ps(f, lo, hi);
+}
+LOADER(ld_e5m2) { /* the top byte of a half: exact, with its inf and NaN */
+    split_ps(_mm256_cvtph_ps(_mm_slli_epi16(ld8_u16(p), 8)), lo, hi);
+}
+/* e4m3 (bias 7 or 8): |b| << 7 is a half of value |x| * 2^(bias - 15). */
+AVX2 static inline __m256 e4m3_half(__m128i w, float scale) {
+    __m128i mag = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 7);
+    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(mag, sign16(w))), _mm256_set1_ps(scale));
+}
+LOADER(ld_e4m3fn) { /* NaN: S.1111.111; no inf */
+    __m128i w = ld8_u16(p);
+    __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), _mm_set1_epi16(0x7F));
+    fp8_split(e4m3_half(w, 256.0f), nan, lo, hi);
+}
+LOADER(ld_e4m3fnuz) { /* NaN: 0x80 only; no inf, no -0 */
+    __m128i w = ld8_u16(p);
+    fp8_split(e4m3_half(w, 128.0f), _mm_cmpeq_epi16(w, _mm_set1_epi16(0x80)), lo, hi);
+}
+/* e5m2fnuz (bias 16): |b| << 8 is a half of value |x| * 2; exponent 31 is finite here, so it is
+ * rebuilt one binade lower and not halved (a half with exponent 30 has the value itself). */
+LOADER(ld_e5m2fnuz) {
+    __m128i w = ld8_u16(p);
+    __m128i mag = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 8);
+    __m128i top = _mm_cmpgt_epi16(mag, _mm_set1_epi16(0x7BFF));
+    __m128i h = _mm_or_si128(_mm_sub_epi16(mag, _mm_and_si128(top, _mm_set1_epi16(0x400))), sign16(w));
+    __m256 scale = _mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(1.0f),
+                                    _mm256_castsi256_ps(_mm256_cvtepi16_epi32(top)));
+    fp8_split(_mm256_mul_ps(_mm256_cvtph_ps(h), scale), _mm_cmpeq_epi16(w, _mm_set1_epi16(0x80)), lo, hi);
+}
+/* e8m0: 2^(b - 127) is the double with biased exponent b + 896; 0xFF is NaN. */
+AVX2 static inline __m256d e8m0_4(const uint8_t *p) {
+    int32_t w;
+    memcpy(&w, p, 4);
+    __m256i b = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(w));
+    __m256d v = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(b, _mm256_set1_epi64x(896)), 52));
+    __m256d nan = _mm256_castsi256_pd(_mm256_cmpeq_epi64(b, _mm256_set1_epi64x(255)));
+    return _mm256_blendv_pd(v, _mm256_set1_pd(NAN), nan);
+}
+LOADER(ld_e8m0) {
+    *lo = e8m0_4(p);
+    *hi = e8m0_4(p + 4);
 }
 
-/* The four lanes as one vector: lane u of the vector is lane u of Acc, each updated with the
- * same operations in the same order as lanes_scalar (x * -1 is x with its sign bit flipped). */
-#define AVX_BODY(SELF, LDX, SX, LDR, SR)                                                             \
+/* One group of four scalars: lane u of the vectors is lane u of Acc, each updated with the same
+ * operations in the same order as lanes_scalar (x * -1 is x with its sign bit flipped). */
+#define AVX_GROUP(SELF, XD, RD, CW)                                                                  \
+    {                                                                                                \
+        __m256i c64 = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128((int)(CW)));                            \
+        __m256i sg = _mm256_and_si256(_mm256_slli_epi64(c64, 56), sbit);                             \
+        double t[4];                                                                                 \
+        _mm256_storeu_pd(t, _mm256_xor_pd(XD, _mm256_castsi256_pd(sg)));                             \
+        a->bank[0][(CW) & 15] += t[0];                                                               \
+        a->bank[1][((CW) >> 8) & 15] += t[1];                                                        \
+        a->bank[2][((CW) >> 16) & 15] += t[2];                                                       \
+        a->bank[3][((CW) >> 24) & 15] += t[3];                                                       \
+        px = _mm256_add_pd(px, _mm256_mul_pd(XD, XD));                                               \
+        if (!(SELF)) {                                                                               \
+            __m256d di = _mm256_sub_pd(XD, RD), d2 = _mm256_mul_pd(di, di);                          \
+            pd = _mm256_add_pd(pd, _mm256_mul_pd(XD, RD));                                           \
+            pq = _mm256_add_pd(pq, d2);                                                              \
+            p4 = _mm256_add_pd(p4, _mm256_mul_pd(d2, d2));                                           \
+        }                                                                                            \
+    }
+
+/* n scalars, n a multiple of 8: two groups of four per step, in order. */
+#define AVX_BODY(SELF, LD, SZ)                                                                       \
     {                                                                                                \
         const __m256i sbit = _mm256_set1_epi64x((long long)0x8000000000000000ULL);                   \
         __m256d pd = _mm256_loadu_pd(a->pd), px = _mm256_loadu_pd(a->px);                            \
         __m256d pq = _mm256_loadu_pd(a->pq), p4 = _mm256_loadu_pd(a->p4);                            \
-        for (Py_ssize_t j = 0; j + 4 <= n; j += 4) {                                                 \
-            __m256d xd = LDX(x + j * (SX));                                                          \
-            uint32_t cw;                                                                             \
-            memcpy(&cw, codes + j, 4);                                                               \
-            __m256i c64 = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128((int)cw));                          \
-            __m256i sg = _mm256_and_si256(_mm256_slli_epi64(c64, 56), sbit);                         \
-            double t[4];                                                                             \
-            _mm256_storeu_pd(t, _mm256_xor_pd(xd, _mm256_castsi256_pd(sg)));                         \
-            a->bank[0][cw & 15] += t[0];                                                             \
-            a->bank[1][(cw >> 8) & 15] += t[1];                                                      \
-            a->bank[2][(cw >> 16) & 15] += t[2];                                                     \
-            a->bank[3][(cw >> 24) & 15] += t[3];                                                     \
-            px = _mm256_add_pd(px, _mm256_mul_pd(xd, xd));                                           \
-            if (!(SELF)) {                                                                           \
-                __m256d rd = LDR(r + j * (SR));                                                      \
-                __m256d di = _mm256_sub_pd(xd, rd), d2 = _mm256_mul_pd(di, di);                      \
-                pd = _mm256_add_pd(pd, _mm256_mul_pd(xd, rd));                                       \
-                pq = _mm256_add_pd(pq, d2);                                                          \
-                p4 = _mm256_add_pd(p4, _mm256_mul_pd(d2, d2));                                       \
-            }                                                                                        \
+        for (Py_ssize_t j = 0; j + 8 <= n; j += 8) {                                                 \
+            __m256d x0, x1, r0 = px, r1 = px;                                                        \
+            uint64_t c8;                                                                             \
+            LD(x + j * (SZ), &x0, &x1);                                                              \
+            if (!(SELF)) LD(r + j * (SZ), &r0, &r1);                                                 \
+            memcpy(&c8, codes + j, 8);                                                               \
+            AVX_GROUP(SELF, x0, r0, (uint32_t)c8)                                                    \
+            AVX_GROUP(SELF, x1, r1, (uint32_t)(c8 >> 32))                                            \
         }                                                                                            \
         if (SELF) pd = px; /* <x, x> summed in the same order as |x|^2; x - x = 0 */                 \
         _mm256_storeu_pd(a->pd, pd);                                                                 \
@@ -214,26 +284,34 @@ AVX2 static inline __m256d ld_f16(const uint8_t *p) {
 
 #define AVX_PAIR(NAME, LD, SZ)                                                                       \
     AVX2 static void NAME(const uint8_t *codes, const uint8_t *r, const uint8_t *x, Py_ssize_t n, Acc *a) \
-        AVX_BODY(0, LD, SZ, LD, SZ)                                                                  \
+        AVX_BODY(0, LD, SZ)                                                                          \
     AVX2 static void NAME##_self(const uint8_t *codes, const uint8_t *x, Py_ssize_t n, Acc *a) {     \
         const uint8_t *r = x;                                                                        \
         (void)r;                                                                                     \
-        AVX_BODY(1, LD, SZ, LD, SZ)                                                                  \
+        AVX_BODY(1, LD, SZ)                                                                          \
     }
 AVX_PAIR(avx_f64, ld_f64, 8)
 AVX_PAIR(avx_f32, ld_f32, 4)
 AVX_PAIR(avx_bf16, ld_bf16, 2)
 AVX_PAIR(avx_f16, ld_f16, 2)
+AVX_PAIR(avx_e4m3fn, ld_e4m3fn, 1)
+AVX_PAIR(avx_e5m2, ld_e5m2, 1)
+AVX_PAIR(avx_e4m3fnuz, ld_e4m3fnuz, 1)
+AVX_PAIR(avx_e5m2fnuz, ld_e5m2fnuz, 1)
+AVX_PAIR(avx_e8m0, ld_e8m0, 1)
 
 typedef void (*pair_fn)(const uint8_t *, const uint8_t *, const uint8_t *, Py_ssize_t, Acc *);
 typedef void (*self_fn)(const uint8_t *, const uint8_t *, Py_ssize_t, Acc *);
 
-/* Fused bodies for a reference and a file of one dtype (f64, f32, f16, bf16); else convert first. */
+/* Fused bodies for a reference and a file of one dtype; mixed dtypes convert first. */
 static int fused(int rt, int xt, const uint8_t *ref, const uint8_t *x, const uint8_t *codes, Py_ssize_t n,
                  Acc *a) {
-    static const pair_fn pair[T_COUNT] = {avx_f64, avx_f32, avx_f16, avx_bf16};
-    static const self_fn self[T_COUNT] = {avx_f64_self, avx_f32_self, avx_f16_self, avx_bf16_self};
-    if (!have_avx2 || rt != xt || !pair[xt]) return 0;
+    static const pair_fn pair[T_COUNT] = {avx_f64,  avx_f32,      avx_f16,      avx_bf16, avx_e4m3fn,
+                                          avx_e5m2, avx_e4m3fnuz, avx_e5m2fnuz, avx_e8m0};
+    static const self_fn self[T_COUNT] = {avx_f64_self,      avx_f32_self,      avx_f16_self,
+                                          avx_bf16_self,     avx_e4m3fn_self,   avx_e5m2_self,
+                                          avx_e4m3fnuz_self, avx_e5m2fnuz_self, avx_e8m0_self};
+    if (!have_avx2 || rt != xt) return 0;
     if (ref == x)
         self[xt](codes, x, n, a);
     else
@@ -242,7 +320,8 @@ static int fused(int rt, int xt, const uint8_t *ref, const uint8_t *x, const uin
 }
 #endif
 
-/* Scalars [b, b + n) converted to double, then summed (vector body for the full groups). */
+/* Scalars [b, b + n) converted to double, then summed (the vector body for multiples of 8, the
+ * portable one for the rest: whole groups of four stay whole, so the order is the same). */
 static void block(const uint8_t *codes, const uint8_t *ref, int rt, const uint8_t *x, int xt, Py_ssize_t b,
                   Py_ssize_t n, Acc *a) {
     double xs[BLK], rs[BLK];
@@ -255,7 +334,7 @@ static void block(const uint8_t *codes, const uint8_t *ref, int rt, const uint8_
     Py_ssize_t groups = 0;
 #ifdef NAIG_AVX2
     if (have_avx2) {
-        groups = n & ~(Py_ssize_t)3;
+        groups = n & ~(Py_ssize_t)7; /* the vector body takes multiples of 8 */
         if (r == xs)
             avx_f64_self(codes + b, (const uint8_t *)xs, groups, a);
         else
@@ -274,7 +353,7 @@ static void run1(const uint8_t *codes, const uint8_t *ref, int rt, const uint8_t
     memset(&a, 0, sizeof a);
     Py_ssize_t b = 0;
 #ifdef NAIG_AVX2
-    Py_ssize_t groups = m & ~(Py_ssize_t)3;
+    Py_ssize_t groups = m & ~(Py_ssize_t)7;
     if (fused(rt, xt, ref, x, codes, groups, &a)) b = groups;
 #endif
     for (; b < m; b += BLK) block(codes, ref, rt, x, xt, b, m - b < BLK ? m - b : BLK, &a);

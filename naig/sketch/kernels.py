@@ -176,9 +176,10 @@ def hash_codes(key: int, start: int, m: int, compiled: bool | None = None) -> np
 
 
 def _accumulate_numpy(codes: Sequence[np.ndarray], r64: np.ndarray, x64: np.ndarray, out: np.ndarray) -> None:
-    diff = x64 - r64
-    d2 = diff * diff
-    stats = (x64 @ r64, x64 @ x64, diff @ diff, d2 @ d2)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs are flagged by the caller
+        diff = x64 - r64
+        d2 = diff * diff
+        stats = (x64 @ r64, x64 @ x64, diff @ diff, d2 @ d2)
     for c, row in zip(codes, out, strict=True):
         signed = np.where(c & _SIGN, -x64, x64)
         row[:SKETCH_DIM] += np.bincount(c & np.uint8(15), weights=signed, minlength=SKETCH_DIM)
