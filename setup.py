@@ -8,6 +8,12 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("naig.sketch._kernel", ["naig/sketch/_kernel.c"], extra_compile_args=["-O3"], optional=True)
+        # -ffp-contract=off: no fused multiply-add, so the float64 sums are the same on every CPU
+        Extension(
+            "naig.sketch._kernel",
+            ["naig/sketch/_kernel.c"],
+            extra_compile_args=["-O3", "-ffp-contract=off"],
+            optional=True,
+        )
     ]
 )

@@ -14,7 +14,7 @@ import numpy as np
 
 from naig.metric import DEFAULT_LINE, E_MAX_FACTOR, fano_fisher_metric
 
-__all__ = ["energy", "e_max", "relative_friction", "ridge_basis", "null_space_basis"]
+__all__ = ["energy", "e_max", "relative_friction", "energy_spread", "ridge_basis", "null_space_basis"]
 
 
 def energy(d: Any, psi: Any = None) -> Any:
@@ -56,6 +56,42 @@ def relative_friction(d: np.ndarray, psi: np.ndarray | None = None) -> np.ndarra
     with np.errstate(invalid="ignore", divide="ignore"):
         rho = np.where(top > 0, e / np.where(top > 0, top, 1.0), 0.0)
     return np.where(np.isfinite(top), rho, np.nan)  # a NaN/Inf drift has no friction
+
+
+def energy_spread(
+    delta_sq: float, delta_4th: float, psi: np.ndarray | None = None, sketches: int = 1
+) -> float:
+    """Standard deviation of the sketched energy E(SΔ) over the random sketch hash.
+
+    With d = SΔ (docs/design.md §5) and each coordinate's bucket and sign independent and
+    uniform, S₂ = ‖Δ‖², S₄ = Σ Δ_i⁴ and n_b = 14 buckets (derivation: docs/design.md §5.1):
+
+        E[E]  = tr Ψ · S₂ / n_b
+        Var E = [2 tr(Ψ²) S₂² + S₄ (n_b Σ_a Ψ_aa² − (tr Ψ)² − 2 tr(Ψ²))] / n_b²
+
+    For a drift spread over many coordinates (S₄ ≪ S₂²) this is the χ²₄ law
+    E ≈ (8/3)(S₂/14)·χ²₄ with relative std √(1/2) ≈ 0.71. The mean of R independent
+    sketches has 1/√R of this spread.
+
+    Args:
+        delta_sq: S₂ = ‖x_k − x_R‖² in full dimension.
+        delta_4th: S₄ = Σ (x_k − x_R)⁴ in full dimension.
+        psi: (14, 14) metric; default Ψ for the line (1, 2, 4).
+        sketches: R, the number of independent sketches averaged into the energy.
+
+    Returns:
+        The standard deviation of E (float, ≥ 0); NaN for non-finite inputs.
+
+    Example:
+        >>> s = energy_spread(1.0, 1e-9)  # ‖Δ‖ = 1, spread over many coordinates
+        >>> round(s / (32 / 3 / 14), 4)  # relative to the mean E tr Ψ / 14
+        0.7071
+    """
+    psi = fano_fisher_metric(DEFAULT_LINE) if psi is None else np.asarray(psi, dtype=np.float64)
+    nb = psi.shape[0]
+    tr, tr2, diag2 = np.trace(psi), np.sum(psi * psi), np.sum(np.diag(psi) ** 2)
+    var = (2 * tr2 * delta_sq**2 + delta_4th * (nb * diag2 - tr**2 - 2 * tr2)) / nb**2
+    return float(np.sqrt(max(var, 0.0)) / np.sqrt(sketches)) if np.isfinite(var) else float("nan")
 
 
 def _eigvecs(psi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -59,6 +59,7 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "recursive": "--recursive",
     "sketches": "--sketches",
     "chunk": "--chunk-mb",
+    "threads": "--threads",
     "csv": "--csv",
     "tol": "--tol",
     "lags": "--lags",

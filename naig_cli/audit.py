@@ -44,6 +44,7 @@ _COLUMNS = [
     "cos",
     "delta_norm",
     "energy",
+    "energy_spread",
     "energy_std",
     "friction",
     "pi",
@@ -71,6 +72,8 @@ def audit(
     recursive: Annotated[bool, opt("--recursive", "Also audit the files in sub-folders.")] = False,
     sketches: Annotated[int, opt("--sketches", "R sketch seeds: E as mean ± std.", min=1)] = 1,
     chunk_mb: Annotated[float, opt("--chunk-mb", "Streaming batch size in MiB (>= 0.0625).")] = 16.0,
+    threads: Annotated[int | None, opt("--threads", "Files scored in parallel (default: all cores).",
+                                       min=1, show_default=False)] = None,
     json_out: JsonOpt = False,
     csv_path: Annotated[Path | None, opt("--csv", "Also write the per-file table as CSV.")] = None,
 ) -> None:
@@ -82,7 +85,8 @@ def audit(
                          value=chunk_mb)
     _check_csv_target(csv_path, [ref, *files])
     config = AuditConfig(beta=beta, seed=seed, line=line, keys=keys, intersect=intersect,
-                         sketches=sketches, chunk=int(chunk_mb * 2**20) // 4, recursive=recursive)
+                         sketches=sketches, chunk=int(chunk_mb * 2**20) // 4, recursive=recursive,
+                         **({} if threads is None else {"threads": threads}))
     notice = kernel_notice()
     if notice:
         sys.stderr.write(f"warning: {notice}\n")
@@ -155,11 +159,22 @@ def _display_name(file: str) -> str:
     return p.name.removesuffix(".safetensors")
 
 
-def _energy_cell(r: dict, multi: bool) -> str:
+def _energy_cell(r: dict) -> str:
+    """E ± its analytic spread over sketch seeds (the spread of the mean when R sketches are averaged)."""
     e = fmt_num(r["energy"], ".2f", big=_BIG)
-    if not multi or r["energy_std"] is None:
-        return e
-    return f"{e} ± {fmt_num(r['energy_std'], '.2f', big=_BIG)}"
+    spread = r.get("energy_spread")
+    return e if spread is None else f"{e} ± {fmt_num(spread, '.2f', big=_BIG)}"
+
+
+def _rank_notice(result) -> str | None:  # noqa: ANN001
+    """One line when some workers' E ± spread overlap: another --seed may reorder them."""
+    pairs = result.rank_overlaps()
+    if not pairs:
+        return None
+    i, j = pairs[0]
+    a, b = (_display_name(printable(str(result.files[k].path))) for k in (i, j))
+    return (f"note: ranking by E not stable under sketch noise: {len(pairs)} pair(s) overlap within "
+            f"E ± spread (e.g. {a}, {b}); --sketches R divides the spread by √R")
 
 
 def _title(result, rows: list[dict]) -> tuple[str, list[str]]:  # noqa: ANN001
@@ -173,12 +188,11 @@ def _title(result, rows: list[dict]) -> tuple[str, list[str]]:  # noqa: ANN001
 
 def _columns(result, rows: list[dict]) -> tuple[str, dict[str, list[str]]]:  # noqa: ANN001
     """The title and each column's plain-text cells (metadata, scores, verdict), in table order."""
-    multi = result.config.sketches > 1
     title, meta = _title(result, rows)
     cols = {k: [str(r[k]) if r[k] is not None else "—" for r in rows] for k in meta}
     cols["cos"] = [fmt_num(r["cos"], ".6f") for r in rows]
     cols["‖Δ‖"] = [fmt_num(r["delta_norm"], ".4g") for r in rows]
-    cols["E ± std" if multi else "E"] = [_energy_cell(r, multi) for r in rows]
+    cols["E ± spread"] = [_energy_cell(r) for r in rows]
     cols["ρ"] = [fmt_num(r["friction"], ".3f") for r in rows]
     cols["π"] = [fmt_num(r["pi"], ".4f") for r in rows]
     cols["verdict"] = [r["verdict"] for r in rows]
@@ -222,6 +236,9 @@ def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
                      markup=False)
     for line in _pack(_footer(result), stdout.width):
         stdout.print(line, markup=False, no_wrap=True, overflow="ignore", crop=False)
+    notice = _rank_notice(result)
+    if notice:
+        stdout.print(notice, markup=False, soft_wrap=True)
 
 
 def _pack(items: list[str], width: int, sep: str = "   ") -> list[str]:

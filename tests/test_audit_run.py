@@ -169,3 +169,95 @@ def test_no_lag_metadata_no_correlation(grads_dir, tmp_path):
     save_gradients(tmp_path / "b.safetensors", make_state(2))
     r = run_audit(grads_dir / "ref.safetensors", [tmp_path])
     assert r.lag_correlation is None and r.to_dict()["lag_correlation"] is None
+
+
+def _doc(result):
+    doc = result.to_dict()
+    del doc["seconds"], doc["throughput_bytes_per_s"]
+    return doc
+
+
+def test_thread_count_does_not_change_a_single_bit(tmp_path):
+    """Per-piece sums are folded in one fixed order: 1, 2 or 3 threads give the same JSON."""
+    ref = make_state(0)
+    save_gradients(tmp_path / "ref.safetensors", ref)
+    dtypes = (torch.float32, torch.bfloat16, torch.float8_e5m2fnuz, torch.float64)
+    for k, dt in enumerate(dtypes):
+        noise = make_state(50 + k, scale=0.2 * (k + 1))
+        save_gradients(tmp_path / f"w{k}.safetensors", {n: (ref[n] + noise[n]).to(dt) for n in ref})
+    workers = [tmp_path / f"w{k}.safetensors" for k in range(len(dtypes))]
+    cfgs = [AuditConfig(chunk=97, sketches=3, threads=t) for t in (1, 2, 3)]
+    docs = [_doc(run_audit(tmp_path / "ref.safetensors", workers, cfg)) for cfg in cfgs]
+    assert docs[0] == docs[1] == docs[2]
+
+
+FLOAT_DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
+                torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu]
+
+
+@pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=str)
+def test_every_float_dtype_is_audited_as_its_exact_float64_upcast(tmp_path, dt):
+    """bf16, fp16 and every fp8 (fnuz and e8m0 too) are audited, not skipped, with the same numbers."""
+    def state(seed):
+        s = make_state(seed)
+        return {n: (v.abs() + 0.1 if dt == torch.float8_e8m0fnu else v).to(dt) for n, v in s.items()}
+
+    low = {"ref": state(0), "w": state(1)}
+    for name, s in low.items():
+        save_gradients(tmp_path / f"{name}.safetensors", s)
+        save_gradients(tmp_path / f"{name}64.safetensors", {k: v.double() for k, v in s.items()})
+    a = run_audit(tmp_path / "ref.safetensors", [tmp_path / "w.safetensors"], AuditConfig(chunk=300))
+    b = run_audit(tmp_path / "ref64.safetensors", [tmp_path / "w64.safetensors"], AuditConfig(chunk=300))
+    assert a.skipped["other dtype"] == 0 and a.n == b.n == 40 * 30 + 30 + 7 * 40
+    fa, fb = a.files[0], b.files[0]
+    assert (fa.energy, fa.cos, fa.delta_norm, fa.energy_spread, fa.drift) == (
+        fb.energy, fb.cos, fb.delta_norm, fb.energy_spread, fb.drift)
+    assert a.bytes_read * 8 == b.bytes_read * torch.empty(0, dtype=dt).element_size()
+
+
+def _real_gradients(tmp_path):
+    """Gradients of a small MLP on two batches (reference, worker) and a sparse edit of the reference."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 10))
+    grads = []
+    for batch in range(2):
+        g = torch.Generator().manual_seed(batch)
+        x, y = torch.randn(32, 20, generator=g), torch.randint(0, 10, (32,), generator=g)
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    sparse = {n: v.clone() for n, v in grads[0].items()}
+    sparse["0.weight"][3, :3] += torch.tensor([0.8, -0.1, 0.05])  # a drift on three coordinates
+    for name, g in (("ref", grads[0]), ("other_batch", grads[1]), ("sparse", sparse)):
+        save_gradients(tmp_path / f"{name}.safetensors", g)
+    return [tmp_path / "other_batch.safetensors", tmp_path / "sparse.safetensors"]
+
+
+def test_energy_spread_matches_the_spread_over_many_sketch_seeds(tmp_path):
+    """Analytic std of E (docs/design.md §5.1) against 600 sketch seeds on real gradient files."""
+    workers = _real_gradients(tmp_path)
+    r = run_audit(tmp_path / "ref.safetensors", workers, AuditConfig(sketches=600, seed=11))
+    single = run_audit(tmp_path / "ref.safetensors", workers, AuditConfig(seed=11))
+    chi2 = []  # the χ²₄ law's std, (8/3)(‖Δ‖²/14)·√8, which ignores Σ Δ⁴
+    for f, one in zip(r.files, single.files, strict=True):
+        per_sketch = f.energy_spread * np.sqrt(600)  # the spread of one sketch's E
+        assert f.energy_std == pytest.approx(per_sketch, rel=0.15)  # ~4 standard errors at 600 seeds
+        assert one.energy_spread == pytest.approx(per_sketch, rel=1e-12)
+        assert f.energy == pytest.approx(32 / 3 / 14 * f.delta_norm**2, rel=0.15)  # E[E] = tr Ψ ‖Δ‖² / 14
+        chi2.append(np.sqrt(0.5) * 32 / 3 / 14 * f.delta_norm**2)
+    assert r.files[0].energy_std == pytest.approx(chi2[0], rel=0.15)  # thousands of coordinates: χ²₄
+    assert r.files[1].energy_std > 1.3 * chi2[1]  # three coordinates: Σ Δ⁴ makes E noisier than χ²₄
+
+
+@pytest.mark.parametrize("seed,pairs", [(0, [(1, 2)]), (1, [])])
+def test_rank_overlaps_follow_the_spreads(grads_dir, seed, pairs):
+    """Seed 0: w1 16.2 ± 7.8 and w2 34.2 ± 29.1 overlap; seed 1: 4.9 ± 7.8 and 67.4 ± 29.1 do not."""
+    r = run_audit(grads_dir / "ref.safetensors", [grads_dir / "workers"], AuditConfig(seed=seed))
+    e = [f.energy for f in r.files]
+    s = [f.energy_spread for f in r.files]
+    lo = [max(a - b, 0.0) for a, b in zip(e, s, strict=True)]
+    want = [(i, j) for i in range(3) for j in range(i + 1, 3) if lo[i] < e[j] + s[j] and lo[j] < e[i] + s[i]]
+    assert r.rank_overlaps() == want == pairs
+    doc = r.to_dict()
+    assert doc["ranking_stable"] == (not pairs) and len(doc["rank_overlaps"]) == len(pairs)
+    assert r.files[0].energy == 0.0 and r.files[0].energy_spread == 0.0  # w0 equals the reference

@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import save_file
 
 from naig.audit.inputs import expand_inputs
-from naig.audit.stream import batches, inspect_file, plan_tensors, read_pieces
+from naig.audit.stream import RawReader, batches, inspect_file, locate, plan_tensors, read_pieces
 from naig.errors import DataError, UsageError
 
 
@@ -19,12 +19,11 @@ def test_pieces_cover_every_tensor_exactly(tmp_path):
     save_file(t, tmp_path / "x.safetensors")
     info = inspect_file(tmp_path / "x.safetensors")
     plan, _ = plan_tensors(info, [])
-    dtypes = {n: v.dtype for n, v in info.tensors.items()}
     for chunk in (1, 4, 6, 36, 1000):
         got = {n: [] for n in t}
         for batch in batches(plan, chunk):
             assert sum(p.stop - p.start for p in batch) <= max(chunk, 7)
-            for p, x in zip(batch, read_pieces(info.path, batch, dtypes), strict=True):
+            for p, x in zip(batch, read_pieces(info.path, batch), strict=True):
                 assert x.size == p.stop - p.start
                 got[p.tensor.name].append((p.start, x))
         for n, parts in got.items():
@@ -32,15 +31,77 @@ def test_pieces_cover_every_tensor_exactly(tmp_path):
             np.testing.assert_array_equal(flat, t[n].reshape(-1).numpy())
 
 
-def test_low_precision_upcast_exactly(tmp_path):
-    x = torch.tensor([1.5, -0.375, 3.0, 1e-3, 448.0])
-    for dt in (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2):
-        save_file({"x": x.to(dt)}, tmp_path / "lp.safetensors")
-        info = inspect_file(tmp_path / "lp.safetensors")
-        (batch,) = batches(plan_tensors(info, [])[0], 100)
-        (got,) = read_pieces(info.path, batch, {"x": info.tensors["x"].dtype})
-        assert got.dtype == np.float32
-        np.testing.assert_array_equal(got, x.to(dt).to(torch.float64).numpy())
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+@pytest.mark.parametrize(
+    "dt", (torch.float64, torch.float32, torch.bfloat16, torch.float16, *FLOAT8, torch.float8_e8m0fnu)
+)
+def test_every_float_dtype_is_planned_and_read_exactly(tmp_path, dt):
+    x = torch.tensor([1.5, -0.375, 3.0, 1e-3, 448.0, 0.0, 2.0**-9, -96.0])
+    if dt == torch.float8_e8m0fnu:  # unsigned powers of two
+        x = torch.tensor([1.0, 0.5, 2.0**-127, 2.0**127, 64.0])
+    save_file({"x": x.to(dt)}, tmp_path / "lp.safetensors")
+    info = inspect_file(tmp_path / "lp.safetensors")
+    plan, skipped = plan_tensors(info, [])
+    assert [t.name for t in plan] == ["x"] and skipped["other dtype"] == 0
+    (batch,) = batches(plan, 100)
+    (got,) = read_pieces(info.path, batch)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, x.to(dt).to(torch.float64).numpy())
+
+
+def test_offsets_of_mixed_dtypes_and_ints(tmp_path):
+    """Data located through safe_open's order and sizes, whatever dtypes come before a tensor."""
+    g = torch.Generator().manual_seed(0)
+    t = {
+        "a16": torch.randn(7, generator=g).half(),
+        "b_int": torch.arange(5, dtype=torch.int64),
+        "c_mask": torch.tensor([True, False, True]),
+        "d32": torch.randn(3, 11, generator=g),
+        "e8": torch.randn(9, generator=g).to(torch.float8_e4m3fnuz),
+        "f64": torch.randn(4, generator=g).double(),
+        "gbf": torch.randn(13, generator=g).bfloat16(),
+    }
+    save_file(t, tmp_path / "m.safetensors")
+    info = inspect_file(tmp_path / "m.safetensors")
+    where = locate(info)
+    assert set(where) == set(t)
+    plan, _ = plan_tensors(info, [])
+    for batch in batches(plan, 5):
+        for p, x in zip(batch, read_pieces(info.path, batch), strict=True):
+            want = t[p.tensor.name].reshape(-1)[p.start : p.stop].to(torch.float64).numpy()
+            np.testing.assert_array_equal(x, want)
+
+
+def test_unaligned_tensor_data_is_read(tmp_path):
+    """A valid file whose float32 data starts at an odd offset (other writers do not pad)."""
+    import json
+    import struct
+
+    a = np.array([1.5, -2.25, 3.0], dtype=np.float16)  # 6 bytes
+    b = np.arange(5, dtype=np.float32) / 3
+    header = json.dumps({"a": {"dtype": "F16", "shape": [3], "data_offsets": [0, 6]},
+                         "b": {"dtype": "F32", "shape": [5], "data_offsets": [6, 26]}}).encode()
+    header += b" " * (1 - len(header) % 2)  # odd length: the data section starts at an odd offset
+    p = tmp_path / "odd.safetensors"
+    p.write_bytes(struct.pack("<Q", len(header)) + header + a.tobytes() + b.tobytes())
+    info = inspect_file(p)
+    assert locate(info)["b"].offset % 4 != 0
+    plan, _ = plan_tensors(info, [])
+    (batch,) = batches(plan, 100)
+    got = dict(zip([q.tensor.name for q in batch], read_pieces(p, batch), strict=True))
+    np.testing.assert_array_equal(got["a"], a.astype(np.float64))
+    np.testing.assert_array_equal(got["b"], b.astype(np.float64))
+
+
+def test_raw_reader_refuses_a_file_changed_since_located(tmp_path):
+    p = tmp_path / "x.safetensors"
+    save_file({"w": torch.ones(4)}, p)
+    where = locate(inspect_file(p))["w"]
+    save_file({"w": torch.ones(8)}, p)  # rewritten with another size
+    with RawReader() as r, pytest.raises(DataError, match="x.safetensors: changed while being audited"):
+        r.view(where, 0, 4)
 
 
 def test_keys_filter_and_bad_regex(tmp_path):

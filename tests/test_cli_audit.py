@@ -526,3 +526,43 @@ def test_fuzzed_files_never_give_a_traceback(fuzz_dir, data):
     else:
         _audit_in_process(ref, bad)
     assert ref.read_bytes() == ref_before and bad.read_bytes() == content  # nothing written
+
+
+def _numbers(doc: dict) -> dict:
+    return {k: v for k, v in doc.items() if k not in ("seconds", "throughput_bytes_per_s")}
+
+
+def test_threads_option_gives_the_same_json(untouched):
+    docs = [json.loads(run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--json",
+                                "--chunk-mb", "0.0625", "--threads", t).stdout) for t in ("1", "2")]
+    assert _numbers(docs[0]) == _numbers(docs[1])
+    r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--threads", "0")
+    assert r.returncode == 2 and "--threads" in r.stderr
+
+
+def test_table_shows_the_energy_spread_and_an_unstable_ranking(untouched):
+    args = ("audit", untouched / "ref.safetensors", untouched / "workers", "--seed", "3")
+    doc = json.loads(run_naig(*args, "--json").stdout)
+    table = run_naig(*args).stdout
+    assert "E ± spread" in table
+    for f in doc["files"]:
+        assert f"{f['energy']:.2f} ± {f['energy_spread']:.2f}" in table
+    notice = [ln for ln in table.splitlines() if ln.startswith("note: ranking by E not stable")]
+    assert len(notice) == (0 if doc["ranking_stable"] else 1)
+    assert not doc["ranking_stable"]  # w1 (6.5 ± 7.8) and w2 (12.2 ± 29.1) overlap at seed 3
+
+
+def test_fnuz_files_are_audited_by_both_kernel_paths(tmp_path):
+    for name, seed in (("ref", 0), ("w", 1)):
+        state = {k: v.to(torch.float8_e4m3fnuz) for k, v in make_state(seed).items()}
+        state["head.weight"] = state["head.weight"].to(torch.float32).to(torch.float8_e5m2fnuz)
+        save_file(state, tmp_path / f"{name}.safetensors")
+    args = ("audit", tmp_path / "ref.safetensors", tmp_path / "w.safetensors", "--json")
+    fast = json.loads(run_naig(*args).stdout)
+    env = {**os.environ, "NAIG_PURE_NUMPY": "1", "COLUMNS": "200"}
+    slow = json.loads(subprocess.run([sys.executable, "-m", "naig_cli", *map(str, args)], capture_output=True,
+                                     text=True, env=env, timeout=300).stdout)
+    assert fast["n"] == 1510 and sum(fast["skipped_tensors"].values()) == 0
+    for a, b in zip(fast["files"], slow["files"], strict=True):
+        for key in ("energy", "energy_spread", "cos", "delta_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-12)

@@ -8,25 +8,21 @@ by the folder that holds it. The rule that tells folders apart: a folder holding
 ``*.safetensors.index.json`` is one checkpoint; any other folder means every
 ``*.safetensors`` in it (one worker each; its sub-folders too when ``recursive``).
 
-Reads go through ``read_input``, which streams a checkpoint shard by shard and turns
-every failure of a read (a file truncated or replaced while the audit runs) into a
-one-line ``DataError`` naming the file.
+The audit reads a checkpoint's tensors from the shards that hold them (``stream.locate``);
+a file truncated or replaced while the audit runs is refused in one line naming it.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
+from naig.audit.stream import FileInfo, TensorInfo, inspect_file
+from naig.errors import DataError
 
-from naig.audit.stream import FileInfo, Piece, TensorInfo, inspect_file, read_pieces
-from naig.errors import DataError, NaigError
-
-__all__ = ["INDEX_SUFFIX", "find_index", "expand_inputs", "inspect_input", "inspect_index", "read_input"]
+__all__ = ["INDEX_SUFFIX", "find_index", "expand_inputs", "inspect_input", "inspect_index"]
 
 INDEX_SUFFIX = ".safetensors.index.json"
 
@@ -167,37 +163,3 @@ def inspect_input(path: str | os.PathLike[str]) -> FileInfo:
                             "pass a file or a sharded checkpoint")
         p = index
     return inspect_index(p) if p.name.endswith(INDEX_SUFFIX) else inspect_file(p)
-
-
-def _read_error(path: Path, exc: Exception) -> DataError:
-    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return DataError(f"{path}: could not be read during the audit ({reason}); the file was truncated or "
-                     "changed while being read: make sure nothing is still writing it, then run again")
-
-
-def read_input(info: FileInfo, pieces: Sequence[Piece], dtypes: dict[str, str]) -> Iterator[np.ndarray]:
-    """Read pieces of a file or sharded checkpoint; yields flat float32/float64 arrays, in order.
-
-    Consecutive pieces held by one shard are read in one open (``read_pieces``), so a
-    checkpoint is streamed shard by shard.
-
-    Args:
-        info: from ``inspect_input``.
-        pieces: pieces to read, in order.
-        dtypes: {tensor name: safetensors dtype in ``info``}.
-
-    Raises:
-        DataError: any failure of a read, naming the file (one line).
-    """
-    for path, group in itertools.groupby(pieces, key=lambda piece: info.file_of(piece.tensor.name)):
-        group = list(group)
-        try:
-            for piece, x in zip(group, read_pieces(path, group, dtypes), strict=True):
-                if x.size != piece.stop - piece.start:
-                    raise ValueError(f"tensor {piece.tensor.name!r} gave {x.size} values, "
-                                     f"expected {piece.stop - piece.start}")
-                yield x
-        except (NaigError, MemoryError):
-            raise
-        except Exception as exc:  # SafetensorError, OSError, ...: one line naming the file
-            raise _read_error(path, exc) from None

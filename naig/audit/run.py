@@ -17,7 +17,9 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,23 +27,32 @@ from typing import Any
 import numpy as np
 
 from naig.audit.correlation import lag_correlation
-from naig.audit.inputs import INDEX_SUFFIX, expand_inputs, find_index, inspect_input, read_input
-from naig.audit.stream import FileInfo, Piece, TensorInfo, batches, needs_torch, plan_tensors
-from naig.energy import energy, relative_friction
+from naig.audit.inputs import INDEX_SUFFIX, expand_inputs, find_index, inspect_input
+from naig.audit.stream import (
+    FileInfo,
+    Piece,
+    RawReader,
+    TensorData,
+    TensorInfo,
+    batches,
+    locate,
+    plan_tensors,
+)
+from naig.energy import energy, energy_spread, relative_friction
 from naig.errors import DataError, UsageError
 from naig.gibbs import effective_workers, frozen_mask, gibbs_weights, parse_beta, resolve_beta
 from naig.io import METADATA_KEYS
 from naig.metric import DEFAULT_LINE, fano_fisher_metric, parse_line
 from naig.sketch.core import SKETCH_DIM, check_seed, tensor_key
-from naig.sketch.kernels import STATS, accumulate, hash_codes
+from naig.sketch.kernels import ITEMSIZE, STATS, accumulate, hash_codes
 
 __all__ = ["AuditConfig", "FileScore", "AuditResult", "run_audit", "DEFAULT_CHUNK"]
 
 DEFAULT_CHUNK = 1 << 22  # scalars per batch (16 MiB of float32)
 _INT = re.compile(r"-?[0-9]{1,18}")  # metadata shown as int (ASCII digits, bounded length)
-_SCORES = ("cos", "delta_norm", "energy", "energy_std", "friction", "pi", "verdict", "sketch_ratio",
-           "nonfinite_tensor", "drift")  # FileScore fields in row order
-_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+_SCORES = ("cos", "delta_norm", "energy", "energy_spread", "energy_std", "friction", "pi", "verdict",
+           "sketch_ratio", "nonfinite_tensor", "drift")  # FileScore fields in row order
+_PARTIAL_BUDGET = 1 << 18  # per-piece sums (of STATS floats each) one batch may hold: 38 MB
 
 
 @dataclass(frozen=True)
@@ -50,7 +61,7 @@ class AuditConfig:
 
     Raises:
         UsageError: naming the field (``beta``, ``seed``, ``line``, ``keys``,
-            ``sketches`` or ``chunk``) and the fix.
+            ``sketches``, ``chunk`` or ``threads``) and the fix.
     """
 
     beta: float | str = "auto"  # inverse temperature β ≥ 0, or "auto" (1 / median positive E)
@@ -61,6 +72,7 @@ class AuditConfig:
     sketches: int = 1  # R independent sketch seeds; E_k reported as mean ± std
     chunk: int = DEFAULT_CHUNK  # scalars per streamed batch: bounds memory
     recursive: bool = False  # folders: also walk sub-folders (a folder with an index is one checkpoint)
+    threads: int = field(default_factory=lambda: os.cpu_count() or 1)  # files scored in parallel
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "beta", parse_beta(self.beta))
@@ -70,6 +82,8 @@ class AuditConfig:
             raise UsageError("must be an int >= 1, e.g. 8", field="sketches", value=self.sketches)
         if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
             raise UsageError("must be a positive number of scalars", field="chunk", value=self.chunk)
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
+            raise UsageError("must be an int >= 1, e.g. 2", field="threads", value=self.threads)
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,8 @@ class FileScore:
     cos: float | None  # cosine similarity to the reference; None when a norm is 0
     delta_norm: float  # ‖x_k − x_R‖ in full dimension
     energy: float  # E_k (mean over sketches); NaN if non-finite
-    energy_std: float | None  # std of E_k over sketches (None for one sketch)
+    energy_spread: float | None  # analytic std of E_k over sketch seeds (docs/design.md §5.1)
+    energy_std: float | None  # measured std of E_k over the R sketches (None for one sketch)
     friction: float  # ρ_k ∈ [0, 1]
     pi: float  # Gibbs weight π_k
     verdict: str  # "integrated" | "frozen" | "non-finite"
@@ -129,9 +144,25 @@ class AuditResult:
         """Bytes read per second."""
         return self.bytes_read / self.seconds if self.seconds > 0 else float("inf")
 
+    def rank_overlaps(self) -> list[tuple[int, int]]:
+        """Pairs (i, j), i < j, of files whose intervals [max(E − spread, 0), E + spread] overlap.
+
+        Another sketch seed may swap such a pair in the ranking by E (docs/design.md §5.1);
+        an empty list means the ranking is stable at one spread. E ≥ 0 always, hence the
+        clamp: a worker equal to the reference (E = 0 ± 0) overlaps no one. Non-finite
+        files are left out.
+        """
+        e = np.array([f.energy for f in self.files], dtype=float)  # (K,)
+        s = np.array([np.nan if f.energy_spread is None else f.energy_spread for f in self.files])
+        ok = np.isfinite(e) & np.isfinite(s)
+        lo, hi = np.maximum(e - s, 0.0), e + s
+        close = (lo[:, None] < hi[None, :]) & (lo[None, :] < hi[:, None])  # (K, K)
+        i, j = np.nonzero(np.triu(close & ok[:, None] & ok[None, :], 1))
+        return list(zip(i.tolist(), j.tolist(), strict=True))
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the whole audit (non-finite floats still need → null)."""
-        cfg = self.config
+        cfg, overlaps = self.config, self.rank_overlaps()
         return {
             "reference": str(self.reference),
             "reference_metadata": self.reference_metadata,
@@ -145,6 +176,8 @@ class AuditResult:
             "seconds": self.seconds,
             "throughput_bytes_per_s": self.throughput,
             "skipped_tensors": self.skipped,
+            "ranking_stable": not overlaps,
+            "rank_overlaps": [[str(self.files[i].path), str(self.files[j].path)] for i, j in overlaps],
             "line": list(cfg.line),
             "seed": cfg.seed,
             "sketches": cfg.sketches,
@@ -196,46 +229,83 @@ def _identity(p: Path) -> tuple[int, int] | Path:
 class _Accumulators:
     """Running float64 statistics: row 0 is the reference, rows 1..K the workers."""
 
-    stats: np.ndarray  # (K+1, R, 17)
+    stats: np.ndarray  # (K+1, R, STATS)
     bad: list[str | None]  # first non-finite tensor per row
     bytes_read: int = 0
 
 
+@dataclass
+class _Batch:
+    """One batch in flight: its pieces, the reference's views and one future per row."""
+
+    pieces: list[Piece]
+    partial: np.ndarray  # (K+1, P, R, STATS): each piece's sums, folded into the totals in order
+    futures: list[Future]
+    reader: RawReader  # the reference's maps, unmapped when the batch is folded
+
+
 def _codes(pieces: list[Piece], seeds: list[int]) -> list[list[np.ndarray]]:
-    """Hash codes per sketch seed and piece: computed once per batch, reused for every file."""
+    """Hash codes per piece and sketch seed: computed once per batch, reused for every file."""
     return [
-        [hash_codes(tensor_key(s, p.tensor.name), p.start, p.stop - p.start) for p in pieces] for s in seeds
+        [hash_codes(tensor_key(s, p.tensor.name), p.start, p.stop - p.start) for s in seeds] for p in pieces
     ]
 
 
-def _match(r: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if r.dtype == x.dtype:
-        return r, x
-    return r.astype(np.float64), x.astype(np.float64)
-
-
-def _score(
-    row: int,
+def _score_file(
+    where: dict[str, TensorData],
+    ref_where: dict[str, TensorData],
     pieces: list[Piece],
-    xs: Iterable[np.ndarray],
-    refs: list[np.ndarray],
     codes: list[list[np.ndarray]],
-    acc: _Accumulators,
-    dtypes: dict[str, str],
+    refs: list[np.ndarray],
+    out: np.ndarray,
 ) -> None:
-    """Accumulate one file's pieces (arrays ``xs``) against the reference pieces."""
-    for i, x in enumerate(xs):
-        r, x = _match(refs[i], x)
-        for s, per_seed in enumerate(codes):
-            accumulate(per_seed[i], r, x, acc.stats[row, s])
-        name = pieces[i].tensor.name
-        acc.bytes_read += (pieces[i].stop - pieces[i].start) * _ITEMSIZE[dtypes[name]]
-        if acc.bad[row] is None and not np.isfinite(acc.stats[row, 0]).all():
-            acc.bad[row] = name
+    """Sums of one file's pieces against the reference's, piece i into ``out[i]`` (a worker thread).
+
+    The reference's own row passes ``where is ref_where``: its pieces are the reference views.
+    """
+    with RawReader() as reader:
+        for i, p in enumerate(pieces):
+            name = p.tensor.name
+            x = refs[i] if where is ref_where else reader.view(where[name], p.start, p.stop)
+            rt, xt = ref_where[name].dtype, where[name].dtype
+            accumulate(codes[i], refs[i], x, out[i], ref_dtype=rt, x_dtype=xt)
 
 
-def _dtypes(info: FileInfo) -> dict[str, str]:
-    return {n: t.dtype for n, t in info.tensors.items()}
+def _submit(pool: ThreadPoolExecutor, pieces: list[Piece], seeds: list[int], where: list[dict]) -> _Batch:
+    codes = _codes(pieces, seeds)
+    reader = RawReader()
+    refs = [reader.view(where[0][p.tensor.name], p.start, p.stop) for p in pieces]  # read once per batch
+    partial = np.zeros((len(where), len(pieces), len(seeds), STATS))
+    futures = [pool.submit(_score_file, w, where[0], pieces, codes, refs, partial[row])
+               for row, w in enumerate(where)]
+    return _Batch(pieces, partial, futures, reader)
+
+
+def _fold(batch: _Batch, acc: _Accumulators, where: list[dict], progress: Callable[[int], None] | None
+          ) -> None:
+    """Add a batch's per-piece sums to the totals, row by row in piece order (any thread count)."""
+    for row, future in enumerate(batch.futures):
+        future.result()
+        before = acc.bytes_read
+        for i, p in enumerate(batch.pieces):
+            acc.stats[row] += batch.partial[row, i]
+            acc.bytes_read += (p.stop - p.start) * ITEMSIZE[where[row][p.tensor.name].dtype]
+            if acc.bad[row] is None and not np.isfinite(acc.stats[row, 0]).all():
+                acc.bad[row] = p.tensor.name
+        if progress and row:
+            progress(acc.bytes_read - before)
+    batch.reader.close()
+
+
+def _limited(groups: Iterator[list[Piece]], per_piece: int) -> Iterator[list[Piece]]:
+    """Split batches so their per-piece sums (``per_piece`` rows each) fit ``_PARTIAL_BUDGET``.
+
+    Only the grouping changes: the pieces, and so every sum, stay the same.
+    """
+    most = max(1, _PARTIAL_BUDGET // per_piece)
+    for pieces in groups:
+        for i in range(0, len(pieces), most):
+            yield pieces[i : i + most]
 
 
 def _stream_all(
@@ -245,20 +315,33 @@ def _stream_all(
     cfg: AuditConfig,
     progress: Callable[[int], None] | None,
 ) -> _Accumulators:
+    """Score every file batch by batch on ``cfg.threads`` threads, one task per file and batch.
+
+    The next batch is submitted before the current one is folded, so the threads never wait
+    for a batch boundary; the totals are summed in one fixed order whatever the thread count.
+    """
     seeds = [cfg.seed + r for r in range(cfg.sketches)]
-    acc = _Accumulators(np.zeros((len(workers) + 1, len(seeds), STATS)), [None] * (len(workers) + 1))
+    where = [locate(f) for f in (ref, *workers)]  # row → {tensor name: where its bytes are}
+    acc = _Accumulators(np.zeros((len(where), len(seeds), STATS)), [None] * len(where))
     chunk = max(1, cfg.chunk // cfg.sketches)  # R code arrays per batch: memory stays one chunk
-    dtypes = [_dtypes(f) for f in (ref, *workers)]  # row → {tensor name: dtype}
-    for pieces in batches(plan, chunk):
-        codes = _codes(pieces, seeds)
-        refs = list(read_input(ref, pieces, dtypes[0]))  # the reference is read once
-        _score(0, pieces, refs, refs, codes, acc, dtypes[0])
-        for row, info in enumerate(workers, start=1):
-            before = acc.bytes_read
-            xs = read_input(info, pieces, dtypes[row])
-            _score(row, pieces, xs, refs, codes, acc, dtypes[row])
-            if progress:
-                progress(acc.bytes_read - before)
+    inflight: deque[_Batch] = deque()
+    try:
+        with ThreadPoolExecutor(cfg.threads, thread_name_prefix="naig-audit") as pool:
+            try:
+                for pieces in _limited(batches(plan, chunk), len(where) * len(seeds)):
+                    inflight.append(_submit(pool, pieces, seeds, where))
+                    if len(inflight) > 1:
+                        _fold(inflight[0], acc, where, progress)
+                        inflight.popleft()
+                while inflight:
+                    _fold(inflight[0], acc, where, progress)
+                    inflight.popleft()
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+    finally:
+        for batch in inflight:
+            batch.reader.close()
     return acc
 
 
@@ -273,15 +356,15 @@ def _cosine(dot: float, xx: float, rr: float) -> float | None:
 
 
 def _scores(acc: _Accumulators, workers: list[FileInfo], psi: np.ndarray) -> list[dict]:
-    ref = acc.stats[0]  # (R, 17)
+    ref = acc.stats[0]  # (R, STATS)
     rr = ref[0, SKETCH_DIM + 1]  # ‖x_R‖²
     out = []
     for row, info in enumerate(workers, start=1):
-        st = acc.stats[row]  # (R, 17)
+        st = acc.stats[row]  # (R, STATS)
         d = st[:, :SKETCH_DIM] - ref[:, :SKETCH_DIM]  # (R, 14) drifts, one per sketch seed
         finite = acc.bad[row] is None and acc.bad[0] is None and np.isfinite(st).all()
         e = energy(d, psi) if finite else np.full(len(d), np.nan)  # (R,)
-        dot, xx, dd = st[0, SKETCH_DIM:]
+        dot, xx, dd, d4 = st[0, SKETCH_DIM:]
         out.append(
             dict(
                 path=info.path,
@@ -289,6 +372,7 @@ def _scores(acc: _Accumulators, workers: list[FileInfo], psi: np.ndarray) -> lis
                 cos=_cosine(dot, xx, rr) if finite else None,
                 delta_norm=float(np.sqrt(dd)),
                 energy=float(e.mean()),
+                energy_spread=energy_spread(dd, d4, psi, len(e)) if finite else None,
                 energy_std=float(e.std(ddof=1)) if len(e) > 1 else None,
                 friction=float(relative_friction(d, psi).mean()) if finite else float("nan"),
                 sketch_ratio=_norm_ratio(float(d[0] @ d[0]), dd) if finite else None,
@@ -373,8 +457,6 @@ def run_audit(
     ref_path, worker_paths, notes = _resolve_files(ref, files, config.recursive)
     ref_info, workers = inspect_input(ref_path), [inspect_input(p) for p in worker_paths]
     plan, skipped = plan_tensors(ref_info, workers, config.keys, config.intersect)
-    if needs_torch(plan, [ref_info, *workers]):
-        import torch  # noqa: F401  (bf16/fp8 reads; imported before the clock starts)
     t0 = time.perf_counter()
     acc = _stream_all(ref_info, workers, plan, config, progress)
     seconds = time.perf_counter() - t0

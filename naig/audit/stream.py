@@ -1,15 +1,16 @@
 """Stream safetensors files chunk by chunk, bounded in memory (docs/design.md §6).
 
-Files are opened with ``safetensors.safe_open`` (read-only memory maps) and
-reopened per batch of work, so the pages a batch touches are unmapped when it
-is done: resident memory is bounded by the chunk size, not by model size or
-the number of files. Pickle formats are refused without being opened.
+Files are validated with ``safetensors.safe_open``; the audit then reads the stored
+bits of each piece through read-only memory maps (``RawReader``) that are unmapped
+after each batch of work, so resident memory is bounded by the chunk size, not by
+model size or the number of files. Pickle formats are refused without being opened.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from naig.errors import DataError, UsageError
+from naig.sketch.kernels import DTYPES, ITEMSIZE
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -28,12 +30,13 @@ __all__ = [
     "inspect_file",
     "plan_tensors",
     "batches",
+    "TensorData",
+    "locate",
+    "RawReader",
     "read_pieces",
-    "needs_torch",
 ]
 
-FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
-_NUMPY_DTYPES = {"F64", "F32", "F16"}  # read without torch; the others need torch
+FLOAT_DTYPES = set(DTYPES)  # every float dtype the sketch kernels read: F64 … F8_E4M3FNUZ, F8_E8M0
 _PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle"}
 _CONVERT = (
     "convert it once, in a session you trust: load it with torch.load and weights_only=True, "
@@ -365,35 +368,155 @@ def batches(tensors: Sequence[TensorInfo], chunk: int) -> Iterator[list[Piece]]:
         yield batch
 
 
-def needs_torch(tensors: Sequence[TensorInfo], files: Sequence[FileInfo]) -> bool:
-    """True when some file stores one of ``tensors`` in a dtype numpy cannot read (bf16, fp8)."""
-    return any(f.tensors[t.name].dtype not in _NUMPY_DTYPES for f in files for t in tensors)
+# Bits per scalar of every dtype safetensors stores (its Dtype::bitsize): a tensor's stored size
+# is numel × bits / 8. Used to locate tensor data, so int/bool/complex/sub-byte entries count too.
+_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "I16": 16, "U16": 16, "I32": 32, "U32": 32, "I64": 64, "U64": 64,
+         "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6} | {k: 8 * v for k, v in ITEMSIZE.items()}
 
 
-def read_pieces(path: Path, pieces: Sequence[Piece], dtypes: dict[str, str]) -> Iterator[np.ndarray]:
-    """Read pieces of one file in a single open; yields flat float32/float64 arrays.
+@dataclass(frozen=True)
+class TensorData:
+    """Where the stored bytes of one tensor are: file, absolute byte offset, dtype, file size."""
 
-    F64 stays float64; F32/F16/BF16/F8 become float32 (an exact upcast). The
-    file is closed (its pages unmapped) when the generator finishes.
+    path: Path
+    offset: int  # byte offset of the tensor's first scalar in the file
+    dtype: str  # safetensors dtype string, e.g. "BF16"
+    file_size: int  # size of the file the offset was derived for (a changed file is refused)
+
+
+def locate(info: FileInfo) -> dict[str, TensorData]:
+    """Byte offsets of the tensors of a file (or of each shard of a checkpoint), derived from
+    what ``safe_open`` validated.
+
+    On open, safetensors checks that the tensors, in the order ``offset_keys()`` gives,
+    tile the data section without gaps, each taking numel × bits / 8 bytes, and end
+    exactly at the end of the file. So the data section starts at the file size minus
+    the sum of the tensor sizes, and each tensor where the ones before it end. No header
+    is parsed here.
 
     Args:
-        path: the safetensors file.
-        pieces: pieces to read, in order.
-        dtypes: {tensor name: safetensors dtype in this file}.
+        info: a file validated by ``inspect_file``, or a checkpoint by ``inspect_input``
+            (its tensors are located in the shard files that hold them).
+
+    Returns:
+        {tensor name: ``TensorData``} for every tensor of the file (of every shard).
+
+    Raises:
+        DataError: the file no longer opens (it changed since ``inspect_file``), or it
+            holds a dtype this table does not know (its size is then unknown).
     """
+    files = dict.fromkeys(info.file_of(n) for n in info.tensors) if info.shards else [info.path]
+    out: dict[str, TensorData] = {}
+    for path in files:
+        out.update(_locate_file(path))
+    return out
+
+
+def _locate_file(path: Path) -> dict[str, TensorData]:
+    layout, size = _layout(path)
+    unknown = next((f"tensor {n!r} has dtype {dt}" for n, dt, _ in layout if dt not in _BITS), None)
+    if unknown:
+        raise DataError(f"{path}: {unknown}, unknown to this naig, so no tensor can be located; "
+                        "upgrade naig")
+    pos = size - sum(numel * _BITS[dt] // 8 for _, dt, numel in layout)
+    out = {}
+    for n, dt, numel in layout:
+        out[n] = TensorData(path, pos, dt, size)
+        pos += numel * _BITS[dt] // 8
+    return out
+
+
+def _layout(path: Path) -> tuple[list[tuple[str, str, int]], int]:
+    """([(name, dtype, numel)] in offset order, file size), through ``safe_open``."""
     from safetensors import safe_open
 
-    need_torch = any(dtypes[p.tensor.name] not in _NUMPY_DTYPES for p in pieces)
-    with safe_open(str(path), framework="pt" if need_torch else "numpy") as f:
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            slices = [(n, f.get_slice(n)) for n in f.offset_keys()]
+            layout = [(n, sl.get_dtype(), math.prod(sl.get_shape())) for n, sl in slices]
+        return layout, path.stat().st_size
+    except Exception as exc:  # SafetensorError, OSError: one line
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"{path}: could not be read again ({why}); was it changed?") from None
+
+
+class RawReader:
+    """Zero-copy views of stored tensor bytes: files are memory-mapped read-only on first use
+    and unmapped by ``close()`` (so the pages read are released). Use as a context manager.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from safetensors.torch import save_file
+        >>> path = tempfile.mkdtemp() + "/x.safetensors"
+        >>> save_file({"w": torch.tensor([1.5, -2.0], dtype=torch.bfloat16)}, path)
+        >>> where = locate(inspect_file(path))["w"]
+        >>> with RawReader() as r:
+        ...     r.view(where, 0, 2).view(np.uint16).tolist()  # the stored bfloat16 bits
+        [16320, 49152]
+    """
+
+    def __init__(self) -> None:
+        self._maps: dict[Path, mmap.mmap] = {}
+
+    def view(self, where: TensorData, start: int, stop: int) -> np.ndarray:
+        """uint8 view of the stored bytes of flat scalars ``start .. stop−1`` of a tensor.
+
+        Raises:
+            DataError: the file's size changed since its offsets were derived.
+        """
+        mm = self._maps.get(where.path)
+        if mm is None:
+            mm = self._open(where)
+        size = ITEMSIZE[where.dtype]
+        return np.frombuffer(mm, np.uint8, (stop - start) * size, where.offset + start * size)
+
+    def _open(self, where: TensorData) -> mmap.mmap:
+        with open(where.path, "rb") as fh:
+            now = os.fstat(fh.fileno()).st_size
+            if now != where.file_size:
+                raise DataError(
+                    f"{where.path}: changed while being audited ({where.file_size} bytes, now {now}); "
+                    "audit files that are not being written"
+                )
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        self._maps[where.path] = mm
+        return mm
+
+    def close(self) -> None:
+        """Unmap every file (a view still alive keeps its map until it is dropped)."""
+        for mm in self._maps.values():
+            try:
+                mm.close()
+            except BufferError:  # a view outlived its batch: the map goes with the view
+                pass
+        self._maps.clear()
+
+    def __enter__(self) -> RawReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_pieces(path: str | os.PathLike[str], pieces: Sequence[Piece]) -> Iterator[np.ndarray]:
+    """Read pieces of one file; yields flat float64 arrays (an exact upcast of every dtype).
+
+    The audit reads the stored bits directly (``RawReader`` and the sketch kernels); this
+    is the readable form of the same read, for tests and tools.
+
+    Args:
+        path: a safetensors file.
+        pieces: pieces to read, in order.
+
+    Raises:
+        DataError: as ``inspect_file``, or a tensor the file does not hold.
+    """
+    from naig.sketch.kernels import decode
+
+    where = locate(inspect_file(path))
+    with RawReader() as r:
         for p in pieces:
-            x = f.get_slice(p.tensor.name)[p.index] if p.tensor.shape else f.get_tensor(p.tensor.name)
-            yield _to_numpy(x).reshape(-1)
-
-
-def _to_numpy(x: object) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x if x.dtype in (np.float32, np.float64) else x.astype(np.float32)
-    import torch
-
-    assert isinstance(x, torch.Tensor)
-    return (x if x.dtype == torch.float64 else x.to(torch.float32)).numpy()
+            w = where.get(p.tensor.name)
+            if w is None:
+                raise DataError(f"{path}: has no tensor {p.tensor.name!r} of a readable dtype")
+            yield decode(r.view(w, p.start, p.stop), w.dtype)

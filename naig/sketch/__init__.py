@@ -111,7 +111,7 @@ def _sketch_compiled(name: str, x: np.ndarray, seed: int) -> np.ndarray:
     from naig.sketch.kernels import accumulate, hash_codes, new_stats
 
     flat = np.ascontiguousarray(x.reshape(-1), dtype=np.float64 if x.dtype == np.float64 else np.float32)
-    out = new_stats(1)[0]  # (17,): the sketch, then ⟨x, x⟩ statistics we do not need here
+    out = new_stats(1)[0]  # (STATS,): the sketch, then ⟨x, x⟩ statistics we do not need here
     accumulate(hash_codes(tensor_key(seed, name), 0, flat.size), flat, flat, out)
     return out[:SKETCH_DIM]
 

@@ -1,106 +1,526 @@
-/* Fused sketch kernel for naig (docs/design.md §5): the fast path of naig.sketch.kernels.
+/* Fused sketch kernel for naig (docs/design.md §5, §6): the fast path of naig.sketch.kernels.
  *
  * hash_codes(key, start, out):  out[i] = a_i | (sign_bit_i << 7) for flat indices
  *     start <= start + i < start + len(out), where h_i = splitmix64(key + index),
  *     a_i = (h_i >> 32) mod 14 and sign_bit_i = h_i & 1 (1 means s_i = -1).
- * accumulate(codes, ref, x, out):  one pass over a chunk, float64 accumulation:
- *     out[0:14] += S x,  out[14] += <x, ref>,  out[15] += |x|^2,  out[16] += |x - ref|^2.
- *     ref and x are float32 or float64 buffers of the same format and length.
- * Both release the GIL. The readable reference is naig.sketch; naig.kernels holds the
- * numpy path with the same contract, and tests check all three agree in float64.
+ * accumulate(codes, ref, rtype, x, xtype, out):  one pass over a chunk of m scalars for R
+ *     sketch seeds at once; codes is a tuple of R buffers of m codes, ref and x are the raw
+ *     stored bits (m scalars of dtype rtype / xtype, any alignment), out is (R, 18) float64:
+ *     out[s, 0:14] += S_s x, out[s, 14] += <x, ref>, out[s, 15] += |x|^2,
+ *     out[s, 16] += |x - ref|^2, out[s, 17] += sum (x - ref)^4.
+ *     Every scalar is converted exactly to double in registers (fp8, bf16, fp16, fp32, fp64),
+ *     then accumulated in double in four interleaved lanes (lane u takes i = u mod 4), the
+ *     lanes combined as (l0 + l1) + (l2 + l3). The order depends only on m, never on the dtype.
+ * decode(raw, type, out):  the same exact conversion into a float64 buffer (tests, tools).
+ * All release the GIL. Build with -ffp-contract=off: a fused multiply-add would change the
+ * last bit of the sums. The readable reference is naig.sketch.core; naig.sketch.kernels holds
+ * the numpy path with the same contract, and tests check all three agree in float64.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
+#define NAIG_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define NAIG_CLONES
+#endif
+
+/* dtype codes: keep in step with naig.sketch.kernels.DTYPES */
+enum { T_F64, T_F32, T_F16, T_BF16, T_E4M3FN, T_E5M2, T_E4M3FNUZ, T_E5M2FNUZ, T_E8M0, T_COUNT };
+static const Py_ssize_t ITEMSIZE[T_COUNT] = {8, 4, 2, 2, 1, 1, 1, 1, 1};
+#define NSTATS 18
+#define BLK 256 /* scalars converted per block; a multiple of 8, the vector body's step */
+
+static double LUT8[T_COUNT][256]; /* fp8 bit pattern -> value, filled at import */
+
+/* Value of an 8-bit float with ebits exponent bits, mbits mantissa bits and bias `bias`.
+ * kind 0: IEEE-like (all-ones exponent: inf / NaN; e5m2); 1: "fn" (only S.1111.111 is NaN;
+ * e4m3fn); 2: "fnuz" (0x80 is the only NaN, no inf, no -0); 3: e8m0 (unsigned 2^(b-127),
+ * 0xFF NaN). Subnormals: exponent 0 means m * 2^(1 - bias - mbits). */
+static double fp8_value(unsigned b, int ebits, int mbits, int bias, int kind) {
+    if (kind == 3) return b == 0xFF ? NAN : ldexp(1.0, (int)b - 127);
+    unsigned emax = (1u << ebits) - 1, mmax = (1u << mbits) - 1;
+    unsigned e = (b >> mbits) & emax, m = b & mmax;
+    double sign = (b & 0x80) ? -1.0 : 1.0;
+    if (kind == 2 && b == 0x80) return NAN;
+    if (kind == 0 && e == emax) return m ? NAN : sign * INFINITY;
+    if (kind == 1 && e == emax && m == mmax) return NAN;
+    if (e == 0) return sign * ldexp((double)m, 1 - bias - mbits);
+    return sign * ldexp((double)((1u << mbits) | m), (int)e - bias - mbits);
+}
+
+static void init_tables(void) {
+    for (unsigned b = 0; b < 256; b++) {
+        LUT8[T_E4M3FN][b] = fp8_value(b, 4, 3, 7, 1);
+        LUT8[T_E5M2][b] = fp8_value(b, 5, 2, 15, 0);
+        LUT8[T_E4M3FNUZ][b] = fp8_value(b, 4, 3, 8, 2);
+        LUT8[T_E5M2FNUZ][b] = fp8_value(b, 5, 2, 16, 2);
+        LUT8[T_E8M0][b] = fp8_value(b, 8, 0, 127, 3);
+    }
+}
+
+/* IEEE half to float, exact, branch-free (normals are rebiased; subnormals renormalised by
+ * one exact float subtraction; the all-ones exponent gives inf/NaN). */
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t o = (uint32_t)(h & 0x7fff) << 13, e = o & (0x7c00u << 13);
+    o += (127u - 15u) << 23;
+    o += e == (0x7c00u << 13) ? (128u - 16u) << 23 : 0u;
+    float f, magic, g;
+    uint32_t om = o + (1u << 23), mb = 113u << 23;
+    memcpy(&g, &om, 4);
+    memcpy(&magic, &mb, 4);
+    memcpy(&f, &o, 4);
+    f = e == 0 ? g - magic : f;
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    bits |= (uint32_t)(h & 0x8000) << 16;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Exact conversion of n stored scalars starting at byte p into dst (unaligned loads). */
+NAIG_CLONES
+static void convert(const uint8_t *p, int type, Py_ssize_t n, double *restrict dst) {
+    switch (type) {
+    case T_F64:
+        memcpy(dst, p, (size_t)n * sizeof(double));
+        break;
+    case T_F32:
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, p + 4 * i, 4);
+            dst[i] = (double)f;
+        }
+        break;
+    case T_BF16:
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            uint32_t bits = (uint32_t)h << 16;
+            float f;
+            memcpy(&f, &bits, 4);
+            dst[i] = (double)f;
+        }
+        break;
+    case T_F16:
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = (double)f16_to_f32(h);
+        }
+        break;
+    default: {
+        const double *lut = LUT8[type];
+        for (Py_ssize_t i = 0; i < n; i++) dst[i] = lut[p[i]];
+    }
+    }
+}
 
 static const double SIGN[2] = {1.0, -1.0};
 
-static inline uint64_t splitmix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
+/* Running sums of one pass: lane u of four takes the scalars i = u mod 4 of the full groups of
+ * four, the remainder (m mod 4 scalars, after every group) goes to lane 0. */
+typedef struct {
+    double bank[4][16]; /* partial sketch sums per lane and bucket */
+    double pd[4], px[4], pq[4], p4[4];
+} Acc;
+
+static inline double combine(const double *l, Py_ssize_t stride) {
+    return (l[0] + l[stride]) + (l[2 * stride] + l[3 * stride]);
+}
+
+/* The portable body, on scalars already converted to double: full groups of four, then the
+ * remainder (fewer than four scalars, only at the end of a pass) into lane 0. */
+NAIG_CLONES
+static void lanes_scalar(const uint8_t *codes, const double *xs, const double *rs, Py_ssize_t n, Acc *a) {
+    Py_ssize_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        for (int u = 0; u < 4; u++) {
+            double xi = xs[j + u], ri = rs[j + u], di = xi - ri, d2 = di * di;
+            uint8_t c = codes[j + u];
+            a->bank[u][c & 15] += SIGN[c >> 7] * xi;
+            a->pd[u] += xi * ri;
+            a->px[u] += xi * xi;
+            a->pq[u] += d2;
+            a->p4[u] += d2 * d2;
+        }
+    }
+    for (; j < n; j++) {
+        double xi = xs[j], ri = rs[j], di = xi - ri, d2 = di * di;
+        uint8_t c = codes[j];
+        a->bank[0][c & 15] += SIGN[c >> 7] * xi;
+        a->pd[0] += xi * ri;
+        a->px[0] += xi * xi;
+        a->pq[0] += d2;
+        a->p4[0] += d2 * d2;
+    }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define NAIG_AVX2 1
+#define AVX2 __attribute__((target("avx2,f16c")))
+static int have_avx2;
+
+/* Eight stored scalars to two vectors of four doubles (scalars 0-3, 4-7), exactly. */
+#define LOADER(NAME) AVX2 static inline void NAME(const uint8_t *p, __m256d *lo, __m256d *hi)
+AVX2 static inline void split_ps(__m256 f, __m256d *lo, __m256d *hi) {
+    *lo = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
+    *hi = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
+}
+LOADER(ld_f64) {
+    *lo = _mm256_loadu_pd((const double *)p);
+    *hi = _mm256_loadu_pd((const double *)(p + 32));
+}
+LOADER(ld_f32) { split_ps(_mm256_loadu_ps((const float *)p), lo, hi); }
+LOADER(ld_bf16) { /* a bfloat16 is the top half of a float */
+    __m128i w = _mm_loadu_si128((const __m128i *)p), z = _mm_setzero_si128();
+    *lo = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_unpacklo_epi16(z, w)));
+    *hi = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_unpackhi_epi16(z, w)));
+}
+LOADER(ld_f16) { split_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), lo, hi); }
+
+/* 8-bit floats through halves: the bytes widened to 16-bit lanes and rebuilt as the half with
+ * the same mantissa bits (subnormals included), scaled by a power of two, NaNs patched. */
+AVX2 static inline __m128i ld8_u16(const uint8_t *p) {
+    return _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+}
+AVX2 static inline __m128i sign16(__m128i w) { /* bit 7 of each byte to bit 15 */
+    return _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+}
+AVX2 static inline void fp8_split(__m256 f, __m128i nan16, __m256d *lo, __m256d *hi) {
+    if (!_mm_testz_si128(nan16, nan16)) /* rare: patch the NaN patterns */
+        f = _mm256_blendv_ps(f, _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan16)));
+    split_ps(f, lo, hi);
+}
+LOADER(ld_e5m2) { /* the top byte of a half: exact, with its inf and NaN */
+    split_ps(_mm256_cvtph_ps(_mm_slli_epi16(ld8_u16(p), 8)), lo, hi);
+}
+/* e4m3 (bias 7 or 8): |b| << 7 is a half of value |x| * 2^(bias - 15). */
+AVX2 static inline __m256 e4m3_half(__m128i w, float scale) {
+    __m128i mag = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 7);
+    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(mag, sign16(w))), _mm256_set1_ps(scale));
+}
+LOADER(ld_e4m3fn) { /* NaN: S.1111.111; no inf */
+    __m128i w = ld8_u16(p);
+    __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), _mm_set1_epi16(0x7F));
+    fp8_split(e4m3_half(w, 256.0f), nan, lo, hi);
+}
+LOADER(ld_e4m3fnuz) { /* NaN: 0x80 only; no inf, no -0 */
+    __m128i w = ld8_u16(p);
+    fp8_split(e4m3_half(w, 128.0f), _mm_cmpeq_epi16(w, _mm_set1_epi16(0x80)), lo, hi);
+}
+/* e5m2fnuz (bias 16): |b| << 8 is a half of value |x| * 2; exponent 31 is finite here, so it is
+ * rebuilt one binade lower and not halved (a half with exponent 30 has the value itself). */
+LOADER(ld_e5m2fnuz) {
+    __m128i w = ld8_u16(p);
+    __m128i mag = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 8);
+    __m128i top = _mm_cmpgt_epi16(mag, _mm_set1_epi16(0x7BFF));
+    __m128i h = _mm_or_si128(_mm_sub_epi16(mag, _mm_and_si128(top, _mm_set1_epi16(0x400))), sign16(w));
+    __m256 scale = _mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(1.0f),
+                                    _mm256_castsi256_ps(_mm256_cvtepi16_epi32(top)));
+    fp8_split(_mm256_mul_ps(_mm256_cvtph_ps(h), scale), _mm_cmpeq_epi16(w, _mm_set1_epi16(0x80)), lo, hi);
+}
+/* e8m0: 2^(b - 127) is the double with biased exponent b + 896; 0xFF is NaN. */
+AVX2 static inline __m256d e8m0_4(const uint8_t *p) {
+    int32_t w;
+    memcpy(&w, p, 4);
+    __m256i b = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(w));
+    __m256d v = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(b, _mm256_set1_epi64x(896)), 52));
+    __m256d nan = _mm256_castsi256_pd(_mm256_cmpeq_epi64(b, _mm256_set1_epi64x(255)));
+    return _mm256_blendv_pd(v, _mm256_set1_pd(NAN), nan);
+}
+LOADER(ld_e8m0) {
+    *lo = e8m0_4(p);
+    *hi = e8m0_4(p + 4);
+}
+
+/* One group of four scalars: lane u of the vectors is lane u of Acc, each updated with the same
+ * operations in the same order as lanes_scalar (x * -1 is x with its sign bit flipped). */
+#define AVX_GROUP(SELF, XD, RD, CW)                                                                  \
+    {                                                                                                \
+        __m256i c64 = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128((int)(CW)));                            \
+        __m256i sg = _mm256_and_si256(_mm256_slli_epi64(c64, 56), sbit);                             \
+        double t[4];                                                                                 \
+        _mm256_storeu_pd(t, _mm256_xor_pd(XD, _mm256_castsi256_pd(sg)));                             \
+        a->bank[0][(CW) & 15] += t[0];                                                               \
+        a->bank[1][((CW) >> 8) & 15] += t[1];                                                        \
+        a->bank[2][((CW) >> 16) & 15] += t[2];                                                       \
+        a->bank[3][((CW) >> 24) & 15] += t[3];                                                       \
+        px = _mm256_add_pd(px, _mm256_mul_pd(XD, XD));                                               \
+        if (!(SELF)) {                                                                               \
+            __m256d di = _mm256_sub_pd(XD, RD), d2 = _mm256_mul_pd(di, di);                          \
+            pd = _mm256_add_pd(pd, _mm256_mul_pd(XD, RD));                                           \
+            pq = _mm256_add_pd(pq, d2);                                                              \
+            p4 = _mm256_add_pd(p4, _mm256_mul_pd(d2, d2));                                           \
+        }                                                                                            \
+    }
+
+/* n scalars, n a multiple of 8: two groups of four per step, in order. */
+#define AVX_BODY(SELF, LD, SZ)                                                                       \
+    {                                                                                                \
+        const __m256i sbit = _mm256_set1_epi64x((long long)0x8000000000000000ULL);                   \
+        __m256d pd = _mm256_loadu_pd(a->pd), px = _mm256_loadu_pd(a->px);                            \
+        __m256d pq = _mm256_loadu_pd(a->pq), p4 = _mm256_loadu_pd(a->p4);                            \
+        for (Py_ssize_t j = 0; j + 8 <= n; j += 8) {                                                 \
+            __m256d x0, x1, r0 = px, r1 = px;                                                        \
+            uint64_t c8;                                                                             \
+            LD(x + j * (SZ), &x0, &x1);                                                              \
+            if (!(SELF)) LD(r + j * (SZ), &r0, &r1);                                                 \
+            memcpy(&c8, codes + j, 8);                                                               \
+            AVX_GROUP(SELF, x0, r0, (uint32_t)c8)                                                    \
+            AVX_GROUP(SELF, x1, r1, (uint32_t)(c8 >> 32))                                            \
+        }                                                                                            \
+        if (SELF) pd = px; /* <x, x> summed in the same order as |x|^2; x - x = 0 */                 \
+        _mm256_storeu_pd(a->pd, pd);                                                                 \
+        _mm256_storeu_pd(a->px, px);                                                                 \
+        _mm256_storeu_pd(a->pq, pq);                                                                 \
+        _mm256_storeu_pd(a->p4, p4);                                                                 \
+    }
+
+#define AVX_PAIR(NAME, LD, SZ)                                                                       \
+    AVX2 static void NAME(const uint8_t *codes, const uint8_t *r, const uint8_t *x, Py_ssize_t n, Acc *a) \
+        AVX_BODY(0, LD, SZ)                                                                          \
+    AVX2 static void NAME##_self(const uint8_t *codes, const uint8_t *x, Py_ssize_t n, Acc *a) {     \
+        const uint8_t *r = x;                                                                        \
+        (void)r;                                                                                     \
+        AVX_BODY(1, LD, SZ)                                                                          \
+    }
+AVX_PAIR(avx_f64, ld_f64, 8)
+AVX_PAIR(avx_f32, ld_f32, 4)
+AVX_PAIR(avx_bf16, ld_bf16, 2)
+AVX_PAIR(avx_f16, ld_f16, 2)
+AVX_PAIR(avx_e4m3fn, ld_e4m3fn, 1)
+AVX_PAIR(avx_e5m2, ld_e5m2, 1)
+AVX_PAIR(avx_e4m3fnuz, ld_e4m3fnuz, 1)
+AVX_PAIR(avx_e5m2fnuz, ld_e5m2fnuz, 1)
+AVX_PAIR(avx_e8m0, ld_e8m0, 1)
+
+typedef void (*pair_fn)(const uint8_t *, const uint8_t *, const uint8_t *, Py_ssize_t, Acc *);
+typedef void (*self_fn)(const uint8_t *, const uint8_t *, Py_ssize_t, Acc *);
+
+/* Fused bodies for a reference and a file of one dtype; mixed dtypes convert first. */
+static int fused(int rt, int xt, const uint8_t *ref, const uint8_t *x, const uint8_t *codes, Py_ssize_t n,
+                 Acc *a) {
+    static const pair_fn pair[T_COUNT] = {avx_f64,  avx_f32,      avx_f16,      avx_bf16, avx_e4m3fn,
+                                          avx_e5m2, avx_e4m3fnuz, avx_e5m2fnuz, avx_e8m0};
+    static const self_fn self[T_COUNT] = {avx_f64_self,      avx_f32_self,      avx_f16_self,
+                                          avx_bf16_self,     avx_e4m3fn_self,   avx_e5m2_self,
+                                          avx_e4m3fnuz_self, avx_e5m2fnuz_self, avx_e8m0_self};
+    if (!have_avx2 || rt != xt) return 0;
+    if (ref == x)
+        self[xt](codes, x, n, a);
+    else
+        pair[xt](codes, ref, x, n, a);
+    return 1;
+}
+#endif
+
+/* Scalars [b, b + n) converted to double, then summed (the vector body for multiples of 8, the
+ * portable one for the rest: whole groups of four stay whole, so the order is the same). */
+static void block(const uint8_t *codes, const uint8_t *ref, int rt, const uint8_t *x, int xt, Py_ssize_t b,
+                  Py_ssize_t n, Acc *a) {
+    double xs[BLK], rs[BLK];
+    convert(x + b * ITEMSIZE[xt], xt, n, xs);
+    const double *r = xs;
+    if (ref != x || rt != xt) {
+        convert(ref + b * ITEMSIZE[rt], rt, n, rs);
+        r = rs;
+    }
+    Py_ssize_t groups = 0;
+#ifdef NAIG_AVX2
+    if (have_avx2) {
+        groups = n & ~(Py_ssize_t)7; /* the vector body takes multiples of 8 */
+        if (r == xs)
+            avx_f64_self(codes + b, (const uint8_t *)xs, groups, a);
+        else
+            avx_f64(codes + b, (const uint8_t *)r, (const uint8_t *)xs, groups, a);
+    }
+#endif
+    lanes_scalar(codes + b + groups, xs + groups, r + groups, n - groups, a);
+}
+
+/* One pass over m scalars with one code array. BLK is a multiple of 4, so splitting into
+ * blocks (or running the fused body over the full groups, then the remainder) keeps the
+ * order of every sum. */
+static void run1(const uint8_t *codes, const uint8_t *ref, int rt, const uint8_t *x, int xt, Py_ssize_t m,
+                 double *out) {
+    Acc a;
+    memset(&a, 0, sizeof a);
+    Py_ssize_t b = 0;
+#ifdef NAIG_AVX2
+    Py_ssize_t groups = m & ~(Py_ssize_t)7;
+    if (fused(rt, xt, ref, x, codes, groups, &a)) b = groups;
+#endif
+    for (; b < m; b += BLK) block(codes, ref, rt, x, xt, b, m - b < BLK ? m - b : BLK, &a);
+    for (int k = 0; k < 14; k++) out[k] += combine(&a.bank[0][k], 16);
+    out[14] += combine(a.pd, 1);
+    out[15] += combine(a.px, 1);
+    out[16] += combine(a.pq, 1);
+    out[17] += combine(a.p4, 1);
+}
+
+/* R > 1 sketch seeds: one read of x, R scatters per scalar (portable body). */
+NAIG_CLONES
+static void run_many(const uint8_t *const *codes, int R, const uint8_t *ref, int rt, const uint8_t *x, int xt,
+                     Py_ssize_t m, double *restrict bank, double *restrict out) {
+    double xs[BLK], rs[BLK];
+    double pd[4] = {0}, px[4] = {0}, pq[4] = {0}, p4[4] = {0};
+    Py_ssize_t full = m & ~(Py_ssize_t)3; /* scalars in full groups of four */
+    for (Py_ssize_t b = 0; b < m; b += BLK) {
+        Py_ssize_t n = m - b < BLK ? m - b : BLK;
+        convert(x + b * ITEMSIZE[xt], xt, n, xs);
+        const double *r = xs;
+        if (ref != x || rt != xt) {
+            convert(ref + b * ITEMSIZE[rt], rt, n, rs);
+            r = rs;
+        }
+        for (Py_ssize_t j = 0; j < n; j++) {
+            int u = b + j < full ? (int)(j & 3) : 0;
+            double xi = xs[j], ri = r[j], di = xi - ri, d2 = di * di;
+            for (int s = 0; s < R; s++) {
+                uint8_t c = codes[s][b + j];
+                bank[(s * 4 + u) * 16 + (c & 15)] += SIGN[c >> 7] * xi;
+            }
+            pd[u] += xi * ri;
+            px[u] += xi * xi;
+            pq[u] += d2;
+            p4[u] += d2 * d2;
+        }
+    }
+    double stats[4] = {combine(pd, 1), combine(px, 1), combine(pq, 1), combine(p4, 1)};
+    for (int s = 0; s < R; s++) {
+        double *o = out + s * NSTATS;
+        for (int k = 0; k < 14; k++) o[k] += combine(bank + s * 64 + k, 16);
+        for (int k = 0; k < 4; k++) o[14 + k] += stats[k];
+    }
+}
+
+static void run(const uint8_t *const *codes, int R, const uint8_t *ref, int rt, const uint8_t *x, int xt,
+                Py_ssize_t m, double *bank, double *out) {
+    if (R == 1)
+        run1(codes[0], ref, rt, x, xt, m, out);
+    else
+        run_many(codes, R, ref, rt, x, xt, m, bank, out);
+}
+
+NAIG_CLONES
+static void hash_run(uint64_t key, Py_ssize_t m, uint8_t *restrict codes) {
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint64_t z = key + (uint64_t)i + 0x9E3779B97F4A7C15ULL;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        z ^= z >> 31;
+        codes[i] = (uint8_t)(((uint32_t)(z >> 32) % 14u) | ((uint32_t)(z & 1) << 7));
+    }
 }
 
 static PyObject *hash_codes(PyObject *self, PyObject *args) {
     unsigned long long key, start;
     Py_buffer out;
     if (!PyArg_ParseTuple(args, "KKw*", &key, &start, &out)) return NULL;
-    uint8_t *codes = (uint8_t *)out.buf;
-    Py_ssize_t m = out.len;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < m; i++) {
-        uint64_t h = splitmix64((uint64_t)key + (uint64_t)start + (uint64_t)i);
-        codes[i] = (uint8_t)(((uint32_t)(h >> 32) % 14u) | ((h & 1) << 7));
-    }
+    hash_run((uint64_t)key + (uint64_t)start, out.len, (uint8_t *)out.buf);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&out);
     Py_RETURN_NONE;
 }
 
-/* Four independent accumulator banks break the store-to-load chains of the
- * scatter; the three inner products use four partial sums each. */
-#define ACCUMULATE(T)                                                         \
-    do {                                                                      \
-        const T *r = (const T *)ref.buf, *x = (const T *)xb.buf;              \
-        double bank[4][16] = {{0}}, pd[4] = {0}, px[4] = {0}, pq[4] = {0};    \
-        Py_ssize_t i = 0;                                                     \
-        for (; i + 4 <= m; i += 4) {                                          \
-            for (int u = 0; u < 4; u++) {                                     \
-                double xi = (double)x[i + u], ri = (double)r[i + u];          \
-                double di = xi - ri;                                          \
-                uint8_t c = codes[i + u];                                     \
-                bank[u][c & 15] += SIGN[c >> 7] * xi;                          \
-                pd[u] += xi * ri; px[u] += xi * xi; pq[u] += di * di;         \
-            }                                                                 \
-        }                                                                     \
-        for (; i < m; i++) {                                                  \
-            double xi = (double)x[i], ri = (double)r[i], di = xi - ri;        \
-            uint8_t c = codes[i];                                             \
-            bank[0][c & 15] += SIGN[c >> 7] * xi;                              \
-            pd[0] += xi * ri; px[0] += xi * xi; pq[0] += di * di;             \
-        }                                                                     \
-        for (int a = 0; a < 16; a++)                                          \
-            acc[a] = (bank[0][a] + bank[1][a]) + (bank[2][a] + bank[3][a]);   \
-        dot = (pd[0] + pd[1]) + (pd[2] + pd[3]);                              \
-        xx = (px[0] + px[1]) + (px[2] + px[3]);                               \
-        dd = (pq[0] + pq[1]) + (pq[2] + pq[3]);                               \
-    } while (0)
+static int check_type(int t) {
+    if (t < 0 || t >= T_COUNT) {
+        PyErr_Format(PyExc_ValueError, "accumulate: unknown dtype code %d", t);
+        return 0;
+    }
+    return 1;
+}
 
 static PyObject *accumulate(PyObject *self, PyObject *args) {
-    Py_buffer cb, ref, xb, ob;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*", &cb, &ref, &xb, &ob)) return NULL;
-    Py_ssize_t m = cb.len, isz = m ? ref.len / m : 4;
+    PyObject *codes_seq;
+    Py_buffer ref, xb, ob;
+    int rt, xt;
+    if (!PyArg_ParseTuple(args, "O!y*iy*iw*", &PyTuple_Type, &codes_seq, &ref, &rt, &xb, &xt, &ob))
+        return NULL;
+    Py_ssize_t R = PyTuple_GET_SIZE(codes_seq), got = 0;
+    Py_buffer *cb = PyMem_Calloc(R ? R : 1, sizeof(Py_buffer));
+    const uint8_t **codes = PyMem_Calloc(R ? R : 1, sizeof(uint8_t *));
+    double *bank = PyMem_Calloc((size_t)(R ? R : 1) * 64, sizeof(double));
     PyObject *result = NULL;
-    if (ob.len != 17 * (Py_ssize_t)sizeof(double) || ref.len != xb.len ||
-        (isz != 4 && isz != 8) || ref.len != m * isz) {
-        PyErr_SetString(PyExc_ValueError,
-                        "accumulate: expected codes (m,), ref and x of m float32 or m float64, "
-                        "out of 17 float64");
+    if (!cb || !codes || !bank) {
+        PyErr_NoMemory();
         goto done;
     }
-    {
-        const uint8_t *codes = (const uint8_t *)cb.buf;
-        double *out = (double *)ob.buf, acc[16] = {0}, dot = 0, xx = 0, dd = 0;
-        Py_BEGIN_ALLOW_THREADS
-        if (isz == 4) ACCUMULATE(float); else ACCUMULATE(double);
-        Py_END_ALLOW_THREADS
-        for (int a = 0; a < 14; a++) out[a] += acc[a];
-        out[14] += dot; out[15] += xx; out[16] += dd;
+    if (!check_type(rt) || !check_type(xt)) goto done;
+    Py_ssize_t m = xb.len / ITEMSIZE[xt];
+    for (; got < R; got++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(codes_seq, got), &cb[got], PyBUF_SIMPLE) < 0) goto done;
+        codes[got] = (const uint8_t *)cb[got].buf;
+        if (cb[got].len != m) break;
     }
+    if (R < 1 || got < R || xb.len != m * ITEMSIZE[xt] || ref.len != m * ITEMSIZE[rt] ||
+        ob.len != R * NSTATS * (Py_ssize_t)sizeof(double)) {
+        if (got < R) got++; /* the mismatched buffer was acquired: release it below */
+        PyErr_SetString(PyExc_ValueError,
+                        "accumulate: expected R >= 1 code buffers of m bytes, ref and x of m stored "
+                        "scalars each, out of R x 18 float64");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    run(codes, (int)R, (const uint8_t *)ref.buf, rt, (const uint8_t *)xb.buf, xt, m, bank, (double *)ob.buf);
+    Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
 done:
-    PyBuffer_Release(&cb); PyBuffer_Release(&ref); PyBuffer_Release(&xb); PyBuffer_Release(&ob);
+    for (Py_ssize_t s = 0; s < got; s++) PyBuffer_Release(&cb[s]);
+    PyMem_Free(cb);
+    PyMem_Free(codes);
+    PyMem_Free(bank);
+    PyBuffer_Release(&ref);
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
+static PyObject *decode(PyObject *self, PyObject *args) {
+    Py_buffer raw, ob;
+    int t;
+    if (!PyArg_ParseTuple(args, "y*iw*", &raw, &t, &ob)) return NULL;
+    PyObject *result = NULL;
+    if (!check_type(t)) goto done;
+    Py_ssize_t m = raw.len / ITEMSIZE[t];
+    if (raw.len != m * ITEMSIZE[t] || ob.len != m * (Py_ssize_t)sizeof(double)) {
+        PyErr_SetString(PyExc_ValueError, "decode: expected m stored scalars and an out of m float64");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    convert((const uint8_t *)raw.buf, t, m, (double *)ob.buf);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&raw);
+    PyBuffer_Release(&ob);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"hash_codes", hash_codes, METH_VARARGS, "hash_codes(key, start, out_uint8): sketch codes."},
-    {"accumulate", accumulate, METH_VARARGS, "accumulate(codes, ref, x, out17): fused pass."},
+    {"accumulate", accumulate, METH_VARARGS,
+     "accumulate(codes_tuple, ref, ref_type, x, x_type, out_R_by_18): fused pass."},
+    {"decode", decode, METH_VARARGS, "decode(raw, type, out_float64): exact upcast."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernel", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__kernel(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kernel(void) {
+    init_tables();
+#ifdef NAIG_AVX2
+    __builtin_cpu_init();
+    have_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#endif
+    return PyModule_Create(&module);
+}
