@@ -238,7 +238,7 @@ def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
         stdout.print(line, markup=False, no_wrap=True, overflow="ignore", crop=False)
     notice = _rank_notice(result)
     if notice:
-        stdout.print(notice, markup=False, soft_wrap=True)
+        stdout.print(notice, markup=False)
 
 
 def _pack(items: list[str], width: int, sep: str = "   ") -> list[str]:

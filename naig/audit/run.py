@@ -48,6 +48,7 @@ from naig.sketch.kernels import ITEMSIZE, STATS, accumulate, hash_codes
 
 __all__ = ["AuditConfig", "FileScore", "AuditResult", "run_audit", "DEFAULT_CHUNK"]
 
+SCHEMA_VERSION = 2  # of the audit JSON document (1: before sharded inputs, spread and correlations)
 DEFAULT_CHUNK = 1 << 22  # scalars per batch (16 MiB of float32)
 _INT = re.compile(r"-?[0-9]{1,18}")  # metadata shown as int (ASCII digits, bounded length)
 _SCORES = ("cos", "delta_norm", "energy", "energy_spread", "energy_std", "friction", "pi", "verdict",
@@ -164,6 +165,7 @@ class AuditResult:
         """A JSON-ready dict of the whole audit (non-finite floats still need → null)."""
         cfg, overlaps = self.config, self.rank_overlaps()
         return {
+            "schema_version": SCHEMA_VERSION,
             "reference": str(self.reference),
             "reference_metadata": self.reference_metadata,
             "files": [f.to_dict() for f in self.files],
