@@ -315,23 +315,6 @@ def _method(r: SimulateResult, name: str) -> str:
     return f" ({m['inner']} → {m['outer']} lr {m['outer_lr']:g} m {m['outer_momentum']:g}; H {h}{ref})"
 
 
-def _plot_clock(r: SimulateResult, path: str, plt: Any) -> None:
-    """Arrival mode: validation loss against samples, simulated seconds and MB sent per worker."""
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharey=True)
-    for s in r.summaries:
-        loss = [v for _, v in s.curve]
-        for ax, xs in zip(axes, (s.curve_samples, s.curve_seconds, [b / 1e6 for b in s.curve_bytes]),
-                          strict=True):
-            ax.plot(xs, loss[:len(xs)], label=s.strategy, marker="o", ms=3)
-    labels = ("samples (sequences)", "simulated seconds", "MB sent per worker")
-    for ax, label in zip(axes, labels, strict=True):
-        ax.set(xlabel=label)
-    axes[0].set(ylabel="validation loss (nats/byte)")
-    axes[2].set_xscale("symlog", linthresh=0.1)
-    axes[0].legend()
-    fig.suptitle(f"arrivals {r.config.arrivals}, {r.config.seeds} seed(s), mean over seeds")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
 # --- end local updates ---
 
 
@@ -423,20 +406,61 @@ def _natural_width(t: Table) -> int:
 
 
 def _plot(r: SimulateResult, path: str) -> None:
-    """Validation curves (mean over seeds) per strategy, written to ``path``."""
+    """Validation curves per strategy (mean over seeds, band: min to max over seeds) at print
+    resolution, against every axis the mode has: server steps; arrival mode also simulated
+    seconds; local updates samples, seconds and MB sent per worker."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if r.config.asynchronous and any(s.curve_bytes for s in r.summaries):
-        _plot_clock(r, path, plt)  # local updates: loss vs samples, seconds and bytes
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
+    axes_spec = _plot_axes(r)
+    fig, axes = plt.subplots(1, len(axes_spec), figsize=(5.5 * len(axes_spec), 4), sharey=True, squeeze=False)
     for s in r.summaries:
-        ax.plot(*zip(*s.curve, strict=True), label=s.strategy, marker="o", ms=3)
-    ax.set(xlabel="server step", ylabel="validation loss (nats/byte)",
-           title=f"lags {','.join(map(str, r.config.lags))}, {r.config.seeds} seed(s)")
-    ax.legend()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+        runs = [x for x in r.runs if x.strategy == s.strategy and x.lr == s.lr]
+        for ax, (_, get) in zip(axes[0], axes_spec, strict=True):
+            _band(ax, [get(x) for x in runs], [[loss for _, loss in x.curve] for x in runs], s.strategy)
+    for ax, (label, _) in zip(axes[0], axes_spec, strict=True):
+        ax.set(xlabel=label)
+        ax.grid(alpha=0.3)
+    axes[0][0].set(ylabel="validation loss (nats/byte)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(_plot_title(r), fontsize=9)
+    fig.savefig(path, dpi=300, bbox_inches="tight")
     plt.close(fig)
+
+
+def _plot_axes(r: SimulateResult) -> list[tuple[str, Callable]]:
+    """(label, run → x values) of each panel."""
+    if not r.config.asynchronous:
+        return [("server step", lambda run: [x for x, _ in run.curve])]
+    axes = [("server updates", lambda run: [x for x, _ in run.curve]),
+            ("simulated seconds", lambda run: list(run.curve_seconds))]
+    if any(run.curve_bytes for run in r.runs if run.local):
+        axes = [("samples (sequences)", lambda run: list(run.curve_samples)), axes[1],
+                ("MB sent per worker", lambda run: [b / 1e6 for b in run.curve_bytes])]
+    return axes
+
+
+def _band(ax: object, xs: list[list[float]], losses: list[list[float]], label: str) -> None:
+    """Mean curve over seeds with a min–max band; x is the mean over seeds of each point's x."""
+    import numpy as np
+
+    n = min(len(x) for x in xs + losses)
+    if n == 0:
+        return
+    x = np.nanmean([v[:n] for v in xs], axis=0)
+    y = np.array([v[:n] for v in losses], dtype=float)
+    (line,) = ax.plot(x, np.nanmean(y, axis=0), label=label, marker="o", ms=2.5, lw=1.2)
+    if len(losses) > 1:
+        ax.fill_between(x, np.nanmin(y, axis=0), np.nanmax(y, axis=0), color=line.get_color(), alpha=0.15,
+                        lw=0)
+
+
+def _plot_title(r: SimulateResult) -> str:
+    c = r.config
+    lags = ",".join(map(str, c.lags))
+    where = f"arrivals {c.arrivals}, window {c.window}" if c.asynchronous else f"lags {lags}"
+    lrs = "lr chosen per strategy on validation from " if c.tuning else "lr "
+    return (f"{c.model} ({r.n_params:,} parameters), {c.optimizer}, {lrs}{','.join(f'{v:g}' for v in c.lr)}, "
+            f"batch {c.batch_size}/worker; {where}; {c.seeds} seed(s): mean, band min–max")
