@@ -139,8 +139,8 @@ def test_file_truncated_while_the_audit_streams_it(sharded):
         run_audit(sharded / "single0.safetensors", [sharded / "single1.safetensors", victim],
                   AuditConfig(chunk=100), progress=truncate_after_first_batch)
     msg = str(err.value)
-    assert "\n" not in msg and msg.startswith(f"{victim}: could not be read during the audit")
-    assert "truncated or changed while being read" in msg
+    assert "\n" not in msg and msg.startswith(f"{victim}: truncated or changed while being audited")
+    assert "nothing is still writing it" in msg
 
 
 def test_shard_truncated_while_the_audit_streams_it(sharded):
@@ -152,6 +152,6 @@ def test_shard_truncated_while_the_audit_streams_it(sharded):
         if len(calls) == 1:
             shard.write_bytes(b"")
 
-    with pytest.raises(DataError, match=f"^{shard}: could not be read during the audit"):
+    with pytest.raises(DataError, match=f"^{shard}: truncated or changed while being audited"):
         run_audit(sharded / "single0.safetensors", [sharded / "ckpt1"], AuditConfig(chunk=100),
                   progress=truncate)

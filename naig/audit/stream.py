@@ -475,8 +475,8 @@ class RawReader:
             now = os.fstat(fh.fileno()).st_size
             if now != where.file_size:
                 raise DataError(
-                    f"{where.path}: changed while being audited ({where.file_size} bytes, now {now}); "
-                    "audit files that are not being written"
+                    f"{where.path}: truncated or changed while being audited ({where.file_size} bytes, "
+                    f"now {now}); make sure nothing is still writing it, then run again"
                 )
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         self._maps[where.path] = mm
