@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from naig.errors import UsageError
@@ -54,6 +55,15 @@ class Reference(str, Enum):
     auto = "auto"
     batch = "batch"
     ema = "ema"
+
+
+# --- distributed engine (naig.distributed) ---
+class Engine(str, Enum):
+    """``--engine`` choices."""
+
+    simulated = "simulated"
+    distributed = "distributed"
+# --- end distributed engine ---
 
 
 @handle_errors
@@ -97,6 +107,25 @@ def simulate(
     reference: Annotated[Reference, opt(
         "--reference", "naig's reference: auto (ema for --window 1, else the least stale of the "
         "batch), batch or ema.")] = Reference.auto,
+    # --- distributed engine (naig.distributed) ---
+    engine: Annotated[Engine, opt(
+        "--engine", "simulated: one process; distributed: a parameter server and --nproc - 1 worker "
+        "processes (torch.distributed; spawned here, or started by torchrun).")] = Engine.simulated,
+    nproc: Annotated[int | None, opt(
+        "--nproc", "Distributed: processes, the server plus K workers (default under torchrun: "
+        "its world size).")] = None,
+    slowdown: Annotated[str | None, opt(
+        "--slowdown", "Distributed: compute-time factor >= 1 per worker, e.g. 1,1,2,4.")] = None,
+    sketch_first: Annotated[bool, opt(
+        "--sketch-first", "Distributed, naig: workers push the 14-float sketch; the server fetches "
+        "the gradient only when w >= 0.01 (pi >= 0.01/B).")] = False,
+    timeout: Annotated[float, opt(
+        "--timeout", "Distributed: seconds any one message may take (<= 30); a worker silent "
+        "longer is reported lost.")] = 30.0,
+    worker_faults: Annotated[str | None, opt(
+        "--worker-faults", "Distributed: W:KIND[@STEP] comma list, KIND kill, nan or hang, e.g. "
+        "1:kill@20,2:nan.")] = None,
+    # --- end distributed engine ---
 ) -> None:
     """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
 
@@ -117,15 +146,93 @@ def simulate(
         save_at=parse_int_list(save_at, "save_at") if save_at else (), warmup_theta0=warmup_theta0,
         log_dir=log_dir, arrivals=arrivals, uplink=uplink, downlink=downlink, mode=mode.value,
         window=window, reference=reference.value,
+        **_distributed_fields(engine, nproc, slowdown, sketch_first, timeout, worker_faults),
     )
+    run = run_simulation if config.engine == "simulated" else _run_distributed
     with progress("simulate", config.total_steps) as advance:
-        result = run_simulation(config, _reporter(advance, config.eval_every or config.steps))
+        result = run(config, _reporter(advance, config.eval_every or config.steps))
+    if result is None:  # a worker rank under torchrun: rank 0 reports
+        return
     print_json(result.to_dict()) if json_out else _render(result)
     if plot is not None and result.runs:
         _plot(result, plot)
     if result.interrupted:
         fail(f"interrupted: {len(result.runs)} finished runs reported", 130)
     _report_divergence(result)
+
+
+# --- distributed engine (naig.distributed) ---
+def _distributed_fields(engine: Engine, nproc: int | None, slowdown: str | None, sketch_first: bool,
+                        timeout: float, worker_faults: str | None) -> dict:
+    """The config fields of the distributed engine; ``nproc`` defaults to torchrun's world size."""
+    import os
+
+    from naig.simulate import parse_float_list
+
+    if engine is Engine.distributed and nproc is None and "WORLD_SIZE" in os.environ:
+        nproc = int(os.environ["WORLD_SIZE"])
+    return dict(engine=engine.value, nproc=nproc, sketch_first=sketch_first, timeout=timeout,
+                slowdown=parse_float_list(slowdown, "slowdown") if slowdown else (),
+                worker_faults=tuple(f.strip() for f in worker_faults.split(",")) if worker_faults else ())
+
+
+def _run_distributed(config: object, progress: Callable[..., None]) -> SimulateResult | None:
+    from naig.distributed import run_distributed
+
+    return run_distributed(config, progress)
+
+
+def _distributed_header(r: SimulateResult) -> None:
+    d = r.distributed or {}
+    stdout.print(f"model {r.config.model} (n = {r.n_params:,} parameters) on {r.device}; {d.get('nproc')} "
+                 f"processes ({d.get('launcher')}, {d.get('backend')}): a parameter server and K = "
+                 f"{d.get('workers')} workers, window {d.get('window')}"
+                 + (", sketch-first" if d.get("sketch_first") else "")
+                 + (f", slowdown {','.join(f'{v:g}' for v in d['slowdown'])}" if d.get("slowdown") else ""))
+
+
+def _render_distributed(r: SimulateResult) -> None:
+    """What real processes add to the table: staleness vs prediction, bytes, server time, faults."""
+    d, out = r.distributed or {}, stdout
+    for run in r.runs:
+        _render_run(run)
+    for lost in d.get("lost", []):
+        code = lost.get("exit_code")
+        how = "" if code is None else f" (killed by signal {-code})" if code < 0 else f" (exit status {code})"
+        out.print(f"[red]worker {lost['worker']} (rank {lost['rank']}) lost[/] in {lost['strategy']} seed "
+                  f"{lost['seed']} after {lost['update']} updates, {fmt_num(lost['seconds'], '.2f')} s into "
+                  f"the run{how}: {escape(lost['error'])}")
+    out.print("results are [bold]not reproducible[/] across processes (arrival order follows OS "
+              "scheduling): compare the spread over seeds or repeated runs")
+
+
+def _render_run(run: object) -> None:
+    """One line per run: measured τ (95% CI) vs predicted, bytes per arrival, server ms per update."""
+    st, d = run.staleness or {}, run.distributed or {}
+    ci = (st.get("ci95") or {}).get("mean")
+    pred = st.get("predicted") or {}
+    ok = (st.get("within_ci95") or {}).get("mean")
+    colour = "" if ok is None else "green" if ok else "red"
+    shown = fmt_num(pred.get("mean"), ".2f") if pred else "—"
+    pred_cell = f"[{colour}]{shown}[/]" if colour else shown
+    per = " ".join(fmt_num(v, ".2f") for v in st.get("per_worker", []))
+    pper = " ".join(fmt_num(v, ".2f") for v in (pred.get("per_worker") or []))
+    b, ms = d.get("bytes", {}), d.get("server_ms", {})
+    ci_cell = "—" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+    up, down = fmt_num(b.get("up_per_arrival"), ",.0f"), fmt_num(b.get("down_per_arrival"), ",.0f")
+    stdout.print(f"{run.strategy} seed {run.seed}: τ {fmt_num(st.get('mean'), '.2f')} {ci_cell} (predicted "
+                 f"{pred_cell}); per worker {per or '—'} (predicted {pper or '—'})")
+    stdout.print(f"  per arrival {up} B up, {down} B down; {b.get('not_fetched', 0)} gradients not fetched "
+                 f"({b.get('saved_up', 0):,} B saved); server {fmt_num(ms.get('per_update'), '.2f')} "
+                 f"ms/update (receive {fmt_num(ms.get('receive'), '.2f')}, route + apply "
+                 f"{fmt_num(ms.get('route_apply'), '.2f')})")
+    nf = d.get("non_finite", {})
+    if nf.get("count"):
+        workers = sorted({a["worker"] for a in nf.get("arrivals", [])})
+        weights = sorted(set(nf.get("weights", [])))
+        stdout.print(f"  {nf['count']} non-finite pushes from worker(s) {','.join(map(str, workers))}, "
+                     f"weights {','.join(f'{w:g}' for w in weights)}")
+# --- end distributed engine ---
 
 
 def _reporter(advance: Callable[..., None], every: int) -> Callable[[StepEvent], None]:
@@ -200,8 +307,11 @@ def _change(s: StrategySummary) -> str:
 def _render(r: SimulateResult) -> None:
     c = r.config
     out = stdout  # terminal width; COLUMNS when set; 160 columns when piped
-    out.print(f"model {c.model} (n = {r.n_params:,} parameters) on {r.device}; "
-              f"K = {len(c.lags)} workers, lags {','.join(map(str, c.lags))}")
+    if r.distributed is not None:  # distributed engine
+        _distributed_header(r)
+    else:
+        out.print(f"model {c.model} (n = {r.n_params:,} parameters) on {r.device}; "
+                  f"K = {len(c.lags)} workers, lags {','.join(map(str, c.lags))}")
     lrs = ",".join(f"{v:g}" for v in c.lr)
     tuned = " (each strategy's chosen on validation, loss on the test split)" if c.tuning else ""
     out.print(f"{c.steps} steps × {c.seeds} seed(s); {c.optimizer} lr {lrs}{tuned}, "
@@ -216,6 +326,8 @@ def _render(r: SimulateResult) -> None:
               f"{r.gradient_bytes:,} B (n/14 = {r.n_params / 14:,.0f}×)")
     for path in r.saved_files[:1]:
         out.print(f"gradients saved ({len(r.saved_files)} files), e.g. {path}", markup=False)
+    if r.distributed is not None:  # distributed engine
+        _render_distributed(r)
 
 
 _COLUMNS = ("strategy", "val loss ± std", "vs hog", "mean π", "frozen", "K_eff", "H first→last",
@@ -232,6 +344,8 @@ def _table(r: SimulateResult, width: int) -> tuple[Table, list[str]]:
     """
     title = (f"final val loss, nats/byte (lower is better); π per worker, "
              f"lags {' '.join(map(str, r.config.lags))}")
+    if r.distributed is not None:  # distributed engine
+        title = "final val loss, nats/byte (lower is better); π per worker (weight × lr scale), measured τ"
     cells = {
         s.strategy: dict(zip(_COLUMNS, (
             s.strategy, _loss_cell(s), _change(s), _pi_cell(s), fmt_num(s.frozen_fraction, ".1%"),

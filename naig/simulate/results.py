@@ -49,6 +49,9 @@ class RunResult:
     curve_seconds: tuple[float, ...] = ()  # arrival mode: simulated seconds of each curve point
     updates: int = 0  # server updates applied
     staleness: dict[str, Any] | None = None  # arrival mode: measured τ (mean, per_worker, p_zero, max)
+    # --- distributed engine (naig.distributed, docs/design.md §12) ---
+    distributed: dict[str, Any] | None = None  # arrivals, lost workers, non-finite pushes, bytes, server ms
+    # --- end distributed engine ---
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,9 @@ class SimulateResult:
     saved_files: tuple[str, ...] = field(default=())
     environment: dict[str, Any] = field(default_factory=dict)  # versions, threads, device
     interrupted: bool = False  # Ctrl-C: only the runs that finished are here
+    # --- distributed engine (naig.distributed, docs/design.md §12) ---
+    distributed: dict[str, Any] | None = None  # processes, launcher, lost workers, determinism note
+    # --- end distributed engine ---
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of everything (config included; NaN/Inf still need → null)."""
