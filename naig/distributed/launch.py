@@ -145,6 +145,16 @@ class LocalCluster:
         """The child ranks still running."""
         return [r for r, p in self.children.items() if p.poll() is None]
 
+    def stop(self, ranks: Sequence[int]) -> None:
+        """Terminate these children now (lost workers: a hung one would never exit by itself)."""
+        for rank in ranks:
+            p = self.children.get(rank)
+            if p is not None and p.poll() is None:
+                p.terminate()
+                if not _wait(p, 3.0):
+                    p.kill()
+                    p.wait()
+
     def exit_code(self, rank: int) -> int | None:
         """A child's exit status (negative: the signal that ended it), None while it runs."""
         return self.children[rank].poll()

@@ -6,8 +6,8 @@ the pair's own group, so both sides always know what comes next:
     server → worker   command (4 float64): [code, version, seed, run]
                       then, for ``PARAMS``, θ (n float32)
     worker → server   head (4 float64): [pulled version, minibatch loss, compute seconds, run]
-                      sketch (14 float32, 56 B)
-                      gradient (n float32), at once, or after a ``FETCH`` command (sketch-first)
+                      then [sketch (14 float32, 56 B) | gradient (n float32)] in one message,
+                      or, sketch-first, the sketch alone and the gradient after a ``FETCH``
 
 Codes: ``PARAMS`` (compute a gradient on this θ), ``FETCH`` (send the gradient of the
 sketch just sent), ``STOP`` (exit), ``PING`` (the server is busy, e.g. evaluating; keep

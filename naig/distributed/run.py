@@ -165,8 +165,10 @@ def _serve(config: SimulateConfig, progress: Callable[[StepEvent], None] | None,
             runs, untrained, interrupted = _runs(server, progress)
             if not interrupted:
                 server.close()
-            elif cluster is not None:
-                cluster.shutdown(grace=0.0)
+            if cluster is not None:
+                cluster.stop([rec["rank"] for rec in server.lost])  # a hung worker never exits by itself
+                if interrupted:
+                    cluster.shutdown(grace=0.0)
     finally:
         torch.set_num_threads(threads)
         if dist.is_initialized():

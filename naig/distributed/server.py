@@ -100,9 +100,9 @@ class _Channel:
         self.worker, self.link, self.events, self.ping = worker, link, events, ping
         self.device, self.sketch_first = sim.device, sim.config.sketch_first
         self.inbox: queue.Queue[_Order] = queue.Queue()
-        self.grad = torch.empty(sim.n_params, device=sim.device)
         self.head = torch.empty(4, dtype=torch.float64, device=sim.device)
-        self.sketch = torch.empty(SKETCH_DIM, device=sim.device)
+        self.payload = torch.empty(SKETCH_DIM + sim.n_params, device=sim.device)  # [sketch | gradient]
+        self.sketch, self.grad = self.payload[:SKETCH_DIM], self.payload[SKETCH_DIM:]
         self.thread = threading.Thread(target=self._serve, name=f"naig-link-{worker}", daemon=True)
 
     def _serve(self) -> None:
@@ -139,9 +139,7 @@ class _Channel:
 
     def _receive(self, reply: float, down: int, received: int) -> bool:
         at = time.perf_counter()
-        self.link.recv(self.sketch)
-        if not self.sketch_first:
-            self.link.recv(self.grad)
+        self.link.recv(self.sketch if self.sketch_first else self.payload)
         head = Head.decode(self.head.cpu())
         grad = None if self.sketch_first else self.grad
         seconds, up = time.perf_counter() - at, self.link.received - received

@@ -3,10 +3,10 @@
 Loop: receive a command; on ``PARAMS`` receive θ, compute the gradient of the next
 minibatch of this worker's own stream at θ (the same model, data and stream as the
 simulated arrival mode: ``Simulation.worker_grad``), wait (slowdown − 1) × the compute
-time when slowed down, then push the head, the 14-float sketch and (unless sketch-first)
-the gradient. ``FETCH`` sends the gradient of the last push; ``PING`` is ignored; ``STOP``
-ends the loop. A worker never decides anything: the server holds θ, its version and the
-optimizer.
+time when slowed down, then push the head and, in one message, the 14-float sketch and
+the gradient (sketch-first: the sketch alone). ``FETCH`` sends the gradient of the last
+push; ``PING`` is ignored; ``STOP`` ends the loop. A worker never decides anything: the
+server holds θ, its version and the optimizer.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ class Worker:
         self.faults = [f for f in parse_worker_faults(c.worker_faults, c.workers) if f.worker == index]
         n, device = sim.n_params, sim.device
         self.theta = torch.empty(n, device=device)
-        self.grad = torch.empty(n, device=device)
-        self.sketch = torch.empty(SKETCH_DIM, device=device)
+        self.payload = torch.empty(SKETCH_DIM + n, device=device)  # [sketch | gradient]: one message
+        self.sketch, self.grad = self.payload[:SKETCH_DIM], self.payload[SKETCH_DIM:]
         self.command = torch.empty(4, dtype=torch.float64, device=device)
         self.run_id = -1
         self.gen = sim.generator(0)
@@ -84,9 +84,7 @@ class Worker:
         self.sketch.copy_(self.sim.sketch(self.grad))  # float64 → float32 on the wire: 56 B
         head = Head(cmd.version, loss, time.perf_counter() - start, cmd.run)
         self.link.send(head.encode().to(self.grad.device))
-        self.link.send(self.sketch)
-        if not self.sim.config.sketch_first:
-            self.link.send(self.grad)
+        self.link.send(self.sketch if self.sim.config.sketch_first else self.payload)
 
     def _crash_faults(self, version: int) -> None:
         """``kill``: SIGKILL this process; ``hang``: never answer again."""
