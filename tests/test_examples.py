@@ -53,3 +53,20 @@ def test_experiment_a_beta_auto_integrates_the_partial_worker(experiment_a):
     files = {f["lag"]: f for f in _audit(experiment_a, "auto")}
     assert files[10]["verdict"] == "integrated" and files[20]["verdict"] == "frozen"
     assert files[35]["pi"] == max(f["pi"] for f in files.values())
+
+
+# --- distributed engine (naig.distributed) ---
+def test_ddp_gpt_trains_under_ddp_with_the_hook(tmp_path):
+    """examples/ddp_gpt.py: 3 real ranks (gloo), a few steps, the hook's log on rank 0."""
+    csv = tmp_path / "ddp.csv"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "ddp_gpt.py"), "--nproc", "3", "--steps", "4",
+                        "--every", "2", "--route", "--csv", str(csv)],
+                       capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "step    4" in r.stdout and "3 ranks, routed" in r.stdout
+    before, after = (float(v) for v in r.stdout.split("validation loss ")[1].split(" nats")[0].split(" -> "))
+    assert after < before
+    rows = csv.read_text().splitlines()
+    assert rows[0] == "step,bucket,rank,energy,pi,cos,beta,routed" and len(rows) >= 1 + 4 * 3
+# --- end distributed engine ---

@@ -10,9 +10,9 @@
   ``worker``, ``screen`` (sketch-first), ``report`` (staleness vs prediction), ``faults``.
 """
 
-from naig.distributed.ddp import HookRecord, NaigCommHook
+from naig.distributed.ddp import HookRecord, NaigCommHook, naig_comm_hook
 from naig.distributed.faults import WORKER_FAULTS, WorkerFault, parse_worker_faults
 from naig.distributed.run import DETERMINISM, config_from_json, config_to_json, run_distributed
 
 __all__ = ["run_distributed", "DETERMINISM", "config_to_json", "config_from_json", "NaigCommHook",
-           "HookRecord", "WORKER_FAULTS", "WorkerFault", "parse_worker_faults"]
+           "naig_comm_hook", "HookRecord", "WORKER_FAULTS", "WorkerFault", "parse_worker_faults"]

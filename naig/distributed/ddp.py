@@ -1,6 +1,7 @@
 """NAIG inside ``DistributedDataParallel``: a communication hook (docs/design.md §12).
 
-Register it with ``ddp.register_comm_hook(None, NaigCommHook(model))``. For each bucket of
+Register it with ``NaigCommHook(model).register(ddp)`` (that is,
+``ddp.register_comm_hook(NaigCommHook(model), naig_comm_hook)``). For each bucket of
 K ranks' gradients g_k (the bucket's slice of each rank's gradient) the hook
 
 1. sketches its own bucket, s_k = S g_k (14 floats; the parameters' names key the hash,
@@ -25,11 +26,8 @@ it waits inside the hook, the price of sharing every rank's cos.
 Example (not run here; see examples/ddp_gpt.py)::
 
     ddp = DistributedDataParallel(model)
-    hook = NaigCommHook(model, route=False, csv_path="naig_ddp.csv")
-    ddp.register_comm_hook(None, hook)
+    hook = NaigCommHook(model, route=False, csv_path="naig_ddp.csv").register(ddp)
 """
-
-from __future__ import annotations
 
 import csv
 import math
@@ -49,7 +47,7 @@ from naig.metric import fano_fisher_metric, parse_line
 from naig.sketch.core import SKETCH_DIM, check_seed
 from naig.sketch.torch_sketch import TorchSketch
 
-__all__ = ["HookRecord", "NaigCommHook", "energies_to_mean"]
+__all__ = ["HookRecord", "NaigCommHook", "naig_comm_hook", "energies_to_mean"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +64,7 @@ class HookRecord:
             an entry None when a norm is 0 or not finite).
         beta: β used.
         routed: whether the bucket was scaled by K·π_k.
+        parameters: the names of the bucket's parameters, in bucket order.
     """
 
     step: int
@@ -76,6 +75,7 @@ class HookRecord:
     cos: tuple[float | None, ...] | None
     beta: float
     routed: bool
+    parameters: tuple[str, ...] = ()
 
 
 def energies_to_mean(sketches: Tensor, psi: Tensor) -> np.ndarray:
@@ -138,8 +138,13 @@ class NaigCommHook:
         self.last: list[HookRecord] = []  # the records of the latest step
         self._sketches: dict[tuple[int, ...], TorchSketch] = {}
 
-    def __call__(self, state: object, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
-        """The hook DDP calls for each bucket: returns the future of the reduced bucket."""
+    def register(self, ddp: nn.parallel.DistributedDataParallel) -> "NaigCommHook":
+        """``ddp.register_comm_hook(self, naig_comm_hook)``; returns self."""
+        ddp.register_comm_hook(self, naig_comm_hook)
+        return self
+
+    def reduce(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """One bucket: sketch, share, weigh, log, (route,) all-reduce; the future of the result."""
         group = self.group if self.group is not None else dist.group.WORLD
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         if bucket.index() == 0:
@@ -148,6 +153,7 @@ class NaigCommHook:
         sketches = self._gather(self._sketch(bucket, buf).to(torch.float32), world, group)
         e = energies_to_mean(sketches, self.psi)
         pi, beta = _weights(e, self.beta)
+        names = tuple(self.names.get(id(p), f"param{i}") for i, p in enumerate(bucket.parameters()))
         local = buf.clone() if self.cos else None
         if self.route:
             scale = world * float(pi[rank])
@@ -158,12 +164,12 @@ class NaigCommHook:
         buf.mul_(1.0 / world)  # what DDP itself does before its sum all-reduce
         fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
         if local is None:
-            self._log(bucket.index(), rank, e, pi, None, beta)
+            self._log(bucket.index(), rank, e, pi, None, beta, names)
             return fut.then(lambda f: f.value()[0])
         fut.wait()
         cos = self._gather(_cosine(local, buf).reshape(1), world, group).reshape(-1)
         shared = [c if math.isfinite(c) else None for c in cos.tolist()]
-        self._log(bucket.index(), rank, e, pi, shared, beta)
+        self._log(bucket.index(), rank, e, pi, shared, beta, names)
         done: torch.futures.Future[Tensor] = torch.futures.Future(
             devices=[buf.device] if buf.device.type == "cuda" else None)
         done.set_result(buf)
@@ -175,6 +181,8 @@ class NaigCommHook:
         key = tuple(id(p) for p in params)
         if key not in self._sketches:
             layout = [(self.names.get(id(p), f"param{i}"), p.numel()) for i, p in enumerate(params)]
+            if len(set(name for name, _ in layout)) != len(layout):
+                raise ValueError("parameter names repeat in a bucket; pass the module DDP wraps")
             self._sketches[key] = TorchSketch.build(layout, self.seed, buf.device)
         sketch = self._sketches[key]
         flat = buf if buf.numel() == sketch.numel else torch.cat([g.reshape(-1) for g in bucket.gradients()])
@@ -187,9 +195,9 @@ class NaigCommHook:
         return torch.stack(out).cpu()
 
     def _log(self, bucket: int, rank: int, e: np.ndarray, pi: np.ndarray, cos: list | None,
-             beta: float) -> None:
+             beta: float, names: tuple[str, ...]) -> None:
         rec = HookRecord(self.step, bucket, rank, tuple(e.tolist()), tuple(pi.tolist()),
-                         None if cos is None else tuple(cos), beta, self.route)
+                         None if cos is None else tuple(cos), beta, self.route, names)
         self.last.append(rec)
         if self.callback is not None:
             self.callback(rec)
@@ -205,6 +213,14 @@ class NaigCommHook:
             for k, (e, p) in enumerate(zip(rec.energies, rec.pi, strict=True)):
                 c = "" if rec.cos is None or rec.cos[k] is None else repr(rec.cos[k])
                 out.writerow([rec.step, rec.bucket, k, repr(e), repr(p), c, repr(rec.beta), int(rec.routed)])
+
+
+def naig_comm_hook(state: NaigCommHook, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The DDP communication hook: ``ddp.register_comm_hook(NaigCommHook(model), naig_comm_hook)``.
+
+    (No postponed annotations in this module: DDP checks these two at registration.)
+    """
+    return state.reduce(bucket)
 
 
 def _cosine(x: Tensor, y: Tensor) -> Tensor:

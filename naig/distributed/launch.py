@@ -18,10 +18,13 @@ the run's timeout (at most 30 s).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["ENV_STORE", "MAX_TIMEOUT", "LocalCluster", "backend_for", "under_launcher", "init",
-           "pair_groups", "watch_parent"]
+           "pair_groups", "watch_parent", "process_group"]
 
 ENV_STORE = "NAIG_DISTRIBUTED_STORE"  # "1": join the spawning process's store directly (no env://)
 MAX_TIMEOUT = 30.0  # seconds: the longest any one collective or message may take
@@ -188,3 +191,43 @@ def _wait(p: subprocess.Popen, seconds: float) -> bool:
         return True
     except subprocess.TimeoutExpired:
         return False
+
+
+@contextmanager
+def process_group(nproc: int, argv: Sequence[str], backend: str = "gloo",
+                  timeout: float = MAX_TIMEOUT) -> Iterator[tuple[int, int]]:
+    """Be one rank of a process group: join it under a launcher, or start it here.
+
+    Under ``torchrun`` (or as a child of a ``LocalCluster``) the rank joins the group the
+    environment describes. Otherwise this process becomes rank 0 of ``nproc`` and starts
+    ranks 1..nproc−1 running ``argv`` (typically this very script, which then takes the
+    first branch). Leaving the block destroys the group; rank 0 then waits for its
+    children and raises ``RuntimeError`` with the last line of any that failed.
+
+    Yields:
+        ``(rank, world size)``.
+    """
+    if under_launcher():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if os.environ.get(ENV_STORE) == "1":
+            watch_parent()
+        init(rank, world, backend, timeout)
+        try:
+            yield rank, world
+        finally:
+            dist.destroy_process_group()
+        return
+    logs = Path(tempfile.mkdtemp(prefix="naig-ranks-"))
+    try:
+        with LocalCluster(argv, nproc, timeout, logs) as cluster:
+            init(0, nproc, backend, timeout, store=cluster.store)
+            try:
+                yield 0, nproc
+            finally:
+                dist.destroy_process_group()
+            codes = cluster.shutdown()
+            failed = {r: cluster.log_tail(r) for r, c in codes.items() if c != 0}
+        if failed:
+            raise RuntimeError("; ".join(f"rank {r} failed: {tail}" for r, tail in failed.items()))
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
