@@ -31,10 +31,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["ENV_STORE", "MAX_TIMEOUT", "LocalCluster", "backend_for", "under_launcher", "init",
+__all__ = ["ENV_STORE", "ENV_PARENT", "MAX_TIMEOUT", "LocalCluster", "backend_for", "under_launcher", "init",
            "pair_groups", "watch_parent", "process_group"]
 
 ENV_STORE = "NAIG_DISTRIBUTED_STORE"  # "1": join the spawning process's store directly (no env://)
+ENV_PARENT = "NAIG_DISTRIBUTED_PARENT"  # the spawning process's pid (children exit when it is gone)
 MAX_TIMEOUT = 30.0  # seconds: the longest any one collective or message may take
 
 
@@ -83,8 +84,12 @@ def pair_groups(rank: int, world: int, timeout: float) -> dict[int, dist.Process
 
 
 def watch_parent(interval: float = 0.5) -> threading.Thread:
-    """Exit this process (status 1) as soon as its parent process is gone (a daemon thread)."""
-    parent = os.getppid()
+    """Exit this process (status 1) as soon as its parent process is gone (a daemon thread).
+
+    The parent is the pid a ``LocalCluster`` put in ``ENV_PARENT`` (so a parent that died
+    while this process was still importing is noticed too), else the current parent.
+    """
+    parent = int(os.environ.get(ENV_PARENT, os.getppid()))
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -138,7 +143,8 @@ class LocalCluster:
         root = str(Path(__file__).resolve().parents[2])  # the children import this very naig
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(self.nproc), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(self.nproc), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(self.store.port), ENV_STORE: "1", "OMP_NUM_THREADS": str(self.threads),
+               "MASTER_PORT": str(self.store.port), ENV_STORE: "1", ENV_PARENT: str(os.getpid()),
+               "OMP_NUM_THREADS": str(self.threads),
                "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
         with (self.log_dir / f"rank{rank}.log").open("wb") as log:
             return subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
