@@ -576,9 +576,12 @@ def _per_worker_mean(values: list[float], workers: list[int], k: int) -> list[fl
 
 
 def _server_ms(log: _Log) -> dict:
-    """Mean milliseconds per update: receive, route + apply, their sum; and per reply."""
-    def ms(x: list[float]) -> float:
-        return 1000 * float(np.mean(x)) if x else math.nan
+    """Milliseconds per update: receive, route + apply and their sum (means and medians), and per reply."""
+    def ms(x: list[float], stat: object = np.mean) -> float:
+        return 1000 * float(stat(x)) if x else math.nan
 
-    receive, route = ms(log.receive), ms(log.route)
-    return {"receive": receive, "route_apply": route, "per_update": receive + route, "reply": ms(log.reply)}
+    total = [a + b for a, b in zip(log.receive, log.route, strict=True)]
+    return {"receive": ms(log.receive), "route_apply": ms(log.route), "per_update": ms(total),
+            "reply": ms(log.reply), "median": {"receive": ms(log.receive, np.median),
+                                               "route_apply": ms(log.route, np.median),
+                                               "per_update": ms(total, np.median)}}
