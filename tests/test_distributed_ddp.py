@@ -20,7 +20,7 @@ import torch
 from naig import Router
 from naig.distributed.ddp import energies_to_mean
 from naig.metric import fano_fisher_metric
-from tests.test_distributed_server import _leftovers
+from tests.conftest import leftover_processes
 
 WORLD = 3
 
@@ -35,9 +35,9 @@ def ranks(tmp_path_factory) -> dict:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     finally:
         deadline = time.monotonic() + 10
-        while _leftovers(str(tmp)) and time.monotonic() < deadline:
+        while leftover_processes(str(tmp)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _leftovers(str(tmp))
+        assert not leftover_processes(str(tmp))
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(out.read_text())
 

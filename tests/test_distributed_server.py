@@ -17,25 +17,11 @@ from pathlib import Path
 import pytest
 
 import naig.simulate.strategies as strategies
+from tests.conftest import leftover_processes
 
 TINY = ["--engine", "distributed", "--seeds", "1", "--data-bytes", "100000", "--eval-every", "0"]
 N_PARAMS = 120_576  # gpt-nano
 TIMEOUT = 240  # seconds for one CLI run (they take 10-30 s on 2 busy cores)
-
-
-def _leftovers(marker: str) -> list[str]:
-    """Command lines of live processes that mention ``marker``."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmd:
-            found.append(f"{proc.name}: {cmd}")
-    return found
 
 
 def distributed(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
@@ -46,9 +32,9 @@ def distributed(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     finally:
         deadline = time.monotonic() + 10  # orphans would exit within a second (parent watch)
-        while _leftovers(str(tmp_path)) and time.monotonic() < deadline:
+        while leftover_processes(str(tmp_path)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _leftovers(str(tmp_path))
+        assert not leftover_processes(str(tmp_path))
     doc = json.loads(r.stdout) if r.returncode == 0 else None
     return r, doc
 
@@ -171,6 +157,6 @@ def test_ctrl_c_prints_partial_results_and_leaves_no_process(tmp_path: Path) -> 
     assert run["distributed"]["interrupted"] is True and run["updates"] >= 20
     assert run["final_val_loss"] < doc["untrained_val_loss"]  # evaluated where it stopped
     deadline = time.monotonic() + 10
-    while _leftovers(str(tmp_path)) and time.monotonic() < deadline:
+    while leftover_processes(str(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _leftovers(str(tmp_path))
+    assert not leftover_processes(str(tmp_path))
