@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import naig.simulate.strategies as strategies
 from tests.conftest import leftover_processes
@@ -91,9 +92,10 @@ def test_killed_and_hung_workers_are_reported_and_training_goes_on(tmp_path: Pat
     assert run["staleness"]["predicted"] is None  # K changed: no law applies
 
 
-def test_sketch_first_never_fetches_a_nan_gradient(tmp_path: Path) -> None:
+@pytest.mark.parametrize("window", ["1", "2"])  # B = 2: a held window, π ≥ 0.01/B from the sketches
+def test_sketch_first_never_fetches_a_nan_gradient(tmp_path: Path, window: str) -> None:
     r, doc = distributed(tmp_path, "--nproc", "4", "--steps", "12", "--strategies", "naig",
-                         "--sketch-first", "--worker-faults", "2:nan@3")
+                         "--window", window, "--sketch-first", "--worker-faults", "2:nan@3")
     assert r.returncode == 0, r.stderr
     (run,) = doc["runs"]
     d, b = run["distributed"], run["distributed"]["bytes"]
@@ -103,7 +105,25 @@ def test_sketch_first_never_fetches_a_nan_gradient(tmp_path: Path) -> None:
     assert b["not_fetched"] >= nf["count"] and b["fetched"] + b["not_fetched"] == d["arrivals"]
     assert b["saved_up"] == b["not_fetched"] * 4 * N_PARAMS
     assert b["up"] == d["arrivals"] * (32 + 56) + b["fetched"] * 4 * N_PARAMS
+    assert b["down"] == d["arrivals"] * (32 + 4 * N_PARAMS) + b["fetched"] * 32  # + a FETCH command each
+    assert run["updates"] <= d["arrivals"] // int(window)
     assert run["diverged_at"] is None and run["final_val_loss"] < doc["untrained_val_loss"] - 1.0
+
+
+def test_windows_and_sync_on_the_same_processes(tmp_path: Path) -> None:
+    """B = 2 (mid-window arrivals answered at once): τ̄ = (K − 1)/B; sync holds all K: τ = 0."""
+    r, doc = distributed(tmp_path, "--nproc", "4", "--steps", "20", "--window", "2",
+                         "--strategies", "hogwild,sync")
+    assert r.returncode == 0, r.stderr
+    hog, sync = doc["runs"]
+    assert hog["updates"] == 30 and hog["distributed"]["arrivals"] == 60
+    st = hog["staleness"]
+    assert st["predicted"]["mean"] == 1.0 and st["predicted"]["per_worker"] is None  # B ≥ 2: mean only
+    low, high = st["ci95"]["mean"]
+    assert low <= 1.0 <= high
+    assert sync["updates"] == 20 and sync["staleness"]["max"] == 0 and sync["staleness"]["predicted"] is None
+    assert sync["distributed"]["held_window"] is True
+    assert sync["final_val_loss"] < doc["untrained_val_loss"] - 1.0
 
 
 @pytest.mark.skipif(not hasattr(strategies, "no_step"),
@@ -160,3 +180,11 @@ def test_ctrl_c_prints_partial_results_and_leaves_no_process(tmp_path: Path) -> 
     while leftover_processes(str(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not leftover_processes(str(tmp_path))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 3, reason="the NCCL path needs one GPU per rank (3)")
+def test_nccl_on_gpus(tmp_path: Path) -> None:
+    r, doc = distributed(tmp_path, "--nproc", "3", "--steps", "5", "--strategies", "hogwild",
+                         "--device", "cuda")
+    assert r.returncode == 0, r.stderr
+    assert doc["distributed"]["backend"] == "nccl" and doc["runs"][0]["updates"] == 10
