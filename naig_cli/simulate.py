@@ -42,7 +42,7 @@ from naig_cli._common import (
 )
 
 if TYPE_CHECKING:
-    from naig.simulate import SimulateResult, StepEvent, StrategySummary
+    from naig.simulate import RunResult, SimulateConfig, SimulateResult, StepEvent, StrategySummary
 
 __all__ = ["simulate"]
 
@@ -176,7 +176,7 @@ def _distributed_fields(engine: Engine, nproc: int | None, slowdown: str | None,
                 worker_faults=tuple(f.strip() for f in worker_faults.split(",")) if worker_faults else ())
 
 
-def _run_distributed(config: object, progress: Callable[..., None]) -> SimulateResult | None:
+def _run_distributed(config: SimulateConfig, progress: Callable[..., None]) -> SimulateResult | None:
     from naig.distributed import run_distributed
 
     return run_distributed(config, progress)
@@ -206,7 +206,7 @@ def _render_distributed(r: SimulateResult) -> None:
               "scheduling): compare the spread over seeds or repeated runs")
 
 
-def _render_run(run: object) -> None:
+def _render_run(run: RunResult) -> None:
     """One line per run: measured τ (95% CI) vs predicted, bytes per arrival, server ms per update."""
     st, d = run.staleness or {}, run.distributed or {}
     ci = (st.get("ci95") or {}).get("mean")

@@ -204,7 +204,10 @@ class ParameterServer:
             return None
         self.order(worker, _Order(Command(CODE_FETCH)))
         while True:
-            ev = self.events.get()
+            try:
+                ev = self.events.get(timeout=0.5)  # bounded: the link's timeout posts a loss
+            except queue.Empty:
+                continue
             if isinstance(ev, _Fetched) and ev.worker == worker:
                 return ev
             if isinstance(ev, _Lost) and ev.worker == worker:
@@ -396,16 +399,17 @@ class _ServerRun:
             self._combine([row])
             return
         w = self.screen.single(row.sketch)
-        if self.screen.fetch(w, 1) and self._fetch(row):
+        if self.screen.fetch(w, 1) and self._fetch(row, None):
             self._combine([row], torch.tensor([w], dtype=torch.float64), w)
 
-    def _fetch(self, row: _Row) -> bool:
-        """Sketch-first: get the row's gradient from its worker (False if the worker was lost)."""
+    def _fetch(self, row: _Row, slot: int | None) -> bool:
+        """Sketch-first: get the row's gradient from its worker, into window row ``slot`` (None:
+        leave it in the link's buffer); False if the worker was lost."""
         fetched = self.server.fetch(row.worker)
         if fetched is None:
             return False
         grad = self.server.channels[row.worker].grad
-        row.grad = grad if self.grads is None else self.grads[len(self.rows)].copy_(grad)
+        row.grad = grad if slot is None else self.grads[slot].copy_(grad)
         row.receive += fetched.receive
         self.log.up += fetched.up
         self.log.down += fetched.down
@@ -444,11 +448,9 @@ class _ServerRun:
                                 [r.worker for r in rows])
         fetched, weights = [], []
         for r, p in zip(rows, pi.tolist(), strict=True):
-            self.rows = fetched  # _fetch copies into window buffer row len(self.rows)
-            if self.screen.fetch(p, len(rows)) and self._fetch(r):
+            if self.screen.fetch(p, len(rows)) and self._fetch(r, len(fetched)):
                 fetched.append(r)
                 weights.append(p)
-        self.rows = []
         if fetched:
             self._combine(fetched, torch.tensor(weights, dtype=torch.float64))
 
