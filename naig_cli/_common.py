@@ -102,6 +102,14 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "window": "--window",
     "updates": "--updates",
     "sweep": "--sweep",
+    # --- distributed engine (naig.distributed) ---
+    "engine": "--engine",
+    "nproc": "--nproc",
+    "slowdown": "--slowdown",
+    "sketch_first": "--sketch-first",
+    "timeout": "--timeout",
+    "worker_faults": "--worker-faults",
+    # --- end distributed engine ---
 }
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from naig.errors import UsageError
@@ -41,7 +42,7 @@ from naig_cli._common import (
 )
 
 if TYPE_CHECKING:
-    from naig.simulate import SimulateResult, StepEvent, StrategySummary
+    from naig.simulate import RunResult, SimulateConfig, SimulateResult, StepEvent, StrategySummary
 
 __all__ = ["simulate"]
 
@@ -54,6 +55,15 @@ class Reference(str, Enum):
     auto = "auto"
     batch = "batch"
     ema = "ema"
+
+
+# --- distributed engine (naig.distributed) ---
+class Engine(str, Enum):
+    """``--engine`` choices."""
+
+    simulated = "simulated"
+    distributed = "distributed"
+# --- end distributed engine ---
 
 
 @handle_errors
@@ -121,6 +131,25 @@ def simulate(
         "--bandwidth", "Link bytes/s, one or one per worker (arrival mode): a message costs latency + "
         "bytes / bandwidth.")] = None,
     # --- end local updates ---
+    # --- distributed engine (naig.distributed) ---
+    engine: Annotated[Engine, opt(
+        "--engine", "simulated: one process; distributed: a parameter server and --nproc - 1 worker "
+        "processes (torch.distributed; spawned here, or started by torchrun).")] = Engine.simulated,
+    nproc: Annotated[int | None, opt(
+        "--nproc", "Distributed: processes, the server plus K workers (default under torchrun: "
+        "its world size).")] = None,
+    slowdown: Annotated[str | None, opt(
+        "--slowdown", "Distributed: compute-time factor >= 1 per worker, e.g. 1,1,2,4.")] = None,
+    sketch_first: Annotated[bool, opt(
+        "--sketch-first", "Distributed, naig: workers push the 14-float sketch; the server fetches "
+        "the gradient only when w >= 0.01 (pi >= 0.01/B).")] = False,
+    timeout: Annotated[float, opt(
+        "--timeout", "Distributed: seconds any one message may take (<= 30); a worker silent "
+        "longer is reported lost.")] = 30.0,
+    worker_faults: Annotated[str | None, opt(
+        "--worker-faults", "Distributed: W:KIND[@STEP] comma list, KIND kill, nan or hang, e.g. "
+        "1:kill@20,2:nan.")] = None,
+    # --- end distributed engine ---
 ) -> None:
     """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
 
@@ -144,17 +173,95 @@ def simulate(
         max_staleness=max_staleness, clip=clip,
         local_steps=_positive_ints(local_steps), outer_lr=outer_lr, outer_momentum=outer_momentum,
         bandwidth=parse_float_list(bandwidth, "bandwidth") if bandwidth else (),
+        **_distributed_fields(engine, nproc, slowdown, sketch_first, timeout, worker_faults),
     )
     for warning in config.strategy_warnings():
         stderr.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+    run = run_simulation if config.engine == "simulated" else _run_distributed
     with progress("simulate", config.total_steps) as advance:
-        result = run_simulation(config, _reporter(advance, config.eval_every or config.steps))
+        result = run(config, _reporter(advance, config.eval_every or config.steps))
+    if result is None:  # a worker rank under torchrun: rank 0 reports
+        return
     print_json(result.to_dict()) if json_out else _render(result)
     if plot is not None and result.runs:
         _plot(result, plot)
     if result.interrupted:
         fail(f"interrupted: {len(result.runs)} finished runs reported", 130)
     _report_divergence(result)
+
+
+# --- distributed engine (naig.distributed) ---
+def _distributed_fields(engine: Engine, nproc: int | None, slowdown: str | None, sketch_first: bool,
+                        timeout: float, worker_faults: str | None) -> dict:
+    """The config fields of the distributed engine; ``nproc`` defaults to torchrun's world size."""
+    import os
+
+    from naig.simulate import parse_float_list
+
+    if engine is Engine.distributed and nproc is None and "WORLD_SIZE" in os.environ:
+        nproc = int(os.environ["WORLD_SIZE"])
+    return dict(engine=engine.value, nproc=nproc, sketch_first=sketch_first, timeout=timeout,
+                slowdown=parse_float_list(slowdown, "slowdown") if slowdown else (),
+                worker_faults=tuple(f.strip() for f in worker_faults.split(",")) if worker_faults else ())
+
+
+def _run_distributed(config: SimulateConfig, progress: Callable[..., None]) -> SimulateResult | None:
+    from naig.distributed import run_distributed
+
+    return run_distributed(config, progress)
+
+
+def _distributed_header(r: SimulateResult) -> None:
+    d = r.distributed or {}
+    stdout.print(f"model {r.config.model} (n = {r.n_params:,} parameters) on {r.device}; {d.get('nproc')} "
+                 f"processes ({d.get('launcher')}, {d.get('backend')}): a parameter server and K = "
+                 f"{d.get('workers')} workers, window {d.get('window')}"
+                 + (", sketch-first" if d.get("sketch_first") else "")
+                 + (f", slowdown {','.join(f'{v:g}' for v in d['slowdown'])}" if d.get("slowdown") else ""))
+
+
+def _render_distributed(r: SimulateResult) -> None:
+    """What real processes add to the table: staleness vs prediction, bytes, server time, faults."""
+    d, out = r.distributed or {}, stdout
+    for run in r.runs:
+        _render_run(run)
+    for lost in d.get("lost", []):
+        code = lost.get("exit_code")
+        how = "" if code is None else f" (killed by signal {-code})" if code < 0 else f" (exit status {code})"
+        out.print(f"[red]worker {lost['worker']} (rank {lost['rank']}) lost[/] in {lost['strategy']} seed "
+                  f"{lost['seed']} after {lost['update']} updates, {fmt_num(lost['seconds'], '.2f')} s into "
+                  f"the run{how}: {escape(lost['error'])}")
+    out.print("results are [bold]not reproducible[/] across processes (arrival order follows OS "
+              "scheduling): compare the spread over seeds or repeated runs")
+
+
+def _render_run(run: RunResult) -> None:
+    """One line per run: measured τ (95% CI) vs predicted, bytes per arrival, server ms per update."""
+    st, d = run.staleness or {}, run.distributed or {}
+    ci = (st.get("ci95") or {}).get("mean")
+    pred = st.get("predicted") or {}
+    ok = (st.get("within_ci95") or {}).get("mean")
+    colour = "" if ok is None else "green" if ok else "red"
+    shown = fmt_num(pred.get("mean"), ".2f") if pred else "—"
+    pred_cell = f"[{colour}]{shown}[/]" if colour else shown
+    per = " ".join(fmt_num(v, ".2f") for v in st.get("per_worker", []))
+    pper = " ".join(fmt_num(v, ".2f") for v in (pred.get("per_worker") or []))
+    b, ms = d.get("bytes", {}), d.get("server_ms", {})
+    ci_cell = "—" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+    up, down = fmt_num(b.get("up_per_arrival"), ",.0f"), fmt_num(b.get("down_per_arrival"), ",.0f")
+    stdout.print(f"{run.strategy} seed {run.seed}: τ {fmt_num(st.get('mean'), '.2f')} {ci_cell} (predicted "
+                 f"{pred_cell}); per worker {per or '—'} (predicted {pper or '—'})")
+    stdout.print(f"  per arrival {up} B up, {down} B down; {b.get('not_fetched', 0)} gradients not fetched "
+                 f"({b.get('saved_up', 0):,} B saved); server {fmt_num(ms.get('per_update'), '.2f')} "
+                 f"ms/update (receive {fmt_num(ms.get('receive'), '.2f')}, route + apply "
+                 f"{fmt_num(ms.get('route_apply'), '.2f')})")
+    nf = d.get("non_finite", {})
+    if nf.get("count"):
+        workers = sorted({a["worker"] for a in nf.get("arrivals", [])})
+        weights = sorted(set(nf.get("weights", [])))
+        stdout.print(f"  {nf['count']} non-finite pushes from worker(s) {','.join(map(str, workers))}, "
+                     f"weights {','.join(f'{w:g}' for w in weights)}")
+# --- end distributed engine ---
 
 
 def _reporter(advance: Callable[..., None], every: int) -> Callable[[StepEvent], None]:
@@ -253,10 +360,13 @@ def _time_cell(s: StrategySummary, seeds: int) -> str:
 def _render(r: SimulateResult) -> None:
     c = r.config
     out = stdout  # terminal width; COLUMNS when set; 160 columns when piped
-    workers = (f"arrivals {c.arrivals} ({c.mode}, window {c.window}, reference {c.resolved_reference})"
-               if c.asynchronous else f"lags {','.join(map(str, c.lags))}")
-    out.print(f"model {c.model} (n = {r.n_params:,} parameters) on {r.device}; "
-              f"K = {c.workers} workers, {workers}")
+    if r.distributed is not None:  # distributed engine
+        _distributed_header(r)
+    else:
+        workers = (f"arrivals {c.arrivals} ({c.mode}, window {c.window}, reference {c.resolved_reference})"
+                   if c.asynchronous else f"lags {','.join(map(str, c.lags))}")
+        out.print(f"model {c.model} (n = {r.n_params:,} parameters) on {r.device}; "
+                  f"K = {c.workers} workers, {workers}")
     lrs = ",".join(f"{v:g}" for v in c.lr)
     tuned = " (each strategy's chosen on validation, loss on the test split)" if c.tuning else ""
     faults = f"; faults {' '.join(c.faults)}" if c.faults else ""
@@ -274,6 +384,8 @@ def _render(r: SimulateResult) -> None:
     if c.asynchronous:
         _render_curves(r)
     _render_communication(r)
+    if r.distributed is not None:  # distributed engine
+        _render_distributed(r)
 
 
 # --- local updates and gossip (docs/design.md §13) ---
@@ -361,6 +473,8 @@ def _table(r: SimulateResult, width: int) -> tuple[Table, list[str]]:
     what = "test" if r.config.tuning else "validation"
     title = (f"final {what} loss, nats/byte (lower is better), over {r.config.seeds} seed(s); Δ: mean "
              f"paired per-seed difference ± half its 95% CI, paired t-test p")
+    if r.distributed is not None:  # distributed engine: π is weight × lr scale, τ is measured
+        title += "; π = weight × lr scale, τ measured"
     rows = [_cells(r, s) for s in r.summaries]
     all_columns = _columns(r)
     columns = list(all_columns)

@@ -51,3 +51,24 @@ def grads_dir(tmp_path: Path) -> Path:
         state = {n: ref[n] + noise[n] for n in ref}
         save_gradients(wdir / f"w{k}.safetensors", state, lag=lag, step=5, worker=k)
     return root
+
+
+# --- distributed engine (naig.distributed) ---
+def leftover_processes(marker: str) -> list[str]:
+    """Command lines of live processes (this one excepted) that mention ``marker``.
+
+    Tests that start processes give them a marker (their temporary directory) and check
+    that none outlives the test.
+    """
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            found.append(f"{proc.name}: {cmd}")
+    return found
+# --- end distributed engine ---

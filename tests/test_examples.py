@@ -88,3 +88,18 @@ def test_readme_python_snippet_runs_as_it_stands(tmp_path, index):
     r = subprocess.run([sys.executable, "-c", _readme_snippets()[index]], capture_output=True, text=True,
                        timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
+# --- distributed engine (naig.distributed) ---
+def test_ddp_gpt_trains_under_ddp_with_the_hook(tmp_path):
+    """examples/ddp_gpt.py: 3 real ranks (gloo), a few steps, the hook's log on rank 0."""
+    csv = tmp_path / "ddp.csv"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "ddp_gpt.py"), "--nproc", "3", "--steps", "4",
+                        "--every", "2", "--route", "--csv", str(csv)],
+                       capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "step    4" in r.stdout and "3 ranks, routed" in r.stdout
+    before, after = (float(v) for v in r.stdout.split("validation loss ")[1].split(" nats")[0].split(" -> "))
+    assert after < before
+    rows = csv.read_text().splitlines()
+    assert rows[0] == "step,bucket,rank,energy,pi,cos,beta,routed" and len(rows) >= 1 + 4 * 3
+# --- end distributed engine ---

@@ -105,6 +105,14 @@ class SimulateConfig:
     outer_momentum: float | None = None  # diloco/naig Nesterov momentum, gasloc Adam β1 (None: 0.9)
     bandwidth: tuple[float, ...] = ()  # arrival mode: link bytes/s, one or one per worker; (): infinite
     # --- end local updates ---
+    # --- distributed engine (naig.distributed, docs/design.md §14) ---------------------------
+    engine: str = "simulated"  # "simulated" (one process) or "distributed" (real processes)
+    nproc: int | None = None  # distributed: processes, the server plus K = nproc − 1 workers
+    slowdown: tuple[float, ...] = ()  # distributed: compute-time factor >= 1 per worker (1: full speed)
+    sketch_first: bool = False  # distributed: push 14 floats; fetch the gradient when w >= 0.01
+    timeout: float = 30.0  # distributed: seconds any one message may take (at most 30)
+    worker_faults: tuple[str, ...] = ()  # distributed: W:KIND[@STEP], KIND kill, nan or hang
+    # --- end distributed engine --------------------------------------------------------------
 
     def __post_init__(self) -> None:
         lrs = (self.lr,) if isinstance(self.lr, int | float) else tuple(self.lr)
@@ -125,6 +133,8 @@ class SimulateConfig:
     @property
     def workers(self) -> int:
         """K, the number of workers (the length of ``lags``, or of the ``arrivals`` list)."""
+        if self.engine == "distributed":  # distributed engine
+            return (self.nproc or 2) - 1
         return self.arrival_model().workers if self.arrivals is not None else len(self.lags)
 
     def strategy_warnings(self) -> tuple[str, ...]:
@@ -155,7 +165,7 @@ class SimulateConfig:
     @property
     def asynchronous(self) -> bool:
         """True in arrival mode: staleness emerges from worker speeds (docs/design.md §11)."""
-        return self.arrivals is not None
+        return self.arrivals is not None or self.engine == "distributed"  # distributed: real arrivals
 
     @property
     def resolved_reference(self) -> str:
@@ -198,6 +208,8 @@ class SimulateConfig:
                f"{', '.join(dupes)} listed more than once; name each strategy once")
 
     def _check_arrivals(self) -> None:
+        if self._check_distributed():  # distributed engine: its own checks
+            return
         if self.arrivals is None:
             for name in ("uplink", "downlink"):
                 _check(getattr(self, name) is None, name, getattr(self, name),
@@ -262,6 +274,45 @@ class SimulateConfig:
         _check(m is None or (math.isfinite(m) and 0 <= m < 1), "outer_momentum", m,
                "use a value in [0, 1), e.g. 0.9 (0: no momentum)")
     # --- end local updates ---
+    # --- distributed engine (naig.distributed, docs/design.md §14) ---------------------------
+    def _check_distributed(self) -> bool:
+        """Check the distributed engine's fields; True when the engine is distributed."""
+        _check(self.engine in ("simulated", "distributed"), "engine", self.engine,
+               "use simulated or distributed")
+        if self.engine == "simulated":
+            for name, default in (("nproc", None), ("slowdown", ()), ("sketch_first", False),
+                                  ("worker_faults", ())):
+                _check(getattr(self, name) == default, name, getattr(self, name),
+                       "needs `engine` distributed")
+            return False
+        _check(isinstance(self.nproc, int) and self.nproc >= 2, "nproc", self.nproc,
+               "use an int >= 2: the server plus at least one worker, e.g. 5")
+        for name in ("arrivals", "uplink", "downlink", "save_grads", "log_dir"):
+            _check(getattr(self, name) is None, name, getattr(self, name),
+                   "is not available with `engine` distributed (real processes measure their own "
+                   "speeds; skew them with `slowdown`)" if name == "arrivals" else
+                   "is not available with `engine` distributed")
+        _check(self.lags == DEFAULT_LAGS, "lags", self.lags,
+               "excludes `engine` distributed: staleness emerges from the processes' speeds")
+        _check(not self.warmup_theta0, "warmup_theta0", True, "applies to fixed lags only")
+        _check(self.mode == "blocking", "mode", self.mode, "the parameter server is blocking; drop it")
+        k = self.nproc - 1
+        _check(isinstance(self.window, int) and 1 <= self.window <= k, "window", self.window,
+               f"use an int in 1..{k} (1: ASGD, {k}: K-batch-async)")
+        _check(self.reference in REFERENCES, "reference", self.reference,
+               f"use one of {', '.join(REFERENCES)}")
+        _check(len(self.slowdown) in (0, k) and all(math.isfinite(v) and v >= 1 for v in self.slowdown),
+               "slowdown", self.slowdown,
+               f"give {k} factors >= 1, one per worker, e.g. {','.join(['1'] * k)}")
+        _check(math.isfinite(self.timeout) and 0 < self.timeout <= 30, "timeout", self.timeout,
+               "use seconds in (0, 30]")
+        _check(not self.sketch_first or set(self.strategies) == {"naig"}, "sketch_first", True,
+               "screens gradients with naig's weights; use `strategies` naig")
+        from naig.distributed.faults import parse_worker_faults
+
+        parse_worker_faults(self.worker_faults, k)
+        return True
+    # --- end distributed engine --------------------------------------------------------------
 
     def _check_numbers(self) -> None:
         _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, "use sgd or adam")

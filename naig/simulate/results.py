@@ -58,6 +58,9 @@ class RunResult:
     bytes_per_worker: tuple[float, ...] = ()  # bytes each worker sent in the whole run
     local: dict[str, Any] | None = None  # local-update runs: method, H, outer steps, busy fractions
     # --- end local updates ---
+    # --- distributed engine (naig.distributed, docs/design.md §14) ---
+    distributed: dict[str, Any] | None = None  # arrivals, lost workers, non-finite pushes, bytes, server ms
+    # --- end distributed engine ---
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,9 @@ class SimulateResult:
     environment: dict[str, Any] = field(default_factory=dict)  # versions, threads, device
     interrupted: bool = False  # Ctrl-C: only the runs that finished are here
     best_baseline: str | None = None  # the best non-oracle baseline, chosen on validation
+    # --- distributed engine (naig.distributed, docs/design.md §14) ---
+    distributed: dict[str, Any] | None = None  # processes, launcher, lost workers, determinism note
+    # --- end distributed engine ---
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of everything (config included; NaN/Inf still need → null)."""

@@ -1,0 +1,58 @@
+"""``python -m naig.distributed CONFIG.json``: one rank of the parameter server (docs/design.md §14).
+
+The processes ``naig simulate`` spawns on one machine run this, and so can ``torchrun``
+on several: every rank reads the same config (a JSON object of ``SimulateConfig``
+fields, ``engine`` distributed); rank 0 serves and prints the result as one JSON
+document on stdout; the others work. Errors are one line on stderr (exit 1 data,
+2 usage); NAIG_DEBUG=1 shows the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from naig.errors import NaigError
+
+__all__ = ["main"]
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def main(argv: list[str]) -> int:
+    """Run this process's rank; returns the exit status."""
+    from naig.distributed.run import config_from_json, run_distributed
+
+    rank = os.environ.get("RANK", "?")
+    try:
+        if len(argv) != 2:
+            raise NaigError("usage: python -m naig.distributed CONFIG.json (under torchrun or spawned)")
+        result = run_distributed(config_from_json(Path(argv[1]).read_text()))
+    except KeyboardInterrupt:
+        return 130
+    except (NaigError, OSError, RuntimeError, ValueError) as exc:
+        if os.environ.get("NAIG_DEBUG") == "1":
+            raise
+        code = exc.exit_code if isinstance(exc, NaigError) else 1
+        text = str(exc).strip()
+        sys.stderr.write(f"error: rank {rank}: {text.splitlines()[0] if text else repr(exc)}\n")
+        return code
+    if result is not None:
+        sys.stdout.write(json.dumps(_clean(result.to_dict()), indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,94 @@
+"""Sketch-first: naig's weights computed on the pushed 14-float sketches (docs/design.md §14).
+
+With sketch-first a worker pushes its sketch S g (56 B) and the server fetches the
+gradient (4n B) only when it would count: w ≥ 0.01 for a single arrival (B = 1),
+π_k ≥ 0.01/B in a window. The weights are the ``naig`` rule's own definitions, computed
+on the sketches, and the server applies them itself:
+
+- B = 1, EMA reference r (seeded by the first finite arrival, then r ← 0.9 r + 0.1 S g
+  after every arrival with w > 0): E = (S g − r)ᵀ Ψ (S g − r), w = exp(−β E), auto-β =
+  1 / median of the last 100 positive energies, the current one included; the gradient,
+  when fetched, is applied with learning rate η·w. The reference and the energy history
+  move with every arrival, fetched or not, exactly as without sketch-first (only the
+  fetch is saved, never the bookkeeping): left out is a step of weight w < 0.01.
+- a window: reference = the freshest sketch (min τ, ties to the lowest worker index),
+  π = Gibbs(E) over the window; ĝ = Σ π_k g_k over the fetched rows (each one left out
+  weighed π_k < 0.01/B).
+
+A non-finite sketch has weight 0: its gradient is never fetched.
+
+Example:
+    >>> import torch
+    >>> rule = SketchScreen(beta=1.0)
+    >>> rule.single(torch.zeros(14))   # the first arrival seeds the reference
+    1.0
+    >>> far = torch.zeros(14); far[4] = 5.0
+    >>> w = rule.single(far); round(w, 6), rule.fetch(w, 1)   # E = 2·25 = 50
+    (0.0, False)
+    >>> rule.single(torch.full((14,), float("nan")))
+    0.0
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from naig.energy import energy
+from naig.errors import DataError
+from naig.gibbs import FROZEN_FACTOR, gibbs_weights, resolve_beta
+from naig.metric import fano_fisher_metric
+
+__all__ = ["SketchScreen", "EMA_DECAY", "BETA_HISTORY"]
+
+EMA_DECAY = 0.9  # r ← 0.9 r + 0.1 S g
+BETA_HISTORY = 100  # auto-β at B = 1: median of the last this many positive energies
+
+
+class SketchScreen:
+    """naig's weights from sketches: the rule sketch-first applies (see the module).
+
+    Args:
+        beta: inverse temperature, a float ≥ 0 or ``"auto"``.
+        line: the Fano line ℓ of Ψ_ℓ.
+    """
+
+    def __init__(self, beta: float | str = "auto", line: tuple[int, int, int] = (1, 2, 4)) -> None:
+        self.beta = beta
+        self.psi = torch.from_numpy(fano_fisher_metric(line))  # (14, 14) float64
+        self.reference: Tensor | None = None
+        self.history: deque[float] = deque(maxlen=BETA_HISTORY)
+
+    def single(self, sketch: Tensor) -> float:
+        """w = exp(−β E) of one arrival against the EMA reference, updating both (0 if non-finite)."""
+        s = sketch.detach().cpu().to(torch.float64)
+        if not bool(torch.isfinite(s).all()):
+            return 0.0
+        if self.reference is None:
+            self.reference = s.clone()
+        e = float(energy(s - self.reference, self.psi))
+        if e > 0:
+            self.history.append(e)
+        w = math.exp(-resolve_beta(self.beta, np.asarray(self.history, dtype=np.float64)) * e)
+        if w > 0.0:
+            self.reference.mul_(EMA_DECAY).add_(s, alpha=1 - EMA_DECAY)
+        return w
+
+    def window(self, sketches: Tensor, staleness: list[int], workers: list[int]) -> np.ndarray:
+        """π over a window of B sketches (B, 14) against its freshest one; zeros if none is finite."""
+        ref = min(range(len(workers)), key=lambda i: (staleness[i], workers[i]))
+        s = sketches.detach().cpu().to(torch.float64)
+        e = energy(s - s[ref], self.psi).numpy()
+        try:
+            return gibbs_weights(e, resolve_beta(self.beta, e))
+        except DataError:  # every sketch (or the reference) non-finite
+            return np.zeros(len(workers))
+
+    @staticmethod
+    def fetch(weight: float, window: int) -> bool:
+        """Fetch the gradient when w ≥ 0.01 (B = 1) or π ≥ 0.01/B."""
+        return bool(weight >= FROZEN_FACTOR / window)

@@ -1,0 +1,79 @@
+"""The distributed engine's configuration and entry points (naig.distributed.run; CLI options)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from naig.distributed.run import config_from_json, config_to_json, run_distributed
+from naig.errors import UsageError
+from naig.simulate import SimulateConfig
+from naig_cli.main import app
+
+RUNNER = CliRunner()
+
+
+def test_config_roundtrip_and_workers() -> None:
+    c = SimulateConfig(engine="distributed", nproc=5, window=2, slowdown=(1, 1, 2, 4), sketch_first=True,
+                       strategies=("naig",), worker_faults=("1:kill@3",), timeout=10, lr=(1e-3, 3e-3))
+    assert c.workers == 4 and c.asynchronous and c.resolved_reference == "batch"
+    assert config_from_json(config_to_json(c)) == c
+    assert SimulateConfig(engine="distributed", nproc=3).resolved_reference == "ema"  # B = 1
+
+
+@pytest.mark.parametrize(("fields", "field"), [
+    (dict(engine="threads"), "engine"),
+    (dict(nproc=4), "nproc"),  # without the distributed engine
+    (dict(sketch_first=True), "sketch_first"),
+    (dict(engine="distributed"), "nproc"),
+    (dict(engine="distributed", nproc=1), "nproc"),
+    (dict(engine="distributed", nproc=3, window=3), "window"),
+    (dict(engine="distributed", nproc=3, slowdown=(1.0,)), "slowdown"),
+    (dict(engine="distributed", nproc=3, slowdown=(1.0, 0.5)), "slowdown"),
+    (dict(engine="distributed", nproc=3, timeout=31), "timeout"),
+    (dict(engine="distributed", nproc=3, sketch_first=True, strategies=("naig", "hogwild")), "sketch_first"),
+    (dict(engine="distributed", nproc=3, arrivals="exp:1,exp:1"), "arrivals"),
+    (dict(engine="distributed", nproc=3, lags=(0, 3)), "lags"),
+    (dict(engine="distributed", nproc=3, mode="non-blocking"), "mode"),
+    (dict(engine="distributed", nproc=3, worker_faults=("2:kill",)), "worker_faults"),
+])
+def test_bad_fields_name_themselves(fields: dict, field: str) -> None:
+    with pytest.raises(UsageError) as err:
+        SimulateConfig(**fields)
+    assert err.value.field == field
+
+
+def test_run_distributed_refuses_the_simulated_engine() -> None:
+    with pytest.raises(UsageError, match="needs engine distributed"):
+        run_distributed(SimulateConfig())
+
+
+def test_launcher_world_size_must_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "5")
+    with pytest.raises(UsageError) as err:
+        run_distributed(SimulateConfig(engine="distributed", nproc=3))
+    assert err.value.field == "nproc"
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--engine", "distributed"], "--nproc"),
+    (["--nproc", "3"], "--nproc 3: needs --engine distributed"),
+    (["--engine", "distributed", "--nproc", "3", "--slowdown", "1,2,3"], "--slowdown"),
+    (["--engine", "distributed", "--nproc", "3", "--slowdown", "1,x"], "--slowdown"),
+    (["--engine", "distributed", "--nproc", "3", "--timeout", "60"], "--timeout 60"),
+    (["--engine", "distributed", "--nproc", "3", "--worker-faults", "5:kill"], "--worker-faults"),
+    (["--engine", "distributed", "--nproc", "3", "--sketch-first"], "--sketch-first"),
+    (["--engine", "distributed", "--nproc", "3", "--arrivals", "exp:1,exp:1"], "--arrivals"),
+])
+def test_cli_usage_errors(args: list[str], needle: str) -> None:
+    out = RUNNER.invoke(app, ["simulate", *args])
+    assert out.exit_code == 2, out.output
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+
+
+def test_cli_help_lists_the_engine() -> None:
+    out = RUNNER.invoke(app, ["simulate", "--help"], env={"COLUMNS": "200"})
+    for flag in ("--engine", "--nproc", "--slowdown", "--sketch-first", "--timeout", "--worker-faults"):
+        assert flag in out.stdout

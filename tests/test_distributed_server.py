@@ -1,0 +1,190 @@
+"""The parameter server on real processes (gloo, CPU): ``naig simulate --engine distributed``.
+
+Every run is a timed subprocess of the real CLI, which spawns its own workers; each test
+then checks that no process of its run is left (the workers' command lines hold the
+test's temporary directory, where the run keeps its config and logs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import naig.simulate.strategies as strategies
+from tests.conftest import leftover_processes
+
+TINY = ["--engine", "distributed", "--seeds", "1", "--data-bytes", "100000", "--eval-every", "0"]
+N_PARAMS = 120_576  # gpt-nano
+TIMEOUT = 240  # seconds for one CLI run (they take 10-30 s on 2 busy cores)
+
+
+def distributed(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """Run the CLI (``--json`` added); assert that no process of the run outlives it."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "naig_cli", "simulate", *TINY, *args, "--json"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    finally:
+        deadline = time.monotonic() + 10  # orphans would exit within a second (parent watch)
+        while leftover_processes(str(tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not leftover_processes(str(tmp_path))
+    doc = json.loads(r.stdout) if r.returncode == 0 else None
+    return r, doc
+
+
+@pytest.fixture(scope="module")
+def equal_workers(tmp_path_factory) -> dict:
+    """Three equal workers, hogwild, 40 step-equivalents (120 gradients)."""
+    r, doc = distributed(tmp_path_factory.mktemp("equal"), "--nproc", "4", "--steps", "40",
+                         "--strategies", "hogwild")
+    assert r.returncode == 0, r.stderr
+    return doc
+
+
+def test_server_and_workers_train(equal_workers: dict) -> None:
+    doc = equal_workers
+    (run,) = doc["runs"]
+    assert run["final_val_loss"] < doc["untrained_val_loss"] - 1.0  # ≈ 5.5 → ≈ 3 nats/byte
+    assert run["diverged_at"] is None and run["updates"] == 120
+    d = run["distributed"]
+    assert d["arrivals"] == 120 and sum(d["arrivals_per_worker"]) == 120 and d["lost"] == []
+    assert min(d["arrivals_per_worker"]) > 0
+    up = d["bytes"]
+    assert up["up"] == 120 * (32 + 56 + 4 * N_PARAMS)  # head, sketch, gradient: every arrival
+    assert up["down"] == 120 * (32 + 4 * N_PARAMS)  # command and θ that started each job
+    top = doc["distributed"]
+    assert top["deterministic"] is False and "not reproducible" in top["determinism"]
+    assert top["nproc"] == 4 and top["workers"] == 3 and top["backend"] == "gloo"
+
+
+def test_equal_workers_mean_staleness_within_interval_of_k_minus_1(equal_workers: dict) -> None:
+    st = equal_workers["runs"][0]["staleness"]
+    low, high = st["ci95"]["mean"]
+    assert st["predicted"]["mean"] == 2.0  # K − 1, for K = 3
+    assert low <= 2.0 <= high, st
+    assert st["within_ci95"]["mean"] is True
+    assert st["mean_plus_one"] == pytest.approx(st["mean"] + 1)
+
+
+def test_killed_and_hung_workers_are_reported_and_training_goes_on(tmp_path: Path) -> None:
+    r, doc = distributed(tmp_path, "--nproc", "4", "--steps", "20", "--strategies", "hogwild",
+                         "--worker-faults", "1:kill@6,2:hang@12", "--timeout", "4")
+    assert r.returncode == 0, r.stderr
+    (run,) = doc["runs"]
+    lost = {rec["worker"]: rec for rec in doc["distributed"]["lost"]}
+    assert set(lost) == {1, 2} and doc["distributed"]["live_at_end"] == [0]
+    assert lost[1]["exit_code"] == -9  # SIGKILL: a crash, detected from the broken link
+    assert lost[1]["strategy"] == "hogwild" and lost[1]["seed"] == 0 and lost[1]["update"] >= 6
+    assert "timed out" in lost[2]["error"].lower()  # silent past --timeout 4
+    assert lost[2]["exit_code"] is not None  # the hung process was ended, not left behind
+    d = run["distributed"]
+    assert d["arrivals"] == 60 and run["updates"] == 60  # the survivor filled the budget
+    assert d["arrivals_per_worker"][0] > d["arrivals_per_worker"][1]
+    assert run["final_val_loss"] < doc["untrained_val_loss"] - 1.0  # every applied update kept
+    assert run["staleness"]["predicted"] is None  # K changed: no law applies
+
+
+@pytest.mark.parametrize("window", ["1", "2"])  # B = 2: a held window, π ≥ 0.01/B from the sketches
+def test_sketch_first_never_fetches_a_nan_gradient(tmp_path: Path, window: str) -> None:
+    r, doc = distributed(tmp_path, "--nproc", "4", "--steps", "12", "--strategies", "naig",
+                         "--window", window, "--sketch-first", "--worker-faults", "2:nan@3")
+    assert r.returncode == 0, r.stderr
+    (run,) = doc["runs"]
+    d, b = run["distributed"], run["distributed"]["bytes"]
+    nf = d["non_finite"]
+    assert nf["count"] > 0 and {a["worker"] for a in nf["arrivals"]} == {2}
+    assert set(nf["weights"]) == {0.0}  # π = 0, logged
+    assert b["not_fetched"] >= nf["count"] and b["fetched"] + b["not_fetched"] == d["arrivals"]
+    assert b["saved_up"] == b["not_fetched"] * 4 * N_PARAMS
+    assert b["up"] == d["arrivals"] * (32 + 56) + b["fetched"] * 4 * N_PARAMS
+    assert b["down"] == d["arrivals"] * (32 + 4 * N_PARAMS) + b["fetched"] * 32  # + a FETCH command each
+    assert run["updates"] <= d["arrivals"] // int(window)
+    assert run["diverged_at"] is None and run["final_val_loss"] < doc["untrained_val_loss"] - 1.0
+
+
+def test_windows_and_sync_on_the_same_processes(tmp_path: Path) -> None:
+    """B = 2 (mid-window arrivals answered at once): τ̄ = (K − 1)/B; sync holds all K: τ = 0."""
+    r, doc = distributed(tmp_path, "--nproc", "4", "--steps", "20", "--window", "2",
+                         "--strategies", "hogwild,sync")
+    assert r.returncode == 0, r.stderr
+    hog, sync = doc["runs"]
+    assert hog["updates"] == 30 and hog["distributed"]["arrivals"] == 60
+    st = hog["staleness"]
+    assert st["predicted"]["mean"] == 1.0 and st["predicted"]["per_worker"] is None  # B ≥ 2: mean only
+    low, high = st["ci95"]["mean"]
+    assert low <= 1.0 <= high
+    assert sync["updates"] == 20 and sync["staleness"]["max"] == 0 and sync["staleness"]["predicted"] is None
+    assert sync["distributed"]["held_window"] is True
+    assert sync["final_val_loss"] < doc["untrained_val_loss"] - 1.0
+
+
+@pytest.mark.skipif(not hasattr(strategies, "no_step"),
+                    reason="needs naig's window-1 EMA rule (zero weight: no step), from the strategies work")
+def test_nan_worker_gets_zero_weight_from_the_strategy(tmp_path: Path) -> None:
+    r, doc = distributed(tmp_path, "--nproc", "4", "--steps", "12", "--strategies", "naig",
+                         "--worker-faults", "2:nan@3")
+    assert r.returncode == 0, r.stderr
+    (run,) = doc["runs"]
+    nf = run["distributed"]["non_finite"]
+    assert nf["count"] > 0 and set(nf["weights"]) == {0.0}
+    assert run["diverged_at"] is None and run["final_val_loss"] < doc["untrained_val_loss"] - 1.0
+
+
+def test_slow_worker_staleness_grows_as_predicted(tmp_path: Path) -> None:
+    r, doc = distributed(tmp_path, "--nproc", "4", "--steps", "30", "--strategies", "hogwild",
+                         "--slowdown", "1,1,6")
+    assert r.returncode == 0, r.stderr
+    st = doc["runs"][0]["staleness"]
+    measured, predicted = st["per_worker"], st["predicted"]["per_worker"]
+    cycles = st["cycle_seconds"]
+    assert cycles[2] > 1.5 * max(cycles[:2])  # the slowed worker is slow (its cycle includes messages)
+    assert measured[2] > 1.5 * max(measured[:2])  # and its gradients are staler
+    assert predicted[2] > 1.5 * max(predicted[:2])
+    # E[τ_i] = E[C_i] Σ_{j≠i} 1/E[C_j] at the measured cycles; measured within 10% in trials
+    assert measured == pytest.approx(predicted, rel=0.35)
+
+
+def test_ctrl_c_prints_partial_results_and_leaves_no_process(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "naig_cli", "simulate", *TINY, "--nproc", "3", "--steps", "100000",
+           "--eval-every", "5", "--strategies", "hogwild", "--json"]
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while "step 10/" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)  # training is under way (progress lines every 5 step-equivalents)
+        proc.send_signal(2)  # SIGINT, as Ctrl-C
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, log.read_text()
+    assert "interrupted" in log.read_text()
+    doc = json.loads(out)
+    assert doc["interrupted"] is True
+    (run,) = doc["runs"]
+    assert run["distributed"]["interrupted"] is True and run["updates"] >= 20
+    assert run["final_val_loss"] < doc["untrained_val_loss"]  # evaluated where it stopped
+    deadline = time.monotonic() + 10
+    while leftover_processes(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not leftover_processes(str(tmp_path))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 3, reason="the NCCL path needs one GPU per rank (3)")
+def test_nccl_on_gpus(tmp_path: Path) -> None:
+    r, doc = distributed(tmp_path, "--nproc", "3", "--steps", "5", "--strategies", "hogwild",
+                         "--device", "cuda")
+    assert r.returncode == 0, r.stderr
+    assert doc["distributed"]["backend"] == "nccl" and doc["runs"][0]["updates"] == 10
