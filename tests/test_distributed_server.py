@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import naig.simulate.strategies as strategies
 from tests.conftest import leftover_processes
 
 TINY = ["--engine", "distributed", "--seeds", "1", "--data-bytes", "100000", "--eval-every", "0"]
@@ -126,8 +125,6 @@ def test_windows_and_sync_on_the_same_processes(tmp_path: Path) -> None:
     assert sync["final_val_loss"] < doc["untrained_val_loss"] - 1.0
 
 
-@pytest.mark.skipif(not hasattr(strategies, "no_step"),
-                    reason="needs naig's window-1 EMA rule (zero weight: no step), from the strategies work")
 def test_nan_worker_gets_zero_weight_from_the_strategy(tmp_path: Path) -> None:
     r, doc = distributed(tmp_path, "--nproc", "4", "--steps", "12", "--strategies", "naig",
                          "--worker-faults", "2:nan@3")
