@@ -46,9 +46,6 @@ if TYPE_CHECKING:
 
 __all__ = ["simulate"]
 
-_DEFAULT_STRATEGIES = "naig,hogwild,staleness,sync"
-
-
 class Reference(str, Enum):
     """``--reference`` choices (naig.simulate.config.REFERENCES)."""
 
@@ -69,16 +66,17 @@ class Engine(str, Enum):
 @handle_errors
 def simulate(
     lags: Annotated[str, opt("--lags", "Worker lags τ_k: comma list of ints >= 0.")] = "0,10,20,35",
-    strategies: Annotated[str, opt(
+    strategies: Annotated[str | None, opt(
         "--strategies", "Comma list of: sync, hogwild, naig, naig-exact, naig-blind, fresh-only, "
         "drop-stale, staleness, staleness-lr, dc-asgd, dc-asgd-a, gap-aware, median, trimmed-mean, "
         "krum, multi-krum, centered-clip; with --arrivals also diloco, gasloc, local-sgd, allreduce "
-        "(local updates).")] = _DEFAULT_STRATEGIES,
+        "(local updates). Default: naig,naig-blind,fresh-only,hogwild,staleness,sync; with "
+        "--arrivals or --engine distributed: naig,naig-blind,hogwild,staleness,sync.")] = None,
     steps: Annotated[int, opt("--steps", "Server steps per run.")] = 150,
-    seeds: Annotated[int, opt("--seeds", "Number of seeds (0..N-1).")] = 2,
+    seeds: Annotated[int, opt("--seeds", "Number of seeds (0..N-1).")] = 3,
     lr: Annotated[str, opt(
         "--lr", "Learning rate, or a comma list: each strategy's is chosen on validation, "
-        "reported on a test split (80/10/10).")] = "3e-3",
+        "reported on a test split (80/10/10).")] = "1e-3",
     optimizer: Annotated[Optimizer, opt("--optimizer", "Server optimizer.")] = Optimizer.adam,
     beta: BetaOpt = "auto",
     dc_lambda: Annotated[float, opt("--dc-lambda", "dc-asgd's constant λ.")] = 20.0,
@@ -162,7 +160,8 @@ def simulate(
 
     _check_plot(plot, data)
     config = SimulateConfig(
-        lags=parse_int_list(lags, "lags"), strategies=tuple(s.strip() for s in strategies.split(",")),
+        lags=parse_int_list(lags, "lags"),
+        strategies=None if strategies is None else tuple(s.strip() for s in strategies.split(",")),
         steps=steps, seeds=seeds, lr=parse_float_list(lr, "lr"), optimizer=optimizer.value, beta=beta,
         dc_lambda=dc_lambda,
         batch_size=batch_size, eval_every=eval_every, device=device.value, model=model.value,

@@ -12,6 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from naig.simulate import SimulateConfig
+from naig.simulate.config import DEFAULT_STRATEGIES
 from naig_cli import simulate as cli
 from naig_cli.main import app
 from tests.conftest import assert_one_line_error, run_naig
@@ -113,7 +114,7 @@ def test_cli_defaults_match_the_library_defaults() -> None:
         assert getattr(default, "value", default) == getattr(cfg, name), name  # Enums by value
     assert params["lags"].default == ",".join(map(str, cfg.lags))
     assert tuple(float(v) for v in params["lr"].default.split(",")) == cfg.lr
-    assert params["strategies"].default == ",".join(cfg.strategies)
+    assert params["strategies"].default is None and cfg.strategies == DEFAULT_STRATEGIES["lockstep"]
 
 
 def test_choice_enums_list_what_the_library_accepts() -> None:
@@ -276,8 +277,8 @@ def test_lr_list_tunes_on_validation_and_reports_test(tmp_path: Path) -> None:
 def test_progress_lines_without_a_terminal() -> None:
     out = _run("--strategies", "hogwild")
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("hogwild seed 0")]
-    assert [ln.split(" val ")[0] for ln in lines] == ["hogwild seed 0 lr 0.003 step 3/6",
-                                                       "hogwild seed 0 lr 0.003 step 6/6"]
+    assert [ln.split(" val ")[0] for ln in lines] == ["hogwild seed 0 lr 0.001 step 3/6",
+                                                       "hogwild seed 0 lr 0.001 step 6/6"]
     assert all(ln.endswith("steps/s") for ln in lines)
 
 
@@ -318,5 +319,5 @@ def test_local_updates_report_bytes_seconds_and_samples() -> None:
     assert runs["naig"]["local"]["weighting"] == "gibbs" and runs["gasloc"]["local"]["topology"] == "gossip"
     assert runs["diloco"]["local"]["outer"] == "sgd-nesterov" and runs["diloco"]["local"]["rounds"] == 2
     text = RUNNER.invoke(app, args, env={"COLUMNS": "200"}).stdout
-    assert "bytes sent per worker" in text and "  gasloc (adamw → adam lr 0.003 m 0.9; H 2,2,2,2): " in text
+    assert "bytes sent per worker" in text and "  gasloc (adamw → adam lr 0.001 m 0.9; H 2,2,2,2): " in text
 # --- end local updates ---

@@ -3,7 +3,7 @@
 Example:
     >>> cfg = SimulateConfig(lags=(0, 5), steps=10, strategies=("naig", "hogwild"))
     >>> cfg.workers, cfg.total_steps
-    (2, 40)
+    (2, 60)
     >>> SimulateConfig(lags=(0, -1))
     Traceback (most recent call last):
     ...
@@ -30,6 +30,7 @@ from naig.sketch.torch_sketch import TorchSketch
 __all__ = [
     "SimulateConfig",
     "DEFAULT_LAGS",
+    "DEFAULT_STRATEGIES",
     "REFERENCES",
     "OPTIMIZERS",
     "DEVICES",
@@ -44,6 +45,10 @@ __all__ = [
 ]
 
 DEFAULT_LAGS = (0, 10, 20, 35)  # the paper's Experiment B
+DEFAULT_STRATEGIES = {  # naig, its content-blind ablation, an oracle (lockstep), baselines, the ideal
+    "lockstep": ("naig", "naig-blind", "fresh-only", "hogwild", "staleness", "sync"),
+    "arrivals": ("naig", "naig-blind", "hogwild", "staleness", "sync"),
+}
 REFERENCES = ("auto", "batch", "ema")
 OPTIMIZERS = ("sgd", "adam")  # torch.optim.SGD / torch.optim.Adam, default settings otherwise
 DEVICES = ("cpu", "cuda", "auto")
@@ -68,10 +73,11 @@ class SimulateConfig:
     """
 
     lags: tuple[int, ...] = DEFAULT_LAGS  # τ_k of each worker, in server steps (fixed-lag mode)
-    strategies: tuple[str, ...] = ("naig", "hogwild", "staleness", "sync")  # rules to compare
+    strategies: tuple[str, ...] | None = None  # rules to compare (None: DEFAULT_STRATEGIES of the mode)
     steps: int = 150  # server steps (optimizer updates) per run
-    seeds: int = 2  # independent seeds 0..seeds−1 (init, data streams, val batches)
-    lr: tuple[float, ...] = (3e-3,)  # learning rate; several: each strategy's is tuned on validation
+    seeds: int = 3  # independent seeds 0..seeds−1 (init, data streams, val batches)
+    lr: tuple[float, ...] = (1e-3,)  # learning rate (every default strategy's best of 3e-4, 1e-3, 3e-3
+    #                                  on validation, 3 seeds); several: each strategy's is tuned
     optimizer: str = "adam"  # "sgd" or "adam" (torch.optim, default settings otherwise)
     beta: float | str = "auto"  # Gibbs inverse temperature for naig / naig-exact
     dc_lambda: float = 20.0  # DC-ASGD λ (measured: benchmarks/dc_lambda.py, docs/design.md §12)
@@ -115,6 +121,9 @@ class SimulateConfig:
     # --- end distributed engine --------------------------------------------------------------
 
     def __post_init__(self) -> None:
+        if self.strategies is None:
+            mode = "arrivals" if self.arrivals is not None or self.engine == "distributed" else "lockstep"
+            object.__setattr__(self, "strategies", DEFAULT_STRATEGIES[mode])
         lrs = (self.lr,) if isinstance(self.lr, int | float) else tuple(self.lr)
         object.__setattr__(self, "lr", lrs)
         object.__setattr__(self, "beta", parse_beta(self.beta))

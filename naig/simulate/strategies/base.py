@@ -144,7 +144,7 @@ class StrategyOptions:
     dc_lambda: float = 20.0  # dc-asgd's constant λ (measured: benchmarks/dc_lambda.py, docs/design.md §12)
     line: tuple[int, int, int] = (1, 2, 4)  # oriented Fano line ℓ of the metric Ψ_ℓ
     sketch: TorchSketch | None = None  # precomputed sketch of the flat layout (naig)
-    lr: float = 3e-3  # η, the run's base learning rate (gap-aware under SGD counts gaps in η-steps)
+    lr: float = 1e-3  # η, the run's base learning rate (gap-aware under SGD counts gaps in η-steps)
     optimizer: str = "adam"  # "sgd" or "adam": gap-aware's typical step (η√v vs EMA of |Δθ|)
     mode: str = "lockstep"  # "lockstep" (fixed lags) or "arrivals" (windows of B arrivals)
     window: int = 1  # B, arrivals per server update (arrival mode; 1 = plain ASGD)
