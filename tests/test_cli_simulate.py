@@ -269,8 +269,8 @@ def test_lr_list_tunes_on_validation_and_reports_test(tmp_path: Path) -> None:
     logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
     assert len(logs) == 8 and logs[0] == "hogwild-seed0-lr0.0001.csv"
     rows = (tmp_path / "logs" / "naig-seed1-lr0.003.csv").read_text().splitlines()
-    assert rows[0] == "step,train_loss,val_loss,pi_0,pi_1" and len(rows) == 7
-    assert rows[3].split(",")[2] != "" and rows[1].split(",")[2] == ""  # val every 3 steps
+    assert rows[0] == "step,time_s,train_loss,val_loss,pi_0,pi_1" and len(rows) == 7
+    assert rows[3].split(",")[3] != "" and rows[1].split(",")[3] == ""  # val every 3 steps
     assert doc["environment"]["torch"] == torch.__version__ and doc["schema_version"] == 2
 
 
@@ -321,3 +321,24 @@ def test_local_updates_report_bytes_seconds_and_samples() -> None:
     text = RUNNER.invoke(app, args, env={"COLUMNS": "200"}).stdout
     assert "bytes sent per worker" in text and "  gasloc (adamw → adam lr 0.001 m 0.9; H 2,2,2,2): " in text
 # --- end local updates ---
+
+
+def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid() -> None:
+    """SIGINT after the first run finished: exit 130, a valid JSON document with that run only."""
+    import signal
+
+    cmd = [sys.executable, "-m", "naig_cli", "simulate", "--steps", "40", "--seeds", "3", "--data-bytes",
+           "200000", "--eval-every", "0", "--strategies", "hogwild,naig", "--lags", "0,2", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()  # the first run's last progress line
+        assert first.startswith("hogwild seed 0 lr 0.001 step 40/40"), first
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    doc = json.loads(out)
+    assert doc["interrupted"] is True and 1 <= len(doc["runs"]) < 6
+    assert doc["runs"][0]["strategy"] == "hogwild" and doc["runs"][0]["final_val_loss"] < 5.0
+    assert "error: interrupted" in err and "Traceback" not in err

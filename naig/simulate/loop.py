@@ -197,10 +197,18 @@ class Simulation:
         Returns:
             The ``RunResult``; the files it saved are appended to ``ctx.saved``.
         """
-        c, run = self.config, self.start(strategy, seed, lr)
-        curve, seconds, elapsed, done = [(0, ctx.untrained)], [0.0], 0.0, 0
+        run = self.start(strategy, seed, lr)
+        curve, seconds = [(0, ctx.untrained)], [0.0]
         marks = [communication(run)]  # (samples, bytes sent per worker) at each curve point
-        log = ctx.open_log(strategy, seed, lr)
+        with ctx.open_log(strategy, seed, lr) as log:
+            elapsed = self._steps(run, ctx, log, curve, seconds, marks)
+        return self._result(run, ctx, curve, seconds, elapsed, marks)
+
+    def _steps(self, run: Run | ArrivalRun | LocalRun, ctx: RunContext, log: _CsvLog,
+               curve: list[tuple[int, float]], seconds: list[float], marks: list[tuple[int, Any]]) -> float:
+        """Step a run to the end of its budget, evaluating, logging and saving on the way;
+        returns the wall seconds spent in its steps (evaluations excluded)."""
+        c, elapsed, done = self.config, 0.0, 0
         while not run.done:
             elapsed += _timed(self.device, run.step)
             if run.diverged_at is not None:
@@ -216,8 +224,8 @@ class Simulation:
             log(run, loss)
             if run.progress > done:
                 done = run.progress
-                ctx.progress(StepEvent(strategy, seed, lr, done, c.steps, loss, elapsed))
-        return self._result(run, ctx, curve, seconds, elapsed, marks)
+                ctx.progress(StepEvent(run.strategy.name, run.seed, run.lr, done, c.steps, loss, elapsed))
+        return elapsed
 
     def _result(self, run: Run | ArrivalRun | LocalRun, ctx: RunContext, curve: list[tuple[int, float]],
                 seconds: list[float], elapsed: float, marks: list[tuple[int, Any]]) -> RunResult:
@@ -275,31 +283,41 @@ class RunContext:
     log_dir: Path | None = None  # per-step CSV files go here
     saved: list[str] = field(default_factory=list)  # gradient files written
 
-    def open_log(self, strategy: str, seed: int, lr: float) -> Callable[[Run, float | None], None]:
-        """A per-step CSV writer for one run (a no-op without ``log_dir``)."""
-        if self.log_dir is None:
-            return lambda run, loss: None
-        return _CsvLog(self.log_dir / f"{strategy}-seed{seed}-lr{lr:g}.csv")
+    def open_log(self, strategy: str, seed: int, lr: float) -> _CsvLog:
+        """A per-step CSV writer for one run (writes nothing without ``log_dir``); a context manager."""
+        path = None if self.log_dir is None else self.log_dir / f"{strategy}-seed{seed}-lr{lr:g}.csv"
+        return _CsvLog(path)
 
 
 class _CsvLog:
-    """One row per server step: step, train loss (mean over the step's workers), val loss, π_k."""
+    """One row per server update: step, simulated seconds (arrival mode), train loss (mean over the
+    update's gradients), val loss (at evaluation points), π_k (empty for workers not in it)."""
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = path.open("w", newline="")
-        self.writer = csv.writer(self.fh)
+    def __init__(self, path: Path | None) -> None:
+        self.fh = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.fh = path.open("w", newline="")
+            self.writer = csv.writer(self.fh)
         self.header = False
 
-    def __call__(self, run: Run, loss: float | None) -> None:
+    def __enter__(self) -> _CsvLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fh is not None:
+            self.fh.close()
+
+    def __call__(self, run: Run | ArrivalRun | LocalRun, loss: float | None) -> None:
+        if self.fh is None or run.t == 0:
+            return
         if not self.header:
             k = run.pis.shape[1]
-            self.writer.writerow(["step", "train_loss", "val_loss", *[f"pi_{w}" for w in range(k)]])
+            self.writer.writerow(["step", "time_s", "train_loss", "val_loss", *[f"pi_{w}" for w in range(k)]])
             self.header = True
         pis = ["" if math.isnan(p) else repr(p) for p in run.pis[run.t - 1].tolist()]
-        self.writer.writerow([run.t, repr(run.train_loss), "" if loss is None else repr(loss), *pis])
-        if run.t == run.sim.config.steps:
-            self.fh.close()
+        seconds = repr(run.time) if run.sim.config.asynchronous else ""
+        self.writer.writerow([run.t, seconds, repr(run.train_loss), "" if loss is None else repr(loss), *pis])
 
 
 def _timed(device: torch.device, fn: Callable[[], object]) -> float:
