@@ -27,6 +27,7 @@ __all__ = [
     "FLAGS",
     "flag",
     "cli_message",
+    "word_flags",
     "stdout",
     "stderr",
     "handle_errors",
@@ -125,6 +126,17 @@ def _cli_value(value: object) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
+def word_flags(text: str) -> str:
+    """Library text that names fields in backticks, worded with the flags (```save_grads``` →
+    ``--save-grads``); unknown names lose their backticks.
+
+    Example:
+        >>> word_flags("krum needs `byzantine` f < K/2")
+        'krum needs --byzantine f < K/2'
+    """
+    return re.sub(r"`(\w+)`", lambda m: flag(m.group(1)) if m.group(1) in FLAGS else m.group(1), text)
+
+
 def cli_message(exc: NaigError) -> str:
     """The one-line CLI wording of a library error: fields become flags.
 
@@ -133,8 +145,7 @@ def cli_message(exc: NaigError) -> str:
         >>> cli_message(UsageError("needs `save_grads`", field="save_at", value=(5,)))
         '--save-at 5: needs --save-grads'
     """
-    text = re.sub(r"`(\w+)`", lambda m: flag(m.group(1)) if m.group(1) in FLAGS else m.group(1),
-                  exc.message)
+    text = word_flags(exc.message)
     if exc.field is None:
         return text
     if exc.field not in FLAGS:  # a field without an option: name it as the library does

@@ -39,6 +39,7 @@ from naig_cli._common import (
     progress,
     stderr,
     stdout,
+    word_flags,
 )
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def simulate(
         **_distributed_fields(engine, nproc, slowdown, sketch_first, timeout, worker_faults),
     )
     for warning in config.strategy_warnings():
-        stderr.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+        stderr.print(f"warning: {word_flags(warning)}", markup=False, highlight=False, soft_wrap=True)
     run = run_simulation if config.engine == "simulated" else _run_distributed
     with progress("simulate", config.total_steps) as advance:
         result = run(config, _reporter(advance, config.eval_every or config.steps))
