@@ -1,16 +1,15 @@
 """Stream safetensors files chunk by chunk, bounded in memory (docs/design.md §6).
 
 Files are validated with ``safetensors.safe_open``; the audit then reads the stored
-bits of each piece through read-only memory maps (``RawReader``) that are unmapped
-after each batch of work, so resident memory is bounded by the chunk size, not by
-model size or the number of files. Pickle formats are refused without being opened.
+bits of each piece with positional reads (``RawReader``) from files closed after each
+batch of work, so resident memory is bounded by the chunk size, not by model size or the
+number of files. Pickle formats are refused without being opened.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -440,9 +439,18 @@ def _layout(path: Path) -> tuple[list[tuple[str, str, int]], int]:
         raise DataError(f"{path}: could not be read again ({why}); was it changed?") from None
 
 
+def _changed(where: TensorData, now: int) -> DataError:
+    return DataError(f"{where.path}: truncated or changed while being audited ({where.file_size} bytes, "
+                     f"now {now}); make sure nothing is still writing it, then run again")
+
+
 class RawReader:
-    """Zero-copy views of stored tensor bytes: files are memory-mapped read-only on first use
-    and unmapped by ``close()`` (so the pages read are released). Use as a context manager.
+    """The stored bytes of tensor pieces, read with positional reads (``os.preadv``) from files
+    opened once per batch and closed by ``close()``. Use as a context manager.
+
+    Positional reads instead of memory maps: a file truncated while the audit reads it gives a
+    short read, reported in one line, where a memory map would kill the process with SIGBUS.
+    The bytes land in a fresh uint8 buffer (no conversion: the kernels decode the stored bits).
 
     Example:
         >>> import tempfile, torch
@@ -456,40 +464,39 @@ class RawReader:
     """
 
     def __init__(self) -> None:
-        self._maps: dict[Path, mmap.mmap] = {}
+        self._fds: dict[Path, int] = {}
 
     def view(self, where: TensorData, start: int, stop: int) -> np.ndarray:
-        """uint8 view of the stored bytes of flat scalars ``start .. stop−1`` of a tensor.
+        """uint8 array of the stored bytes of flat scalars ``start .. stop−1`` of a tensor.
 
         Raises:
-            DataError: the file's size changed since its offsets were derived.
+            DataError: the file's size changed since its offsets were derived, or it was cut
+                while being read.
         """
-        mm = self._maps.get(where.path)
-        if mm is None:
-            mm = self._open(where)
+        fd = self._fds.get(where.path)
+        if fd is None:
+            fd = self._open(where)
         size = ITEMSIZE[where.dtype]
-        return np.frombuffer(mm, np.uint8, (stop - start) * size, where.offset + start * size)
+        out = np.empty((stop - start) * size, np.uint8)
+        got = os.preadv(fd, [out], where.offset + start * size) if out.size else 0
+        if got != out.size:
+            raise _changed(where, os.fstat(fd).st_size)
+        return out
 
-    def _open(self, where: TensorData) -> mmap.mmap:
-        with open(where.path, "rb") as fh:
-            now = os.fstat(fh.fileno()).st_size
-            if now != where.file_size:
-                raise DataError(
-                    f"{where.path}: truncated or changed while being audited ({where.file_size} bytes, "
-                    f"now {now}); make sure nothing is still writing it, then run again"
-                )
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        self._maps[where.path] = mm
-        return mm
+    def _open(self, where: TensorData) -> int:
+        fd = os.open(where.path, os.O_RDONLY)
+        now = os.fstat(fd).st_size
+        if now != where.file_size:
+            os.close(fd)
+            raise _changed(where, now)
+        self._fds[where.path] = fd
+        return fd
 
     def close(self) -> None:
-        """Unmap every file (a view still alive keeps its map until it is dropped)."""
-        for mm in self._maps.values():
-            try:
-                mm.close()
-            except BufferError:  # a view outlived its batch: the map goes with the view
-                pass
-        self._maps.clear()
+        """Close every file."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
     def __enter__(self) -> RawReader:
         return self
