@@ -331,8 +331,10 @@ def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid() -> None:
            "200000", "--eval-every", "0", "--strategies", "hogwild,naig", "--lags", "0,2", "--json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        first = proc.stderr.readline()  # the first run's last progress line
+        first = proc.stderr.readline()  # the first run's last step: its result follows
         assert first.startswith("hogwild seed 0 lr 0.001 step 40/40"), first
+        second = proc.stderr.readline()  # the second run ended: the first is recorded
+        assert second.startswith("naig seed 0 lr 0.001 step 40/40"), second
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
