@@ -402,7 +402,7 @@ def _positive_ints(text: str | None) -> tuple[int, ...] | None:
 
 def _render_communication(r: SimulateResult) -> None:
     """Arrival mode: per strategy, bytes sent per worker, simulated seconds and samples at the end."""
-    if not r.config.asynchronous:
+    if not r.config.asynchronous or not any(s.bytes_per_worker for s in r.summaries):
         return
     stdout.print("bytes sent per worker (mean, then each worker), simulated seconds and samples "
                  "at the end, mean over seeds:")

@@ -16,6 +16,7 @@ from naig.arrivals.engine import ArrivalTrace, check_count, round_times, simulat
 from naig.arrivals.model import ArrivalModel
 from naig.arrivals.predict import SKETCH_BYTES, Prediction, predict, ring_allreduce_bytes
 from naig.arrivals.stats import Estimate, batch_means, iid_mean, rate_estimate
+from naig.errors import UsageError
 
 __all__ = ["SCHEMA_VERSION", "PARAMS", "Measured", "StalenessReport", "measure", "warmup_length",
            "round_time_estimate", "staleness_report"]
@@ -119,8 +120,14 @@ class StalenessReport:
     simulate_seconds: float = field(default=0.0, compare=False)
 
     @property
-    def little(self) -> float:
-        """λ̂·Ā − 1 from the measured rate and age (Little's law; equals E[τ] in blocking mode)."""
+    def little(self) -> float | None:
+        """λ̂·Ā − 1 from the measured rate and age (Little's law; equals E[τ] in blocking mode).
+
+        None with a window B > 1: versions then advance once per B arrivals and the discrete
+        form (one version per arrival) does not apply.
+        """
+        if self.window != 1:
+            return None
         return self.measured.rate.value * self.measured.age.value - 1
 
     def within(self) -> dict:
@@ -217,6 +224,9 @@ def staleness_report(model: ArrivalModel, updates: int, seed: int = 0, *, window
         UsageError: a count below 1 (field ``updates``, ``params``, ``rounds``, ``window``) or a bad seed.
     """
     params, rounds = check_count(params, "params"), check_count(rounds, "rounds")
+    if isinstance(window, int) and window > model.workers:
+        raise UsageError(f"use an int in 1..{model.workers} (1: ASGD, {model.workers}: K-batch-async)",
+                         field="window", value=window)
     t0 = time.perf_counter()
     trace = simulate_arrivals(model, updates, seed, window=window)
     wall = time.perf_counter() - t0

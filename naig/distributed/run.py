@@ -175,9 +175,10 @@ def _serve(config: SimulateConfig, progress: Callable[[StepEvent], None] | None,
             dist.destroy_process_group()
     n = sim.n_params
     block = _block(config, sim, server, cluster, launcher)
+    summaries, best = summarise(runs, config.strategies, "arrivals")
     return SimulateResult(config, str(sim.device), n, statistics.fmean(untrained) if untrained else math.nan,
-                          ROUTING_BYTES, 4 * n, tuple(runs), summarise(runs, config.strategies), (),
-                          environment(str(sim.device)), interrupted, distributed=block)
+                          ROUTING_BYTES, 4 * n, tuple(runs), summaries, (),
+                          environment(str(sim.device)), interrupted, best, distributed=block)
 
 
 def _runs(server: ParameterServer,

@@ -50,7 +50,7 @@ from naig.distributed.protocol import (
 from naig.distributed.report import staleness_block
 from naig.distributed.screen import SketchScreen
 from naig.simulate.loop import RunContext, Simulation, StepEvent
-from naig.simulate.results import RunResult, pi_stats
+from naig.simulate.results import RunResult, pi_stats, record_weights
 from naig.simulate.strategies import Batch, Strategy, Update
 from naig.sketch.core import SKETCH_DIM
 
@@ -481,9 +481,9 @@ class _ServerRun:
         return update
 
     def _step(self, update: Update, rows: list[_Row]) -> None:
-        weights = (update.weights.detach().to(torch.float64) * update.lr_scale).cpu().tolist()
-        for r, wt in zip(rows, weights, strict=True):
-            self.pis[self.t, r.worker] = wt
+        weights = update.weights.detach().to(torch.float64).cpu()
+        record_weights(self.pis[self.t], torch.tensor([r.worker for r in rows]), weights)
+        for r, wt in zip(rows, weights.tolist(), strict=True):
             self.log.weight[r.index] = wt
         self.theta.grad = update.grad
         for g in self.optimizer.param_groups:

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from naig.arrivals import ArrivalClock, RoundClock
 from naig.simulate.faults import apply_batch_faults
-from naig.simulate.results import Corrections
+from naig.simulate.results import Corrections, record_weights
 from naig.simulate.strategies import Batch, Strategy
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class ArrivalRun:
         self.windows += 1
         if update.lr_scale == 0.0:  # nothing survived (e.g. drop-stale): no update, same version
             return
-        self.pis[self.t, workers] = (update.weights.to(torch.float64) * update.lr_scale).cpu()
+        record_weights(self.pis[self.t], workers, update.weights)
         self._apply(update.grad, update.lr_scale)
         if not bool(torch.isfinite(self.theta.detach().sum())):
             self.t, self.diverged_at = self.t + 1, self.t

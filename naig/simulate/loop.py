@@ -54,7 +54,7 @@ from naig.simulate.data import ByteData, load_bytes
 from naig.simulate.faults import apply_batch_faults
 from naig.simulate.local_loop import LocalRun, communication, is_local, start_local
 from naig.simulate.model import GPT, get_preset, lm_loss
-from naig.simulate.results import Corrections, RunResult, SimulateResult, pi_stats, summarise
+from naig.simulate.results import Corrections, RunResult, SimulateResult, pi_stats, record_weights, summarise
 from naig.simulate.strategies import Batch, Strategy, make_strategy
 from naig.sketch.core import SKETCH_DIM
 from naig.sketch.torch_sketch import TorchSketch
@@ -424,7 +424,7 @@ class Run:
             return
         batch = self._gradients(active)
         update = self.strategy.combine(apply_batch_faults(self.faults, batch, t, self.fault_gen))
-        self.pis[t, batch.workers] = (update.weights * update.lr_scale).to(torch.float64)
+        record_weights(self.pis[t], batch.workers, update.weights)
         self.corrections.record(update)
         if update.lr_scale != 0.0:
             self._apply(update.grad, update.lr_scale)

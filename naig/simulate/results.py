@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
     from naig.simulate.strategies import Update
 
-__all__ = ["Corrections", "SCHEMA_VERSION", "RunResult", "StrategySummary", "SimulateResult", "pi_stats",
-           "summarise", "choose_lr"]
+__all__ = ["Corrections", "record_weights", "SCHEMA_VERSION", "RunResult", "StrategySummary",
+           "SimulateResult", "pi_stats", "summarise", "choose_lr"]
 
 SCHEMA_VERSION = 2  # of the simulate JSON document
 
@@ -153,6 +153,30 @@ class Corrections:
         return self.total / self.count if self.count else None
 
 
+def record_weights(row: Any, workers: Any, weights: Any) -> None:
+    """Write one update's coefficients into its (K,) row of a π history, in place.
+
+    The row is NaN for workers that sent nothing; a worker that sent several gradients in
+    one window gets the sum of their weights. The weights are the update's π (for naig at
+    window 1: w, which the loop applies as the learning rate of that update).
+
+    Args:
+        row: (K,) float64 tensor or numpy array, a row of ``pis``.
+        workers: (B,) int64 worker of each gradient (tensor or array).
+        weights: (B,) coefficient of each gradient (tensor or array).
+    """
+    if isinstance(row, np.ndarray):
+        idx, w = np.asarray(workers, dtype=np.int64), np.asarray(weights, dtype=np.float64)
+        row[:] = math.nan
+        row[idx] = 0.0
+        np.add.at(row, idx, w)
+        return
+    workers = workers.to(row.device)
+    row.fill_(math.nan)
+    row[workers] = 0.0
+    row.index_add_(0, workers, weights.detach().to(device=row.device, dtype=row.dtype))
+
+
 def pi_stats(pis: np.ndarray) -> dict[str, Any]:
     """Mean π, frozen fraction, K_eff and annealing entropies of a (steps, K) history.
 
@@ -175,7 +199,8 @@ def pi_stats(pis: np.ndarray) -> dict[str, Any]:
         return dict(mean_pi=(nan,) * pis.shape[1], frozen_fraction=nan, k_eff=nan,
                     entropy_first=nan, entropy_last=nan)
     norm = np.where(active, pis, 0.0)
-    norm = norm / norm.sum(-1, keepdims=True)  # π̃, inactive workers 0
+    with np.errstate(invalid="ignore", divide="ignore"):  # a zero-sum update (drop-stale) gives NaN
+        norm = norm / norm.sum(-1, keepdims=True)  # π̃, inactive workers 0
     k_t = active.sum(-1)  # (U,) active workers per update
     frozen = (norm < FROZEN_FACTOR / k_t[:, None]) & active
     w = max(1, len(pis) // 10)
