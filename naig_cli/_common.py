@@ -151,7 +151,8 @@ def cli_message(exc: NaigError) -> str:
     if exc.field not in FLAGS:  # a field without an option: name it as the library does
         shown = f"{exc.field}={exc.value!r}" if exc.has_value else exc.field
     else:
-        shown = f"{flag(exc.field)} {_cli_value(exc.value)}" if exc.has_value else flag(exc.field)
+        bare = not exc.has_value or exc.value is None or isinstance(exc.value, bool)  # a switch: its name
+        shown = flag(exc.field) if bare else f"{flag(exc.field)} {_cli_value(exc.value)}"
     return f"{shown}: {text}".replace("\n", " ")
 
 

@@ -71,8 +71,8 @@ def simulate(
         "--strategies", "Comma list of: sync, hogwild, naig, naig-exact, naig-blind, fresh-only, "
         "drop-stale, staleness, staleness-lr, dc-asgd, dc-asgd-a, gap-aware, median, trimmed-mean, "
         "krum, multi-krum, centered-clip; with --arrivals also diloco, gasloc, local-sgd, allreduce "
-        "(local updates). Default: naig,naig-blind,fresh-only,hogwild,staleness,sync; with "
-        "--arrivals or --engine distributed: naig,naig-blind,hogwild,staleness,sync.")] = None,
+        "(local updates). Default: naig, naig-blind, fresh-only, hogwild, staleness, sync (with "
+        "--arrivals or --engine distributed: without fresh-only).")] = None,
     steps: Annotated[int, opt("--steps", "Server steps per run.")] = 150,
     seeds: Annotated[int, opt("--seeds", "Number of seeds (0..N-1).")] = 3,
     lr: Annotated[str, opt(
@@ -106,12 +106,12 @@ def simulate(
     mode: ModeOpt = ArrivalMode.blocking,
     window: WindowOpt = 1,
     faults: Annotated[list[str] | None, opt(
-        "--faults", "Inject a fault, W:KIND[:ARG][@STEP] (repeatable): signflip:A, scale:A, noise:S, "
+        "--faults", "Inject a fault, W:KIND[:ARG][@STEP], once per fault: signflip:A, scale:A, noise:S, "
         "zero, nan, random; e.g. 1:signflip:10 or 0:nan@50.")] = None,
     byzantine: Annotated[int, opt(
         "--byzantine", "f: trimmed-mean trims f per side; krum scores K-f-2 neighbours.")] = 1,
     max_staleness: Annotated[int | None, opt(
-        "--max-staleness", "drop-stale keeps gradients with staleness <= this [default: K].")] = None,
+        "--max-staleness", "drop-stale keeps staleness at most this (default: K).")] = None,
     clip: Annotated[str, opt("--clip", "centered-clip radius, or auto (median distance).")] = "auto",
     reference: Annotated[Reference, opt(
         "--reference", "naig's reference: auto (ema for --window 1, else the least stale of the "
@@ -152,8 +152,8 @@ def simulate(
 ) -> None:
     """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
 
-    A run whose gradients or parameters become NaN/Inf stops and is reported as
-    diverged (NaN loss in the table, null in JSON); the other runs go on. Exit 0 with
+    A run whose parameters become NaN/Inf stops and is reported as diverged (its row
+    says where; null in JSON); the other runs go on. Exit 0 with
     a warning on stderr if some runs diverged, exit 1 if every run did. Ctrl-C prints
     the runs that finished (a valid JSON document with --json) and exits 130.
     """
@@ -175,7 +175,7 @@ def simulate(
         bandwidth=parse_float_list(bandwidth, "bandwidth") if bandwidth else (),
         **_distributed_fields(engine, nproc, slowdown, sketch_first, timeout, worker_faults),
     )
-    for warning in config.strategy_warnings():
+    for warning in (*config.strategy_warnings(), *config.ignored_options()):
         stderr.print(f"warning: {word_flags(warning)}", markup=False, highlight=False, soft_wrap=True)
     run = run_simulation if config.engine == "simulated" else _run_distributed
     with progress("simulate", config.total_steps) as advance:
@@ -186,7 +186,7 @@ def simulate(
     if plot is not None and result.runs:
         _plot(result, plot)
     if result.interrupted:
-        fail(f"interrupted: {len(result.runs)} finished runs reported", 130)
+        fail(f"interrupted: {len(result.runs)} finished run(s) reported", 130)
     _report_divergence(result)
 
 
@@ -312,7 +312,8 @@ def _report_divergence(r: SimulateResult) -> None:
     what = (f"{len(r.diverged)} of {len(r.runs)} runs diverged (non-finite gradients or "
             f"parameters): {which}; their loss is NaN (null in JSON)")
     if len(r.diverged) == len(r.runs):
-        fail(f"{what}; try a smaller --lr", 1)
+        fix = "the injected --faults reach θ; try a robust rule" if r.config.faults else "try a smaller --lr"
+        fail(f"{what}; {fix}", 1)
     stderr.print(f"warning: {what}", markup=False, highlight=False, soft_wrap=True)
 
 

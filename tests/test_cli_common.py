@@ -26,3 +26,9 @@ def test_flags_are_spelled_from_their_fields() -> None:
     for field, option in FLAGS.items():
         assert option.startswith("--") and (option == "--" + field.replace("_", "-")
                                             or field in ("chunk",)), (field, option)
+
+
+def test_a_switch_or_a_missing_value_is_named_without_it() -> None:
+    assert cli_message(UsageError("needs `engine` distributed", field="sketch_first", value=True)) == (
+        "--sketch-first: needs --engine distributed")
+    assert cli_message(UsageError("needs two workers", field="window", value=None)) == "--window: needs two workers"

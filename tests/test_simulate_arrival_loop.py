@@ -79,3 +79,19 @@ def test_arrival_options_are_checked_naming_the_field(change: dict, field: str) 
     with pytest.raises(UsageError) as info:
         dataclasses.replace(TINY, **change)
     assert info.value.field == field, str(info.value)
+
+
+def test_options_that_cannot_apply_are_refused_or_noted(tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(UsageError) as info:
+        dataclasses.replace(TINY, save_grads=str(tmp_path), save_at=(1,))
+    assert info.value.field == "save_grads" and "arrivals" in info.value.message
+    with pytest.raises(UsageError) as info:
+        dataclasses.replace(TINY, strategies=("naig",), outer_lr=0.5)  # naig takes it in local mode only
+    assert info.value.field == "outer_lr"
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UsageError, match="is a file") as info:
+        dataclasses.replace(TINY, log_dir=str(tmp_path / "f"))
+    notes = dataclasses.replace(TINY, clip=1.0, max_staleness=2, faults=("1:zero@99",)).ignored_options()
+    assert len(notes) == 3 and "`max_staleness` has no effect" in notes[0] and "`clip`" in notes[1]
+    assert "start(s) after the last step" in notes[2]
+    assert dataclasses.replace(TINY, strategies=("centered-clip", "hogwild"), clip=1.0).ignored_options() == ()

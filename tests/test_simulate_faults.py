@@ -101,3 +101,9 @@ def test_noise_has_variance_sigma_squared_norm_squared_over_n() -> None:
 
 def test_faulty_workers_are_listed_once() -> None:
     assert faulty_workers(parse_faults(["3:zero", "1:nan", "3:random"])) == (1, 3)
+
+
+def test_a_comma_list_says_one_fault_per_option() -> None:
+    with pytest.raises(UsageError, match="one fault per `faults`") as info:
+        parse_fault("1:signflip:10,2:zero")
+    assert info.value.field == "faults"

@@ -146,6 +146,24 @@ class SimulateConfig:
             return (self.nproc or 2) - 1
         return self.arrival_model().workers if self.arrivals is not None else len(self.lags)
 
+    def ignored_options(self) -> tuple[str, ...]:
+        """One-line notes for options set to a non-default value that no listed rule uses."""
+        names, notes = set(self.strategies), []
+        uses = [("max_staleness", self.max_staleness is not None, {"drop-stale"}),
+                ("clip", self.clip != "auto", {"centered-clip"}),
+                ("byzantine", self.byzantine != 1, {"trimmed-mean", "krum", "multi-krum"}),
+                ("reference", self.reference != "auto", {"naig", "naig-exact", "naig-blind"}),
+                ("dc_lambda", self.dc_lambda != 20.0, {"dc-asgd"})]
+        for field, given, rules in uses:
+            if given and not names & rules:
+                notes.append(f"`{field}` has no effect: no rule of {', '.join(sorted(rules))} is listed")
+        if self.timeout != 30.0 and self.engine != "distributed":
+            notes.append("`timeout` has no effect without the distributed `engine`")
+        late = [str(f) for f in self.fault_list if f.start >= self.steps]
+        if late:
+            notes.append(f"`faults` {', '.join(late)} start(s) after the last step ({self.steps - 1})")
+        return tuple(notes)
+
     def strategy_warnings(self) -> tuple[str, ...]:
         """One-line warnings of the strategies that run degraded here (e.g. krum with small K).
 
@@ -264,9 +282,10 @@ class SimulateConfig:
                        "each worker, e.g. exp:1,exp:1,exp:2,exp:4): it runs on the simulated clock")
             _check(not local, "strategies", ",".join(local), "runs on the simulated clock and needs "
                    "`arrivals` (compute seconds per inner step, e.g. exp:1,exp:1,exp:2,exp:4)")
+        pseudo = PSEUDO_STRATEGIES if self.local_mode else ()  # naig takes outer options in local mode
         users = {"local_steps": ("diloco", "gasloc", "local-sgd", *PSEUDO_STRATEGIES),
-                 "outer_lr": ("diloco", "gasloc", *PSEUDO_STRATEGIES),
-                 "outer_momentum": ("diloco", "gasloc", *PSEUDO_STRATEGIES)}
+                 "outer_lr": ("diloco", "gasloc", *pseudo),
+                 "outer_momentum": ("diloco", "gasloc", *pseudo)}
         for name, rules in users.items():
             _check(getattr(self, name) is None or any(n in rules for n in self.strategies), name,
                    getattr(self, name), f"applies to local-update strategies only ({', '.join(rules)}); "
@@ -327,7 +346,7 @@ class SimulateConfig:
         _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, "use sgd or adam")
         _check(0 < self.steps <= MAX_STEPS, "steps", self.steps,
                f"use a positive int up to {MAX_STEPS:,}, e.g. 150")
-        _check(self.seeds > 0, "seeds", self.seeds, "use a positive int, e.g. 2")
+        _check(self.seeds > 0, "seeds", self.seeds, "use a positive int, e.g. 3")
         _check(len(self.lr) > 0 and all(v > 0 and math.isfinite(v) for v in self.lr), "lr", self.lr,
                "use finite values > 0, e.g. 1e-3 or 3e-4,1e-3,3e-3")
         _check(len(set(self.lr)) == len(self.lr), "lr", self.lr, "lists a learning rate twice")
@@ -342,6 +361,12 @@ class SimulateConfig:
         _check(self.eval_batches > 0, "eval_batches", self.eval_batches, "use a positive int, e.g. 16")
 
     def _check_saving(self) -> None:
+        if self.log_dir is not None:
+            _check(not Path(self.log_dir).exists() or Path(self.log_dir).is_dir(), "log_dir", self.log_dir,
+                   "is a file; name a directory (it is created if missing)")
+        _check(self.save_grads is None or not self.asynchronous, "save_grads", self.save_grads,
+               "saves the gradients of a fixed-lag server step; it is not available with `arrivals` "
+               "or the distributed engine")
         if self.save_grads is None:
             _check(not self.save_at, "save_at", self.save_at,
                    "needs `save_grads` (the directory to write the gradient files to)")
@@ -365,6 +390,9 @@ def _check(ok: bool, field: str, value: object, message: str) -> None:
         raise UsageError(message, field=field, value=value)
 
 
+_EXAMPLES = {"save_at": "50 or 50,100", "local_steps": "10 or 10,10,5,2"}
+
+
 def parse_int_list(text: str, field: str) -> tuple[int, ...]:
     """Parse ``"0,10,20"`` into non-negative ints.
 
@@ -384,7 +412,8 @@ def parse_int_list(text: str, field: str) -> tuple[int, ...]:
     except ValueError:
         values = ()
     if not values or any(v < 0 for v in values):
-        raise UsageError("use a comma list of non-negative ints, e.g. 0,10,20,35", field=field,
+        raise UsageError(f"use a comma list of non-negative ints, e.g. {_EXAMPLES.get(field, '0,10,20,35')}",
+                         field=field,
                          value=text)
     return values
 

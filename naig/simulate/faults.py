@@ -110,6 +110,9 @@ def parse_fault(text: str) -> Fault:
         >>> parse_fault("2:noise:0.5@100")
         Fault(worker=2, kind='noise', arg=0.5, start=100)
     """
+    if "," in text:
+        raise UsageError("one fault per `faults`: give the option once for each fault (e.g. 1:zero, "
+                         "then 2:nan@5)", field="faults", value=text)
     m = _PATTERN.match(text.strip())
     if m is None:
         raise UsageError(_FORMAT, field="faults", value=text)
