@@ -31,4 +31,5 @@ def test_flags_are_spelled_from_their_fields() -> None:
 def test_a_switch_or_a_missing_value_is_named_without_it() -> None:
     assert cli_message(UsageError("needs `engine` distributed", field="sketch_first", value=True)) == (
         "--sketch-first: needs --engine distributed")
-    assert cli_message(UsageError("needs two workers", field="window", value=None)) == "--window: needs two workers"
+    err = UsageError("needs two workers", field="window", value=None)
+    assert cli_message(err) == "--window: needs two workers"

@@ -94,4 +94,5 @@ def test_options_that_cannot_apply_are_refused_or_noted(tmp_path) -> None:  # no
     notes = dataclasses.replace(TINY, clip=1.0, max_staleness=2, faults=("1:zero@99",)).ignored_options()
     assert len(notes) == 3 and "`max_staleness` has no effect" in notes[0] and "`clip`" in notes[1]
     assert "start(s) after the last step" in notes[2]
-    assert dataclasses.replace(TINY, strategies=("centered-clip", "hogwild"), clip=1.0).ignored_options() == ()
+    used = dataclasses.replace(TINY, strategies=("centered-clip", "hogwild"), clip=1.0, window=2)
+    assert used.ignored_options() == ()
