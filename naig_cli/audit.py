@@ -166,6 +166,16 @@ def _energy_cell(r: dict) -> str:
     return e if spread is None else f"{e} ± {fmt_num(spread, '.2f', big=_BIG)}"
 
 
+def _row_names(files: list[str]) -> list[str]:
+    """Row labels: file stems; where two stems collide (``--recursive``), paths below the common folder."""
+    names = [_display_name(f) for f in files]
+    if len(set(names)) == len(names):
+        return names
+    base = Path(os.path.commonpath([str(Path(f).parent) for f in files]))
+    return [_display_name(f) if Path(f).parent == base else
+            f"{Path(f).parent.relative_to(base).as_posix()}/{_display_name(f)}" for f in files]
+
+
 def _rank_notice(result) -> str | None:  # noqa: ANN001
     """One line when some workers' E ± spread overlap: another --seed may reorder them."""
     pairs = result.rank_overlaps()
@@ -217,7 +227,7 @@ def _fit(cols: dict[str, list[str]], names: list[str], width: int) -> list[str]:
 
 def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
     title, cols = _columns(result, rows)
-    names = [_display_name(r["file"]) for r in rows]
+    names = _row_names([r["file"] for r in rows])
     dropped = _fit(cols, names, stdout.width)
     t = Table(title=escape(title), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     t.add_column("file", overflow="fold", min_width=min(_FILE_MIN, max(map(len, names))))

@@ -566,3 +566,12 @@ def test_fnuz_files_are_audited_by_both_kernel_paths(tmp_path):
     for a, b in zip(fast["files"], slow["files"], strict=True):
         for key in ("energy", "energy_spread", "cos", "delta_norm"):
             assert a[key] == pytest.approx(b[key], rel=1e-12)
+
+
+def test_recursive_rows_with_the_same_file_name_are_told_apart(tmp_path):
+    save_gradients(tmp_path / "ref.safetensors", make_state(0))
+    for step in (100, 200):
+        save_gradients(tmp_path / "ckpts" / f"s{step}" / "worker0.safetensors", make_state(step))
+    r = run_naig("audit", tmp_path / "ref.safetensors", tmp_path / "ckpts", "--recursive")
+    assert r.returncode == 0, r.stderr
+    assert "s100/worker0" in r.stdout and "s200/worker0" in r.stdout
