@@ -432,14 +432,18 @@ def _method(r: SimulateResult, name: str) -> str:
 
 
 def _columns(r: SimulateResult) -> list[str]:
+    """The table's columns: only those some row has a value for."""
     c, cols = r.config, ["strategy", "loss ± 95% CI"]
     if c.tuning:
         cols.append("lr")
-    cols.append("Δ vs hogwild")
+    if any(s.paired_vs_hogwild for s in r.summaries):
+        cols.append("Δ vs hogwild")
     if r.best_baseline not in (None, "hogwild"):
         cols.append(f"Δ vs {r.best_baseline}")
-    if c.asynchronous:
-        cols += ["τ̄", "t→sync loss"]
+    if any(s.staleness_mean is not None for s in r.summaries):
+        cols.append("τ̄")
+    if any(s.reached is not None for s in r.summaries):
+        cols.append("t→sync loss")
     if any(s.correction is not None for s in r.summaries):
         cols.append("‖g̃−g‖/‖g‖")
     return cols + ["mean π", "K_eff", "frozen", "H first→last", "ms/update"]
@@ -462,7 +466,7 @@ def _cells(r: SimulateResult, s: StrategySummary) -> dict[str, str]:
 
 
 _DROP_ORDER = ("H first→last", "frozen", "ms/update", "K_eff", "‖g̃−g‖/‖g‖", "τ̄", "mean π",
-               "lr")  # the first is dropped first; then the columns after "Δ vs hogwild"
+               "lr")  # the first is dropped first; then "Δ vs <best baseline>"
 
 
 def _table(r: SimulateResult, width: int) -> tuple[Table, list[str]]:
@@ -475,11 +479,11 @@ def _table(r: SimulateResult, width: int) -> tuple[Table, list[str]]:
     title = (f"final {what} loss, nats/byte (lower is better), over {r.config.seeds} seed(s); Δ: mean "
              f"paired per-seed difference ± half its 95% CI, paired t-test p")
     if r.distributed is not None:  # distributed engine: π is weight × lr scale, τ is measured
-        title += "; π = weight × lr scale, τ measured"
+        title += "; τ measured, seconds real"
     rows = [_cells(r, s) for s in r.summaries]
     all_columns = _columns(r)
     columns = list(all_columns)
-    late = [c for c in all_columns[all_columns.index("Δ vs hogwild") + 1:] if c not in _DROP_ORDER]
+    late = [c for c in all_columns[2:] if c.startswith("Δ vs") and c != "Δ vs hogwild"]
     order = [*_DROP_ORDER, *reversed(late)]
     if r.config.faults:  # then the weights on the faulty workers matter most: keep them longest
         order.remove("mean π")
@@ -500,7 +504,8 @@ def _table(r: SimulateResult, width: int) -> tuple[Table, list[str]]:
 
 def _render_curves(r: SimulateResult) -> None:
     """Validation loss (mean over seeds) at each evaluation point: updates and simulated seconds."""
-    t = Table(title="validation loss vs server updates and simulated wall-clock (mean over seeds)",
+    clock = "wall-clock" if r.distributed is not None else "simulated wall-clock"
+    t = Table(title=f"validation loss vs server updates and {clock} (mean over seeds)",
               box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, show_edge=False,
               title_justify="left")
     t.add_column("strategy", no_wrap=True)
