@@ -191,6 +191,23 @@ def test_thread_count_does_not_change_a_single_bit(tmp_path):
     assert docs[0] == docs[1] == docs[2]
 
 
+def test_thread_count_does_not_change_a_single_bit_with_large_pieces(tmp_path):
+    """Batches of several pieces of ~100k scalars (several tasks per batch, each streamed in
+    cached blocks): 1, 2 and 4 threads give the same JSON."""
+    g = torch.Generator().manual_seed(3)
+    shapes = {"a": (300, 701), "b": (100_003,), "c": (5,), "d": (90_000,)}
+    ref = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
+    save_gradients(tmp_path / "ref.safetensors", ref)
+    for k, dt in enumerate((torch.float32, torch.bfloat16, torch.float16)):
+        save_gradients(tmp_path / f"w{k}.safetensors",
+                       {n: (v + 0.1 * (k + 1) * torch.randn(v.shape, generator=g)).to(dt)
+                        for n, v in ref.items()})
+    workers = [tmp_path / f"w{k}.safetensors" for k in range(3)]
+    docs = [_doc(run_audit(tmp_path / "ref.safetensors", workers, AuditConfig(chunk=400_000, threads=t)))
+            for t in (1, 2, 4)]
+    assert docs[0] == docs[1] == docs[2]
+
+
 FLOAT_DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
                 torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu]
 

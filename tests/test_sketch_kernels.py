@@ -1,5 +1,7 @@
 """Compiled and numpy chunk kernels agree with the reference sketch in float64, for every dtype."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -202,3 +204,89 @@ def test_wrong_dtypes_or_layouts_are_refused(codes, ref, x, out, kw):
     for compiled in paths:
         with pytest.raises(ValueError, match="accumulate: "):
             accumulate(codes, ref, x, out, compiled=compiled, **kw)
+
+
+@pytest.fixture
+def files(tmp_path):
+    """``files(dtypes, m)``: one file per dtype holding ``m`` scalars after a 3-byte header (odd
+    offsets), as rows (fd, 3, dtype); closed after the test."""
+    fds = []
+
+    def make(dtypes: list[str], m: int) -> list[tuple[int, int, str]]:
+        rows = []
+        for f, dtype in enumerate(dtypes):
+            base = torch.randn(m, generator=torch.Generator().manual_seed(f), dtype=torch.float64) * 3
+            raw, _ = stored(base.abs() + 0.5 if dtype == "F8_E8M0" else base, dtype)
+            path = tmp_path / f"{len(fds)}.bin"
+            path.write_bytes(b"hdr" + raw.tobytes())
+            fds.append(os.open(path, os.O_RDONLY))
+            rows.append((fds[-1], 3, dtype))
+        return rows
+
+    yield make
+    for fd in fds:
+        os.close(fd)
+
+
+def _in_memory(rows: list[tuple[int, int, str]], keys: list[int], m: int, compiled: bool) -> np.ndarray:
+    """``accumulate`` of each row's whole piece against row 0's, with the same codes."""
+    codes = [hash_codes(k, 0, m, compiled=compiled) for k in keys]
+    raw = [np.frombuffer(os.pread(fd, m * kernels.ITEMSIZE[t], off), np.uint8) for fd, off, t in rows]
+    want = np.zeros((len(rows), len(keys), STATS))
+    for f, (b, (_, _, t)) in enumerate(zip(raw, rows, strict=True)):
+        accumulate(codes, raw[0], b, want[f], compiled=compiled, ref_dtype=rows[0][2], x_dtype=t)
+    return want
+
+
+@pytest.mark.parametrize("compiled", paths)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("m,R", [(0, 1), (5, 1), (70001, 1), (40000, 3), (100, 130)])
+def test_accumulate_files_equals_accumulate_in_memory(files, compiled, dtype, m, R):
+    """Pieces longer than the kernel's file block (32768 scalars) are summed block by block:
+    the compiled sums are those of one pass in memory, bit for bit; the numpy path likewise."""
+    rows = files([dtype, dtype, dtype], m)
+    keys = [tensor_key(s, "w") + 11 for s in range(R)]
+    got = np.zeros((3, R, STATS))
+    assert kernels.accumulate_files(keys, m, rows, got, compiled=compiled) == -1
+    np.testing.assert_array_equal(got, _in_memory(rows, keys, m, compiled))
+    np.testing.assert_array_equal(got[0, :, 14], got[0, :, 15])  # the reference against itself
+    assert not got[0, :, 16:].any()
+
+
+@pytest.mark.parametrize("compiled", paths)
+def test_accumulate_files_mixed_dtypes(files, compiled):
+    rows = files(["BF16", "F32", "F8_E4M3", "F64", "F16"], 33000)
+    got = np.zeros((5, 2, STATS))
+    assert kernels.accumulate_files([1, 2], 33000, rows, got, compiled=compiled) == -1
+    np.testing.assert_array_equal(got, _in_memory(rows, [1, 2], 33000, compiled))
+
+
+def test_accumulate_files_paths_agree(files):
+    if not kernels.HAVE_COMPILED:
+        pytest.skip("the compiled kernel is not built")
+    rows = files(["F32", "BF16", "F32"], 50001)
+    a, b = np.zeros((3, 1, STATS)), np.zeros((3, 1, STATS))
+    kernels.accumulate_files([5], 50001, rows, a, compiled=True)
+    kernels.accumulate_files([5], 50001, rows, b, compiled=False)
+    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("compiled", paths)
+def test_accumulate_files_reports_the_row_that_ends_early(files, compiled):
+    rows = files(["F32", "F32", "F32"], 40000)
+    out = np.zeros((3, 1, STATS))
+    assert kernels.accumulate_files([1], 40001, rows, out, compiled=compiled) == 0  # every file is short
+    fd, off, t = rows[2]
+    rows[2] = (fd, off + 8, t)  # the last row starts two scalars later: it alone ends early
+    assert kernels.accumulate_files([1], 40000, rows, out, compiled=compiled) == 2
+
+
+@pytest.mark.parametrize("compiled", paths)
+def test_accumulate_files_refuses_wrong_arguments(files, compiled):
+    rows = files(["F32", "F32"], 8)
+    wrong = [([], rows, np.zeros((2, 0, STATS))), ([1], [], np.zeros((0, 1, STATS))),
+             ([1], rows, np.zeros((2, 2, STATS))), ([1], rows, np.zeros((2, 1, STATS), np.float32)),
+             ([1], [(rows[0][0], 0, "I8")], np.zeros((1, 1, STATS)))]
+    for keys, rs, out in wrong:
+        with pytest.raises(ValueError, match="accumulate_files: "):
+            kernels.accumulate_files(keys, 8, rs, out, compiled=compiled)

@@ -44,7 +44,7 @@ from naig.gibbs import effective_workers, frozen_mask, gibbs_weights, parse_beta
 from naig.io import METADATA_KEYS
 from naig.metric import DEFAULT_LINE, fano_fisher_metric, parse_line
 from naig.sketch.core import SKETCH_DIM, check_seed, tensor_key
-from naig.sketch.kernels import ITEMSIZE, STATS, accumulate, hash_codes
+from naig.sketch.kernels import ITEMSIZE, STATS, accumulate_files
 
 __all__ = ["AuditConfig", "FileScore", "AuditResult", "run_audit", "DEFAULT_CHUNK"]
 
@@ -53,6 +53,7 @@ DEFAULT_CHUNK = 1 << 22  # scalars per batch (16 MiB of float32)
 _INT = re.compile(r"-?[0-9]{1,18}")  # metadata shown as int (ASCII digits, bounded length)
 _SCORES = ("cos", "delta_norm", "energy", "energy_spread", "energy_std", "friction", "pi", "verdict",
            "sketch_ratio", "nonfinite_tensor", "drift")  # FileScore fields in row order
+_TASK_SCALARS = 1 << 16  # a thread's task: whole pieces of at least this many scalars (the last aside)
 _PARTIAL_BUDGET = 1 << 18  # per-piece sums (of STATS floats each) one batch may hold: 38 MB
 
 
@@ -238,65 +239,63 @@ class _Accumulators:
 
 @dataclass
 class _Batch:
-    """One batch in flight: its pieces, the reference's views and one future per row."""
+    """One batch in flight: its pieces, each piece's sums and one future per task."""
 
     pieces: list[Piece]
-    partial: np.ndarray  # (K+1, P, R, STATS): each piece's sums, folded into the totals in order
+    partial: np.ndarray  # (P, K+1, R, STATS): each piece's sums, folded into the totals in order
     futures: list[Future]
-    reader: RawReader  # the reference's maps, unmapped when the batch is folded
 
 
-def _codes(pieces: list[Piece], seeds: list[int]) -> list[list[np.ndarray]]:
-    """Hash codes per piece and sketch seed: computed once per batch, reused for every file."""
-    return [
-        [hash_codes(tensor_key(s, p.tensor.name), p.start, p.stop - p.start) for s in seeds] for p in pieces
-    ]
+def _score_pieces(where: list[dict[str, TensorData]], pieces: list[Piece], first: int, seeds: list[int],
+                  partial: np.ndarray) -> None:
+    """Sums of every file's ``pieces[i]`` into ``partial[first + i]`` (a worker thread).
 
-
-def _score_file(
-    where: dict[str, TensorData],
-    ref_where: dict[str, TensorData],
-    pieces: list[Piece],
-    codes: list[list[np.ndarray]],
-    refs: list[np.ndarray],
-    out: np.ndarray,
-) -> None:
-    """Sums of one file's pieces against the reference's, piece i into ``out[i]`` (a worker thread).
-
-    The reference's own row passes ``where is ref_where``: its pieces are the reference views.
+    Each piece is one kernel call over all the files: its codes are hashed once and the
+    reference's bytes read once, whatever the file count (``accumulate_files``).
     """
     with RawReader() as reader:
-        for i, p in enumerate(pieces):
+        for i, p in enumerate(pieces, first):
             name = p.tensor.name
-            x = refs[i] if where is ref_where else reader.view(where[name], p.start, p.stop)
-            rt, xt = ref_where[name].dtype, where[name].dtype
-            accumulate(codes[i], refs[i], x, out[i], ref_dtype=rt, x_dtype=xt)
+            rows = [(reader.fd(w[name]), w[name].offset + p.start * ITEMSIZE[w[name].dtype], w[name].dtype)
+                    for w in where]
+            bad = accumulate_files([tensor_key(s, name) + p.start for s in seeds], p.stop - p.start, rows,
+                                   partial[i])
+            if bad >= 0:
+                raise reader.short_read(where[bad][name])
+
+
+def _tasks(pieces: list[Piece]) -> Iterator[tuple[int, int]]:
+    """[a, b) ranges of pieces, each of at least ``_TASK_SCALARS`` scalars but the last."""
+    a = size = 0
+    for b, p in enumerate(pieces, 1):
+        size += p.stop - p.start
+        if size >= _TASK_SCALARS:
+            yield a, b
+            a, size = b, 0
+    if a < len(pieces):
+        yield a, len(pieces)
 
 
 def _submit(pool: ThreadPoolExecutor, pieces: list[Piece], seeds: list[int], where: list[dict]) -> _Batch:
-    codes = _codes(pieces, seeds)
-    reader = RawReader()
-    refs = [reader.view(where[0][p.tensor.name], p.start, p.stop) for p in pieces]  # read once per batch
-    partial = np.zeros((len(where), len(pieces), len(seeds), STATS))
-    futures = [pool.submit(_score_file, w, where[0], pieces, codes, refs, partial[row])
-               for row, w in enumerate(where)]
-    return _Batch(pieces, partial, futures, reader)
+    partial = np.zeros((len(pieces), len(where), len(seeds), STATS))
+    futures = [pool.submit(_score_pieces, where, pieces[a:b], a, seeds, partial) for a, b in _tasks(pieces)]
+    return _Batch(pieces, partial, futures)
 
 
 def _fold(batch: _Batch, acc: _Accumulators, where: list[dict], progress: Callable[[int], None] | None
           ) -> None:
     """Add a batch's per-piece sums to the totals, row by row in piece order (any thread count)."""
-    for row, future in enumerate(batch.futures):
+    for future in batch.futures:
         future.result()
+    for row in range(len(where)):
         before = acc.bytes_read
         for i, p in enumerate(batch.pieces):
-            acc.stats[row] += batch.partial[row, i]
+            acc.stats[row] += batch.partial[i, row]
             acc.bytes_read += (p.stop - p.start) * ITEMSIZE[where[row][p.tensor.name].dtype]
             if acc.bad[row] is None and not np.isfinite(acc.stats[row, 0]).all():
                 acc.bad[row] = p.tensor.name
         if progress and row:
             progress(acc.bytes_read - before)
-    batch.reader.close()
 
 
 def _limited(groups: Iterator[list[Piece]], per_piece: int) -> Iterator[list[Piece]]:
@@ -317,7 +316,8 @@ def _stream_all(
     cfg: AuditConfig,
     progress: Callable[[int], None] | None,
 ) -> _Accumulators:
-    """Score every file batch by batch on ``cfg.threads`` threads, one task per file and batch.
+    """Score every file batch by batch on ``cfg.threads`` threads, each task a run of whole
+    pieces over all files.
 
     The next batch is submitted before the current one is folded, so the threads never wait
     for a batch boundary; the totals are summed in one fixed order whatever the thread count.
@@ -325,25 +325,19 @@ def _stream_all(
     seeds = [cfg.seed + r for r in range(cfg.sketches)]
     where = [locate(f) for f in (ref, *workers)]  # row → {tensor name: where its bytes are}
     acc = _Accumulators(np.zeros((len(where), len(seeds), STATS)), [None] * len(where))
-    chunk = max(1, cfg.chunk // cfg.sketches)  # R code arrays per batch: memory stays one chunk
+    chunk = max(1, cfg.chunk // cfg.sketches)  # the pieces (and so every sum) depend on chunk and R only
     inflight: deque[_Batch] = deque()
-    try:
-        with ThreadPoolExecutor(cfg.threads, thread_name_prefix="naig-audit") as pool:
-            try:
-                for pieces in _limited(batches(plan, chunk), len(where) * len(seeds)):
-                    inflight.append(_submit(pool, pieces, seeds, where))
-                    if len(inflight) > 1:
-                        _fold(inflight[0], acc, where, progress)
-                        inflight.popleft()
-                while inflight:
-                    _fold(inflight[0], acc, where, progress)
-                    inflight.popleft()
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
-    finally:
-        for batch in inflight:
-            batch.reader.close()
+    with ThreadPoolExecutor(cfg.threads, thread_name_prefix="naig-audit") as pool:
+        try:
+            for pieces in _limited(batches(plan, chunk), len(where) * len(seeds)):
+                inflight.append(_submit(pool, pieces, seeds, where))
+                if len(inflight) > 1:
+                    _fold(inflight.popleft(), acc, where, progress)
+            while inflight:
+                _fold(inflight.popleft(), acc, where, progress)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return acc
 
 

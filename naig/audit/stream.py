@@ -473,15 +473,26 @@ class RawReader:
             DataError: the file's size changed since its offsets were derived, or it was cut
                 while being read.
         """
-        fd = self._fds.get(where.path)
-        if fd is None:
-            fd = self._open(where)
+        fd = self.fd(where)
         size = ITEMSIZE[where.dtype]
         out = np.empty((stop - start) * size, np.uint8)
         got = os.preadv(fd, [out], where.offset + start * size) if out.size else 0
         if got != out.size:
             raise _changed(where, os.fstat(fd).st_size)
         return out
+
+    def fd(self, where: TensorData) -> int:
+        """The open file descriptor of a tensor's file (opened, and its size checked, once).
+
+        Raises:
+            DataError: the file's size changed since its offsets were derived.
+        """
+        fd = self._fds.get(where.path)
+        return self._open(where) if fd is None else fd
+
+    def short_read(self, where: TensorData) -> DataError:
+        """The error for a tensor whose file ended before its bytes did."""
+        return _changed(where, os.fstat(self.fd(where)).st_size)
 
     def _open(self, where: TensorData) -> int:
         fd = os.open(where.path, os.O_RDONLY)

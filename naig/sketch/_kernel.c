@@ -11,6 +11,10 @@
  *     Every scalar is converted exactly to double in registers (fp8, bf16, fp16, fp32, fp64),
  *     then accumulated in double in four interleaved lanes (lane u takes i = u mod 4), the
  *     lanes combined as (l0 + l1) + (l2 + l3). The order depends only on m, never on the dtype.
+ * accumulate_files(keys, m, rows, out):  accumulate for one piece of m scalars of F files read
+ *     with pread from rows ((fd, offset, type), ...), row 0 the reference against itself, in
+ *     blocks of FILE_BLK scalars that stay in cache (codes hashed and the reference read once
+ *     per block); the sums are those of accumulate over the whole piece, bit for bit.
  * decode(raw, type, out):  the same exact conversion into a float64 buffer (tests, tools).
  * All release the GIL. Build with -ffp-contract=off: a fused multiply-add would change the
  * last bit of the sums. The readable reference is naig.sketch.core; naig.sketch.kernels holds
@@ -22,6 +26,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <unistd.h>
 
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
 #define NAIG_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -34,6 +40,8 @@ enum { T_F64, T_F32, T_F16, T_BF16, T_E4M3FN, T_E5M2, T_E4M3FNUZ, T_E5M2FNUZ, T_
 static const Py_ssize_t ITEMSIZE[T_COUNT] = {8, 4, 2, 2, 1, 1, 1, 1, 1};
 #define NSTATS 18
 #define BLK 256 /* scalars converted per block; a multiple of 8, the vector body's step */
+#define FILE_BLK 32768 /* scalars read per file and block by accumulate_files; a multiple of BLK */
+#define MAX_R 64 /* sketch seeds one accumulate_files call takes */
 
 static double LUT8[T_COUNT][256]; /* fp8 bit pattern -> value, filled at import */
 
@@ -344,68 +352,82 @@ static void block(const uint8_t *codes, const uint8_t *ref, int rt, const uint8_
     lanes_scalar(codes + b + groups, xs + groups, r + groups, n - groups, a);
 }
 
-/* One pass over m scalars with one code array. BLK is a multiple of 4, so splitting into
- * blocks (or running the fused body over the full groups, then the remainder) keeps the
- * order of every sum. */
-static void run1(const uint8_t *codes, const uint8_t *ref, int rt, const uint8_t *x, int xt, Py_ssize_t m,
-                 double *out) {
+/* The running sums of one pass over a piece of m scalars, fed block by block: for R == 1 the
+ * lanes of `a` (the fused bodies), for R > 1 `bank` (R x 4 x 16) and the lanes of `a`. */
+typedef struct {
     Acc a;
-    memset(&a, 0, sizeof a);
+    double *bank;
+} Pass;
+
+/* Add scalars [base, base + n) of the piece to the pass (codes, ref and x point at scalar base).
+ * Every block but the last must hold a multiple of BLK scalars: whole groups of four and whole
+ * blocks stay whole, so the sums are those of one call over the whole piece, bit for bit. */
+static void feed1(const uint8_t *codes, const uint8_t *ref, int rt, const uint8_t *x, int xt, Py_ssize_t n,
+                  Acc *a) {
     Py_ssize_t b = 0;
 #ifdef NAIG_AVX2
-    Py_ssize_t groups = m & ~(Py_ssize_t)7;
-    if (fused(rt, xt, ref, x, codes, groups, &a)) b = groups;
+    Py_ssize_t groups = n & ~(Py_ssize_t)7;
+    if (fused(rt, xt, ref, x, codes, groups, a)) b = groups;
 #endif
-    for (; b < m; b += BLK) block(codes, ref, rt, x, xt, b, m - b < BLK ? m - b : BLK, &a);
-    for (int k = 0; k < 14; k++) out[k] += combine(&a.bank[0][k], 16);
-    out[14] += combine(a.pd, 1);
-    out[15] += combine(a.px, 1);
-    out[16] += combine(a.pq, 1);
-    out[17] += combine(a.p4, 1);
+    for (; b < n; b += BLK) block(codes, ref, rt, x, xt, b, n - b < BLK ? n - b : BLK, a);
 }
 
-/* R > 1 sketch seeds: one read of x, R scatters per scalar (portable body). */
+/* R > 1 sketch seeds: one read of x, R scatters per scalar (portable body). `full` is the number
+ * of scalars of the whole piece in full groups of four; base is a multiple of four. */
 NAIG_CLONES
-static void run_many(const uint8_t *const *codes, int R, const uint8_t *ref, int rt, const uint8_t *x, int xt,
-                     Py_ssize_t m, double *restrict bank, double *restrict out) {
+static void feed_many(const uint8_t *const *codes, int R, const uint8_t *ref, int rt, const uint8_t *x, int xt,
+                      Py_ssize_t base, Py_ssize_t n, Py_ssize_t full, double *restrict bank, Acc *a) {
     double xs[BLK], rs[BLK];
-    double pd[4] = {0}, px[4] = {0}, pq[4] = {0}, p4[4] = {0};
-    Py_ssize_t full = m & ~(Py_ssize_t)3; /* scalars in full groups of four */
-    for (Py_ssize_t b = 0; b < m; b += BLK) {
-        Py_ssize_t n = m - b < BLK ? m - b : BLK;
-        convert(x + b * ITEMSIZE[xt], xt, n, xs);
+    for (Py_ssize_t b = 0; b < n; b += BLK) {
+        Py_ssize_t k = n - b < BLK ? n - b : BLK;
+        convert(x + b * ITEMSIZE[xt], xt, k, xs);
         const double *r = xs;
         if (ref != x || rt != xt) {
-            convert(ref + b * ITEMSIZE[rt], rt, n, rs);
+            convert(ref + b * ITEMSIZE[rt], rt, k, rs);
             r = rs;
         }
-        for (Py_ssize_t j = 0; j < n; j++) {
-            int u = b + j < full ? (int)(j & 3) : 0;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            int u = base + b + j < full ? (int)(j & 3) : 0;
             double xi = xs[j], ri = r[j], di = xi - ri, d2 = di * di;
             for (int s = 0; s < R; s++) {
                 uint8_t c = codes[s][b + j];
                 bank[(s * 4 + u) * 16 + (c & 15)] += SIGN[c >> 7] * xi;
             }
-            pd[u] += xi * ri;
-            px[u] += xi * xi;
-            pq[u] += d2;
-            p4[u] += d2 * d2;
+            a->pd[u] += xi * ri;
+            a->px[u] += xi * xi;
+            a->pq[u] += d2;
+            a->p4[u] += d2 * d2;
         }
     }
-    double stats[4] = {combine(pd, 1), combine(px, 1), combine(pq, 1), combine(p4, 1)};
+}
+
+static void feed(Pass *p, const uint8_t *const *codes, int R, const uint8_t *ref, int rt, const uint8_t *x,
+                 int xt, Py_ssize_t base, Py_ssize_t n, Py_ssize_t full) {
+    if (R == 1)
+        feed1(codes[0], ref, rt, x, xt, n, &p->a);
+    else
+        feed_many(codes, R, ref, rt, x, xt, base, n, full, p->bank, &p->a);
+}
+
+/* Combine the lanes as (l0 + l1) + (l2 + l3) and add them to out (R x 18). */
+static void finish(const Pass *p, int R, double *out) {
+    double stats[4] = {combine(p->a.pd, 1), combine(p->a.px, 1), combine(p->a.pq, 1), combine(p->a.p4, 1)};
     for (int s = 0; s < R; s++) {
         double *o = out + s * NSTATS;
-        for (int k = 0; k < 14; k++) o[k] += combine(bank + s * 64 + k, 16);
+        const double *bank = R == 1 ? &p->a.bank[0][0] : p->bank + s * 64;
+        for (int k = 0; k < 14; k++) o[k] += combine(bank + k, 16);
         for (int k = 0; k < 4; k++) o[14 + k] += stats[k];
     }
 }
 
+/* One pass over m scalars in memory. */
 static void run(const uint8_t *const *codes, int R, const uint8_t *ref, int rt, const uint8_t *x, int xt,
                 Py_ssize_t m, double *bank, double *out) {
-    if (R == 1)
-        run1(codes[0], ref, rt, x, xt, m, out);
-    else
-        run_many(codes, R, ref, rt, x, xt, m, bank, out);
+    Pass p;
+    memset(&p.a, 0, sizeof p.a);
+    p.bank = bank;
+    feed(&p, codes, R, ref, rt, x, xt, 0, m, m & ~(Py_ssize_t)3);
+    finish(&p, R, out);
 }
 
 NAIG_CLONES
@@ -484,6 +506,105 @@ done:
     return result;
 }
 
+/* Read exactly len bytes at off (retrying short reads and EINTR); 0 on success, -1 when the
+ * file ends early or the read fails. */
+static int read_full(int fd, uint8_t *buf, size_t len, off_t off) {
+    while (len) {
+        ssize_t k = pread(fd, buf, len, off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        buf += k;
+        len -= (size_t)k;
+        off += k;
+    }
+    return 0;
+}
+
+typedef struct {
+    int fd, type;
+    long long offset; /* byte offset of the piece's first scalar */
+} Source;
+
+/* One piece of m scalars from F files, streamed in FILE_BLK blocks that stay in cache: each
+ * block's codes are hashed once and its reference bytes read once, then every file's bytes
+ * are read and fed to that file's pass. Row 0 is the reference itself (its pass reads nothing
+ * more). Returns -1, or the first row whose read failed. */
+static Py_ssize_t stream_files(const uint64_t *keys, int R, Py_ssize_t m, const Source *src, Py_ssize_t F,
+                               uint8_t *work, Pass *passes, double *out) {
+    uint8_t *xbuf = work, *rbuf = work + FILE_BLK * 8;
+    uint8_t *cbuf = rbuf + FILE_BLK * 8;
+    const uint8_t *codes[MAX_R];
+    for (int s = 0; s < R; s++) codes[s] = cbuf + (size_t)s * FILE_BLK;
+    Py_ssize_t full = m & ~(Py_ssize_t)3;
+    for (Py_ssize_t base = 0; base < m; base += FILE_BLK) {
+        Py_ssize_t n = m - base < FILE_BLK ? m - base : FILE_BLK;
+        for (int s = 0; s < R; s++) hash_run(keys[s] + (uint64_t)base, n, cbuf + (size_t)s * FILE_BLK);
+        Py_ssize_t rs = ITEMSIZE[src[0].type];
+        if (read_full(src[0].fd, rbuf, (size_t)(n * rs), (off_t)(src[0].offset + base * rs))) return 0;
+        feed(&passes[0], codes, R, rbuf, src[0].type, rbuf, src[0].type, base, n, full);
+        for (Py_ssize_t f = 1; f < F; f++) {
+            Py_ssize_t xs = ITEMSIZE[src[f].type];
+            if (read_full(src[f].fd, xbuf, (size_t)(n * xs), (off_t)(src[f].offset + base * xs))) return f;
+            feed(&passes[f], codes, R, rbuf, src[0].type, xbuf, src[f].type, base, n, full);
+        }
+    }
+    for (Py_ssize_t f = 0; f < F; f++) finish(&passes[f], R, out + f * R * NSTATS);
+    return -1;
+}
+
+/* Parse ((fd, offset, type), ...) into src; 0 with an exception set on failure. */
+static int parse_sources(PyObject *rows, Source *src, Py_ssize_t F) {
+    for (Py_ssize_t f = 0; f < F; f++) {
+        PyObject *row = PyTuple_GET_ITEM(rows, f);
+        if (!PyTuple_Check(row) || !PyArg_ParseTuple(row, "iLi", &src[f].fd, &src[f].offset, &src[f].type)) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "accumulate_files: rows are (fd, offset, type)");
+            return 0;
+        }
+        if (!check_type(src[f].type)) return 0;
+    }
+    return 1;
+}
+
+static PyObject *accumulate_files(PyObject *self, PyObject *args) {
+    PyObject *keys_seq, *rows;
+    Py_ssize_t m;
+    Py_buffer ob;
+    if (!PyArg_ParseTuple(args, "O!nO!w*", &PyTuple_Type, &keys_seq, &m, &PyTuple_Type, &rows, &ob)) return NULL;
+    Py_ssize_t R = PyTuple_GET_SIZE(keys_seq), F = PyTuple_GET_SIZE(rows), bad = -1;
+    PyObject *result = NULL;
+    uint64_t keys[MAX_R];
+    Source *src = PyMem_Calloc(F ? F : 1, sizeof(Source));
+    Pass *passes = PyMem_Calloc(F ? F : 1, sizeof(Pass));
+    double *banks = PyMem_Calloc((size_t)(F ? F : 1) * (size_t)R * 64, sizeof(double));
+    uint8_t *work = PyMem_Malloc((size_t)FILE_BLK * (16 + (size_t)(R ? R : 1)));
+    if (!src || !passes || !banks || !work) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (R < 1 || R > MAX_R || F < 1 || m < 0 || ob.len != F * R * NSTATS * (Py_ssize_t)sizeof(double)) {
+        PyErr_Format(PyExc_ValueError, "accumulate_files: expected 1..%d keys, >= 1 rows, m >= 0 and an out of "
+                     "rows x R x 18 float64", MAX_R);
+        goto done;
+    }
+    for (Py_ssize_t s = 0; s < R; s++) {
+        keys[s] = (uint64_t)PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(keys_seq, s));
+        if (PyErr_Occurred()) goto done;
+    }
+    if (!parse_sources(rows, src, F)) goto done;
+    for (Py_ssize_t f = 0; f < F; f++) passes[f].bank = banks + (size_t)f * (size_t)R * 64;
+    Py_BEGIN_ALLOW_THREADS
+    bad = stream_files(keys, (int)R, m, src, F, work, passes, (double *)ob.buf);
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(bad);
+done:
+    PyMem_Free(src);
+    PyMem_Free(passes);
+    PyMem_Free(banks);
+    PyMem_Free(work);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
 static PyObject *decode(PyObject *self, PyObject *args) {
     Py_buffer raw, ob;
     int t;
@@ -511,6 +632,9 @@ static PyMethodDef methods[] = {
     {"accumulate", accumulate, METH_VARARGS,
      "accumulate(codes_tuple, ref, ref_type, x, x_type, out_R_by_18): fused pass."},
     {"decode", decode, METH_VARARGS, "decode(raw, type, out_float64): exact upcast."},
+    {"accumulate_files", accumulate_files, METH_VARARGS,
+     "accumulate_files(keys_tuple, m, ((fd, offset, type), ...), out_F_by_R_by_18): a piece read from files; "
+     "returns -1 or the first row whose read failed."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,6 +9,9 @@ Both implement one contract (docs/design.md §5, §6), checked equal in float64 
   ⟨x, ref⟩ to ``out[14]``, ‖x‖² to ``out[15]``, ‖x − ref‖² to ``out[16]`` and
   Σ (x − ref)⁴ to ``out[17]``. ``ref`` and ``x`` are float32/float64 arrays or the raw
   stored bits of any dtype in ``DTYPES`` (bf16, fp16, every fp8), upcast exactly.
+- ``accumulate_files(keys, m, rows, out)`` is ``accumulate`` of one piece for several
+  files read from open file descriptors, row 0 the reference; the compiled path streams
+  the piece in cached blocks and gives the same sums bit for bit.
 - ``decode(raw, dtype)`` is that exact upcast to float64.
 
 The compiled path (``naig/sketch/_kernel.c``) is built at install time when a C compiler
@@ -33,6 +36,7 @@ __all__ = [
     "ITEMSIZE",
     "hash_codes",
     "accumulate",
+    "accumulate_files",
     "decode",
     "new_stats",
 ]
@@ -51,6 +55,7 @@ DTYPES = {  # safetensors dtype → kernel code (the order of the enum in _kerne
 }
 ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2} | {k: 1 for k in DTYPES if k.startswith("F8")}
 _SIGN = np.uint8(128)
+_MAX_KEYS = 64  # sketch seeds one compiled accumulate_files pass takes (MAX_R in _kernel.c)
 _TYPED = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
 
 try:
@@ -253,3 +258,83 @@ def accumulate(
         _kernel.accumulate(tuple(codes), rb, DTYPES[rt], xb, DTYPES[xt], rows)
     else:
         _accumulate_numpy(codes, _decode_numpy(rb, rt), _decode_numpy(xb, xt), rows)
+
+
+def _read_numpy(fd: int, offset: int, n: int) -> np.ndarray | None:
+    """``n`` bytes of an open file at ``offset``; None when the file ends first."""
+    out = np.empty(n, np.uint8)
+    got = 0
+    while got < n:
+        k = os.preadv(fd, [out[got:]], offset + got)
+        if k == 0:
+            return None
+        got += k
+    return out
+
+
+def _accumulate_files_numpy(keys: Sequence[int], m: int, rows: Sequence[tuple[int, int, str]],
+                            out: np.ndarray) -> int:
+    """Whole pieces, one file at a time (memory: the reference's piece and one file's)."""
+    codes = [_hash_codes_numpy(k, 0, m) for k in keys]
+    r64 = None
+    for f, (fd, off, t) in enumerate(rows):
+        raw = _read_numpy(fd, off, m * ITEMSIZE[t])
+        if raw is None:
+            return f
+        x64 = _decode_numpy(raw, t)
+        r64 = x64 if r64 is None else r64
+        _accumulate_numpy(codes, r64, x64, out[f])
+    return -1
+
+
+def accumulate_files(
+    keys: Sequence[int],
+    m: int,
+    rows: Sequence[tuple[int, int, str]],
+    out: np.ndarray,
+    compiled: bool | None = None,
+) -> int:
+    """``accumulate`` of one piece of ``m`` scalars for several files, read from open files.
+
+    Row 0 is the reference, scored against itself; row f ≥ 1 is file f against it. The
+    compiled path streams the piece in blocks that stay in cache: each block's codes are
+    hashed once and its reference bytes read once, then every file's bytes are read into one
+    reused buffer (memory is a few blocks, whatever the piece, model or file count). Its sums
+    equal ``accumulate`` on the whole piece in memory, bit for bit; the numpy path reads
+    whole pieces and agrees to ~1e-15 relative.
+
+    Args:
+        keys: R sketch keys, each ``tensor_key(seed, name) + start`` for a piece that starts
+            at flat index ``start`` (``hash_codes(key, start, m)`` = codes of key + start).
+        m: scalars in the piece.
+        rows: F ≥ 1 ``(fd, byte offset of the piece, safetensors dtype)``; fds open for reading.
+        out: (F, R, STATS) float64, C-contiguous; updated in place.
+        compiled: force (True) or avoid (False) the compiled path.
+
+    Returns:
+        −1, or the first row whose file ended before the piece did (nothing is valid then).
+
+    Raises:
+        ValueError: a wrong ``out``, no keys or rows, or an unknown dtype.
+        OSError: a read failed.
+    """
+    shape = (len(rows), len(keys), STATS)
+    if not (keys and rows and out.shape == shape and out.dtype == np.float64 and out.flags.c_contiguous
+            and out.flags.writeable):
+        raise ValueError(f"accumulate_files: expected >= 1 keys and rows and a writable C-contiguous float64 "
+                         f"out {shape}; got {out.dtype}{out.shape}")
+    if unknown := [t for _, _, t in rows if t not in DTYPES]:
+        known = ", ".join(DTYPES)
+        raise ValueError(f"accumulate_files: unknown dtype {unknown[0]!r}; expected one of {known}")
+    keys = [k & MASK for k in keys]
+    if not (compiled if compiled is not None else HAVE_COMPILED):
+        return _accumulate_files_numpy(keys, m, rows, out)
+    coded = tuple((fd, off, DTYPES[t]) for fd, off, t in rows)
+    if len(keys) <= _MAX_KEYS:
+        return _kernel.accumulate_files(tuple(keys), m, coded, out)
+    for a in range(0, len(keys), _MAX_KEYS):  # seeds are independent: one pass per group of them
+        part = np.zeros((len(rows), len(keys[a : a + _MAX_KEYS]), STATS))
+        if (bad := _kernel.accumulate_files(tuple(keys[a : a + _MAX_KEYS]), m, coded, part)) >= 0:
+            return bad
+        out[:, a : a + _MAX_KEYS] += part
+    return -1
