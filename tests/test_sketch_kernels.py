@@ -242,11 +242,12 @@ def _in_memory(rows: list[tuple[int, int, str]], keys: list[int], m: int, compil
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("m,R", [(0, 1), (5, 1), (70001, 1), (40000, 3), (100, 130)])
 def test_accumulate_files_equals_accumulate_in_memory(files, compiled, dtype, m, R):
-    """Pieces longer than the kernel's file block (32768 scalars) are summed block by block:
-    the compiled sums are those of one pass in memory, bit for bit; the numpy path likewise."""
-    rows = files([dtype, dtype, dtype], m)
+    """Pieces longer than the kernel's file block (32768 scalars) are summed block by block,
+    the reference decoded once per block and files of one dtype taken two at a time: the
+    compiled sums are those of one pass in memory, bit for bit; the numpy path likewise."""
+    rows = files([dtype] * 4, m)  # the reference, then two files summed together and one alone
     keys = [tensor_key(s, "w") + 11 for s in range(R)]
-    got = np.zeros((3, R, STATS))
+    got = np.zeros((4, R, STATS))
     assert kernels.accumulate_files(keys, m, rows, got, compiled=compiled) == -1
     np.testing.assert_array_equal(got, _in_memory(rows, keys, m, compiled))
     np.testing.assert_array_equal(got[0, :, 14], got[0, :, 15])  # the reference against itself

@@ -247,56 +247,92 @@ LOADER(ld_e8m0) {
     *hi = e8m0_4(p + 4);
 }
 
-/* One group of four scalars: lane u of the vectors is lane u of Acc, each updated with the same
- * operations in the same order as lanes_scalar (x * -1 is x with its sign bit flipped). */
-#define AVX_GROUP(SELF, XD, RD, CW)                                                                  \
+/* One group of four scalars: lane u of the vectors is lane u of the Acc A (sums PX, PD, PQ, P4
+ * held in registers), each updated with the same operations in the same order as lanes_scalar
+ * (x * -1 is x with its sign bit flipped). */
+#define AVX_GROUP_TO(SELF, XD, RD, CW, A, PX, PD, PQ, P4)                                          \
     {                                                                                                \
         __m256i c64 = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128((int)(CW)));                            \
         __m256i sg = _mm256_and_si256(_mm256_slli_epi64(c64, 56), sbit);                             \
         double t[4];                                                                                 \
         _mm256_storeu_pd(t, _mm256_xor_pd(XD, _mm256_castsi256_pd(sg)));                             \
-        a->bank[0][(CW) & 15] += t[0];                                                               \
-        a->bank[1][((CW) >> 8) & 15] += t[1];                                                        \
-        a->bank[2][((CW) >> 16) & 15] += t[2];                                                       \
-        a->bank[3][((CW) >> 24) & 15] += t[3];                                                       \
-        px = _mm256_add_pd(px, _mm256_mul_pd(XD, XD));                                               \
+        (A)->bank[0][(CW) & 15] += t[0];                                                             \
+        (A)->bank[1][((CW) >> 8) & 15] += t[1];                                                      \
+        (A)->bank[2][((CW) >> 16) & 15] += t[2];                                                     \
+        (A)->bank[3][((CW) >> 24) & 15] += t[3];                                                     \
+        PX = _mm256_add_pd(PX, _mm256_mul_pd(XD, XD));                                               \
         if (!(SELF)) {                                                                               \
             __m256d di = _mm256_sub_pd(XD, RD), d2 = _mm256_mul_pd(di, di);                          \
-            pd = _mm256_add_pd(pd, _mm256_mul_pd(XD, RD));                                           \
-            pq = _mm256_add_pd(pq, d2);                                                              \
-            p4 = _mm256_add_pd(p4, _mm256_mul_pd(d2, d2));                                           \
+            PD = _mm256_add_pd(PD, _mm256_mul_pd(XD, RD));                                           \
+            PQ = _mm256_add_pd(PQ, d2);                                                              \
+            P4 = _mm256_add_pd(P4, _mm256_mul_pd(d2, d2));                                           \
         }                                                                                            \
     }
+#define AVX_GROUP(SELF, XD, RD, CW) AVX_GROUP_TO(SELF, XD, RD, CW, a, px, pd, pq, p4)
+#define AVX_LOAD_SUMS(A, PX, PD, PQ, P4)                                                             \
+    __m256d PD = _mm256_loadu_pd((A)->pd), PX = _mm256_loadu_pd((A)->px);                           \
+    __m256d PQ = _mm256_loadu_pd((A)->pq), P4 = _mm256_loadu_pd((A)->p4);
+#define AVX_STORE_SUMS(A, PX, PD, PQ, P4)                                                            \
+    _mm256_storeu_pd((A)->pd, PD);                                                                   \
+    _mm256_storeu_pd((A)->px, PX);                                                                   \
+    _mm256_storeu_pd((A)->pq, PQ);                                                                   \
+    _mm256_storeu_pd((A)->p4, P4);
 
 /* n scalars, n a multiple of 8: two groups of four per step, in order. */
-#define AVX_BODY(SELF, LD, SZ)                                                                       \
+#define AVX_BODY(SELF, LD, SZ, LDR, SZR)                                                             \
     {                                                                                                \
         const __m256i sbit = _mm256_set1_epi64x((long long)0x8000000000000000ULL);                   \
-        __m256d pd = _mm256_loadu_pd(a->pd), px = _mm256_loadu_pd(a->px);                            \
-        __m256d pq = _mm256_loadu_pd(a->pq), p4 = _mm256_loadu_pd(a->p4);                            \
+        AVX_LOAD_SUMS(a, px, pd, pq, p4)                                                             \
         for (Py_ssize_t j = 0; j + 8 <= n; j += 8) {                                                 \
             __m256d x0, x1, r0 = px, r1 = px;                                                        \
             uint64_t c8;                                                                             \
             LD(x + j * (SZ), &x0, &x1);                                                              \
-            if (!(SELF)) LD(r + j * (SZ), &r0, &r1);                                                 \
+            if (!(SELF)) LDR(r + j * (SZR), &r0, &r1);                                               \
             memcpy(&c8, codes + j, 8);                                                               \
             AVX_GROUP(SELF, x0, r0, (uint32_t)c8)                                                    \
             AVX_GROUP(SELF, x1, r1, (uint32_t)(c8 >> 32))                                            \
         }                                                                                            \
         if (SELF) pd = px; /* <x, x> summed in the same order as |x|^2; x - x = 0 */                 \
-        _mm256_storeu_pd(a->pd, pd);                                                                 \
-        _mm256_storeu_pd(a->px, px);                                                                 \
-        _mm256_storeu_pd(a->pq, pq);                                                                 \
-        _mm256_storeu_pd(a->p4, p4);                                                                 \
+        AVX_STORE_SUMS(a, px, pd, pq, p4)                                                            \
     }
 
+/* Two files x and y of one dtype against one float64 reference, interleaved: each file's sums
+ * see exactly the operations of AVX_BODY, and the two independent chains keep the core busy. */
+#define AVX_BODY2(LD, SZ)                                                                            \
+    {                                                                                                \
+        const __m256i sbit = _mm256_set1_epi64x((long long)0x8000000000000000ULL);                   \
+        AVX_LOAD_SUMS(a, px, pd, pq, p4)                                                             \
+        AVX_LOAD_SUMS(b, qx, qd, qq, q4)                                                             \
+        for (Py_ssize_t j = 0; j + 8 <= n; j += 8) {                                                 \
+            __m256d x0, x1, y0, y1, r0, r1;                                                          \
+            uint64_t c8;                                                                             \
+            LD(x + j * (SZ), &x0, &x1);                                                              \
+            LD(y + j * (SZ), &y0, &y1);                                                              \
+            ld_f64(r + j * 8, &r0, &r1);                                                             \
+            memcpy(&c8, codes + j, 8);                                                               \
+            AVX_GROUP_TO(0, x0, r0, (uint32_t)c8, a, px, pd, pq, p4)                                 \
+            AVX_GROUP_TO(0, y0, r0, (uint32_t)c8, b, qx, qd, qq, q4)                                 \
+            AVX_GROUP_TO(0, x1, r1, (uint32_t)(c8 >> 32), a, px, pd, pq, p4)                         \
+            AVX_GROUP_TO(0, y1, r1, (uint32_t)(c8 >> 32), b, qx, qd, qq, q4)                         \
+        }                                                                                            \
+        AVX_STORE_SUMS(a, px, pd, pq, p4)                                                            \
+        AVX_STORE_SUMS(b, qx, qd, qq, q4)                                                            \
+    }
+
+/* Per dtype: a reference and a file of that dtype, the file against itself, (_rf64) a file of
+ * that dtype against a reference already decoded to float64 (the audit decodes each block of the
+ * reference once for all its files), and (_rf64x2) two such files at once. */
 #define AVX_PAIR(NAME, LD, SZ)                                                                       \
     AVX2 static void NAME(const uint8_t *codes, const uint8_t *r, const uint8_t *x, Py_ssize_t n, Acc *a) \
-        AVX_BODY(0, LD, SZ)                                                                          \
+        AVX_BODY(0, LD, SZ, LD, SZ)                                                                  \
+    AVX2 static void NAME##_rf64(const uint8_t *codes, const uint8_t *r, const uint8_t *x, Py_ssize_t n,    \
+                                 Acc *a) AVX_BODY(0, LD, SZ, ld_f64, 8)                              \
+    AVX2 static void NAME##_rf64x2(const uint8_t *codes, const uint8_t *r, const uint8_t *x,              \
+                                   const uint8_t *y, Py_ssize_t n, Acc *a, Acc *b) AVX_BODY2(LD, SZ)  \
     AVX2 static void NAME##_self(const uint8_t *codes, const uint8_t *x, Py_ssize_t n, Acc *a) {     \
         const uint8_t *r = x;                                                                        \
         (void)r;                                                                                     \
-        AVX_BODY(1, LD, SZ)                                                                          \
+        AVX_BODY(1, LD, SZ, LD, SZ)                                                                  \
     }
 AVX_PAIR(avx_f64, ld_f64, 8)
 AVX_PAIR(avx_f32, ld_f32, 4)
@@ -311,7 +347,8 @@ AVX_PAIR(avx_e8m0, ld_e8m0, 1)
 typedef void (*pair_fn)(const uint8_t *, const uint8_t *, const uint8_t *, Py_ssize_t, Acc *);
 typedef void (*self_fn)(const uint8_t *, const uint8_t *, Py_ssize_t, Acc *);
 
-/* Fused bodies for a reference and a file of one dtype; mixed dtypes convert first. */
+/* Fused bodies for a reference and a file of one dtype, or a float64 reference and a file of
+ * any dtype; other mixed dtypes convert first. */
 static int fused(int rt, int xt, const uint8_t *ref, const uint8_t *x, const uint8_t *codes, Py_ssize_t n,
                  Acc *a) {
     static const pair_fn pair[T_COUNT] = {avx_f64,  avx_f32,      avx_f16,      avx_bf16, avx_e4m3fn,
@@ -319,11 +356,29 @@ static int fused(int rt, int xt, const uint8_t *ref, const uint8_t *x, const uin
     static const self_fn self[T_COUNT] = {avx_f64_self,      avx_f32_self,      avx_f16_self,
                                           avx_bf16_self,     avx_e4m3fn_self,   avx_e5m2_self,
                                           avx_e4m3fnuz_self, avx_e5m2fnuz_self, avx_e8m0_self};
-    if (!have_avx2 || rt != xt) return 0;
+    static const pair_fn rf64[T_COUNT] = {avx_f64_rf64,      avx_f32_rf64,      avx_f16_rf64,
+                                          avx_bf16_rf64,     avx_e4m3fn_rf64,   avx_e5m2_rf64,
+                                          avx_e4m3fnuz_rf64, avx_e5m2fnuz_rf64, avx_e8m0_rf64};
+    if (!have_avx2 || (rt != xt && rt != T_F64)) return 0;
     if (ref == x)
         self[xt](codes, x, n, a);
-    else
+    else if (rt == xt)
         pair[xt](codes, ref, x, n, a);
+    else
+        rf64[xt](codes, ref, x, n, a);
+    return 1;
+}
+typedef void (*pair2_fn)(const uint8_t *, const uint8_t *, const uint8_t *, const uint8_t *, Py_ssize_t, Acc *,
+                         Acc *);
+
+/* Two files of dtype xt against a float64 reference block; 0 when there is no vector body. */
+static int fused2(int xt, const uint8_t *ref, const uint8_t *x, const uint8_t *y, const uint8_t *codes,
+                  Py_ssize_t n, Acc *a, Acc *b) {
+    static const pair2_fn two[T_COUNT] = {avx_f64_rf64x2,      avx_f32_rf64x2,      avx_f16_rf64x2,
+                                          avx_bf16_rf64x2,     avx_e4m3fn_rf64x2,   avx_e5m2_rf64x2,
+                                          avx_e4m3fnuz_rf64x2, avx_e5m2fnuz_rf64x2, avx_e8m0_rf64x2};
+    if (!have_avx2) return 0;
+    two[xt](codes, ref, x, y, n, a, b);
     return 1;
 }
 #endif
@@ -370,6 +425,19 @@ static void feed1(const uint8_t *codes, const uint8_t *ref, int rt, const uint8_
     if (fused(rt, xt, ref, x, codes, groups, a)) b = groups;
 #endif
     for (; b < n; b += BLK) block(codes, ref, rt, x, xt, b, n - b < BLK ? n - b : BLK, a);
+}
+
+/* feed1 of two files x and y of one dtype against a reference block decoded to float64: the
+ * same sums as two feed1 calls, bit for bit, with the vector bodies of both files interleaved. */
+static void feed1x2(const uint8_t *codes, const double *rdec, const uint8_t *x, const uint8_t *y, int xt,
+                    Py_ssize_t n, Acc *a, Acc *b) {
+    const uint8_t *r = (const uint8_t *)rdec;
+    Py_ssize_t groups = 0;
+#ifdef NAIG_AVX2
+    if (fused2(xt, r, x, y, codes, n & ~(Py_ssize_t)7, a, b)) groups = n & ~(Py_ssize_t)7;
+#endif
+    for (Py_ssize_t k = groups; k < n; k += BLK) block(codes, r, T_F64, x, xt, k, n - k < BLK ? n - k : BLK, a);
+    for (Py_ssize_t k = groups; k < n; k += BLK) block(codes, r, T_F64, y, xt, k, n - k < BLK ? n - k : BLK, b);
 }
 
 /* R > 1 sketch seeds: one read of x, R scatters per scalar (portable body). `full` is the number
@@ -531,8 +599,9 @@ typedef struct {
  * more). Returns -1, or the first row whose read failed. */
 static Py_ssize_t stream_files(const uint64_t *keys, int R, Py_ssize_t m, const Source *src, Py_ssize_t F,
                                uint8_t *work, Pass *passes, double *out) {
-    uint8_t *xbuf = work, *rbuf = work + FILE_BLK * 8;
-    uint8_t *cbuf = rbuf + FILE_BLK * 8;
+    uint8_t *xbuf = work, *ybuf = work + FILE_BLK * 8, *rbuf = ybuf + FILE_BLK * 8;
+    double *rdec = (double *)(rbuf + FILE_BLK * 8); /* the reference block, decoded once */
+    uint8_t *cbuf = (uint8_t *)(rdec + FILE_BLK);
     const uint8_t *codes[MAX_R];
     for (int s = 0; s < R; s++) codes[s] = cbuf + (size_t)s * FILE_BLK;
     Py_ssize_t full = m & ~(Py_ssize_t)3;
@@ -542,10 +611,19 @@ static Py_ssize_t stream_files(const uint64_t *keys, int R, Py_ssize_t m, const 
         Py_ssize_t rs = ITEMSIZE[src[0].type];
         if (read_full(src[0].fd, rbuf, (size_t)(n * rs), (off_t)(src[0].offset + base * rs))) return 0;
         feed(&passes[0], codes, R, rbuf, src[0].type, rbuf, src[0].type, base, n, full);
+        if (F > 1) convert(rbuf, src[0].type, n, rdec); /* exact: the sums do not change */
         for (Py_ssize_t f = 1; f < F; f++) {
-            Py_ssize_t xs = ITEMSIZE[src[f].type];
-            if (read_full(src[f].fd, xbuf, (size_t)(n * xs), (off_t)(src[f].offset + base * xs))) return f;
-            feed(&passes[f], codes, R, rbuf, src[0].type, xbuf, src[f].type, base, n, full);
+            int xt = src[f].type;
+            size_t bytes = (size_t)(n * ITEMSIZE[xt]);
+            if (read_full(src[f].fd, xbuf, bytes, (off_t)(src[f].offset + base * ITEMSIZE[xt]))) return f;
+            if (R == 1 && f + 1 < F && src[f + 1].type == xt) { /* two files at once */
+                if (read_full(src[f + 1].fd, ybuf, bytes, (off_t)(src[f + 1].offset + base * ITEMSIZE[xt])))
+                    return f + 1;
+                feed1x2(codes[0], rdec, xbuf, ybuf, xt, n, &passes[f].a, &passes[f + 1].a);
+                f++;
+                continue;
+            }
+            feed(&passes[f], codes, R, (const uint8_t *)rdec, T_F64, xbuf, xt, base, n, full);
         }
     }
     for (Py_ssize_t f = 0; f < F; f++) finish(&passes[f], R, out + f * R * NSTATS);
@@ -576,7 +654,7 @@ static PyObject *accumulate_files(PyObject *self, PyObject *args) {
     Source *src = PyMem_Calloc(F ? F : 1, sizeof(Source));
     Pass *passes = PyMem_Calloc(F ? F : 1, sizeof(Pass));
     double *banks = PyMem_Calloc((size_t)(F ? F : 1) * (size_t)R * 64, sizeof(double));
-    uint8_t *work = PyMem_Malloc((size_t)FILE_BLK * (16 + (size_t)(R ? R : 1)));
+    uint8_t *work = PyMem_Malloc((size_t)FILE_BLK * (32 + (size_t)(R ? R : 1)));
     if (!src || !passes || !banks || !work) {
         PyErr_NoMemory();
         goto done;
