@@ -15,6 +15,10 @@ It prints median wall times and the ratios naig/cat (SPEC §4 target: float32 <=
 parameter count (target <= 1.1); then peak RSS of `naig audit` with 1 and with 4 worker files,
 which should be the same (memory bounded by the chunk, not the number of files).
 
+naig runs from compiled bytecode, as after `pip install` (the script byte-compiles the naig
+packages first, like benchmarks/startup.py): an editable install under
+PYTHONDONTWRITEBYTECODE=1 would otherwise recompile naig's sources on every start.
+
 Usage: python benchmarks/audit_throughput.py [--params 124e6] [--runs 3]
            [--dtype float32,bfloat16] [--threads N] [--dir DIR]
 """
@@ -98,6 +102,15 @@ print(time.perf_counter() - t0, usage.ru_maxrss / 1024, usage.ru_utime + usage.r
 """
 
 
+def compile_naig() -> None:
+    """Byte-compile the naig packages where they are installed, as `pip install` does."""
+    import importlib.util
+
+    for pkg in ("naig", "naig_cli"):
+        for folder in importlib.util.find_spec(pkg).submodule_search_locations:
+            subprocess.run([sys.executable, "-m", "compileall", "-q", folder], check=True)
+
+
 def timed(cmd: list[str]) -> tuple[float, float, float]:
     """(wall seconds, peak RSS MiB, CPU seconds) of one fresh process."""
     out = subprocess.run([sys.executable, "-c", LAUNCHER, *cmd], capture_output=True, text=True)
@@ -136,6 +149,7 @@ def main() -> None:
         for d in dtypes:
             print(f"writing 5 {d} files of {n / 1e6:.1f}M parameters ({len(shapes)} tensors) ...", flush=True)
             files[d] = write_files(root / d, shapes, d)
+        compile_naig()
         cmds = {d: commands(p, d, args.threads) for d, p in files.items()}
         for c in cmds.values():  # warm the page cache
             for cmd in c.values():

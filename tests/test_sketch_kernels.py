@@ -262,14 +262,19 @@ def test_accumulate_files_mixed_dtypes(files, compiled):
     np.testing.assert_array_equal(got, _in_memory(rows, [1, 2], 33000, compiled))
 
 
-def test_accumulate_files_paths_agree(files):
-    if not kernels.HAVE_COMPILED:
-        pytest.skip("the compiled kernel is not built")
-    rows = files(["F32", "BF16", "F32"], 50001)
-    a, b = np.zeros((3, 1, STATS)), np.zeros((3, 1, STATS))
-    kernels.accumulate_files([5], 50001, rows, a, compiled=True)
-    kernels.accumulate_files([5], 50001, rows, b, compiled=False)
-    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-9)
+@pytest.mark.parametrize("compiled", paths)
+def test_accumulate_files_over_a_million_scalars(files, compiled):
+    """Longer than the numpy path's block (2²⁰ scalars): the paths agree with one pass in
+    memory, the compiled one bit for bit, the numpy one to rounding."""
+    m = (1 << 20) + 13
+    rows = files(["F32", "BF16", "F32"], m)
+    got = np.zeros((3, 1, STATS))
+    assert kernels.accumulate_files([5], m, rows, got, compiled=compiled) == -1
+    want = _in_memory(rows, [5], m, compiled)
+    if compiled:
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
 
 
 @pytest.mark.parametrize("compiled", paths)
