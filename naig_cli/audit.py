@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from naig.errors import UsageError
@@ -209,38 +210,59 @@ def _columns(result, rows: list[dict]) -> tuple[str, dict[str, list[str]]]:  # n
     return title, cols
 
 
-def _fit(cols: dict[str, list[str]], names: list[str], width: int) -> list[str]:
-    """Leave out columns (in ``_DROP`` order) until every cell fits whole next to a folded file column."""
-    def need(keys: list[str]) -> int:  # each column: its widest cell plus 2 of padding
-        return sum(max(map(len, [k, *cols[k]])) + 2 for k in keys)
+def _table(title: str, cols: dict[str, list[str]], names: list[str], keys: list[str]) -> Table:
+    """The table of the ``keys`` columns next to a file column that folds (never cuts) long names."""
+    t = Table(title=escape(title), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+              show_edge=False)
+    t.add_column("file", overflow="fold", min_width=min(_FILE_MIN, max(map(len, names))))
+    for k in keys:
+        t.add_column(k, justify="left" if k == "verdict" else "right", no_wrap=True,
+                     min_width=max(map(len, [k, *cols[k]])))
+    for i in range(len(names)):
+        cells = [escape(cols[k][i]) for k in keys]  # names and metadata are user data: no markup
+        if keys and keys[-1] == "verdict":
+            cells[-1] = f"[{_STYLE[cols['verdict'][i]]}]{cells[-1]}[/]"
+        t.add_row(escape(names[i]), *cells)
+    return t
 
-    file_width = min(_FILE_MIN, max(map(len, ["file", *names])))
+
+def _needed(cols: dict[str, list[str]], names: list[str], keys: list[str]) -> int:
+    """Columns the table needs with every cell whole and file names folded to ``_FILE_MIN``."""
+    table = _table("", cols, [n[:_FILE_MIN] for n in names], keys)
+    return Measurement.get(stdout, stdout.options.update(width=10_000), table).maximum
+
+
+def _fit(cols: dict[str, list[str]], names: list[str], width: int) -> tuple[list[str], list[str], int]:
+    """Leave out columns (in ``_DROP`` order, then the spread of E) until every cell fits whole
+    next to the folded file column.
+
+    Returns the columns kept, those left out and the width the table needs: more than
+    ``width`` only when file, E, π and verdict alone do not fit (the terminal then wraps).
+    """
     keys, dropped = list(cols), []
-    for k in _DROP:
-        if need(keys) + file_width + 2 <= width:
+    for k in (*_DROP, "E ± spread"):
+        if _needed(cols, names, keys) <= width:
             break
-        if k in keys:
+        if k == "E ± spread":  # E stays, without its spread
+            cols["E"] = [c.split(" ± ")[0] for c in cols[k]]
+            keys[keys.index(k)] = "E"
+            dropped.append("spread of E")
+        elif k in keys:
             keys.remove(k)
             dropped.append(k)
-    return dropped
+    return keys, dropped, _needed(cols, names, keys)
 
 
 def _render(result, rows: list[dict]) -> None:  # noqa: ANN001
     title, cols = _columns(result, rows)
     names = _row_names([r["file"] for r in rows])
-    dropped = _fit(cols, names, stdout.width)
-    t = Table(title=escape(title), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    t.add_column("file", overflow="fold", min_width=min(_FILE_MIN, max(map(len, names))))
-    keys = [k for k in cols if k not in dropped]
-    for k in keys:
-        t.add_column(k, justify="left" if k == "verdict" else "right", no_wrap=True,
-                     min_width=max(map(len, [k, *cols[k]])))
-    for i, r in enumerate(rows):
-        cells = [escape(cols[k][i]) for k in keys]  # names and metadata are user data: no markup
-        if "verdict" in keys:
-            cells[-1] = f"[{_STYLE[r['verdict']]}]{cells[-1]}[/]"
-        t.add_row(escape(names[i]), *cells)
-    stdout.print(t)
+    keys, dropped, needed = _fit(cols, names, stdout.width)
+    width = stdout.width
+    stdout.width = max(width, needed)  # too narrow even for file, E, π, verdict: the terminal wraps
+    try:
+        stdout.print(_table(title, cols, names, keys))
+    finally:
+        stdout.width = width
     if dropped:
         stdout.print(f"left out to fit {stdout.width} columns: {', '.join(dropped)} (--json has them all)",
                      markup=False)

@@ -103,7 +103,7 @@ def _run_sweep(base: dict, run: dict, field: str, values: list[int], json_out: b
     """One report per value of the swept setting; every model is checked before the first run."""
     from naig.arrivals import SCHEMA_VERSION, staleness_report
 
-    models = [_model(base | _swept(base, field, v)) for v in values]
+    models = [_swept_model(base, field, v) for v in values]
     reports = []
     with progress("staleness sweep", len(models)) as advance:
         for m in models:
@@ -168,6 +168,16 @@ def parse_sweep(text: str) -> tuple[str, list[int]]:
         raise UsageError("values are integers >= 1 and ranges A..B, e.g. 1..8,16,32",
                          field="sweep", value=text) from None
     return field, values
+
+
+def _swept_model(base: dict, field: str, value: int) -> ArrivalModel:
+    """The model of one sweep point; its errors name the sweep value, not an option not given."""
+    try:
+        return _model(base | _swept(base, field, value))
+    except UsageError as exc:
+        if exc.field != field:
+            raise
+        raise UsageError(f"at {field.replace('_', '-')}={value}, {exc.message}", field="sweep") from None
 
 
 def _swept(base: dict, field: str, value: int) -> dict:

@@ -159,8 +159,18 @@ def test_float_in_reference_but_int_in_worker_is_named(tmp_path):
     save_file({"w": torch.ones(3)}, tmp_path / "r.safetensors")
     save_file({"w": torch.ones(3, dtype=torch.int32)}, tmp_path / "i.safetensors")
     r, i = inspect_file(tmp_path / "r.safetensors"), inspect_file(tmp_path / "i.safetensors")
-    with pytest.raises(DataError, match="'w' of the reference r.safetensors has dtype I32"):
+    with pytest.raises(DataError, match="i.safetensors: tensor 'w' has dtype I32 here, a float dtype in the "
+                                        "reference r.safetensors"):
         plan_tensors(r, [i])
+
+
+def test_int_in_reference_but_float_in_worker_is_named(tmp_path):
+    save_file({"w": torch.ones(3, dtype=torch.int8), "b": torch.ones(2)}, tmp_path / "r.safetensors")
+    save_file({"w": torch.ones(3), "b": torch.ones(2)}, tmp_path / "f.safetensors")
+    r, f = inspect_file(tmp_path / "r.safetensors"), inspect_file(tmp_path / "f.safetensors")
+    with pytest.raises(DataError, match="f.safetensors: tensor 'w' has dtype I8 in the reference "
+                                        "r.safetensors, a float dtype here"):
+        plan_tensors(r, [f])
 
 
 def test_no_float_tensor_names_the_reference(tmp_path):

@@ -340,7 +340,7 @@ def wide_inputs(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("width", [80, 60])
+@pytest.mark.parametrize("width", [80, 60, 48])
 @pytest.mark.parametrize("sketches", ["1", "3"])
 def test_table_never_cuts_a_number(wide_inputs, width, sketches):
     args = ("audit", wide_inputs / "ref.safetensors", wide_inputs / "w", "--sketches", sketches)
@@ -360,6 +360,24 @@ def test_table_never_cuts_a_number(wide_inputs, width, sketches):
     for item in ("K_eff = ", "compression n/14 = ", "tensors skipped: ", "E vs lag: Spearman r = "):
         line = next(ln for ln in lines if item in ln)  # each footer item whole on one line
         assert re.search(re.escape(item) + r"\S", line), line
+
+
+@pytest.mark.parametrize("width", [48, 44, 40, 30])
+def test_narrow_terminals_keep_the_file_column_and_whole_cells(wide_inputs, width):
+    """Below the width of file, E ± spread, π and verdict, E loses its spread; below that of
+    file, E, π and verdict (42 columns here) the table keeps them all and the terminal wraps."""
+    r = _run_at(width, "audit", wide_inputs / "ref.safetensors", wide_inputs / "w")
+    assert r.returncode == 0, r.stderr
+    files = json.loads(_run_at(width, "audit", wide_inputs / "ref.safetensors", wide_inputs / "w",
+                                "--json").stdout)["files"]
+    verdicts = (["integrated"], ["frozen"])
+    rows = [line.split() for line in r.stdout.splitlines() if line.split()[-1:] in verdicts]
+    assert len(rows) == len(files) and "…" not in r.stdout
+    for f, row in zip(files, rows, strict=True):
+        stem = Path(f["file"]).name.removesuffix(".safetensors")
+        assert stem.startswith(row[0]) and len(row[0]) >= min(10, len(stem))  # the file column, folded
+        assert row[-1] == f["verdict"] and f"{f['pi']:.4f}" in row
+    assert ("spread of E" in r.stdout) == (width < 52)
 
 
 def test_huge_values_are_compact(wide_inputs):

@@ -126,3 +126,9 @@ def test_mode_choices_match_the_library() -> None:
     from naig_cli._common import ArrivalMode
 
     assert tuple(m.value for m in ArrivalMode) == MODES
+
+
+def test_sweep_errors_name_the_sweep_value_not_an_option_not_given() -> None:
+    r = run_naig("staleness", "--sweep", "batch-size=1,100", "--workers", "4")
+    assert_one_line_error(r, 2, "--sweep: at batch-size=100,", "--per-sample")
+    assert "--batch-size" not in r.stderr

@@ -254,15 +254,20 @@ def _check_overlap(ref: FileInfo, mine: dict, other: FileInfo) -> None:
 def _mismatch(ref: FileInfo, mine: dict, other: FileInfo, theirs: dict) -> str | None:
     for n in mine:
         if n not in theirs:
-            why = f"has dtype {other.tensors[n].dtype}" if n in other.tensors else "is missing"
-            return f"{other.path}: tensor {n!r} of the reference {ref.path.name} {why}"
+            if n in other.tensors:  # there, but not a floating-point tensor
+                return (f"{other.path}: tensor {n!r} has dtype {other.tensors[n].dtype} here, a float dtype "
+                        f"in the reference {ref.path.name}")
+            return f"{other.path}: tensor {n!r} of the reference {ref.path.name} is missing"
         if mine[n].shape != theirs[n].shape:
             got, want = list(theirs[n].shape), list(mine[n].shape)
             return f"{other.path}: tensor {n!r} has shape {got}, expected {want}"
     extra = next((n for n in theirs if n not in mine), None)
-    return (
-        None if extra is None else f"{other.path}: tensor {extra!r} is not in the reference {ref.path.name}"
-    )
+    if extra is None:
+        return None
+    if extra in ref.tensors:  # there, but not a floating-point tensor
+        return (f"{other.path}: tensor {extra!r} has dtype {ref.tensors[extra].dtype} in the reference "
+                f"{ref.path.name}, a float dtype here")
+    return f"{other.path}: tensor {extra!r} is not in the reference {ref.path.name}"
 
 
 def _compile(keys: str | None) -> re.Pattern | None:
