@@ -76,7 +76,8 @@ def audit(
     threads: Annotated[int | None, opt("--threads", "Files scored in parallel (default: all cores).",
                                        min=1, show_default=False)] = None,
     json_out: JsonOpt = False,
-    csv_path: Annotated[Path | None, opt("--csv", "Also write the per-file table as CSV.")] = None,
+    csv_path: Annotated[Path | None, opt("--csv", "Also write the per-file table as CSV; - prints it "
+                                         "instead of the table.")] = None,
 ) -> None:
     """Stream REF and FILEs, sketch them into g2 and score each worker's drift."""
     from naig.audit import AuditConfig, run_audit
@@ -84,6 +85,9 @@ def audit(
     if not math.isfinite(chunk_mb) or chunk_mb < _MIN_CHUNK_MB:
         raise UsageError(f"must be a finite number >= {_MIN_CHUNK_MB}, e.g. 16", field="chunk",
                          value=chunk_mb)
+    if json_out and str(csv_path) == "-":
+        raise UsageError("standard output already carries --json; name a file such as audit.csv",
+                         field="csv", value="-")
     _check_csv_target(csv_path, [ref, *files])
     config = AuditConfig(beta=beta, seed=seed, line=line, keys=keys, intersect=intersect,
                          sketches=sketches, chunk=int(chunk_mb * 2**20) // 4, recursive=recursive,
@@ -97,6 +101,9 @@ def audit(
         sys.stderr.write(f"warning: {note}\n")
     doc = printable(result.to_dict())  # file names with undecodable bytes: \xff
     doc["skipped_tensors"] = {flag(k): v for k, v in doc["skipped_tensors"].items()}  # "keys" → "--keys"
+    if str(csv_path) == "-":
+        _print_csv(doc["files"])
+        return
     if csv_path is not None:
         _write_csv(csv_path, doc["files"])
     if json_out:
@@ -107,7 +114,7 @@ def audit(
 
 def _check_csv_target(csv_path: Path | None, inputs: list[Path]) -> None:
     """Refuse, before any work, a --csv path that cannot or must not be written."""
-    if csv_path is None:
+    if csv_path is None or str(csv_path) == "-":
         return
     problem = None
     if str(csv_path) in ("", ".") or csv_path.is_dir():
@@ -129,16 +136,27 @@ def _csv_cell(v: object) -> object:
     return "" if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def _write_csv(path: Path, rows: list[dict]) -> None:
+def _csv_rows(fh, rows: list[dict]) -> None:  # noqa: ANN001
     import csv
+
+    writer = csv.DictWriter(fh, fieldnames=_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows({k: _csv_cell(v) for k, v in r.items()} for r in rows)
+
+
+def _print_csv(rows: list[dict]) -> None:
+    """``--csv -``: the CSV on standard output, in place of the table."""
+    _csv_rows(sys.stdout, rows)
+    sys.stdout.flush()
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
     import tempfile
 
     fd, tmp = tempfile.mkstemp(dir=path.absolute().parent, suffix=".csv.tmp")
     try:
         with os.fdopen(fd, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=_COLUMNS, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows({k: _csv_cell(v) for k, v in r.items()} for r in rows)
+            _csv_rows(fh, rows)
         os.replace(tmp, path)  # atomic: a reader never sees half a file
     finally:
         if os.path.exists(tmp):

@@ -1,6 +1,8 @@
 """`naig audit` end to end, including every bad input of docs/design.md §6 that applies to audit."""
 
+import csv
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -593,3 +595,23 @@ def test_recursive_rows_with_the_same_file_name_are_told_apart(tmp_path):
     r = run_naig("audit", tmp_path / "ref.safetensors", tmp_path / "ckpts", "--recursive")
     assert r.returncode == 0, r.stderr
     assert "s100/worker0" in r.stdout and "s200/worker0" in r.stdout
+
+
+def test_csv_dash_prints_the_csv_instead_of_the_table(untouched, tmp_path):
+    args = ("audit", untouched / "ref.safetensors", untouched / "workers")
+    r = subprocess.run([sys.executable, "-m", "naig_cli", *map(str, args), "--csv", "-"], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    files = json.loads(run_naig(*args, "--json").stdout)["files"]
+    assert [row["file"] for row in rows] == [f["file"] for f in files]
+    assert [float(row["pi"]) for row in rows] == [f["pi"] for f in files]
+    assert not (tmp_path / "-").exists()
+
+
+def test_csv_dash_with_json_is_a_usage_error(untouched, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "naig_cli", "audit", str(untouched / "ref.safetensors"),
+                        str(untouched / "workers"), "--csv", "-", "--json"], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert_one_line_error(r, 2, "--csv", "--json")
+    assert not (tmp_path / "-").exists() and r.stdout == ""
