@@ -64,36 +64,40 @@ def _summary(records: list[HookRecord]) -> str:
 def main(argv: list[str]) -> None:
     args = _args(argv)
     with process_group(args.nproc, [sys.executable, __file__, *argv]) as (rank, world):
-        torch.manual_seed(0)
-        cfg = get_preset("gpt-nano")
-        data = ByteData.from_bytes(load_bytes(None, args.data_bytes))
-        model = GPT(cfg, generator=torch.Generator().manual_seed(0))
-        ddp = DistributedDataParallel(model)
-        hook = NaigCommHook(model, route=args.route, beta=args.beta, csv_path=args.csv).register(ddp)
-        opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
-        gen = torch.Generator().manual_seed(1_000 + rank)  # each rank its own minibatches
-        val_gen = torch.Generator().manual_seed(99)
-        val = [data.batch("val", 16, cfg.context, val_gen) for _ in range(4)]
+        _train(args, rank, world)  # the DDP objects die with the function, before the group does
 
-        @torch.no_grad()
-        def evaluate() -> float:
-            return statistics.fmean(float(lm_loss(model(x), y)) for x, y in val)
 
-        before = evaluate()
-        for step in range(1, args.steps + 1):
-            x, y = data.batch("train", args.batch_size, cfg.context, gen)
-            opt.zero_grad()
-            loss = lm_loss(ddp(x), y)
-            loss.backward()
-            opt.step()
-            mean_loss = loss.detach().clone()
-            dist.all_reduce(mean_loss)
-            if rank == 0 and (step % args.every == 0 or step == args.steps):
-                train = float(mean_loss) / world
-                print(f"step {step:4d}  train {train:.4f}  {_summary(hook.last)}", flush=True)
-        if rank == 0:
-            mode = "routed (K·π_k)" if args.route else "watched (plain DDP mean)"
-            print(f"{world} ranks, {mode}: validation loss {before:.4f} -> {evaluate():.4f} nats/byte")
+def _train(args: argparse.Namespace, rank: int, world: int) -> None:
+    torch.manual_seed(0)
+    cfg = get_preset("gpt-nano")
+    data = ByteData.from_bytes(load_bytes(None, args.data_bytes))
+    model = GPT(cfg, generator=torch.Generator().manual_seed(0))
+    ddp = DistributedDataParallel(model)
+    hook = NaigCommHook(model, route=args.route, beta=args.beta, csv_path=args.csv).register(ddp)
+    opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
+    gen = torch.Generator().manual_seed(1_000 + rank)  # each rank its own minibatches
+    val_gen = torch.Generator().manual_seed(99)
+    val = [data.batch("val", 16, cfg.context, val_gen) for _ in range(4)]
+
+    @torch.no_grad()
+    def evaluate() -> float:
+        return statistics.fmean(float(lm_loss(model(x), y)) for x, y in val)
+
+    before = evaluate()
+    for step in range(1, args.steps + 1):
+        x, y = data.batch("train", args.batch_size, cfg.context, gen)
+        opt.zero_grad()
+        loss = lm_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        mean_loss = loss.detach().clone()
+        dist.all_reduce(mean_loss)
+        if rank == 0 and (step % args.every == 0 or step == args.steps):
+            train = float(mean_loss) / world
+            print(f"step {step:4d}  train {train:.4f}  {_summary(hook.last)}", flush=True)
+    if rank == 0:
+        mode = "routed (K·π_k)" if args.route else "watched (plain DDP mean)"
+        print(f"{world} ranks, {mode}: validation loss {before:.4f} -> {evaluate():.4f} nats/byte")
 
 
 if __name__ == "__main__":
