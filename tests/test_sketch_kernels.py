@@ -296,3 +296,26 @@ def test_accumulate_files_refuses_wrong_arguments(files, compiled):
     for keys, rs, out in wrong:
         with pytest.raises(ValueError, match="accumulate_files: "):
             kernels.accumulate_files(keys, 8, rs, out, compiled=compiled)
+
+
+@pytest.mark.parametrize("compiled", paths)
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d not in ("F32", "F64")])
+def test_every_bit_pattern_through_accumulate_files(tmp_path, compiled, dtype):
+    """Every finite 8- and 16-bit pattern, read from files: the reference decoded once per block,
+    two files at a time (rf64x2) and one alone (rf64): the sums of one pass in memory."""
+    size = torch.empty(0, dtype=TORCH[dtype]).element_size()
+    bits = np.arange(256**size, dtype=np.uint16 if size == 2 else np.uint8)
+    finite = bits[~np.isnan(decode(bits, dtype, compiled=False))]
+    arrays = [np.random.default_rng(s).permutation(finite) for s in range(4)]  # reference, 3 files
+    fds = []
+    try:
+        for f, a in enumerate(arrays):
+            (tmp_path / f"{f}.bin").write_bytes(a.tobytes())
+            fds.append(os.open(tmp_path / f"{f}.bin", os.O_RDONLY))
+        rows = [(fd, 0, dtype) for fd in fds]
+        got = np.zeros((4, 1, STATS))
+        assert kernels.accumulate_files([8], finite.size, rows, got, compiled=compiled) == -1
+        np.testing.assert_array_equal(got, _in_memory(rows, [8], finite.size, compiled))
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -197,9 +197,6 @@ LOADER(ld_f16) { split_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), 
 AVX2 static inline __m128i ld8_u16(const uint8_t *p) {
     return _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
 }
-AVX2 static inline __m128i sign16(__m128i w) { /* bit 7 of each byte to bit 15 */
-    return _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
-}
 AVX2 static inline void fp8_split(__m256 f, __m128i nan16, __m256d *lo, __m256d *hi) {
     if (!_mm_testz_si128(nan16, nan16)) /* rare: patch the NaN patterns */
         f = _mm256_blendv_ps(f, _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan16)));
@@ -208,30 +205,41 @@ AVX2 static inline void fp8_split(__m256 f, __m128i nan16, __m256d *lo, __m256d 
 LOADER(ld_e5m2) { /* the top byte of a half: exact, with its inf and NaN */
     split_ps(_mm256_cvtph_ps(_mm_slli_epi16(ld8_u16(p), 8)), lo, hi);
 }
-/* e4m3 (bias 7 or 8): |b| << 7 is a half of value |x| * 2^(bias - 15). */
-AVX2 static inline __m256 e4m3_half(__m128i w, float scale) {
-    __m128i mag = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 7);
-    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(mag, sign16(w))), _mm256_set1_ps(scale));
+/* e4m3 (bias 7 or 8): S.|b| << 7 is a half of value x * 2^(bias - 15). The bytes are widened
+ * with their sign (s = SSSSSSSS S.EEEE.MMM), so s << 7 has S in bit 15 and in bit 14; masking
+ * bit 14 leaves the half S.0EEEE.MMM0000000 in two operations. */
+AVX2 static inline __m128i ld8_i16(const uint8_t *p) {
+    return _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
+}
+AVX2 static inline __m256 e4m3_half(__m128i s, float scale) {
+    __m128i h = _mm_and_si128(_mm_slli_epi16(s, 7), _mm_set1_epi16((short)0xBF80));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(scale));
 }
 LOADER(ld_e4m3fn) { /* NaN: S.1111.111; no inf */
-    __m128i w = ld8_u16(p);
-    __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), _mm_set1_epi16(0x7F));
-    fp8_split(e4m3_half(w, 256.0f), nan, lo, hi);
+    __m128i s = ld8_i16(p);
+    __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(s, _mm_set1_epi16(0x7F)), _mm_set1_epi16(0x7F));
+    fp8_split(e4m3_half(s, 256.0f), nan, lo, hi);
 }
-LOADER(ld_e4m3fnuz) { /* NaN: 0x80 only; no inf, no -0 */
-    __m128i w = ld8_u16(p);
-    fp8_split(e4m3_half(w, 128.0f), _mm_cmpeq_epi16(w, _mm_set1_epi16(0x80)), lo, hi);
+LOADER(ld_e4m3fnuz) { /* NaN: 0x80 only (sign-extended: 0xFF80); no inf, no -0 */
+    __m128i s = ld8_i16(p);
+    fp8_split(e4m3_half(s, 128.0f), _mm_cmpeq_epi16(s, _mm_set1_epi16((short)0xFF80)), lo, hi);
 }
-/* e5m2fnuz (bias 16): |b| << 8 is a half of value |x| * 2; exponent 31 is finite here, so it is
+/* e5m2fnuz (bias 16): b << 8 is a half of value x * 2; exponent 31 is finite here, so it is
  * rebuilt one binade lower and not halved (a half with exponent 30 has the value itself). */
 LOADER(ld_e5m2fnuz) {
     __m128i w = ld8_u16(p);
-    __m128i mag = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 8);
-    __m128i top = _mm_cmpgt_epi16(mag, _mm_set1_epi16(0x7BFF));
-    __m128i h = _mm_or_si128(_mm_sub_epi16(mag, _mm_and_si128(top, _mm_set1_epi16(0x400))), sign16(w));
-    __m256 scale = _mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(1.0f),
-                                    _mm256_castsi256_ps(_mm256_cvtepi16_epi32(top)));
-    fp8_split(_mm256_mul_ps(_mm256_cvtph_ps(h), scale), _mm_cmpeq_epi16(w, _mm_set1_epi16(0x80)), lo, hi);
+    __m128i h = _mm_slli_epi16(w, 8); /* S.EEEEE.MM00000000: the half of 2x (exponent 31 aside) */
+    __m128i top = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7FFF)), _mm_set1_epi16(0x7BFF));
+    __m256 f;
+    if (_mm_testz_si128(top, top)) { /* the common case: no |x| >= 2^15 among the eight */
+        f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(0.5f));
+    } else {
+        h = _mm_sub_epi16(h, _mm_and_si128(top, _mm_set1_epi16(0x400)));
+        __m256 scale = _mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(1.0f),
+                                        _mm256_castsi256_ps(_mm256_cvtepi16_epi32(top)));
+        f = _mm256_mul_ps(_mm256_cvtph_ps(h), scale);
+    }
+    fp8_split(f, _mm_cmpeq_epi16(w, _mm_set1_epi16(0x80)), lo, hi);
 }
 /* e8m0: 2^(b - 127) is the double with biased exponent b + 896; 0xFF is NaN. */
 AVX2 static inline __m256d e8m0_4(const uint8_t *p) {
