@@ -322,6 +322,18 @@ def accumulate_files(
     Raises:
         ValueError: a wrong ``out``, no keys or rows, or an unknown dtype.
         OSError: a read failed.
+
+    Example:
+        >>> import tempfile
+        >>> path = tempfile.mkdtemp() + "/x.bin"
+        >>> np.array([1.0, -2.0, 0.5], np.float32).tofile(path)
+        >>> fd = os.open(path, os.O_RDONLY)
+        >>> out = np.zeros((2, 1, STATS))  # the file as reference, and again as a worker
+        >>> accumulate_files([7], 3, [(fd, 0, "F32"), (fd, 0, "F32")], out)
+        -1
+        >>> out[1, 0, SKETCH_DIM:].tolist()  # ⟨x, r⟩, ‖x‖², ‖x − r‖², Σ (x − r)⁴
+        [5.25, 5.25, 0.0, 0.0]
+        >>> os.close(fd)
     """
     shape = (len(rows), len(keys), STATS)
     if not (keys and rows and out.shape == shape and out.dtype == np.float64 and out.flags.c_contiguous
