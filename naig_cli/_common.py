@@ -190,12 +190,13 @@ def kernel_notice() -> str | None:
     if kernel_path() != _NOT_BUILT:
         return None
     return ("the C sketch kernel was not built (no C compiler at install time), so the audit runs on its "
-            "numpy path: same numbers, about 3x slower; reinstall naig where a C compiler is available")
+            "numpy path: the same numbers to rounding, about 20x slower; reinstall naig where a C "
+            "compiler is available")
 
 
 def fail(message: str, code: int) -> None:
-    """Print ``error: message`` as one line on stderr and exit with ``code``."""
-    sys.stderr.write(f"error: {message}\n")
+    """Print ``error: message`` as one line on stderr (names made printable) and exit with ``code``."""
+    sys.stderr.write(f"error: {printable(message)}\n")
     raise typer.Exit(code)
 
 
@@ -227,7 +228,7 @@ def _clean(obj: Any) -> Any:
 
 
 def fmt_num(v: float | None, spec: str, big: float | None = None) -> str:
-    """Format a number for a table cell; ``—`` for None, NaN and anything undefined.
+    """Format a number for a table cell; ``—`` for None, NaN, ±inf and anything undefined.
 
     With ``big``, a magnitude ≥ ``big`` is written ``1.235e+30`` whatever ``spec`` says.
 
@@ -235,23 +236,29 @@ def fmt_num(v: float | None, spec: str, big: float | None = None) -> str:
         >>> fmt_num(3.14159, ".2f"), fmt_num(None, ".2f"), fmt_num(2e30, ".2f", big=1e6)
         ('3.14', '—', '2.000e+30')
     """
-    if v is None or v != v:
+    if v is None or not math.isfinite(v):
         return "—"
     return format(v, ".3e") if big is not None and abs(v) >= big else format(v, spec)
 
 
-def printable(obj: Any) -> Any:
-    r"""Strings (also inside dicts and lists) with undecodable file-name bytes written as ``\xff``.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0 and C1 control characters
 
-    Python keeps such bytes of a file name as lone surrogates, which no UTF-8 output
-    (table, CSV, JSON) can hold.
+
+def printable(obj: Any) -> Any:
+    r"""Strings (also inside dicts and lists) with undecodable file-name bytes and control
+    characters written as ``\xff`` and ``\x1b``.
+
+    Python keeps undecodable bytes of a file name as lone surrogates, which no UTF-8 output
+    (table, CSV, JSON) can hold; control characters (an escape sequence in a file name)
+    would reach the terminal and could redraw it.
 
     Example:
-        >>> printable({"file": "w\udcff.safetensors", "n": [1, "ok"]})
-        {'file': 'w\\xff.safetensors', 'n': [1, 'ok']}
+        >>> printable({"file": "w\udcff\x1b[31m.safetensors", "n": [1, "ok"]})
+        {'file': 'w\\xff\\x1b[31m.safetensors', 'n': [1, 'ok']}
     """
     if isinstance(obj, str):
-        return obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        text = obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
     if isinstance(obj, dict):
         return {printable(k): printable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):

@@ -98,7 +98,7 @@ def audit(
     with progress("auditing", None, bytes_=True) as advance:
         result = run_audit(ref, files, config, progress=advance)
     for note in result.warnings:
-        sys.stderr.write(f"warning: {note}\n")
+        sys.stderr.write(f"warning: {printable(note)}\n")
     doc = printable(result.to_dict())  # file names with undecodable bytes: \xff
     doc["skipped_tensors"] = {flag(k): v for k, v in doc["skipped_tensors"].items()}  # "keys" → "--keys"
     if str(csv_path) == "-":
@@ -136,17 +136,18 @@ def _csv_cell(v: object) -> object:
     return "" if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def _csv_rows(fh, rows: list[dict]) -> None:  # noqa: ANN001
+def _csv_rows(fh, rows: list[dict], end: str = "\r\n") -> None:  # noqa: ANN001
     import csv
 
-    writer = csv.DictWriter(fh, fieldnames=_COLUMNS, extrasaction="ignore")
+    writer = csv.DictWriter(fh, fieldnames=_COLUMNS, extrasaction="ignore", lineterminator=end)
     writer.writeheader()
     writer.writerows({k: _csv_cell(v) for k, v in r.items()} for r in rows)
 
 
 def _print_csv(rows: list[dict]) -> None:
-    """``--csv -``: the CSV on standard output, in place of the table."""
-    _csv_rows(sys.stdout, rows)
+    """``--csv -``: the CSV on standard output, in place of the table (lines end in \\n, as a
+    pipe expects; a file written with --csv keeps the RFC 4180 \\r\\n)."""
+    _csv_rows(sys.stdout, rows, end="\n")
     sys.stdout.flush()
 
 

@@ -1,6 +1,8 @@
 """Audit inputs: sharded checkpoints as one, folder rules, reads that fail mid-stream (docs/design.md §6)."""
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -141,6 +143,45 @@ def test_file_truncated_while_the_audit_streams_it(sharded):
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(f"{victim}: truncated or changed while being audited")
     assert "nothing is still writing it" in msg
+
+
+def test_file_rewritten_in_place_while_the_audit_streams_it(sharded):
+    """Same size, same inode, new bytes: the numbers could mix two versions, so it is refused."""
+    victim = sharded / "single2.safetensors"
+    calls = []
+
+    def rewrite_after_first_batch(nbytes: int) -> None:
+        calls.append(nbytes)
+        if len(calls) == 1:
+            time.sleep(0.02)  # past the file system's timestamp tick
+            data = bytearray(victim.read_bytes())
+            data[-8:] = bytes(8)  # the last two float32 scalars become 0
+            with victim.open("r+b") as fh:
+                fh.write(data)
+
+    with pytest.raises(DataError, match=f"^{victim}: truncated or changed while being audited; make sure"):
+        run_audit(sharded / "single0.safetensors", [sharded / "single1.safetensors", victim],
+                  AuditConfig(chunk=100), progress=rewrite_after_first_batch)
+
+
+def test_file_replaced_by_rename_is_audited_as_it_was_opened(sharded, tmp_path):
+    """The common "save to a temporary name, rename over" pattern: the audit keeps reading the
+    file it opened, so its numbers are those of one version, not a mix."""
+    victim = sharded / "single2.safetensors"
+    original = tmp_path / "original.safetensors"
+    original.write_bytes(victim.read_bytes())
+    ref, cfg = sharded / "single0.safetensors", AuditConfig(chunk=100)
+    calls = []
+
+    def replace_after_first_batch(nbytes: int) -> None:
+        calls.append(nbytes)
+        if len(calls) == 1:
+            save_file(make_state(99), sharded / "new.safetensors")
+            os.replace(sharded / "new.safetensors", victim)
+
+    got = run_audit(ref, [sharded / "single1.safetensors", victim], cfg, progress=replace_after_first_batch)
+    want = run_audit(ref, [sharded / "single1.safetensors", original], cfg)
+    assert len(calls) > 1 and _numbers(got) == _numbers(want)
 
 
 def test_shard_truncated_while_the_audit_streams_it(sharded):

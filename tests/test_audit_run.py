@@ -278,3 +278,21 @@ def test_rank_overlaps_follow_the_spreads(grads_dir, seed, pairs):
     doc = r.to_dict()
     assert doc["ranking_stable"] == (not pairs) and len(doc["rank_overlaps"]) == len(pairs)
     assert r.files[0].energy == 0.0 and r.files[0].energy_spread == 0.0  # w0 equals the reference
+
+
+def test_huge_finite_float64_values_are_not_called_non_finite(tmp_path):
+    """|x| ~ 1e80: Σ (x − r)⁴ overflows float64, but every value is finite: E, cos and ‖Δ‖
+    are computed (only the spread, which needs the fourth powers, is undefined)."""
+    g = torch.Generator().manual_seed(5)
+    ref = {"a": torch.randn(1000, generator=g, dtype=torch.float64) * 1e80}
+    work = {"a": ref["a"] + torch.randn(1000, generator=g, dtype=torch.float64) * 1e79}
+    save_gradients(tmp_path / "ref.safetensors", ref)
+    save_gradients(tmp_path / "w.safetensors", work)
+    save_gradients(tmp_path / "w2.safetensors", {"a": ref["a"] * 1.5})
+    r = run_audit(tmp_path / "ref.safetensors", [tmp_path / "w.safetensors", tmp_path / "w2.safetensors"])
+    f = r.files[0]
+    assert f.verdict != "non-finite" and f.nonfinite_tensor is None and np.isfinite(f.energy)
+    x, y = work["a"].numpy(), ref["a"].numpy()
+    assert f.cos == pytest.approx(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)), rel=1e-12)
+    assert f.delta_norm == pytest.approx(np.linalg.norm(x - y), rel=1e-12)
+    assert f.energy_spread is None

@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import re
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -599,9 +600,11 @@ def test_recursive_rows_with_the_same_file_name_are_told_apart(tmp_path):
 
 def test_csv_dash_prints_the_csv_instead_of_the_table(untouched, tmp_path):
     args = ("audit", untouched / "ref.safetensors", untouched / "workers")
-    r = subprocess.run([sys.executable, "-m", "naig_cli", *map(str, args), "--csv", "-"], capture_output=True,
-                       text=True, timeout=300, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    raw = subprocess.run([sys.executable, "-m", "naig_cli", *map(str, args), "--csv", "-"],
+                         capture_output=True, timeout=300, cwd=tmp_path)
+    assert raw.returncode == 0, raw.stderr
+    assert b"\r" not in raw.stdout  # lines end in \n on a pipe
+    r = subprocess.CompletedProcess(raw.args, 0, raw.stdout.decode(), raw.stderr.decode())
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     files = json.loads(run_naig(*args, "--json").stdout)["files"]
     assert [row["file"] for row in rows] == [f["file"] for f in files]
@@ -615,3 +618,53 @@ def test_csv_dash_with_json_is_a_usage_error(untouched, tmp_path):
                        timeout=300, cwd=tmp_path)
     assert_one_line_error(r, 2, "--csv", "--json")
     assert not (tmp_path / "-").exists() and r.stdout == ""
+
+
+def test_running_out_of_file_descriptors_is_one_line_naming_the_limit(tmp_path):
+    """Each file is opened once per audit, whatever the thread count; past the process's limit
+    the error says so (not a bare "[Errno 24]")."""
+    save_gradients(tmp_path / "ref.safetensors", make_state(0))
+    for k in range(40):
+        save_gradients(tmp_path / "w" / f"w{k:02d}.safetensors", make_state(k + 1))
+    args = [sys.executable, "-m", "naig_cli", "audit", str(tmp_path / "ref.safetensors"), str(tmp_path / "w")]
+
+    def limit(n: int):  # noqa: ANN202
+        return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+    ok = subprocess.run([*args, "--threads", "8"], capture_output=True, text=True, timeout=300,
+                        preexec_fn=limit(96))  # 41 files + Python's own: enough when shared by threads
+    assert ok.returncode == 0, ok.stderr
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300, preexec_fn=limit(40))
+    assert_one_line_error(r, 1, "may open no more files", "ulimit -n")
+
+
+def test_control_characters_in_names_never_reach_the_terminal(untouched, tmp_path):
+    """An escape sequence in a file name is shown as \\x1b in the table, warnings and errors."""
+    evil = tmp_path / "w\x1b[31mred.safetensors"
+    save_gradients(evil, make_state(1))
+    r = run_naig("audit", untouched / "ref.safetensors", evil)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\\x1b[31mred" in r.stdout
+    missing = run_naig("audit", untouched / "ref.safetensors", tmp_path / "gone\x1b[2J.safetensors")
+    assert_one_line_error(missing, 1, "\\x1b[2J")
+    assert "\x1b" not in missing.stderr
+
+
+def test_an_infinite_figure_is_a_dash_in_the_table(tmp_path):
+    """‖x − r‖² beyond float64 (values ~1e200 in a float64 file): '—' in the table, null in JSON."""
+    ref = {"a": torch.ones(10, dtype=torch.float64)}
+    save_gradients(tmp_path / "ref.safetensors", ref)
+    save_gradients(tmp_path / "huge.safetensors", {"a": torch.full((10,), 1e200, dtype=torch.float64)})
+    save_gradients(tmp_path / "ok.safetensors", {"a": torch.full((10,), 2.0, dtype=torch.float64)})
+    args = ("audit", tmp_path / "ref.safetensors", tmp_path / "huge.safetensors", tmp_path / "ok.safetensors")
+    r = run_naig(*args)
+    assert r.returncode == 0 and r.stderr == "", r.stderr  # no RuntimeWarning from the overflow
+    assert "inf" not in r.stdout.lower().replace("integrated", "")
+    row = next(line for line in r.stdout.splitlines() if line.startswith("huge"))
+    assert "—" in row
+    assert json.loads(run_naig(*args, "--json").stdout)["files"][0]["delta_norm"] is None
+
+
+def test_only_the_reference_as_worker_says_why_nothing_is_left(untouched):
+    ref = untouched / "ref.safetensors"
+    assert_one_line_error(run_naig("audit", ref, ref), 2, "no worker files to audit", "is the reference itself")

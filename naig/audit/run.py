@@ -211,11 +211,13 @@ def _resolve_files(
         if first is ref_path and p is not ref_path:
             notes.append(f"{p}: is the reference itself; skipped as a worker")
         elif first is not p:
-            notes.append(f"{p}: is the same file as {first}; audited once")
+            also = "" if str(first) == str(p) else f" (also as {first})"
+            notes.append(f"{p}: given twice{also}; audited once")
         else:
             workers.append(p)
     if not workers:
-        raise UsageError("no worker files to audit; pass REF followed by one or more FILEs")
+        why = f" ({'; '.join(notes)})" if notes else ""
+        raise UsageError(f"no worker files to audit{why}; pass REF followed by one or more other FILEs")
     return ref_path, workers, notes
 
 
@@ -246,22 +248,22 @@ class _Batch:
     futures: list[Future]
 
 
-def _score_pieces(where: list[dict[str, TensorData]], pieces: list[Piece], first: int, seeds: list[int],
-                  partial: np.ndarray) -> None:
+def _score_pieces(reader: RawReader, where: list[dict[str, TensorData]], pieces: list[Piece], first: int,
+                  seeds: list[int], partial: np.ndarray) -> None:
     """Sums of every file's ``pieces[i]`` into ``partial[first + i]`` (a worker thread).
 
     Each piece is one kernel call over all the files: its codes are hashed once and the
-    reference's bytes read once, whatever the file count (``accumulate_files``).
+    reference's bytes read once, whatever the file count (``accumulate_files``). The files
+    are opened once per audit and shared by the threads.
     """
-    with RawReader() as reader:
-        for i, p in enumerate(pieces, first):
-            name = p.tensor.name
-            rows = [(reader.fd(w[name]), w[name].offset + p.start * ITEMSIZE[w[name].dtype], w[name].dtype)
-                    for w in where]
-            bad = accumulate_files([tensor_key(s, name) + p.start for s in seeds], p.stop - p.start, rows,
-                                   partial[i])
-            if bad >= 0:
-                raise reader.short_read(where[bad][name])
+    for i, p in enumerate(pieces, first):
+        name = p.tensor.name
+        rows = [(reader.fd(w[name]), w[name].offset + p.start * ITEMSIZE[w[name].dtype], w[name].dtype)
+                for w in where]
+        bad = accumulate_files([tensor_key(s, name) + p.start for s in seeds], p.stop - p.start, rows,
+                               partial[i])
+        if bad >= 0:
+            raise reader.short_read(where[bad][name])
 
 
 def _tasks(pieces: list[Piece]) -> Iterator[tuple[int, int]]:
@@ -276,9 +278,11 @@ def _tasks(pieces: list[Piece]) -> Iterator[tuple[int, int]]:
         yield a, len(pieces)
 
 
-def _submit(pool: ThreadPoolExecutor, pieces: list[Piece], seeds: list[int], where: list[dict]) -> _Batch:
+def _submit(pool: ThreadPoolExecutor, reader: RawReader, pieces: list[Piece], seeds: list[int],
+            where: list[dict]) -> _Batch:
     partial = np.zeros((len(pieces), len(where), len(seeds), STATS))
-    futures = [pool.submit(_score_pieces, where, pieces[a:b], a, seeds, partial) for a, b in _tasks(pieces)]
+    futures = [pool.submit(_score_pieces, reader, where, pieces[a:b], a, seeds, partial)
+               for a, b in _tasks(pieces)]
     return _Batch(pieces, partial, futures)
 
 
@@ -292,8 +296,8 @@ def _fold(batch: _Batch, acc: _Accumulators, where: list[dict], progress: Callab
         for i, p in enumerate(batch.pieces):
             acc.stats[row] += batch.partial[i, row]
             acc.bytes_read += (p.stop - p.start) * ITEMSIZE[where[row][p.tensor.name].dtype]
-            if acc.bad[row] is None and not np.isfinite(acc.stats[row, 0]).all():
-                acc.bad[row] = p.tensor.name
+            if acc.bad[row] is None and not np.isfinite(acc.stats[row, 0, :SKETCH_DIM]).all():
+                acc.bad[row] = p.tensor.name  # S x is finite iff x is (its other sums may overflow)
         if progress and row:
             progress(acc.bytes_read - before)
 
@@ -327,10 +331,10 @@ def _stream_all(
     acc = _Accumulators(np.zeros((len(where), len(seeds), STATS)), [None] * len(where))
     chunk = max(1, cfg.chunk // cfg.sketches)  # the pieces (and so every sum) depend on chunk and R only
     inflight: deque[_Batch] = deque()
-    with ThreadPoolExecutor(cfg.threads, thread_name_prefix="naig-audit") as pool:
+    with RawReader() as reader, ThreadPoolExecutor(cfg.threads, thread_name_prefix="naig-audit") as pool:
         try:
             for pieces in _limited(batches(plan, chunk), len(where) * len(seeds)):
-                inflight.append(_submit(pool, pieces, seeds, where))
+                inflight.append(_submit(pool, reader, pieces, seeds, where))
                 if len(inflight) > 1:
                     _fold(inflight.popleft(), acc, where, progress)
             while inflight:
@@ -338,6 +342,7 @@ def _stream_all(
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
+        reader.check_unchanged()  # a file rewritten in place would mix two versions
     return acc
 
 
@@ -352,15 +357,20 @@ def _cosine(dot: float, xx: float, rr: float) -> float | None:
 
 
 def _scores(acc: _Accumulators, workers: list[FileInfo], psi: np.ndarray) -> list[dict]:
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow (values beyond ~1e77) gives inf: "—"
+        return _scores_of(acc, workers, psi)
+
+
+def _scores_of(acc: _Accumulators, workers: list[FileInfo], psi: np.ndarray) -> list[dict]:
     ref = acc.stats[0]  # (R, STATS)
     rr = ref[0, SKETCH_DIM + 1]  # ‖x_R‖²
     out = []
     for row, info in enumerate(workers, start=1):
         st = acc.stats[row]  # (R, STATS)
         d = st[:, :SKETCH_DIM] - ref[:, :SKETCH_DIM]  # (R, 14) drifts, one per sketch seed
-        finite = acc.bad[row] is None and acc.bad[0] is None and np.isfinite(st).all()
+        finite = acc.bad[row] is None and acc.bad[0] is None  # every value finite (E may still overflow)
         e = energy(d, psi) if finite else np.full(len(d), np.nan)  # (R,)
-        dot, xx, dd, d4 = st[0, SKETCH_DIM:]
+        dot, xx, dd, d4 = st[0, SKETCH_DIM:]  # may overflow for |values| beyond ~1e77 (float64 files)
         out.append(
             dict(
                 path=info.path,
@@ -368,7 +378,7 @@ def _scores(acc: _Accumulators, workers: list[FileInfo], psi: np.ndarray) -> lis
                 cos=_cosine(dot, xx, rr) if finite else None,
                 delta_norm=float(np.sqrt(dd)),
                 energy=float(e.mean()),
-                energy_spread=energy_spread(dd, d4, psi, len(e)) if finite else None,
+                energy_spread=energy_spread(dd, d4, psi, len(e)) if finite and np.isfinite(d4) else None,
                 energy_std=float(e.std(ddof=1)) if len(e) > 1 else None,
                 friction=float(relative_friction(d, psi).mean()) if finite else float("nan"),
                 sketch_ratio=_norm_ratio(float(d[0] @ d[0]), dd) if finite else None,
@@ -390,8 +400,9 @@ def _check_reference(acc: _Accumulators, ref: Path) -> None:
 def _verdicts(rows: list[dict], beta_opt: float | str) -> tuple[np.ndarray, float]:
     e = np.array([r["energy"] for r in rows])  # (K,)
     if not np.isfinite(e).any():
-        bad = ", ".join(f"{r['path']} ({r['nonfinite_tensor']})" for r in rows)
-        raise DataError(f"every file holds NaN/Inf values: {bad}; fix the gradients upstream")
+        bad = ", ".join(f"{r['path']} ({r['nonfinite_tensor'] or 'E beyond float64'})" for r in rows)
+        raise DataError(f"no file has a finite E (NaN/Inf values, or drifts too large for float64): {bad}; "
+                        "fix the gradients upstream")
     beta = resolve_beta(beta_opt, e)
     pi = gibbs_weights(e, beta)
     frozen = frozen_mask(pi)

@@ -8,10 +8,12 @@ number of files. Pickle formats are refused without being opened.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -386,6 +388,7 @@ class TensorData:
     offset: int  # byte offset of the tensor's first scalar in the file
     dtype: str  # safetensors dtype string, e.g. "BF16"
     file_size: int  # size of the file the offset was derived for (a changed file is refused)
+    file_id: tuple[int, int, int] = (0, 0, 0)  # (device, inode, mtime ns) then; (0, 0, 0): not checked
 
 
 def locate(info: FileInfo) -> dict[str, TensorData]:
@@ -417,45 +420,62 @@ def locate(info: FileInfo) -> dict[str, TensorData]:
 
 
 def _locate_file(path: Path) -> dict[str, TensorData]:
-    layout, size = _layout(path)
+    layout, st = _layout(path)
     unknown = next((f"tensor {n!r} has dtype {dt}" for n, dt, _ in layout if dt not in _BITS), None)
     if unknown:
         raise DataError(f"{path}: {unknown}, unknown to this naig, so no tensor can be located; "
                         "upgrade naig")
-    pos = size - sum(numel * _BITS[dt] // 8 for _, dt, numel in layout)
+    pos = st.st_size - sum(numel * _BITS[dt] // 8 for _, dt, numel in layout)
     out = {}
     for n, dt, numel in layout:
-        out[n] = TensorData(path, pos, dt, size)
+        out[n] = TensorData(path, pos, dt, st.st_size, _identity(st))
         pos += numel * _BITS[dt] // 8
     return out
 
 
-def _layout(path: Path) -> tuple[list[tuple[str, str, int]], int]:
-    """([(name, dtype, numel)] in offset order, file size), through ``safe_open``."""
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    """What tells one version of a file from another: device, inode and modification time."""
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+def _layout(path: Path) -> tuple[list[tuple[str, str, int]], os.stat_result]:
+    """([(name, dtype, numel)] in offset order, the file's stat), through ``safe_open``.
+
+    The file is stat'ed before and after it is read: a layout is only returned for a file
+    that did not change in between.
+    """
     from safetensors import safe_open
 
     try:
+        before = path.stat()
         with safe_open(str(path), framework="numpy") as f:
             slices = [(n, f.get_slice(n)) for n in f.offset_keys()]
             layout = [(n, sl.get_dtype(), math.prod(sl.get_shape())) for n, sl in slices]
-        return layout, path.stat().st_size
+        after = path.stat()
+        if (_identity(before), before.st_size) != (_identity(after), after.st_size):
+            raise OSError("it changed while its header was read")
+        return layout, after
     except Exception as exc:  # SafetensorError, OSError: one line
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataError(f"{path}: could not be read again ({why}); was it changed?") from None
 
 
-def _changed(where: TensorData, now: int) -> DataError:
-    return DataError(f"{where.path}: truncated or changed while being audited ({where.file_size} bytes, "
-                     f"now {now}); make sure nothing is still writing it, then run again")
+def _changed(where: TensorData, now: int | None = None) -> DataError:
+    sizes = "" if now is None else f" ({where.file_size} bytes, now {now})"
+    return DataError(f"{where.path}: truncated or changed while being audited{sizes}; make sure nothing "
+                     "is still writing it, then run again")
 
 
 class RawReader:
     """The stored bytes of tensor pieces, read with positional reads (``os.preadv``) from files
-    opened once per batch and closed by ``close()``. Use as a context manager.
+    opened once and closed by ``close()``. Use as a context manager; threads may share one.
 
     Positional reads instead of memory maps: a file truncated while the audit reads it gives a
     short read, reported in one line, where a memory map would kill the process with SIGBUS.
-    The bytes land in a fresh uint8 buffer (no conversion: the kernels decode the stored bits).
+    A file is opened once and read through that descriptor, so a file replaced by a rename
+    mid-audit is audited as it was when opened; ``check_unchanged`` catches one rewritten in
+    place (its modification time moves). The bytes land in a fresh uint8 buffer (no
+    conversion: the kernels decode the stored bits).
 
     Example:
         >>> import tempfile, torch
@@ -469,13 +489,14 @@ class RawReader:
     """
 
     def __init__(self) -> None:
-        self._fds: dict[Path, int] = {}
+        self._fds: dict[Path, tuple[int, TensorData]] = {}  # path → (fd, where it was located)
+        self._lock = threading.Lock()
 
     def view(self, where: TensorData, start: int, stop: int) -> np.ndarray:
         """uint8 array of the stored bytes of flat scalars ``start .. stop−1`` of a tensor.
 
         Raises:
-            DataError: the file's size changed since its offsets were derived, or it was cut
+            DataError: the file changed since its offsets were derived, or it was cut
                 while being read.
         """
         fd = self.fd(where)
@@ -487,32 +508,52 @@ class RawReader:
         return out
 
     def fd(self, where: TensorData) -> int:
-        """The open file descriptor of a tensor's file (opened, and its size checked, once).
+        """The open file descriptor of a tensor's file (opened, and checked, once).
 
         Raises:
-            DataError: the file's size changed since its offsets were derived.
+            DataError: the file changed since its offsets were derived (size, or identity
+                when ``where`` records one), or the process may open no more files.
         """
-        fd = self._fds.get(where.path)
-        return self._open(where) if fd is None else fd
+        with self._lock:
+            entry = self._fds.get(where.path)
+            if entry is None:
+                entry = self._fds[where.path] = (self._open(where), where)
+            return entry[0]
 
     def short_read(self, where: TensorData) -> DataError:
         """The error for a tensor whose file ended before its bytes did."""
         return _changed(where, os.fstat(self.fd(where)).st_size)
 
+    def check_unchanged(self) -> None:
+        """Raise ``DataError`` for a file rewritten in place since it was located (the audit
+        calls this after its last read: the numbers could mix two versions of the file)."""
+        with self._lock:
+            for fd, where in self._fds.values():
+                st = os.fstat(fd)
+                if where.file_id != (0, 0, 0) and _identity(st) != where.file_id:
+                    raise _changed(where)
+
     def _open(self, where: TensorData) -> int:
-        fd = os.open(where.path, os.O_RDONLY)
-        now = os.fstat(fd).st_size
-        if now != where.file_size:
+        try:
+            fd = os.open(where.path, os.O_RDONLY)
+        except OSError as exc:
+            if exc.errno == errno.EMFILE:
+                raise DataError(f"{where.path}: cannot be opened: this process may open no more files "
+                                f"({len(self._fds)} open); raise the limit (ulimit -n) or audit fewer files "
+                                "at once") from None
+            raise DataError(f"{where.path}: cannot be opened ({exc.strerror})") from None
+        st = os.fstat(fd)
+        if st.st_size != where.file_size or where.file_id not in ((0, 0, 0), _identity(st)):
             os.close(fd)
-            raise _changed(where, now)
-        self._fds[where.path] = fd
+            raise _changed(where, st.st_size if st.st_size != where.file_size else None)
         return fd
 
     def close(self) -> None:
         """Close every file."""
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        with self._lock:
+            for fd, _ in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
 
     def __enter__(self) -> RawReader:
         return self
