@@ -667,4 +667,5 @@ def test_an_infinite_figure_is_a_dash_in_the_table(tmp_path):
 
 def test_only_the_reference_as_worker_says_why_nothing_is_left(untouched):
     ref = untouched / "ref.safetensors"
-    assert_one_line_error(run_naig("audit", ref, ref), 2, "no worker files to audit", "is the reference itself")
+    r = run_naig("audit", ref, ref)
+    assert_one_line_error(r, 2, "no worker files to audit", "is the reference itself")
