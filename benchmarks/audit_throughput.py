@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from startup import compile_naig  # benchmarks/ is the script's folder, first on sys.path
 
 BASELINE = r"""
 import sys, numpy as np
@@ -100,15 +101,6 @@ if pid == 0:
 _, status, usage = os.wait4(pid, 0)
 print(time.perf_counter() - t0, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, status)
 """
-
-
-def compile_naig() -> None:
-    """Byte-compile the naig packages where they are installed, as `pip install` does."""
-    import importlib.util
-
-    for pkg in ("naig", "naig_cli"):
-        for folder in importlib.util.find_spec(pkg).submodule_search_locations:
-            subprocess.run([sys.executable, "-m", "compileall", "-q", folder], check=True)
 
 
 def timed(cmd: list[str]) -> tuple[float, float, float]:

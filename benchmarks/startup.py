@@ -30,7 +30,8 @@ def _naig_cmd() -> list[str]:
     return [exe, "spectrum"] if exe else [sys.executable, "-m", "naig_cli", "spectrum"]
 
 
-def _compile_naig() -> None:
+def compile_naig() -> None:
+    """Byte-compile the naig packages where they are installed, as `pip install` does."""
     import importlib.util
 
     for pkg in ("naig", "naig_cli"):
@@ -49,7 +50,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7, help="runs of each (>= 5)")
     runs = max(5, parser.parse_args().runs)
     naig = _naig_cmd()
-    _compile_naig()
+    compile_naig()
     _wall(BASELINE), _wall(naig)  # warm the page cache
     base, ours = [], []
     for _ in range(runs):

@@ -9,6 +9,7 @@ numpy arrays of any stride. Pickle formats (``.pt``, ``.bin``, ``.ckpt``) are ne
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import warnings
@@ -18,11 +19,28 @@ from typing import Any
 
 from naig.errors import UsageError
 
-__all__ = ["METADATA_KEYS", "save_gradients"]
+__all__ = ["METADATA_KEYS", "save_gradients", "json_ready"]
 
 METADATA_KEYS = ("lag", "step", "worker")
 _RESERVED = "__metadata__"  # the safetensors header key that holds the metadata
 _SHOWN = 5  # names listed in a notice before "and N more"
+
+
+def json_ready(obj: Any) -> Any:
+    """``obj`` with every NaN/±inf float (also inside dicts, lists and tuples) replaced by None,
+    so ``json.dumps`` writes strict JSON (``null``) rather than ``NaN``.
+
+    Example:
+        >>> json_ready({"loss": float("nan"), "curve": [1.5, float("inf")]})
+        {'loss': None, 'curve': [1.5, None]}
+    """
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_ready(v) for v in obj]
+    return obj
 
 
 def _names(names: list[str]) -> str:

@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 
 from naig.errors import NaigError
+from naig.io import json_ready
 
 __all__ = [
     "FLAGS",
@@ -45,6 +46,8 @@ __all__ = [
     "Optimizer",
     "Device",
     "Model",
+    "Reference",
+    "Engine",
     "UplinkOpt",
     "DownlinkOpt",
     "ModeOpt",
@@ -103,14 +106,13 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "window": "--window",
     "updates": "--updates",
     "sweep": "--sweep",
-    # --- distributed engine (naig.distributed) ---
+    # Distributed engine (naig.distributed)
     "engine": "--engine",
     "nproc": "--nproc",
     "slowdown": "--slowdown",
     "sketch_first": "--sketch-first",
     "timeout": "--timeout",
     "worker_faults": "--worker-faults",
-    # --- end distributed engine ---
 }
 
 
@@ -217,16 +219,6 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
-    return obj
-
-
 def fmt_num(v: float | None, spec: str, big: float | None = None) -> str:
     """Format a number for a table cell; ``—`` for None, NaN, ±inf and anything undefined.
 
@@ -270,7 +262,7 @@ def print_json(doc: Any) -> None:
     """Write one strict JSON document (NaN/Inf → null) to stdout."""
     import json
 
-    sys.stdout.write(json.dumps(_clean(doc), indent=2, default=str) + "\n")
+    sys.stdout.write(json.dumps(json_ready(doc), indent=2, default=str) + "\n")
 
 
 @contextlib.contextmanager
@@ -328,6 +320,21 @@ class ArrivalMode(str, Enum):
     blocking = "blocking"
     non_blocking = "non-blocking"
     shared_memory = "shared-memory"
+
+
+class Reference(str, Enum):
+    """``--reference`` choices (naig.simulate.config.REFERENCES)."""
+
+    auto = "auto"
+    batch = "batch"
+    ema = "ema"
+
+
+class Engine(str, Enum):
+    """``--engine`` choices."""
+
+    simulated = "simulated"
+    distributed = "distributed"
 
 
 def opt(flag: str, text: str, **kwargs: Any) -> Any:

@@ -10,7 +10,6 @@ import importlib.util
 import io
 import sys
 from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -25,10 +24,12 @@ from naig_cli._common import (
     BetaOpt,
     Device,
     DownlinkOpt,
+    Engine,
     JsonOpt,
     Model,
     ModeOpt,
     Optimizer,
+    Reference,
     UplinkOpt,
     WindowOpt,
     fail,
@@ -46,23 +47,6 @@ if TYPE_CHECKING:
     from naig.simulate import RunResult, SimulateConfig, SimulateResult, StepEvent, StrategySummary
 
 __all__ = ["simulate"]
-
-class Reference(str, Enum):
-    """``--reference`` choices (naig.simulate.config.REFERENCES)."""
-
-    auto = "auto"
-    batch = "batch"
-    ema = "ema"
-
-
-# --- distributed engine (naig.distributed) ---
-class Engine(str, Enum):
-    """``--engine`` choices."""
-
-    simulated = "simulated"
-    distributed = "distributed"
-# --- end distributed engine ---
-
 
 @handle_errors
 def simulate(
@@ -116,7 +100,7 @@ def simulate(
     reference: Annotated[Reference, opt(
         "--reference", "naig's reference: auto (ema for --window 1, else the least stale of the "
         "batch), batch or ema.")] = Reference.auto,
-    # --- local updates and gossip (docs/design.md §13) ---
+    # Local updates and gossip (docs/design.md §13)
     local_steps: Annotated[str | None, opt(
         "--local-steps", "Inner steps H per round, one or one per worker, e.g. 10 or 10,10,5,2 "
         "(default 10 for diloco, gasloc, local-sgd; with it, naig weights pseudo-gradients).")] = None,
@@ -129,8 +113,7 @@ def simulate(
     bandwidth: Annotated[str | None, opt(
         "--bandwidth", "Link bytes/s, one or one per worker (arrival mode): a message costs latency + "
         "bytes / bandwidth.")] = None,
-    # --- end local updates ---
-    # --- distributed engine (naig.distributed) ---
+    # Distributed engine (naig.distributed)
     engine: Annotated[Engine, opt(
         "--engine", "simulated: one process; distributed: a parameter server and --nproc - 1 worker "
         "processes (torch.distributed; spawned here, or started by torchrun).")] = Engine.simulated,
@@ -148,7 +131,6 @@ def simulate(
     worker_faults: Annotated[str | None, opt(
         "--worker-faults", "Distributed: W:KIND[@STEP] comma list, KIND kill, nan or hang, e.g. "
         "1:kill@20,2:nan.")] = None,
-    # --- end distributed engine ---
 ) -> None:
     """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
 
@@ -190,7 +172,7 @@ def simulate(
     _report_divergence(result)
 
 
-# --- distributed engine (naig.distributed) ---
+# Distributed engine (naig.distributed)
 def _distributed_fields(engine: Engine, nproc: int | None, slowdown: str | None, sketch_first: bool,
                         timeout: float, worker_faults: str | None) -> dict:
     """The config fields of the distributed engine; ``nproc`` defaults to torchrun's world size."""
@@ -261,7 +243,6 @@ def _render_run(run: RunResult) -> None:
         weights = sorted(set(nf.get("weights", [])))
         stdout.print(f"  {nf['count']} non-finite pushes from worker(s) {','.join(map(str, workers))}, "
                      f"weights {','.join(f'{w:g}' for w in weights)}")
-# --- end distributed engine ---
 
 
 def _reporter(advance: Callable[..., None], every: int) -> Callable[[StepEvent], None]:
@@ -389,7 +370,7 @@ def _render(r: SimulateResult) -> None:
         _render_distributed(r)
 
 
-# --- local updates and gossip (docs/design.md §13) ---
+# Local updates and gossip (docs/design.md §13)
 def _positive_ints(text: str | None) -> tuple[int, ...] | None:
     """``--local-steps`` as ints (range checks are the config's); None when not given."""
     if text is None:
@@ -428,7 +409,6 @@ def _method(r: SimulateResult, name: str) -> str:
     return f" ({m['inner']} → {m['outer']} lr {m['outer_lr']:g} m {m['outer_momentum']:g}; H {h}{ref})"
 
 
-# --- end local updates ---
 
 
 def _columns(r: SimulateResult) -> list[str]:

@@ -53,7 +53,7 @@ def grads_dir(tmp_path: Path) -> Path:
     return root
 
 
-# --- distributed engine (naig.distributed) ---
+# Distributed engine (naig.distributed)
 def leftover_processes(marker: str) -> list[str]:
     """Command lines of live processes (this one excepted) that mention ``marker``.
 
@@ -71,4 +71,3 @@ def leftover_processes(marker: str) -> list[str]:
         if marker in cmd:
             found.append(f"{proc.name}: {cmd}")
     return found
-# --- end distributed engine ---

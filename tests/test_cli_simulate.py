@@ -282,7 +282,7 @@ def test_progress_lines_without_a_terminal() -> None:
     assert all(ln.endswith("steps/s") for ln in lines)
 
 
-# --- local updates and gossip (docs/design.md §12) ---
+# Local updates and gossip (docs/design.md §13)
 LOCAL = ["simulate", "--steps", "4", "--seeds", "1", "--data-bytes", "200000", "--eval-every", "2",
          "--arrivals", "exp:1,exp:1,exp:2,exp:4"]
 
@@ -320,7 +320,6 @@ def test_local_updates_report_bytes_seconds_and_samples() -> None:
     assert runs["diloco"]["local"]["outer"] == "sgd-nesterov" and runs["diloco"]["local"]["rounds"] == 2
     text = RUNNER.invoke(app, args, env={"COLUMNS": "200"}).stdout
     assert "bytes sent per worker" in text and "  gasloc (adamw → adam lr 0.001 m 0.9; H 2,2,2,2): " in text
-# --- end local updates ---
 
 
 def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid() -> None:

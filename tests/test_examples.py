@@ -88,7 +88,7 @@ def test_readme_python_snippet_runs_as_it_stands(tmp_path, index):
     r = subprocess.run([sys.executable, "-c", _readme_snippets()[index]], capture_output=True, text=True,
                        timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
-# --- distributed engine (naig.distributed) ---
+# Distributed engine (naig.distributed)
 def test_ddp_gpt_trains_under_ddp_with_the_hook(tmp_path):
     """examples/ddp_gpt.py: 3 real ranks (gloo), a few steps, the hook's log on rank 0."""
     csv = tmp_path / "ddp.csv"
@@ -102,4 +102,3 @@ def test_ddp_gpt_trains_under_ddp_with_the_hook(tmp_path):
     assert after < before
     rows = csv.read_text().splitlines()
     assert rows[0] == "step,bucket,rank,energy,pi,cos,beta,routed" and len(rows) >= 1 + 4 * 3
-# --- end distributed engine ---

@@ -428,12 +428,12 @@ def _locate_file(path: Path) -> dict[str, TensorData]:
     pos = st.st_size - sum(numel * _BITS[dt] // 8 for _, dt, numel in layout)
     out = {}
     for n, dt, numel in layout:
-        out[n] = TensorData(path, pos, dt, st.st_size, _identity(st))
+        out[n] = TensorData(path, pos, dt, st.st_size, _file_version(st))
         pos += numel * _BITS[dt] // 8
     return out
 
 
-def _identity(st: os.stat_result) -> tuple[int, int, int]:
+def _file_version(st: os.stat_result) -> tuple[int, int, int]:
     """What tells one version of a file from another: device, inode and modification time."""
     return st.st_dev, st.st_ino, st.st_mtime_ns
 
@@ -452,7 +452,7 @@ def _layout(path: Path) -> tuple[list[tuple[str, str, int]], os.stat_result]:
             slices = [(n, f.get_slice(n)) for n in f.offset_keys()]
             layout = [(n, sl.get_dtype(), math.prod(sl.get_shape())) for n, sl in slices]
         after = path.stat()
-        if (_identity(before), before.st_size) != (_identity(after), after.st_size):
+        if (_file_version(before), before.st_size) != (_file_version(after), after.st_size):
             raise OSError("it changed while its header was read")
         return layout, after
     except Exception as exc:  # SafetensorError, OSError: one line
@@ -530,7 +530,7 @@ class RawReader:
         with self._lock:
             for fd, where in self._fds.values():
                 st = os.fstat(fd)
-                if where.file_id != (0, 0, 0) and _identity(st) != where.file_id:
+                if where.file_id != (0, 0, 0) and _file_version(st) != where.file_id:
                     raise _changed(where)
 
     def _open(self, where: TensorData) -> int:
@@ -543,7 +543,7 @@ class RawReader:
                                 "at once") from None
             raise DataError(f"{where.path}: cannot be opened ({exc.strerror})") from None
         st = os.fstat(fd)
-        if st.st_size != where.file_size or where.file_id not in ((0, 0, 0), _identity(st)):
+        if st.st_size != where.file_size or where.file_id not in ((0, 0, 0), _file_version(st)):
             os.close(fd)
             raise _changed(where, st.st_size if st.st_size != where.file_size else None)
         return fd

@@ -10,25 +10,14 @@ document on stdout; the others work. Errors are one line on stderr (exit 1 data,
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from naig.errors import NaigError
+from naig.io import json_ready
 
 __all__ = ["main"]
-
-
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
-    return obj
 
 
 def main(argv: list[str]) -> int:
@@ -50,7 +39,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"error: rank {rank}: {text.splitlines()[0] if text else repr(exc)}\n")
         return code
     if result is not None:
-        sys.stdout.write(json.dumps(_clean(result.to_dict()), indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps(json_ready(result.to_dict()), indent=2, default=str) + "\n")
     return 0
 
 

@@ -54,11 +54,10 @@ OPTIMIZERS = ("sgd", "adam")  # torch.optim.SGD / torch.optim.Adam, default sett
 DEVICES = ("cpu", "cuda", "auto")
 MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
 MAX_STEPS = 10**9  # server steps per run (the π history is a (steps, K) buffer)
-# --- local updates and gossip (docs/design.md §13) ---
+# Local updates and gossip (docs/design.md §13)
 LOCAL_STRATEGIES = ("diloco", "gasloc", "local-sgd", "allreduce")  # run types, not Batch → Update rules
 PSEUDO_STRATEGIES = ("naig", "naig-exact")  # in local mode: Gibbs weights on pseudo-gradients
 DEFAULT_LOCAL_STEPS = 10  # inner steps H per round when `local_steps` is not given
-# --- end local updates ---
 
 
 @dataclass(frozen=True)
@@ -104,21 +103,19 @@ class SimulateConfig:
     byzantine: int = 1  # f: trimmed-mean trims f per side; krum scores K − f − 2 neighbours
     max_staleness: int | None = None  # drop-stale keeps τ ≤ this (None: K)
     clip: float | str = "auto"  # centered-clip radius, or "auto" (median ‖g_k − v‖)
-    # --- local updates and gossip (docs/design.md §13) ---
+    # Local updates and gossip (docs/design.md §13)
     local_steps: tuple[int, ...] | None = None  # inner steps H per round, one or one per worker
     #                                             (None: DEFAULT_LOCAL_STEPS for the local strategies)
     outer_lr: float | None = None  # outer learning rate (None: each local strategy's default)
     outer_momentum: float | None = None  # diloco/naig Nesterov momentum, gasloc Adam β1 (None: 0.9)
     bandwidth: tuple[float, ...] = ()  # arrival mode: link bytes/s, one or one per worker; (): infinite
-    # --- end local updates ---
-    # --- distributed engine (naig.distributed, docs/design.md §14) ---------------------------
+    # Distributed engine (naig.distributed, docs/design.md §14)
     engine: str = "simulated"  # "simulated" (one process) or "distributed" (real processes)
     nproc: int | None = None  # distributed: processes, the server plus K = nproc − 1 workers
     slowdown: tuple[float, ...] = ()  # distributed: compute-time factor >= 1 per worker (1: full speed)
     sketch_first: bool = False  # distributed: push 14 floats; fetch the gradient when w >= 0.01
     timeout: float = 30.0  # distributed: seconds any one message may take (at most 30)
     worker_faults: tuple[str, ...] = ()  # distributed: W:KIND[@STEP], KIND kill, nan or hang
-    # --- end distributed engine --------------------------------------------------------------
 
     def __post_init__(self) -> None:
         if self.strategies is None:
@@ -259,7 +256,7 @@ class SimulateConfig:
         _check(self.reference in REFERENCES, "reference", self.reference,
                f"use one of {', '.join(REFERENCES)}")
 
-    # --- local updates and gossip (docs/design.md §13) ---
+    # Local updates and gossip (docs/design.md §13)
     @property
     def local_mode(self) -> bool:
         """True when a local-update strategy is listed or ``local_steps`` is given: then ``naig``
@@ -301,8 +298,7 @@ class SimulateConfig:
         m = self.outer_momentum
         _check(m is None or (math.isfinite(m) and 0 <= m < 1), "outer_momentum", m,
                "use a value in [0, 1), e.g. 0.9 (0: no momentum)")
-    # --- end local updates ---
-    # --- distributed engine (naig.distributed, docs/design.md §14) ---------------------------
+    # Distributed engine (naig.distributed, docs/design.md §14)
     def _check_distributed(self) -> bool:
         """Check the distributed engine's fields; True when the engine is distributed."""
         _check(self.engine in ("simulated", "distributed"), "engine", self.engine,
@@ -340,7 +336,6 @@ class SimulateConfig:
 
         parse_worker_faults(self.worker_faults, k)
         return True
-    # --- end distributed engine --------------------------------------------------------------
 
     def _check_numbers(self) -> None:
         _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, "use sgd or adam")

@@ -178,10 +178,9 @@ class Simulation:
         strategies (and naig in local mode) get a ``LocalRun`` (docs/design.md §13).
         """
         lr = self.config.lr[0] if lr is None else lr
-        # --- local updates (docs/design.md §13) ---
+        # Local updates (docs/design.md §13)
         if is_local(self.config, strategy if isinstance(strategy, str) else strategy.name):
             return start_local(self, strategy, seed, lr)
-        # --- end local updates ---
         strategy = self.strategy(strategy, lr) if isinstance(strategy, str) else strategy
         if self.config.asynchronous and strategy.uses_lags:
             return ArrivalRun(self, strategy, seed, lr)
@@ -247,7 +246,7 @@ class Simulation:
                          **pi_stats(run.pis[:run.t].cpu().numpy()), **_communication_fields(run, marks))
 
 
-# --- local updates (docs/design.md §13) ---
+# Local updates (docs/design.md §13)
 def _communication_fields(run: Run | ArrivalRun | LocalRun, marks: list[tuple[int, Any]]) -> dict[str, Any]:
     """RunResult fields: samples and mean bytes sent per worker at each curve point, bytes per
     worker at the end, and a local-update run's method (H, outer optimizer, busy fractions)."""
@@ -256,7 +255,6 @@ def _communication_fields(run: Run | ArrivalRun | LocalRun, marks: list[tuple[in
                 curve_bytes=tuple(float(m[1].mean()) for m in marks),
                 bytes_per_worker=tuple(final.tolist()),
                 local=run.describe() if isinstance(run, LocalRun) else None)
-# --- end local updates ---
 
 
 @dataclass(frozen=True)

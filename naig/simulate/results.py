@@ -52,15 +52,13 @@ class RunResult:
     updates: int = 0  # server updates applied
     staleness: dict[str, Any] | None = None  # arrival mode: measured τ (mean, per_worker, p_zero, max)
     correction: float | None = None  # mean ‖g̃ − g‖/‖g‖ of a correcting rule (dc-asgd, gap-aware)
-    # --- local updates (docs/design.md §13) ---
+    # Local updates (docs/design.md §13)
     curve_samples: tuple[int, ...] = ()  # sequences consumed (gradients × batch_size) at each curve point
     curve_bytes: tuple[float, ...] = ()  # mean over workers of the bytes sent by each curve point
     bytes_per_worker: tuple[float, ...] = ()  # bytes each worker sent in the whole run
     local: dict[str, Any] | None = None  # local-update runs: method, H, outer steps, busy fractions
-    # --- end local updates ---
-    # --- distributed engine (naig.distributed, docs/design.md §14) ---
+    # Distributed engine (naig.distributed, docs/design.md §14)
     distributed: dict[str, Any] | None = None  # arrivals, lost workers, non-finite pushes, bytes, server ms
-    # --- end distributed engine ---
 
 
 @dataclass(frozen=True)
@@ -99,11 +97,10 @@ class StrategySummary:
     paired_vs_hogwild: dict[str, Any] | None = None  # paired per-seed difference: diff, ci95, p_value
     paired_vs_best: dict[str, Any] | None = None  # the same against the best non-oracle baseline
     correction: float | None = None  # mean ‖g̃ − g‖/‖g‖ (dc-asgd, dc-asgd-a, gap-aware)
-    # --- local updates (docs/design.md §13) ---
+    # Local updates (docs/design.md §13)
     curve_samples: tuple[float, ...] = ()  # mean over seeds of the samples at each curve point
     curve_bytes: tuple[float, ...] = ()  # mean over seeds of the bytes sent per worker by each point
     bytes_per_worker: tuple[float, ...] = ()  # mean over seeds of the bytes each worker sent
-    # --- end local updates ---
 
 
 @dataclass(frozen=True)
@@ -122,9 +119,8 @@ class SimulateResult:
     environment: dict[str, Any] = field(default_factory=dict)  # versions, threads, device
     interrupted: bool = False  # Ctrl-C: only the runs that finished are here
     best_baseline: str | None = None  # the best non-oracle baseline, chosen on validation
-    # --- distributed engine (naig.distributed, docs/design.md §14) ---
+    # Distributed engine (naig.distributed, docs/design.md §14)
     distributed: dict[str, Any] | None = None  # processes, launcher, lost workers, determinism note
-    # --- end distributed engine ---
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of everything (config included; NaN/Inf still need → null)."""
@@ -299,7 +295,7 @@ def _summarise_one(name: str, mine: list[RunResult], table: dict[str, float], pi
         **{**_communication_stats(mine), **_time_stats(mine, picked.get("sync", []))})
 
 
-# --- local updates (docs/design.md §13) ---
+# Local updates (docs/design.md §13)
 def _communication_stats(mine: list[RunResult]) -> dict[str, Any]:
     """Means over seeds of the curves' samples, seconds and bytes, and of the bytes per worker
     (curves up to the shortest: a diverged run stops early)."""
@@ -314,7 +310,6 @@ def _communication_stats(mine: list[RunResult]) -> dict[str, Any]:
     return dict(curve_samples=mean_curve("curve_samples"), curve_bytes=mean_curve("curve_bytes"),
                 curve_seconds=mean_curve("curve_seconds") if mine[0].curve_seconds else (),
                 bytes_per_worker=tuple(float(v) for v in per_worker))
-# --- end local updates ---
 
 
 def summarise(runs: list[RunResult], names: tuple[str, ...],

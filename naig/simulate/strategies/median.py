@@ -19,7 +19,7 @@ from torch import Tensor
 
 from naig.simulate.strategies.base import Batch, Strategy, Update, register
 
-__all__ = ["Median", "row_coverage"]
+__all__ = ["Median", "row_coverage", "middle_mean"]
 
 
 def row_coverage(indices: Tensor, rows: int) -> Tensor:
@@ -36,6 +36,25 @@ def row_coverage(indices: Tensor, rows: int) -> Tensor:
     return counts / indices.numel()
 
 
+def middle_mean(grads: Tensor, t: int) -> Update:
+    """Coordinate-wise mean of the sorted values t .. B − t − 1 (NaN sorted last), with π_k the
+    share of those entries row k supplies: the median for t = ⌊(B − 1)/2⌋, the trimmed mean
+    for t = f.
+
+    Args:
+        grads: (B, n) the batch's gradients.
+        t: values dropped at each end, 0 ≤ t ≤ ⌊(B − 1)/2⌋.
+
+    Example:
+        >>> u = middle_mean(torch.tensor([[1.0], [5.0], [3.0], [100.0]]), 1)
+        >>> u.grad.tolist(), u.weights.tolist()
+        ([4.0], [0.0, 0.5, 0.5, 0.0])
+    """
+    values, order = grads.sort(0)  # NaN sorts last
+    b = values.shape[0]
+    return Update(values[t : b - t].mean(0), row_coverage(order[t : b - t], b))
+
+
 @register
 class Median(Strategy):
     """ĝ = coordinate-wise median; π_k = share of coordinates row k supplies."""
@@ -50,10 +69,4 @@ class Median(Strategy):
 
     def combine(self, batch: Batch) -> Update:
         """See the module docstring and ``Strategy.combine``."""
-        values, order = batch.grads.sort(0)  # NaN sorts last
-        b = values.shape[0]
-        lo, hi = (b - 1) // 2, b // 2
-        if lo == hi:
-            return Update(values[lo].clone(), row_coverage(order[lo], b))
-        pi = (row_coverage(order[lo], b) + row_coverage(order[hi], b)) / 2
-        return Update((values[lo] + values[hi]) / 2, pi)
+        return middle_mean(batch.grads, (batch.grads.shape[0] - 1) // 2)

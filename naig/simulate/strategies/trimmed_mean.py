@@ -13,7 +13,7 @@ Learning: Towards Optimal Statistical Rates*, ICML 2018 (coordinate-wise trimmed
 from __future__ import annotations
 
 from naig.simulate.strategies.base import Batch, Strategy, StrategyOptions, Update, register
-from naig.simulate.strategies.median import row_coverage
+from naig.simulate.strategies.median import middle_mean
 
 __all__ = ["TrimmedMean"]
 
@@ -36,7 +36,4 @@ class TrimmedMean(Strategy):
 
     def combine(self, batch: Batch) -> Update:
         """See the module docstring and ``Strategy.combine``."""
-        values, order = batch.grads.sort(0)  # NaN sorts last
-        b = values.shape[0]
-        t = min(self.options.byzantine, (b - 1) // 2)
-        return Update(values[t:b - t].mean(0), row_coverage(order[t:b - t], b))
+        return middle_mean(batch.grads, min(self.options.byzantine, (batch.grads.shape[0] - 1) // 2))
