@@ -158,19 +158,32 @@ def normalized_entropy(pi: np.ndarray) -> np.ndarray:
 
 
 def combine(pi: Any, grads: Any) -> Any:
-    """The MGE combine ĝ = Σ_k π_k g_k, an einsum over the worker axis.
+    """The MGE combine ĝ = Σ_{k: π_k ≠ 0} π_k g_k, an einsum over the worker axis.
+
+    Rows of weight 0 are left out of the sum, so a NaN/Inf gradient given π_k = 0 (as
+    ``gibbs_weights`` gives a non-finite energy) cannot poison ĝ through 0·NaN.
 
     Args:
         pi: (K,) weights: a numpy array, torch tensor or list.
         grads: (K, ...) stacked gradients, a numpy array or a torch tensor.
 
     Returns:
-        Array/tensor of shape (...) in the dtype of ``grads``.
+        Array/tensor of shape (...) in the dtype of ``grads`` (zeros when every π_k is 0).
+
+    Example:
+        >>> combine([0.5, 0.0], np.array([[1.0, 2.0], [np.nan, 0.0]])).tolist()
+        [0.5, 1.0]
     """
     if type(grads).__module__.startswith("torch"):
         import torch
 
         flat = grads.reshape(grads.shape[0], -1)  # (K, m): one matrix-vector product
         pi = torch.as_tensor(pi, device=grads.device, dtype=grads.dtype)
+        keep = pi != 0
+        if not bool(keep.all()):
+            rows = keep.nonzero().squeeze(1)
+            pi, flat = pi.index_select(0, rows), flat.index_select(0, rows)
         return (pi @ flat).reshape(grads.shape[1:])
-    return np.einsum("k,k...->...", np.asarray(pi, dtype=grads.dtype), grads)
+    pi = np.asarray(pi, dtype=grads.dtype)
+    keep = pi != 0
+    return np.einsum("k,k...->...", pi[keep], grads[keep])

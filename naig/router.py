@@ -12,6 +12,11 @@ Staleness changes every step in a real asynchronous system, so every call may pa
 the current ``staleness`` (τ_k per gradient); the ``lags`` given at construction are
 the default.
 
+A ``None`` entry of a state dict (an unused parameter's ``p.grad``) is a zero gradient:
+it adds nothing to the sketch (S is linear) and counts as zeros in ``combine``; a name
+that is ``None`` in every gradient stays ``None`` in ĝ, as ``p.grad`` would. A gradient
+of weight π_k = 0 (a NaN worker) is left out of ĝ, so it cannot poison it through 0·NaN.
+
 Example:
     >>> import torch
     >>> router = Router(lags=(0, 10), seed=0)
@@ -45,8 +50,8 @@ from naig.sketch.torch_sketch import TorchSketch
 
 __all__ = ["Router", "Gradient"]
 
-Gradient = Mapping[str, Tensor] | Tensor
-"""A worker gradient: a state dict {name: tensor} or one flat tensor (named ``"flat"``)."""
+Gradient = Mapping[str, Tensor | None] | Tensor
+"""A worker gradient: a state dict {name: tensor or None} or one flat tensor (named ``"flat"``)."""
 
 _FLAT = "flat"
 
@@ -62,15 +67,15 @@ class Router:
         seed: sketch seed, an int in 0..2^64−1; the same seed sketches every step consistently.
 
     Raises:
-        UsageError: for an empty/negative ``lags``, a bad ``beta``, a non-Fano ``line``
-            or a seed outside 0..2^64−1 (``UsageError.field`` names the argument).
+        UsageError: for an empty/negative/non-integer ``lags``, a bad ``beta``, a non-Fano
+            ``line`` or a seed outside 0..2^64−1 (``UsageError.field`` names the argument).
     """
 
     def __init__(self, lags: Sequence[int] | None = (0, 10, 20, 35), beta: float | str = "auto",
                  line: Sequence[int] = (1, 2, 4), seed: int = 0) -> None:
         self.lags = None if lags is None else _check_staleness(lags, "lags")
         self.beta = parse_beta(beta)
-        self.line = parse_line(tuple(line))
+        self.line = parse_line(line)
         self.seed = check_seed(seed)
         self._psi = torch.from_numpy(fano_fisher_metric(self.line))  # (14, 14) float64
         self._hashes: dict[tuple[str, int, str], TorchSketch] = {}
@@ -79,11 +84,18 @@ class Router:
         """S g: (14,) float64 sketch of one gradient (hash arrays cached per tensor).
 
         Args:
-            grad: a state dict {name: tensor} or a flat tensor (sketched as tensor ``"flat"``).
+            grad: a state dict {name: tensor or None} or a flat tensor (sketched as tensor
+                ``"flat"``); a ``None`` entry is a zero gradient and adds nothing.
+
+        Raises:
+            UsageError: if ``grad`` is neither a tensor nor a mapping of tensors (field ``grads``).
         """
+        _check_gradient(grad, "grads")
         items = grad.items() if isinstance(grad, Mapping) else [(_FLAT, grad)]
         out = torch.zeros(SKETCH_DIM, dtype=torch.float64)
         for name, x in items:
+            if x is None:
+                continue
             flat = x.detach().reshape(-1)
             out += self._hash(name, flat.numel(), flat.device)(flat).cpu()
         return out
@@ -109,10 +121,13 @@ class Router:
 
         Raises:
             UsageError: if K differs from the length of ``staleness``/``lags`` when they
-                choose the reference, if no reference can be chosen, or if the state
-                dicts do not share names and shapes.
+                choose the reference, if no reference can be chosen, if the state dicts do
+                not share names and shapes, or if ``reference`` has other tensor names or
+                shapes than the gradients (field ``reference``, the tensors named).
         """
         _check_same_layout(grads)
+        if reference is not None:
+            _check_reference(grads[0], reference)
         ref = self.sketch(self._reference(grads, reference, staleness))
         d = torch.stack([self.sketch(g) for g in grads]) - ref  # (K, 14)
         return energy(d, self._psi).numpy()
@@ -150,53 +165,133 @@ class Router:
         return gibbs_weights(self.energies(grads, reference, staleness), self.beta)
 
     def combine(self, grads: Sequence[Gradient], pi: Any) -> Gradient:
-        """ĝ = Σ_k π_k g_k (the MGE einsum), in the structure and dtype of the gradients.
+        """ĝ = Σ_{k: π_k ≠ 0} π_k g_k (the MGE einsum), in the structure and dtype of the gradients.
+
+        A gradient of weight 0 is left out (a NaN worker with π_k = 0 cannot poison ĝ); a
+        ``None`` entry counts as zeros, and a name ``None`` in every gradient stays ``None``.
 
         Args:
             grads: K gradients, all state dicts (same names and shapes) or all flat tensors.
-            pi: (K,) weights: a numpy array, a torch tensor or a list, e.g. from ``weights``.
+            pi: (K,) finite weights ≥ 0: a numpy array, a torch tensor or a list, e.g. from
+                ``weights``.
 
         Returns:
-            A state dict {name: tensor} or one tensor, like ``grads[0]``.
+            A state dict {name: tensor or None} or one tensor, like ``grads[0]``.
 
         Raises:
-            UsageError: if ``pi`` does not hold K weights or the state dicts differ.
+            UsageError: if ``pi`` is not K finite numbers ≥ 0 (field ``pi``) or the
+                gradients differ (field ``grads``).
         """
         _check_same_layout(grads)
-        pi = torch.as_tensor(np.asarray(pi, dtype=np.float64) if not isinstance(pi, Tensor) else pi)
-        if pi.shape != (len(grads),):
-            raise UsageError(f"expected {len(grads)} weights, one per gradient; got shape "
-                             f"{tuple(pi.shape)}", field="pi")
+        pi = _check_pi(pi, len(grads))
         if isinstance(grads[0], Mapping):
             return {name: self._mix([g[name] for g in grads], pi) for name in grads[0]}
         return self._mix(list(grads), pi)
 
     @staticmethod
-    def _mix(tensors: list[Tensor], pi: Tensor) -> Tensor:
-        stacked = torch.stack([t.detach() for t in tensors])  # (K, ...)
+    def _mix(tensors: list[Tensor | None], pi: Tensor) -> Tensor | None:
+        present = [t for t in tensors if t is not None]
+        if not present:
+            return None
+        stacked = torch.stack([(t if t is not None else torch.zeros_like(present[0])).detach()
+                               for t in tensors])  # (K, ...); None counts as zeros
         return mge_combine(pi, stacked)
 
 
-def _check_staleness(values: Sequence[int], field: str) -> tuple[int, ...]:
-    taus = tuple(int(t) for t in values)
-    if not taus or any(t < 0 for t in taus):
-        raise UsageError("use non-negative ints, one per worker", field=field, value=tuple(values))
-    return taus
+def _as_int(t: object) -> int | None:
+    """An int from an int, numpy integer or 0-d integer array/tensor; None for anything else."""
+    if isinstance(t, Tensor | np.ndarray) and t.ndim == 0:
+        t = t.item()
+    return int(t) if isinstance(t, int | np.integer) and not isinstance(t, bool) else None
+
+
+def _check_staleness(values: Any, field: str) -> tuple[int, ...]:
+    """K non-negative ints (a sequence, numpy array or torch tensor) as a tuple."""
+    try:
+        items = [_as_int(t) for t in values]
+    except TypeError:
+        raise UsageError("use a sequence of non-negative ints, one per worker, e.g. (0, 10)",
+                         field=field, value=values) from None
+    if not items or any(t is None or t < 0 for t in items):
+        raise UsageError("use non-negative ints, one per worker", field=field,
+                         value=values if isinstance(values, tuple) else tuple(values))
+    return tuple(items)
+
+
+def _check_gradient(g: object, field: str, k: int | None = None) -> None:
+    """A tensor, or a mapping of names to tensors or None."""
+    which = "" if k is None else f"gradient {k} "
+    if isinstance(g, Tensor):
+        return
+    if not isinstance(g, Mapping):
+        raise UsageError(f"{which}is a {type(g).__name__}; pass a torch tensor or a state dict "
+                         "{name: tensor}", field=field)
+    bad = [n for n, t in g.items() if t is not None and not isinstance(t, Tensor)]
+    if bad:
+        raise UsageError(f"{which}has non-tensor entries {bad[:3]} ({type(g[bad[0]]).__name__}); "
+                         "pass torch tensors (None for an unused parameter)", field=field)
+
+
+def _layout(g: Gradient) -> Any:
+    """{name: shape or None} of a state dict, or a tensor's shape."""
+    if isinstance(g, Mapping):
+        return {n: None if t is None else tuple(t.shape) for n, t in g.items()}
+    return tuple(g.shape)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Same layout; a None entry (unused parameter) matches any shape of the same name."""
+    if isinstance(a, dict) != isinstance(b, dict):
+        return False
+    if not isinstance(a, dict):
+        return a == b
+    return a.keys() == b.keys() and all(a[n] is None or b[n] is None or a[n] == b[n] for n in a)
 
 
 def _check_same_layout(grads: Sequence[Gradient]) -> None:
     """Every gradient has the first one's structure: the same names and shapes, or a tensor."""
-    if not grads:
+    if isinstance(grads, Mapping | str | bytes) or not isinstance(grads, Sequence | Tensor):
+        raise UsageError(f"got a {type(grads).__name__}; pass a list of K gradients (state dicts "
+                         "or tensors), one per worker", field="grads")
+    if not len(grads):
         raise UsageError("no gradients; pass one per worker", field="grads")
-    first = grads[0]
+    for k, g in enumerate(grads):
+        _check_gradient(g, "grads", k)
+    first = _layout(grads[0])
     for k, g in enumerate(grads[1:], start=1):
-        if isinstance(first, Mapping) != isinstance(g, Mapping):
+        b = _layout(g)
+        if isinstance(first, dict) != isinstance(b, dict):
             raise UsageError(f"gradient {k} and gradient 0 mix a state dict and a tensor", field="grads")
-        a = {n: tuple(t.shape) for n, t in first.items()} if isinstance(first, Mapping) else first.shape
-        b = {n: tuple(t.shape) for n, t in g.items()} if isinstance(g, Mapping) else g.shape
-        if a != b:
+        if not _same(first, b):
             raise UsageError(f"gradient {k} has other names or shapes than gradient 0 "
-                             f"({_diff(a, b)}); pass state dicts of one model", field="grads")
+                             f"({_diff(first, b)}); pass state dicts of one model", field="grads")
+
+
+def _check_reference(first: Gradient, reference: Gradient) -> None:
+    """``reference`` has the gradients' names and shapes (else a UsageError naming the tensors)."""
+    _check_gradient(reference, "reference")
+    a, b = _layout(first), _layout(reference)
+    if isinstance(a, dict) != isinstance(b, dict):
+        raise UsageError("mixes a state dict and a tensor with the gradients; pass the same kind",
+                         field="reference")
+    if not _same(a, b):
+        raise UsageError(f"has other names or shapes than the gradients ({_diff(a, b)}); pass a "
+                         "gradient of the same model", field="reference")
+
+
+def _check_pi(pi: Any, k: int) -> Tensor:
+    """(K,) float64 weights, finite and ≥ 0 (else a UsageError with field ``pi``)."""
+    try:
+        w = pi.detach().to("cpu", torch.float64) if isinstance(pi, Tensor) else torch.as_tensor(
+            np.asarray(pi, dtype=np.float64))
+    except (TypeError, ValueError):
+        raise UsageError("not numbers; pass K weights, e.g. from Router.weights", field="pi") from None
+    if w.shape != (k,):
+        raise UsageError(f"expected {k} weights, one per gradient; got shape {tuple(w.shape)}", field="pi")
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        raise UsageError(f"weights must be finite and >= 0; got {w.tolist()[:8]}; pass "
+                         "Router.weights (a NaN worker gets 0 there)", field="pi")
+    return w
 
 
 def _diff(a: Any, b: Any) -> str:
