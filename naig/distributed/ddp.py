@@ -17,6 +17,17 @@ K ranks' gradients g_k (the bucket's slice of each rank's gradient) the hook
    all-reduced result ḡ (float64), and all-gathers the K values (8 B per rank, float64);
 5. logs a ``HookRecord`` (a callback on every rank; rank 0 appends CSV rows).
 
+**Two ranks.** Against the mean, d₀ = −d₁, so E₀ = E₁ whenever both are finite: π is
+uniform, routing cannot prefer a rank and E/π cannot name a bad one (a non-finite rank is
+still given π = 0). The hook warns (``UserWarning``, once) when it learns that the group has
+2 ranks: at construction if the process group exists, else at ``register()``, else at
+the first bucket. Use 3 ranks or more to compare ranks.
+
+**CSV.** ``csv_path`` is checked at construction (on rank 0, or everywhere before
+``init_process_group``): its directory must exist, and an existing file is refused unless
+``append=True``; then rows continue the file's step count (the file's last step + the
+hook's step), so a second run never restarts at step 1 in the same file.
+
 With ``route=False`` the all-reduce receives exactly the bytes plain DDP sends (the same
 multiplication by 1/K, the same all-reduce), so training is bit-identical to DDP without
 the hook (tested with 3 ranks). With ``cos=False`` the hook returns the all-reduce's
@@ -31,6 +42,7 @@ Example (not run here; see examples/ddp_gpt.py)::
 
 import csv
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,13 +53,19 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from naig.energy import energy
-from naig.errors import DataError
+from naig.errors import DataError, UsageError
 from naig.gibbs import gibbs_weights, parse_beta, resolve_beta
 from naig.metric import fano_fisher_metric, parse_line
 from naig.sketch.core import SKETCH_DIM, check_seed
 from naig.sketch.torch_sketch import TorchSketch
 
-__all__ = ["HookRecord", "NaigCommHook", "naig_comm_hook", "energies_to_mean"]
+__all__ = ["HookRecord", "NaigCommHook", "naig_comm_hook", "energies_to_mean", "TWO_RANKS"]
+
+_HEADER = ["step", "bucket", "rank", "energy", "pi", "cos", "beta", "routed"]
+TWO_RANKS = ("NaigCommHook with 2 ranks: each rank is measured against the mean, so E_0 = E_1 "
+             "whenever both are finite; pi is uniform and routing can only drop a non-finite rank; "
+             "use 3 or more ranks to compare ranks")
+"""The one-line warning given for a 2-rank group."""
 
 
 @dataclass(frozen=True)
@@ -117,36 +135,74 @@ class NaigCommHook:
         line: the Fano line ℓ of Ψ_ℓ.
         seed: the sketch seed.
         callback: called with each ``HookRecord`` on every rank.
-        csv_path: rank 0 appends rows (step, bucket, rank, energy, pi, cos, beta, routed).
+        csv_path: rank 0 writes rows (step, bucket, rank, energy, pi, cos, beta, routed);
+            its directory must exist; an existing file is refused unless ``append``.
         cos: share every rank's cos to the all-reduced bucket (waits for the all-reduce).
+        append: continue an existing ``csv_path``: its rows keep their steps, new rows count
+            on from its last step.
 
     Raises:
-        UsageError: for a bad ``beta``, ``line`` or ``seed``.
+        UsageError: for a bad ``beta``, ``line`` or ``seed``; a ``csv_path`` whose directory
+            does not exist, that is a directory, or that exists without ``append`` (or, with
+            it, is not a CSV this hook wrote).
+
+    Warns:
+        UserWarning: ``TWO_RANKS`` when the group has 2 ranks (see the module docstring).
     """
 
     def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
                  route: bool = False, beta: float | str = "auto", line: Sequence[int] = (1, 2, 4),
                  seed: int = 0, callback: Callable[[HookRecord], None] | None = None,
-                 csv_path: str | Path | None = None, cos: bool = True) -> None:
+                 csv_path: str | Path | None = None, cos: bool = True, append: bool = False) -> None:
+        if not isinstance(module, nn.Module):
+            raise UsageError(f"got a {type(module).__name__}; pass the model DDP wraps", field="module")
         inner = module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
         self.names = {id(p): name for name, p in inner.named_parameters()}
         self.group, self.route, self.cos = process_group, route, cos
         self.beta, self.seed = parse_beta(beta), check_seed(seed)
-        self.psi = torch.from_numpy(fano_fisher_metric(parse_line(tuple(line))))
+        self.psi = torch.from_numpy(fano_fisher_metric(parse_line(line)))
         self.callback, self.csv_path = callback, None if csv_path is None else Path(csv_path)
-        self.step = 0
+        self.step, self.csv_offset = 0, 0
         self.last: list[HookRecord] = []  # the records of the latest step
         self._sketches: dict[tuple[int, ...], TorchSketch] = {}
+        self._warned = False
+        if self.csv_path is not None and self._rank_zero():
+            self.csv_offset = _check_csv(self.csv_path, append)
+        self._warn_two_ranks()
+
+    def _world(self) -> int | None:
+        """The group's size, or None before ``init_process_group``."""
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        return dist.get_world_size(self.group if self.group is not None else dist.group.WORLD)
+
+    def _rank_zero(self) -> bool:
+        """Rank 0 of the group, or any process before ``init_process_group``."""
+        if self._world() is None:
+            return True
+        return dist.get_rank(self.group if self.group is not None else dist.group.WORLD) == 0
+
+    def _warn_two_ranks(self, world: int | None = None) -> None:
+        world = self._world() if world is None else world
+        if world == 2 and not self._warned:
+            self._warned = True
+            warnings.warn(TWO_RANKS, UserWarning, stacklevel=3)
 
     def register(self, ddp: nn.parallel.DistributedDataParallel) -> "NaigCommHook":
-        """``ddp.register_comm_hook(self, naig_comm_hook)``; returns self."""
+        """``ddp.register_comm_hook(self, naig_comm_hook)``; returns self.
+
+        Warns:
+            UserWarning: ``TWO_RANKS`` when the group has 2 ranks (once per hook).
+        """
         ddp.register_comm_hook(self, naig_comm_hook)
+        self._warn_two_ranks()
         return self
 
     def reduce(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """One bucket: sketch, share, weigh, log, (route,) all-reduce; the future of the result."""
         group = self.group if self.group is not None else dist.group.WORLD
         world, rank = dist.get_world_size(group), dist.get_rank(group)
+        self._warn_two_ranks(world)
         if bucket.index() == 0:
             self.step, self.last = self.step + 1, []
         buf = bucket.buffer()
@@ -206,13 +262,49 @@ class NaigCommHook:
 
     def _write(self, rec: HookRecord) -> None:
         new = not self.csv_path.exists()
+        step = self.csv_offset + rec.step
         with self.csv_path.open("a", newline="") as fh:
             out = csv.writer(fh)
             if new:
-                out.writerow(["step", "bucket", "rank", "energy", "pi", "cos", "beta", "routed"])
+                out.writerow(_HEADER)
             for k, (e, p) in enumerate(zip(rec.energies, rec.pi, strict=True)):
                 c = "" if rec.cos is None or rec.cos[k] is None else repr(rec.cos[k])
-                out.writerow([rec.step, rec.bucket, k, repr(e), repr(p), c, repr(rec.beta), int(rec.routed)])
+                out.writerow([step, rec.bucket, k, repr(e), repr(p), c, repr(rec.beta), int(rec.routed)])
+
+
+def _check_csv(path: Path, append: bool) -> int:
+    """Check ``csv_path`` before training; returns the step the file ends at (0: new or empty).
+
+    Raises:
+        UsageError: a missing directory, a directory, an existing file without ``append``,
+            or (with it) a file that is not this hook's CSV.
+    """
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise UsageError(f"directory {parent} does not exist; create it or pass another csv_path",
+                         field="csv_path", value=str(path))
+    if path.is_dir():
+        raise UsageError("is a directory; pass a file name, e.g. naig_ddp.csv", field="csv_path",
+                         value=str(path))
+    if not path.exists() or path.stat().st_size == 0:
+        return 0
+    if not append:
+        raise UsageError("exists; pass append=True to continue its step count, or another csv_path",
+                         field="csv_path", value=str(path))
+    return _last_step(path)
+
+
+def _last_step(path: Path) -> int:
+    """The largest step of an existing hook CSV (UsageError when it is not one)."""
+    try:
+        with path.open(newline="") as fh:
+            rows = csv.reader(fh)
+            if next(rows, None) != _HEADER:
+                raise ValueError("header")
+            return max((int(row[0]) for row in rows if row), default=0)
+    except (ValueError, IndexError, UnicodeDecodeError, OSError) as exc:
+        raise UsageError(f"is not a CSV of this hook ({type(exc).__name__}); pass another csv_path",
+                         field="csv_path", value=str(path)) from None
 
 
 def naig_comm_hook(state: NaigCommHook, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
