@@ -11,8 +11,12 @@ absent), ``--per-sample`` is x1, the seconds per sample, and ``--batch-size`` is
 from __future__ import annotations
 
 import math
+import sys
 import time
-from typing import TYPE_CHECKING, Annotated
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 from rich import box
@@ -32,8 +36,10 @@ from naig_cli._common import (
     handle_errors,
     opt,
     print_json,
+    printable,
     progress,
     stdout,
+    word_flags,
 )
 
 if TYPE_CHECKING:
@@ -44,6 +50,10 @@ __all__ = ["staleness", "parse_sweep"]
 _MAX_SWEEP = 256
 _HIST_ROWS = 24
 _BAR = 40
+_BIG = 1e6  # cells at or past this magnitude are written 1.235e+30 (a row keeps its label)
+_WORKER_ROWS = 32  # the per-worker table shows the first and last 16 workers past this
+_DEFAULT_WORKERS = 4
+_MAX_PARAMS = 10**15
 
 
 _SPEC_HELP = "one for all workers or one per worker, e.g. exp:1 or exp:0.5,exp:1,exp:2,exp:4"
@@ -76,49 +86,111 @@ def staleness(
 
     Each measured value carries a 95% batch-means interval; a prediction outside it is
     shown in red. Predictions that do not apply (e.g. the K − 1 law in non-blocking
-    mode) are shown as — (null in JSON).
+    mode) are shown as — (null in JSON). A run that would not fit in memory is refused
+    before it starts (the message gives the memory it would take); too few updates for an
+    interval, or a round time the quadrature cannot predict, give a one-line warning.
     """
     from naig.arrivals.engine import check_count
 
     check_count(params, "params")  # before it sizes the messages
+    if params > _MAX_PARAMS:
+        raise UsageError(f"use at most {_MAX_PARAMS:.0e} parameters", field="params", value=params)
     base = dict(workers=workers, compute=compute, per_sample=per_sample, batch_size=batch_size,
                 uplink=uplink, downlink=downlink, mode=mode.value, bytes_up=4.0 * params,
                 bytes_down=4.0 * params, bandwidth=_parse_bandwidth(bandwidth))
     run = dict(updates=updates, seed=seed, window=window, params=params)
-    if sweep is None:
-        _run_one(base, run, json_out)
-    else:
-        _run_sweep(base, run, *parse_sweep(sweep), json_out)
+    with _one_line_warnings():
+        if sweep is None:
+            _run_one(base, run, json_out)
+        else:
+            _run_sweep(base, run, *parse_sweep(sweep), json_out)
+
+
+@contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Python warnings raised by the library (scipy's included) as ``warning: …`` lines, once each."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            seen: set[str] = set()
+            for w in caught:
+                text = " ".join(str(w.message).split())
+                if text not in seen:
+                    seen.add(text)
+                    sys.stderr.write(f"warning: {printable(word_flags(text))}\n")
+
+
+def _too_few(report: StalenessReport, label: str = "") -> None:
+    """Warn (one line) when the measured mean has no interval: too few arrivals after the start-up."""
+    if report.measured.mean.interval is None:
+        warnings.warn(f"{label}`updates` {report.updates}: too few arrivals for 95% intervals (batch "
+                      f"means need 20 after the start-up of {report.measured.warmup}); the measured "
+                      "values have none; use e.g. `updates` 10000", UserWarning, stacklevel=2)
 
 
 def _run_one(base: dict, run: dict, json_out: bool) -> None:
     from naig.arrivals import staleness_report
 
+    model = _model(base)
     t0 = time.perf_counter()
-    report = staleness_report(_model(base), **run)
-    print_json(report.to_dict()) if json_out else _render(report, time.perf_counter() - t0)
+    report = staleness_report(model, **run)  # its memory is checked before the first draw
+    _too_few(report)
+    if json_out:
+        print_json(report.to_dict())
+    else:
+        _emit(_render(report, time.perf_counter() - t0))
 
 
 def _run_sweep(base: dict, run: dict, field: str, values: list[int], json_out: bool) -> None:
-    """One report per value of the swept setting; every model is checked before the first run."""
+    """One report per value of the swept setting; every model (and its memory) is checked before
+    the first run."""
     from naig.arrivals import SCHEMA_VERSION, staleness_report
+    from naig.arrivals.engine import check_memory
 
     models = [_swept_model(base, field, v) for v in values]
+    if isinstance(run["updates"], int) and run["updates"] >= 1:
+        for v, m in zip(values, models, strict=True):
+            _at_point(field, v, check_memory, m, run["updates"])
     reports = []
     with progress("staleness sweep", len(models)) as advance:
         for m in models:
             reports.append(staleness_report(m, **run))
             advance()
+    for v, r in zip(values, reports, strict=True):
+        _too_few(r, f"at {field.replace('_', '-')}={v}, ")
     if json_out:
         print_json({"schema_version": SCHEMA_VERSION, "sweep": {"field": field, "values": values},
                     "runs": [r.to_dict() for r in reports]})
     else:
-        _render_sweep(field, values, reports)
+        _emit(_render_sweep(field, values, reports))
+
+
+def _at_point(field: str, value: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``; a UsageError about the swept field names the sweep point instead."""
+    try:
+        return fn(*args)
+    except UsageError as exc:
+        if exc.field != field:
+            raise
+        raise UsageError(f"at {field.replace('_', '-')}={value}, {exc.message}", field="sweep") from None
+
+
+def _emit(renderables: list) -> None:
+    """Print what was fully rendered (nothing is printed if rendering fails)."""
+    for item in renderables:
+        stdout.print(item, markup=False) if isinstance(item, str) else stdout.print(item)
 
 
 def _model(kwargs: dict) -> ArrivalModel:
+    """The model of the options; one spec everywhere means the documented default of 4 workers."""
     from naig.arrivals import ArrivalModel
 
+    lists = [kwargs[f] for f in ("compute", "per_sample", "uplink", "downlink") if kwargs[f]]
+    single = not any("," in text for text in lists) and len(kwargs["bandwidth"]) <= 1
+    if kwargs["workers"] is None and single:
+        kwargs = kwargs | {"workers": _DEFAULT_WORKERS}
     return ArrivalModel.from_specs(**kwargs)
 
 
@@ -172,12 +244,7 @@ def parse_sweep(text: str) -> tuple[str, list[int]]:
 
 def _swept_model(base: dict, field: str, value: int) -> ArrivalModel:
     """The model of one sweep point; its errors name the sweep value, not an option not given."""
-    try:
-        return _model(base | _swept(base, field, value))
-    except UsageError as exc:
-        if exc.field != field:
-            raise
-        raise UsageError(f"at {field.replace('_', '-')}={value}, {exc.message}", field="sweep") from None
+    return _at_point(field, value, lambda: _model(base | _swept(base, field, value)))
 
 
 def _swept(base: dict, field: str, value: int) -> dict:
@@ -206,13 +273,18 @@ def _si(v: float | None, unit: str) -> str:
     return f"{v:.3g} {unit}"
 
 
+def _num(v: float | None, spec: str) -> str:
+    """A table number: ``spec``, or ``1.235e+30`` from ``_BIG`` on (cells stay narrow)."""
+    return fmt_num(v, spec, big=_BIG)
+
+
 def _interval(e: Estimate, spec: str) -> str:
-    return "—" if e.interval is None else escape(f"[{e.low:{spec}}, {e.high:{spec}}]")
+    return "—" if e.interval is None else escape(f"[{_num(e.low, spec)}, {_num(e.high, spec)}]")
 
 
 def _pred(value: float | None, inside: bool | None, spec: str) -> str:
     """A predicted cell: red when outside the measured interval, — when there is no prediction."""
-    cell = fmt_num(value, spec)
+    cell = _num(value, spec)
     return f"[red]{cell} (outside)[/]" if inside is False else cell
 
 
@@ -236,22 +308,19 @@ def _main_rows(r: StalenessReport) -> list[tuple[str, Estimate, float | None, bo
     ]
 
 
-def _render(r: StalenessReport, wall: float) -> None:
-    out = stdout
-    out.print(_header(r), markup=False)
+def _render(r: StalenessReport, wall: float) -> list:
+    """Every table of one report, rendered before anything is printed."""
     t = _table("measured (95% batch-means interval) vs predicted", "quantity", "measured", "95% interval",
                "predicted")
     for name, e, pred, inside, spec in _main_rows(r):
-        t.add_row(escape(name), fmt_num(e.value, spec), _interval(e, spec), _pred(pred, inside, spec))
-    t.add_row("Little: λ̂·E[A] − 1 vs τ", fmt_num(r.measured.mean.value, ".4f"), "",
+        t.add_row(escape(name), _num(e.value, spec), _interval(e, spec), _pred(pred, inside, spec))
+    t.add_row("Little: λ̂·E[A] − 1 vs τ", _num(r.measured.mean.value, ".4f"), "",
               _pred(r.little, r.within()["little"], ".4f"))
-    out.print(t)
-    out.print(_worker_table(r))
-    out.print(_bandwidth_table(r))
-    out.print(_histogram(r))
-    out.print(f"{r.updates:,} arrivals simulated in {r.simulate_seconds:.3f} s "
-              f"({r.updates / r.simulate_seconds:,.0f} arrivals/s), {r.rounds:,} synchronous rounds; "
+    speed = r.updates / r.simulate_seconds if r.simulate_seconds > 0 else math.inf
+    footer = (f"{r.updates:,} arrivals simulated in {r.simulate_seconds:.3f} s "
+              f"({_num(speed, ',.0f')} arrivals/s), {r.rounds:,} synchronous rounds; "
               f"{wall:.2f} s in all; statistics after a start-up of {r.measured.warmup} arrivals")
+    return [_header(r), t, _worker_table(r), _bandwidth_table(r), _histogram(r), footer]
 
 
 def _header(r: StalenessReport) -> str:
@@ -280,8 +349,13 @@ def _worker_table(r: StalenessReport) -> Table:
     pred = r.predicted.per_worker or (None,) * r.model.workers
     inside = r.within()["per_worker"] or [None] * r.model.workers
     cycle = r.model.mean_compute() if r.model.mode == "non-blocking" else r.model.mean_cycle()
-    for i, e in enumerate(r.measured.per_worker):
-        t.add_row(str(i), f"{cycle[i]:.4g}", f"{int(r.measured.counts[i]):,}", fmt_num(e.value, ".4f"),
+    k = r.model.workers
+    shown = range(k) if k <= _WORKER_ROWS else [*range(_WORKER_ROWS // 2), *range(k - _WORKER_ROWS // 2, k)]
+    for i in shown:
+        if k > _WORKER_ROWS and i == k - _WORKER_ROWS // 2:
+            t.add_row("…", f"{k - _WORKER_ROWS:,} more workers (--json lists every worker)", "", "", "", "")
+        e = r.measured.per_worker[i]
+        t.add_row(str(i), f"{cycle[i]:.4g}", f"{int(r.measured.counts[i]):,}", _num(e.value, ".4f"),
                   _interval(e, ".4f"), _pred(pred[i], inside[i], ".4f"))
     return t
 
@@ -329,17 +403,16 @@ def _histogram(r: StalenessReport) -> Table:
     return t
 
 
-def _render_sweep(field: str, values: list[int], reports: list[StalenessReport]) -> None:
+def _render_sweep(field: str, values: list[int], reports: list[StalenessReport]) -> list:
     name = "K" if field == "workers" else "b"
     t = _table(f"sweep over {name}: staleness, age, bandwidth (n = {reports[0].params:,})", name, "λ /s",
                "mean τ ± 95%", "predicted", "P(τ=0)", "E[A] s", "gradients ↑", "round s")
     t.collapse_padding = True
     for v, r in zip(values, reports, strict=True):
         m = r.measured
-        half = "" if m.mean.interval is None else f" ± {(m.mean.high - m.mean.low) / 2:.3f}"
-        t.add_row(str(v), f"{m.rate.value:.4g}", f"{m.mean.value:.3f}{half}",
-                  _pred(r.predicted.mean, r.within()["mean"], ".3f"), f"{m.p_zero.value:.4f}",
-                  f"{m.age.value:.4g}", _si(r.bandwidth()["measured"]["up_gradient"], "B/s"),
-                  f"{r.round_time.value:.4g}")
-    stdout.print(f"first point: {_header(reports[0])}", markup=False)
-    stdout.print(t)
+        half = "" if m.mean.interval is None else f" ± {_num((m.mean.high - m.mean.low) / 2, '.3f')}"
+        t.add_row(str(v), _num(m.rate.value, ".4g"), f"{_num(m.mean.value, '.3f')}{half}",
+                  _pred(r.predicted.mean, r.within()["mean"], ".3f"), _num(m.p_zero.value, ".4f"),
+                  _num(m.age.value, ".4g"), _si(r.bandwidth()["measured"]["up_gradient"], "B/s"),
+                  _num(r.round_time.value, ".4g"))
+    return [f"first point: {_header(reports[0])}", t]

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from naig.arrivals import ArrivalModel, measure, predict, round_times, simulate_arrivals
+from naig.arrivals.engine import estimate_bytes
 from naig.errors import UsageError
 
 
@@ -152,3 +153,77 @@ def test_bad_arguments_name_their_field(kwargs: dict, field: str) -> None:
     with pytest.raises(UsageError) as info:
         simulate_arrivals(ArrivalModel.from_specs("exp:1"), **args)
     assert info.value.field == field
+
+
+def test_heavy_tails_draw_jobs_bounded_by_the_arrivals() -> None:
+    """The issue's lognormal:1:5 (21.4 GB before): a blocking worker never needs more than
+    N + 1 jobs, so memory stays linear in N."""
+    import tracemalloc
+
+    m = ArrivalModel.from_specs("lognormal:1:5", workers=4)
+    assert estimate_bytes(m, 20_000) < 4 * 20_016 * 200
+    tracemalloc.start()
+    try:
+        tr = simulate_arrivals(m, 20_000, seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert tr.arrivals == 20_000 and peak < 30e6, peak  # measured: about 6 MB
+
+
+def test_heavy_tails_non_blocking_terminate() -> None:
+    m = ArrivalModel.from_specs("lognormal:1:5", workers=4, uplink="lognormal:1:5", mode="non-blocking")
+    assert simulate_arrivals(m, 5_000, seed=1).arrivals == 5_000
+
+
+def test_a_run_past_the_memory_is_refused_before_any_draw(monkeypatch) -> None:
+    import naig.arrivals.engine as engine
+
+    m = ArrivalModel.from_specs("exp:1", workers=4)
+    monkeypatch.setattr(engine, "available_bytes", lambda: 2**30)  # 1 GiB
+    monkeypatch.setattr(engine, "_worker_jobs", lambda *a: pytest.fail("drew jobs"))
+    with pytest.raises(UsageError) as info:
+        simulate_arrivals(m, 10**9)
+    assert info.value.field == "updates" and "GiB of memory" in info.value.message
+    need = float(info.value.message.split("about ")[1].split(" GiB")[0])
+    assert need == pytest.approx(estimate_bytes(m, 10**9) / 2**30, rel=1e-2) and need > 100
+    many = ArrivalModel.from_specs("exp:1", workers=10**7)  # the workers' jobs dominate
+    with pytest.raises(UsageError) as info:
+        simulate_arrivals(many, 1000)
+    assert info.value.field == "workers"
+
+
+def test_available_bytes_sees_rlimit_as() -> None:
+    import subprocess
+    import sys
+
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (2**31, 2**31)); "
+            "from naig.arrivals.engine import available_bytes; print(available_bytes())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert 0 < int(out.stdout) < 2**31
+
+
+@pytest.mark.parametrize("mode", ["blocking", "non-blocking", "shared-memory"])
+def test_one_worker_everywhere(mode: str) -> None:
+    """K = 1 (one spec, no `workers`): every arrival is fresh, and every part agrees."""
+    from naig.arrivals import ArrivalClock, RoundClock, predict, staleness_report
+
+    m = ArrivalModel.from_specs("exp:2", mode=mode)
+    assert m.workers == 1
+    tr = simulate_arrivals(m, 500, seed=0)
+    assert (tr.staleness == 0).all() and (tr.worker == 0).all()
+    clock = ArrivalClock(m, seed=0)
+    got = []
+    for _ in range(500):
+        got.append(clock.next_arrival().time)
+        clock.applied()
+    np.testing.assert_array_equal(got, tr.time)
+    assert RoundClock(m, seed=0).next_round() == round_times(m, 1, seed=0)[0]
+    p = predict(m)
+    assert p.rate == pytest.approx(0.5, rel=1e-12)
+    if mode != "non-blocking":
+        assert p.mean == 0 and p.per_worker == (0.0,) and p.pmf(np.arange(3)).tolist() == [1.0, 0.0, 0.0]
+    assert p.round_time == pytest.approx(2.0, rel=1e-6)
+    doc = staleness_report(m, 2000, rounds=200).to_dict()
+    assert doc["staleness"]["measured"]["mean"] == 0 and len(doc["staleness"]["measured"]["per_worker"]) == 1

@@ -8,7 +8,8 @@ from naig.errors import UsageError
 
 
 def test_workers_from_lists_or_the_option() -> None:
-    assert ArrivalModel.from_specs("exp:1").workers == 4
+    assert ArrivalModel.from_specs("exp:1").workers == 1  # one spec everywhere: one worker
+    assert ArrivalModel.from_specs("exp:1", uplink="const:1", bandwidth=[1e9]).workers == 1
     assert ArrivalModel.from_specs("exp:1", workers=8).workers == 8
     assert ArrivalModel.from_specs("exp:1,exp:2,exp:3").workers == 3
     assert ArrivalModel.from_specs("exp:1", uplink="const:1,const:2").workers == 2

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from naig.arrivals import ArrivalModel, expected_max, predict, ring_allreduce_bytes
+from naig.arrivals.predict import NO_QUADRATURE
 
 
 def test_per_worker_formula_by_hand() -> None:
@@ -43,13 +44,14 @@ def test_heterogeneous_exponentials_mix_geometrics() -> None:
     {"compute": "exp:1", "bytes_up": 1e6, "bandwidth": [1e9]},
 ])
 def test_geometric_law_only_for_exponential_cycles(kwargs: dict) -> None:
-    p = predict(ArrivalModel.from_specs(**kwargs))
+    p = predict(ArrivalModel.from_specs(**kwargs, workers=4))
     assert p.geometric is None and p.p_zero is None and p.variance is None and p.pmf(np.arange(3)) is None
     assert p.mean == 3  # the K − 1 law holds for any distributions
 
 
 def test_const_zero_delays_keep_the_geometric_law() -> None:
-    assert predict(ArrivalModel.from_specs("exp:1", uplink="const:0", downlink="const:0")).p_zero == 0.25
+    assert predict(ArrivalModel.from_specs("exp:1", workers=4, uplink="const:0",
+                                           downlink="const:0")).p_zero == 0.25
 
 
 def test_non_blocking_predicts_the_rate_only() -> None:
@@ -82,3 +84,46 @@ def test_round_time_with_constants_and_shifts() -> None:
 
 def test_ring_allreduce_bytes() -> None:
     assert ring_allreduce_bytes(10, 1) == 0 and ring_allreduce_bytes(10, 2) == 40
+
+
+def test_pmf_groups_identical_workers_and_matches_the_dense_sum() -> None:
+    p = predict(ArrivalModel.from_specs("exp:0.5,exp:1,exp:1,exp:4"))
+    k = np.arange(40)
+    q = np.asarray(p.geometric)
+    dense = (q / q.sum() * q * (1 - q) ** k[:, None]).sum(axis=-1)  # the definition, (k, K) at once
+    np.testing.assert_allclose(p.pmf(k), dense, rtol=1e-13, atol=0)
+    assert p.pmf(np.array([[0, 1], [2, 3]])).shape == (2, 2)
+
+
+def test_pmf_memory_is_bounded_for_many_workers() -> None:
+    """--workers 100000 allocated a (τ values × K) matrix: 74.5 GiB."""
+    import tracemalloc
+
+    p = predict(ArrivalModel.from_specs("exp:1", workers=100_000))
+    tracemalloc.start()
+    try:
+        out = p.pmf(np.arange(200_000))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out[0] == pytest.approx(1e-5, rel=1e-9) and peak < 64e6, peak  # the dense form: 160 GB
+
+
+def test_a_failed_quadrature_is_one_worded_warning_and_no_prediction() -> None:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = expected_max(ArrivalModel.from_specs("lognormal:1:5", workers=4))
+    assert value is None
+    assert [str(w.message) for w in caught] == [NO_QUADRATURE]  # no raw IntegrationWarning
+    assert all(w.category is RuntimeWarning for w in caught)
+
+
+def test_rates_far_apart_keep_the_geometric_moments_finite() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = predict(ArrivalModel.from_specs("exp:1e-100,exp:1e100"))
+    assert np.isfinite(p.variance) and p.p_zero == pytest.approx(1.0) and p.mean == 1

@@ -83,7 +83,7 @@ def test_json_document() -> None:
 
 
 def test_predictions_that_do_not_apply_are_null() -> None:
-    m = ArrivalModel.from_specs("exp:1", uplink="exp:1", mode="non-blocking")
+    m = ArrivalModel.from_specs("exp:1", workers=4, uplink="exp:1", mode="non-blocking")
     doc = staleness_report(m, 5_000, rounds=200).to_dict()
     pred, within = doc["staleness"]["predicted"], doc["staleness"]["within_ci95"]
     assert pred["mean"] is None and pred["per_worker"] is None and pred["p_zero"] is None

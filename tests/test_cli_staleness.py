@@ -127,3 +127,63 @@ def test_mode_choices_match_the_library() -> None:
 
     assert tuple(m.value for m in ArrivalMode) == MODES
 
+
+
+def test_one_spec_means_the_documented_four_workers_and_lists_their_length() -> None:
+    r = run_naig("staleness", "--compute", "exp:1", "--updates", "2000", "--json")
+    assert json.loads(r.stdout)["config"]["workers"] == 4
+    r = run_naig("staleness", "--compute", "exp:1", "--uplink", "const:0.1,const:0.2", "--updates", "2000",
+                 "--json")
+    assert json.loads(r.stdout)["config"]["workers"] == 2
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["--updates", str(10**12)], ["--updates 1000000000000", "GiB of memory", "fewer --updates"]),
+    (["--sweep", "workers=1,2", "--updates", str(10**12)], ["--updates 1000000000000", "GiB of memory"]),
+    (["--compute", "lognormal:1:40"], ["--compute 'lognormal:1:40'", "sigma <= 8.31"]),
+    (["--compute", "exp:1e-300"], ["--compute 'exp:1e-300'", "[1e-100, 1e+100]"]),
+    (["--compute", "const:1e300"], ["--compute 'const:1e300'", "[1e-100, 1e+100]"]),
+    (["--uplink", "gamma:1:1e-300"], ["--uplink 'gamma:1:1e-300'", "shape >= 0.01"]),
+    (["--bandwidth", "1e-300"], ["--bandwidth", "[1e-100, 1e+100]"]),
+    (["--params", str(10**30)], ["--params", "at most 1e+15"]),
+])
+def test_runaway_and_extreme_inputs_are_refused_before_work(args: list[str], needles: list[str]) -> None:
+    r = run_naig("staleness", *args, timeout=60)
+    assert_one_line_error(r, 2, *needles)
+    assert r.stdout == "" and r.stderr.count("\n") == 1
+
+
+def test_too_few_updates_warn_in_one_line() -> None:
+    for json_flag in ([], ["--json"]):
+        r = run_naig("staleness", "--updates", "1", *json_flag)
+        assert r.returncode == 0 and r.stdout
+        assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith("warning: --updates 1:")
+    r = run_naig("staleness", "--sweep", "workers=1,2", "--updates", "5", "--json")
+    assert r.returncode == 0 and len(r.stderr.splitlines()) == 2 and "at workers=2," in r.stderr
+    assert run_naig("staleness", "--updates", "2000").stderr == ""  # enough: no warning
+
+
+def test_heavy_tails_run_with_one_worded_warning_and_no_scipy_lines() -> None:
+    r = run_naig("staleness", "--compute", "lognormal:1:5", "--updates", "20000")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == ["warning: E[max C] by quadrature did not converge (a heavy-tailed "
+                                     "law); the synchronous round time is measured only, not predicted"]
+    assert "IntegrationWarning" not in r.stderr and "sync round E[max C], seconds" in r.stdout
+
+
+def test_huge_numbers_are_compact_and_rows_keep_their_labels() -> None:
+    r = run_naig("staleness", "--compute", "const:1e99,exp:1e99", "--updates", "2000")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "…" not in r.stdout and "e+99" in r.stdout
+    for label in ("mean staleness τ", "age E[A], seconds", "sync round E[max C], seconds"):
+        line = next(ln for ln in r.stdout.splitlines() if label in ln)
+        assert max(len(cell) for cell in line.split()) < 40, line
+    assert max(len(ln) for ln in r.stdout.splitlines()) <= 200
+
+
+def test_many_workers_print_a_bounded_table() -> None:
+    r = run_naig("staleness", "--workers", "300", "--updates", "20000")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) < 100 and "268 more workers (--json lists every worker)" in r.stdout
+    doc = json.loads(run_naig("staleness", "--workers", "300", "--updates", "20000", "--json").stdout)
+    assert len(doc["staleness"]["measured"]["per_worker"]) == 300

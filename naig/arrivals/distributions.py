@@ -12,6 +12,12 @@ spec               law                                          variance
 ``lognormal:M:S``  exp(μ + S·Z), μ = ln M − S²/2, Z ~ N(0, 1)   M²(e^{S²} − 1)
 =================  ===========================================  ================
 
+**Ranges.** A non-zero mean (and a shift) lies in [1e-100, 1e100] seconds, and the
+squared coefficient of variation Var/mean² = e^{σ²} − 1 of ``lognormal`` is at most 1e30
+(σ ≤ 8.3), and a ``gamma`` shape is at least 0.01: beyond, rates, variances and sums of
+times leave float64 (or most draws underflow to 0), so such laws are refused with a
+``UsageError`` naming the option rather than simulated into overflow.
+
 Randomness is explicit: every worker draws each component (downlink, compute,
 per-sample compute, uplink) from its own numpy ``Generator``, seeded from
 ``SeedSequence(seed, spawn_key=(family, worker, component))``. numpy's generators fill
@@ -39,6 +45,9 @@ __all__ = [
     "COMPUTE",
     "PER_SAMPLE",
     "UPLINK",
+    "MEAN_RANGE",
+    "MAX_CV2",
+    "MIN_SHAPE",
 ]
 
 KINDS: dict[str, int] = {"const": 0, "exp": 0, "shifted-exp": 1, "gamma": 1, "lognormal": 1}
@@ -46,6 +55,13 @@ KINDS: dict[str, int] = {"const": 0, "exp": 0, "shifted-exp": 1, "gamma": 1, "lo
 
 DOWNLINK, COMPUTE, PER_SAMPLE, UPLINK = 0, 1, 2, 3
 """Component indices of a worker's random streams."""
+
+MEAN_RANGE = (1e-100, 1e100)
+"""Smallest and largest non-zero mean (and shift), seconds."""
+MAX_CV2 = 1e30
+"""Largest squared coefficient of variation Var/mean² of a ``lognormal`` law."""
+MIN_SHAPE = 0.01
+"""Smallest ``gamma`` shape (below it most draws underflow to 0)."""
 
 
 @dataclass(frozen=True)
@@ -80,10 +96,12 @@ class Distribution:
 
     @property
     def variance(self) -> float:
-        """Var[X] in s², from the table of the module docstring."""
+        """Var[X] in s², from the table of the module docstring (``inf`` past float64)."""
         m, p = self.mean, self.param
-        return {"const": 0.0, "exp": m * m, "shifted-exp": (m - p) ** 2, "gamma": m * m / p if p else 0.0,
-                "lognormal": m * m * math.expm1(p * p)}[self.kind]
+        if self.kind == "lognormal":
+            return m * m * math.expm1(p * p) if p * p < 700 else math.inf
+        return {"const": 0.0, "exp": m * m, "shifted-exp": (m - p) * (m - p),
+                "gamma": m * m / p if p else 0.0}[self.kind]
 
     @property
     def is_exponential(self) -> bool:
@@ -153,6 +171,21 @@ def _check(kind: str, mean: float, param: float, field: str, spec: str, positive
         raise UsageError(f"{kind}:MEAN:{what.upper()} needs {what} > 0", field=field, value=spec)
 
 
+def _check_range(kind: str, mean: float, param: float, field: str, spec: str) -> None:
+    """Means/shifts in MEAN_RANGE (or 0), Var/mean² at most MAX_CV2 (see the module docstring)."""
+    lo, hi = MEAN_RANGE
+    for name, v in (("mean", mean), ("shift", param if kind == "shifted-exp" else 0.0)):
+        if v != 0 and not lo <= v <= hi:
+            raise UsageError(f"the {name} must lie in [{lo:g}, {hi:g}] seconds (or be 0 where allowed); "
+                             "rescale the times", field=field, value=spec)
+    if kind == "gamma" and param < MIN_SHAPE:
+        raise UsageError(f"gamma shape {param:g} is below {MIN_SHAPE:g} (most draws would underflow to 0); "
+                         f"use a shape >= {MIN_SHAPE:g}", field=field, value=spec)
+    if kind == "lognormal" and param * param > math.log1p(MAX_CV2):
+        raise UsageError(f"lognormal sigma {param:g} gives Var/mean^2 = e^(sigma^2) - 1 > {MAX_CV2:g}; "
+                         f"use sigma <= {math.sqrt(math.log1p(MAX_CV2)):.2f}", field=field, value=spec)
+
+
 def parse_distribution(spec: str, field: str, *, positive: bool = False) -> Distribution:
     """Parse one ``KIND:MEAN[:PARAM]`` string.
 
@@ -165,7 +198,8 @@ def parse_distribution(spec: str, field: str, *, positive: bool = False) -> Dist
         The ``Distribution``.
 
     Raises:
-        UsageError: unknown kind, wrong number of parameters, or a value out of range.
+        UsageError: unknown kind, wrong number of parameters, or a value out of range
+            (also the ranges of the module docstring: ``MEAN_RANGE``, ``MAX_CV2``, ``MIN_SHAPE``).
 
     Example:
         >>> parse_distribution("shifted-exp:1:0.25", "uplink")
@@ -183,6 +217,7 @@ def parse_distribution(spec: str, field: str, *, positive: bool = False) -> Dist
     mean = _number(parts[1], field, spec)
     param = _number(parts[2], field, spec) if KINDS[kind] else 0.0
     _check(kind, mean, param, field, spec, positive)
+    _check_range(kind, mean, param, field, spec)
     return Distribution(kind, mean, param)
 
 

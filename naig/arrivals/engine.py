@@ -22,6 +22,8 @@ engine makes; ``ArrivalClock`` replays the same process one arrival at a time.
 
 from __future__ import annotations
 
+import os
+import resource
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +32,14 @@ from naig.arrivals.distributions import COMPUTE, DOWNLINK, PER_SAMPLE, UPLINK, D
 from naig.arrivals.model import ArrivalModel, check_seed
 from naig.errors import UsageError
 
-__all__ = ["ArrivalTrace", "simulate_arrivals", "round_times", "draw_component", "check_count"]
+__all__ = ["ArrivalTrace", "simulate_arrivals", "round_times", "draw_component", "check_count",
+           "BYTES_PER_ARRIVAL", "BYTES_PER_JOB", "estimate_bytes", "available_bytes", "check_memory"]
+
+BYTES_PER_ARRIVAL = 112
+"""Peak bytes per arrival of the trace and its statistics (measured 108–133 B in all, with
+the jobs below, for 4·10⁶ arrivals; the two constants together keep a margin)."""
+BYTES_PER_JOB = 72
+"""Peak bytes per drawn job: its times (3–5 float64) and the merge (order, rank, version)."""
 
 
 @dataclass(frozen=True)
@@ -119,15 +128,88 @@ def _worker_jobs(model: ArrivalModel, i: int, seed: int, m: int) -> dict[str, np
             "receipt": arrive + d[1:]}
 
 
+def _job_cap(model: ArrivalModel, n: int) -> float:
+    """Most jobs a worker can need: n + 1 in blocking modes (its first n jobs already cover the
+    first n arrivals), unbounded in non-blocking mode (uplinks reorder arrivals)."""
+    return float(n + 16) if model.mode != "non-blocking" else np.inf
+
+
 def _initial_jobs(model: ArrivalModel, n: int) -> np.ndarray:
-    """Jobs per worker that most likely cover the first n arrivals (renewal mean + 6 sd)."""
+    """Jobs per worker that most likely cover the first n arrivals: the renewal mean plus
+    6 sd, the margin at most the mean again (a heavy tail would otherwise ask for far more
+    than the n + 1 a blocking worker can need), and at most ``_job_cap``."""
     if model.mode == "non-blocking":
         mean, var = model.mean_compute(), model.var_compute()
     else:
         mean, var = model.mean_cycle(), model.var_cycle()
     rate = 1.0 / mean
     jobs = n / rate.sum() * rate
-    return np.ceil(1.05 * jobs + 6 * np.sqrt(jobs * var / mean**2 + 1) + 16).astype(np.int64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        margin = np.nan_to_num(6 * np.sqrt(jobs * (var / mean**2) + 1), nan=np.inf)
+    est = 1.05 * jobs + np.minimum(margin, jobs + 16) + 16
+    return np.ceil(np.minimum(est, _job_cap(model, n))).astype(np.int64)
+
+
+def estimate_bytes(model: ArrivalModel, arrivals: int, jobs: np.ndarray | None = None) -> int:
+    """Peak memory of ``simulate_arrivals`` plus ``measure`` for N arrivals, bytes.
+
+    Args:
+        model: the workers and protocol.
+        arrivals: N.
+        jobs: (K,) jobs drawn per worker; default: the first draw's (a heavy-tailed
+            non-blocking model may need more draws, each checked again).
+    """
+    jobs = _initial_jobs(model, int(arrivals)) if jobs is None else jobs
+    return int(BYTES_PER_ARRIVAL * float(arrivals) + BYTES_PER_JOB * float(np.sum(jobs)))
+
+
+def _proc_kib(path: str, key: str) -> int | None:
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def available_bytes() -> int | None:
+    """Memory this process may still use, bytes: the smaller of the system's available memory
+    and what ``RLIMIT_AS``/``RLIMIT_DATA`` leave; ``None`` where neither can be read."""
+    limits = []
+    avail = _proc_kib("/proc/meminfo", "MemAvailable")
+    if avail is not None:
+        limits.append(avail * 1024)
+    for rlim, key in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+        soft = resource.getrlimit(rlim)[0]
+        used = _proc_kib(f"/proc/{os.getpid()}/status", key)
+        if soft != resource.RLIM_INFINITY and used is not None:
+            limits.append(max(0, soft - used * 1024))
+    return min(limits) if limits else None
+
+
+def check_memory(model: ArrivalModel, arrivals: int, field: str = "updates",
+                 jobs: np.ndarray | None = None) -> int:
+    """Refuse, before any work, a simulation that would not fit in memory; returns the estimate.
+
+    Args:
+        model, arrivals, jobs: as ``estimate_bytes``.
+        field: the option named for the arrivals (``updates``).
+
+    Raises:
+        UsageError: naming ``field`` (or ``workers`` when the workers' jobs dominate) and the
+            memory the run would take, when it exceeds ``available_bytes()``.
+    """
+    need, free = estimate_bytes(model, arrivals, jobs), available_bytes()
+    if free is not None and need > free:
+        jobs = need - BYTES_PER_ARRIVAL * float(arrivals)
+        name = "workers" if jobs > BYTES_PER_ARRIVAL * float(arrivals) else field
+        raise UsageError(f"would take about {need / 2**30:.3g} GiB of memory (about {BYTES_PER_ARRIVAL} B "
+                         f"per arrival); {free / 2**30:.3g} GiB is available; use fewer `updates`"
+                         + (" or `workers`" if model.workers > 1 else ""), field=name,
+                         value=arrivals if name == field else model.workers)
+    return need
 
 
 def _pulled_blocking(ranks: np.ndarray, window: int) -> np.ndarray:
@@ -192,7 +274,8 @@ def simulate_arrivals(model: ArrivalModel, arrivals: int, seed: int = 0, *, wind
         The ``ArrivalTrace`` (arrays of length N).
 
     Raises:
-        UsageError: a bad count, window or seed (field ``updates``, ``window``, ``seed``).
+        UsageError: a bad count, window or seed (field ``updates``, ``window``, ``seed``), or
+            a run that would not fit in memory (``check_memory``), before any draw.
 
     Example:
         >>> m = ArrivalModel.from_specs("const:1,const:2")
@@ -201,13 +284,15 @@ def simulate_arrivals(model: ArrivalModel, arrivals: int, seed: int = 0, *, wind
         ([0, 0, 1, 0, 0, 1], [1.0, 2.0, 2.0, 3.0, 4.0, 4.0], [0, 0, 2, 1, 0, 2])
     """
     n, window, seed = check_count(arrivals, "updates"), check_count(window, "window"), check_seed(seed)
+    check_memory(model, n)
     m = _initial_jobs(model, n)
     while True:
         jobs = [_worker_jobs(model, i, seed, int(m[i])) for i in range(model.workers)]
         trace = _merge(model, jobs, n, window)
         if trace is not None:
             return trace
-        m = np.ceil(1.5 * m).astype(np.int64) + 16
+        m = np.minimum(np.ceil(1.5 * m) + 16, _job_cap(model, n)).astype(np.int64)
+        check_memory(model, n, jobs=m)
 
 
 def round_times(model: ArrivalModel, rounds: int, seed: int = 0) -> np.ndarray:

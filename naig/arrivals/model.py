@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from naig.arrivals.distributions import Distribution, parse_distributions
+from naig.arrivals.distributions import MEAN_RANGE, Distribution, parse_distributions
 from naig.errors import UsageError
 
 __all__ = ["MODES", "ArrivalModel", "check_seed"]
@@ -108,9 +108,10 @@ class ArrivalModel:
             v = getattr(self, field)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise UsageError("use a finite number of bytes >= 0", field=field, value=v)
-        if any(not (math.isfinite(w) and w > 0) for w in self.bandwidth):
-            raise UsageError("use bytes per second > 0, one or one per worker", field="bandwidth",
-                             value=self.bandwidth)
+        lo, hi = 1 / MEAN_RANGE[1], 1 / MEAN_RANGE[0]  # transfer times stay within float64
+        if any(not (isinstance(w, int | float) and lo <= w <= hi) for w in self.bandwidth):
+            raise UsageError(f"use bytes per second > 0, in [{lo:g}, {hi:g}], one or one per worker",
+                             field="bandwidth", value=self.bandwidth)
 
     @classmethod
     def from_specs(cls, compute: str, *, workers: int | None = None, uplink: str | None = None,
@@ -121,7 +122,9 @@ class ArrivalModel:
 
         Args:
             compute: x0 spec(s); a list of L specs means K = L.
-            workers: K; ``None``: the longest list's length (1 spec everywhere: 4 workers).
+            workers: K; ``None``: the longest list's length, so one spec everywhere (and at
+                most one bandwidth) means K = 1. (``naig staleness`` passes its own default,
+                4 workers, when no option lists one value per worker.)
 
         Raises:
             UsageError: a malformed spec (its field named), lists of different lengths, or a
@@ -214,4 +217,4 @@ def _resolve_workers(workers: int | None, lengths: dict[str, int]) -> int:
         field = max(lists, key=lambda f: (lists[f], f))
         raise UsageError(f"lists {lists[field]} values, other lists differ; give one per worker each",
                          field=field)
-    return next(iter(lists.values()), 4)
+    return next(iter(lists.values()), 1)

@@ -17,6 +17,7 @@ document):
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +25,12 @@ import numpy as np
 from naig.arrivals.distributions import Distribution
 from naig.arrivals.model import ArrivalModel
 
-__all__ = ["SKETCH_BYTES", "Prediction", "predict", "ring_allreduce_bytes", "expected_max"]
+__all__ = ["SKETCH_BYTES", "Prediction", "predict", "ring_allreduce_bytes", "expected_max", "NO_QUADRATURE"]
+
+_PMF_BLOCK = 1 << 20  # elements of one (k, distinct p) block of the pmf
+NO_QUADRATURE = ("E[max C] by quadrature did not converge (a heavy-tailed law); the synchronous "
+                 "round time is measured only, not predicted")
+"""The warning (``RuntimeWarning``) given when the round-time quadrature fails."""
 
 SKETCH_BYTES = 56
 """Bytes of one sketch message: 14 float32."""
@@ -80,8 +86,14 @@ class Prediction:
         if self.geometric is None:
             return None
         p = np.asarray(self.geometric)
-        k = np.asarray(k)[..., None]
-        return (p / p.sum() * p * (1 - p) ** k).sum(axis=-1)
+        q, count = np.unique(p, return_counts=True)  # i.i.d. workers share one law
+        weight = count * q / p.sum() * q  # Σ over the workers of each distinct p_i
+        k = np.asarray(k)
+        flat, out = k.reshape(-1), np.empty(k.size)
+        step = max(1, _PMF_BLOCK // len(q))  # memory bounded by the block, whatever K and k
+        for a in range(0, len(flat), step):
+            out[a:a + step] = (weight * (1 - q) ** flat[a:a + step, None]).sum(axis=-1)
+        return out.reshape(k.shape)
 
 
 def _all_exponential(model: ArrivalModel) -> bool:
@@ -95,10 +107,11 @@ def _all_exponential(model: ArrivalModel) -> bool:
 def _geometric(model: ArrivalModel) -> dict:
     rates = 1.0 / model.mean_cycle()
     p = rates / rates.sum()
-    w = p  # share of updates from worker i
-    second = float((w * (1 - p) * (2 - p) / p**2).sum())
-    mean = float((w * (1 - p) / p).sum())
-    return {"geometric": tuple(p.tolist()), "p_zero": float((w * p).sum()), "variance": second - mean**2}
+    # worker i sends a share w_i = p_i of the updates, so w_i·E[τ_i^k] loses one p_i (and p_i²
+    # cannot underflow for rates 1e200 apart)
+    second = float(((1 - p) * (2 - p) / p).sum())
+    mean = float((1 - p).sum())
+    return {"geometric": tuple(p.tolist()), "p_zero": float((p * p).sum()), "variance": second - mean**2}
 
 
 def predict(model: ArrivalModel, *, window: int = 1) -> Prediction:
@@ -148,7 +161,8 @@ def _split(model: ArrivalModel, i: int) -> tuple[float, Distribution | None, flo
 
 def expected_max(model: ArrivalModel) -> float | None:
     """E[max_i C_i] by quadrature of ∫_0^∞ (1 − Π_i F_i(t)) dt, or ``None`` when some C_i
-    is a sum of two random parts (no closed CDF; the report then shows the simulated value).
+    is a sum of two random parts (no closed CDF; the report then shows the simulated value)
+    or when the quadrature does not converge (then a ``RuntimeWarning``, ``NO_QUADRATURE``).
 
     Example:
         >>> m = ArrivalModel.from_specs("exp:1", workers=3)
@@ -168,7 +182,7 @@ def expected_max(model: ArrivalModel) -> float | None:
     return _integrate_max(const, [(s, d.frozen(), c, n) for (s, d, c), n in groups.items()])
 
 
-def _integrate_max(const: float, rand: list[tuple]) -> float:
+def _integrate_max(const: float, rand: list[tuple]) -> float | None:
     """lo + ∫_lo^top (1 − Π_g F_g((t − s_g)/c_g)^{n_g}) dt, where max C >= lo surely."""
     from scipy import integrate
 
@@ -179,5 +193,14 @@ def _integrate_max(const: float, rand: list[tuple]) -> float:
     top = max(s + c * float(f.ppf(1 - 1e-15)) for s, f, c, _ in rand)
     lo = max(const, min(low))
     points = sorted({x for x in low if lo < x < top})
-    tail, _ = integrate.quad(survival, lo, top, points=points or None, limit=200, epsabs=1e-12, epsrel=1e-10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", integrate.IntegrationWarning)
+        try:
+            tail, _ = integrate.quad(survival, lo, top, points=points or None, limit=200, epsabs=1e-12,
+                                     epsrel=1e-10)
+        except integrate.IntegrationWarning:
+            tail = math.nan
+    if not math.isfinite(tail):
+        warnings.warn(NO_QUADRATURE, RuntimeWarning, stacklevel=3)
+        return None
     return lo + tail

@@ -7,6 +7,7 @@ predictions of ``predict`` beside them (docs/design.md §10).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -153,7 +154,8 @@ class StalenessReport:
         return {"unit": "bytes/s", "params": self.params, "gradient_bytes": full,
                 "sketch_bytes": SKETCH_BYTES,
                 "measured": flows(self.measured.rate.value), "predicted": flows(self.predicted.rate),
-                "sync_allreduce_per_worker": ring / self.round_time.value}
+                "sync_allreduce_per_worker": ring / self.round_time.value if self.round_time.value > 0
+                else math.inf}
 
     def _measured_dict(self) -> dict:
         m = self.measured
