@@ -166,6 +166,7 @@ def _width() -> int | None:
 stdout = Console(highlight=False, width=_width())
 stderr = Console(stderr=True, highlight=False)
 F = TypeVar("F", bound=Callable[..., Any])
+_NO_TEXT = {MemoryError: "out of memory (MemoryError); use smaller sizes or counts"}  # errors without text
 
 
 _NOT_BUILT = "numpy; the C extension was not built"
@@ -214,7 +215,7 @@ def handle_errors(fn: F) -> F:
                 raise
             if isinstance(exc, NaigError):
                 fail(cli_message(exc), exc.exit_code)
-            fail(str(exc).replace("\n", " "), 1)
+            fail(str(exc).replace("\n", " ") or _NO_TEXT.get(type(exc), type(exc).__name__), 1)
 
     return wrapper  # type: ignore[return-value]
 

@@ -64,3 +64,12 @@ def test_direct_construction_needs_positive_compute_means() -> None:
         ArrivalModel(compute=[Distribution("const", 0.0)])
     assert info.value.field == "compute"
     assert ArrivalModel(compute=[Distribution("exp", 1.0)] * 2).compute == (Distribution("exp", 1.0),) * 2
+
+
+def test_workers_past_the_cap_are_refused_before_any_per_worker_state() -> None:
+    from naig.arrivals.model import MAX_WORKERS
+
+    assert ArrivalModel.from_specs("exp:1", workers=MAX_WORKERS // 100).workers == MAX_WORKERS // 100
+    with pytest.raises(UsageError) as info:
+        ArrivalModel.from_specs("exp:1", workers=10**12)  # would need TBs if the tuples were built
+    assert info.value.field == "workers" and "at most 1,000,000" in info.value.message

@@ -33,3 +33,20 @@ def test_a_switch_or_a_missing_value_is_named_without_it() -> None:
         "--sketch-first: needs --engine distributed")
     err = UsageError("needs two workers", field="window", value=None)
     assert cli_message(err) == "--window: needs two workers"
+
+
+def test_an_error_without_text_is_still_worded(capsys) -> None:
+    """A MemoryError carries no message; the one error line must still say what happened."""
+    import typer
+
+    from naig_cli._common import handle_errors
+
+    @handle_errors
+    def boom() -> None:
+        raise MemoryError
+
+    with pytest.raises(typer.Exit) as info:
+        boom()
+    err = capsys.readouterr().err
+    assert info.value.exit_code == 1
+    assert err == "error: out of memory (MemoryError); use smaller sizes or counts\n"

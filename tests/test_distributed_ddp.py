@@ -216,8 +216,6 @@ def test_wrong_arguments_are_usage_errors_naming_them(kwargs: dict, field: str) 
     assert info.value.field == field
 
 
-@pytest.mark.xfail(strict=False, reason="naig/distributed/__init__.py imports naig.distributed.run "
-                   "(and through it naig.simulate and scipy) until it is made lazy")
 def test_importing_the_hook_loads_neither_scipy_nor_the_simulator() -> None:
     code = ("import sys, naig.distributed.ddp; print(sorted({m.split('.')[0] if m.startswith('scipy') "
             "else m for m in sys.modules if m.startswith(('scipy', 'naig.simulate'))}))")
