@@ -27,14 +27,15 @@ from dataclasses import replace
 
 import torch
 
-from naig.simulate import SimulateConfig, Simulation
+from naig.simulate import SimulateConfig, Workload
+from naig.simulate.engines import start
 
 __all__ = ["main"]
 
 LAMBDAS = (0.04, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0)
 
 
-def _grad(sim: Simulation, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _grad(sim: Workload, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     flat = theta.detach().clone().requires_grad_(True)
     (g,) = torch.autograd.grad(sim.loss(flat, x, y), flat)
     return g
@@ -42,8 +43,8 @@ def _grad(sim: Simulation, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor
 
 def _measure(cfg: SimulateConfig, every: int, seed: int) -> dict[str, object]:
     """Accumulate ⟨c, r⟩, ‖c‖², ‖r‖² (r = g_now − g) and the per-step correction factor."""
-    sim = Simulation(cfg)
-    run = sim.start("hogwild", seed)
+    sim = Workload(cfg)
+    run = start(sim, "hogwild", seed)
     gen = sim.generator(12345 + seed)
     sums = {"cr": 0.0, "cc": 0.0, "rr": 0.0}
     per_step: list[float] = []

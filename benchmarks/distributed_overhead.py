@@ -34,7 +34,8 @@ import torch
 from torch import nn
 
 from naig.distributed import run_distributed
-from naig.simulate import SimulateConfig, Simulation
+from naig.simulate import SimulateConfig, Workload
+from naig.simulate.engines import start
 from naig.simulate.strategies import Batch
 
 __all__ = ["main"]
@@ -44,7 +45,7 @@ TARGET = 1.1
 
 def _baseline_ms(cfg: SimulateConfig, name: str, updates: int) -> list[float]:
     """ms of each arrival-mode B = 1 update (combine + step + snapshot) on real gradients."""
-    sim = Simulation(cfg)
+    sim = Workload(cfg)
     strategy = sim.strategy(name)
     theta = nn.Parameter(sim.init_params(0))
     opt = sim.make_optimizer(theta, cfg.lr[0])
@@ -130,7 +131,7 @@ def main() -> int:
                 print(f"  bytes per arrival, {label}: up {by['up_per_arrival']:,.0f}, down "
                       f"{by['down_per_arrival']:,.0f}; gradients not fetched {by['not_fetched']} of "
                       f"{dd['arrivals']} ({by['saved_up']:,} B saved)")
-    n = Simulation(SimulateConfig(**base)).n_params
+    n = Workload(SimulateConfig(**base)).n_params
     print(f"loopback transfer of one gradient ({4 * n:,} B) from a waiting peer: {_transfer_ms(n):.3f} ms "
           "(median)")
     if cores < k + 1:

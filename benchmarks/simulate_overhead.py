@@ -20,7 +20,8 @@ import time
 
 import torch
 
-from naig.simulate import SimulateConfig, Simulation
+from naig.simulate import SimulateConfig, Workload
+from naig.simulate.engines import start
 from naig.simulate.model import GPT, get_preset
 from naig.simulate.strategies import Batch, StrategyOptions, make_strategy
 from naig.sketch.torch_sketch import TorchSketch
@@ -30,10 +31,10 @@ __all__ = ["main"]
 
 def _lockstep_times(cfg: SimulateConfig, repeats: int) -> dict[str, list[float]]:
     """Per-step wall times (ms) of naig and hogwild runs advanced in alternation."""
-    sim = Simulation(cfg)  # the loop's own objects, so the step measured is the real one
+    sim = Workload(cfg)  # the loop's own objects, so the step measured is the real one
     times: dict[str, list[float]] = {"naig": [], "hogwild": []}
     for seed in range(repeats):
-        runs = {name: sim.start(name, seed) for name in times}
+        runs = {name: start(sim, name, seed) for name in times}
         for t in range(cfg.steps):
             for name in sorted(times, reverse=t % 2 == 1):
                 t0 = time.perf_counter()

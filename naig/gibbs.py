@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,10 @@ __all__ = [
     "parse_beta",
     "resolve_beta",
     "gibbs_weights",
+    "naig_weights",
+    "EmaReference",
+    "EMA_DECAY",
+    "BETA_HISTORY",
     "reference_index",
     "effective_workers",
     "frozen_mask",
@@ -31,6 +36,8 @@ __all__ = [
 ]
 
 FROZEN_FACTOR = 0.01  # frozen when π_k < FROZEN_FACTOR / K
+EMA_DECAY = 0.9  # the EMA reference: r ← 0.9 r + 0.1 x
+BETA_HISTORY = 100  # auto-β of single arrivals: median of the last this many positive energies
 
 
 def parse_beta(beta: str | float, field: str = "beta") -> float | str:
@@ -121,18 +128,35 @@ def gibbs_weights(energies: np.ndarray, beta: float | str) -> np.ndarray:
     return z / z.sum()
 
 
-def reference_index(lags: Sequence[int] | Any) -> int:
-    """The default reference: the first worker with the smallest lag (staleness).
+def reference_index(lags: Sequence[int] | Any, workers: Sequence[int] | Any | None = None,
+                    usable: Sequence[bool] | Any | None = None) -> int:
+    """The freshest row, NAIG's reference: the smallest staleness, ties to the lowest worker.
+
+    Every NAIG reference of a batch (the rules, the sketch-first screen, the saved
+    ``ref.safetensors``) is this one. Rows that are not ``usable`` (a non-finite sketch:
+    a NaN gradient cannot be the point others are measured from) are passed over unless
+    none is usable; then every energy is non-finite and ``naig_weights`` is uniform.
 
     Args:
-        lags: (K,) lags τ_k, a sequence of ints, a numpy array or a torch tensor.
+        lags: (B,) staleness τ_k of each row: a sequence of ints, a numpy array or a torch tensor.
+        workers: (B,) worker index of each row (default: the row index).
+        usable: (B,) bool, rows that may be the reference (default: all).
+
+    Returns:
+        The row index (not the worker index).
 
     Example:
-        >>> reference_index([10, 0, 0, 35])
+        >>> reference_index([10, 0, 0, 35]), reference_index([3, 1, 1], workers=[0, 5, 2])
+        (1, 2)
+        >>> reference_index([3, 1, 1], workers=[0, 5, 2], usable=[True, True, False])
         1
     """
     values = [int(t) for t in lags]
-    return values.index(min(values))
+    who = list(range(len(values))) if workers is None else [int(w) for w in workers]
+    rows = list(range(len(values)))
+    if usable is not None:
+        rows = [i for i, ok in zip(rows, usable, strict=True) if bool(ok)] or rows
+    return min(rows, key=lambda i: (values[i], who[i]))
 
 
 def effective_workers(pi: np.ndarray) -> float:
@@ -187,3 +211,71 @@ def combine(pi: Any, grads: Any) -> Any:
     pi = np.asarray(pi, dtype=grads.dtype)
     keep = pi != 0
     return np.einsum("k,k...->...", pi[keep], grads[keep])
+
+
+def naig_weights(energies: np.ndarray, beta: float | str) -> np.ndarray:
+    """NAIG's weights: ``gibbs_weights``, or uniform when no energy is finite (the one fallback).
+
+    When every energy is NaN/Inf (the reference itself is non-finite) no worker can be
+    preferred: π is uniform, so ĝ is the plain (non-finite) mean and the caller sees the
+    divergence instead of an exception or a silently skipped update. Every NAIG weighting
+    (the ``naig`` rules, ``diloco-naig``, the sketch-first screen) uses this function.
+
+    Args:
+        energies: (K,) float energies.
+        beta: a float ≥ 0 or ``"auto"``.
+
+    Returns:
+        (K,) float64, non-negative, summing to 1.
+
+    Example:
+        >>> naig_weights(np.array([np.nan, np.inf]), 1.0).tolist()
+        [0.5, 0.5]
+    """
+    try:
+        return gibbs_weights(energies, beta)
+    except DataError:
+        k = np.asarray(energies).shape[0]
+        return np.full(k, 1.0 / k)
+
+
+class EmaReference:
+    """NAIG's reference for single arrivals: an EMA of the accepted points, w = exp(−β E).
+
+    For each arrival x (a sketch S g, or g itself): the first finite x seeds r; then
+    E = energy(x − r), β from the last ``BETA_HISTORY`` positive energies (``"auto"``:
+    1/median), w = exp(−β E), and when w > 0, r ← 0.9 r + 0.1 x. A non-finite x or E
+    gets w = 0 and changes nothing. The ``naig`` rules at window 1 and the sketch-first
+    screen both use this class.
+
+    Args:
+        beta: a float ≥ 0 or ``"auto"``.
+        energy: the energy of one drift (m,) → a 0-d tensor or float.
+
+    Example:
+        >>> import torch
+        >>> ema = EmaReference(1.0, lambda d: float((d * d).sum()))
+        >>> ema.weight(torch.zeros(2)), round(ema.weight(torch.tensor([1.0, 0.0])), 4)
+        (1.0, 0.3679)
+    """
+
+    def __init__(self, beta: float | str, energy: Any) -> None:
+        self.beta, self.energy = beta, energy
+        self.point: Any = None
+        self.history: deque[float] = deque(maxlen=BETA_HISTORY)
+
+    def weight(self, point: Any) -> float:
+        """w of one arrival (m,) float64 tensor, updating the reference and the β history."""
+        if not bool(point.isfinite().all()):
+            return 0.0
+        if self.point is None:
+            self.point = point.clone()  # seeded by the first finite arrival
+        e = float(self.energy(point - self.point))
+        if not math.isfinite(e):
+            return 0.0
+        if e > 0:
+            self.history.append(e)
+        w = math.exp(-resolve_beta(self.beta, np.asarray(self.history, dtype=np.float64)) * e)
+        if w > 0.0:
+            self.point.mul_(EMA_DECAY).add_(point, alpha=1 - EMA_DECAY)
+        return w

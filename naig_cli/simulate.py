@@ -139,7 +139,7 @@ def simulate(
     a warning on stderr if some runs diverged, exit 1 if every run did. Ctrl-C prints
     the runs that finished (a valid JSON document with --json) and exits 130.
     """
-    from naig.simulate import SimulateConfig, parse_float_list, parse_int_list, run_simulation
+    from naig.simulate import SimulateConfig, parse_float_list, parse_int_list, run_experiment
 
     _check_plot(plot, data)
     config = SimulateConfig(
@@ -151,17 +151,17 @@ def simulate(
         data=data, data_bytes=data_bytes, sketch_seed=sketch_seed, save_grads=save_grads,
         save_at=parse_int_list(save_at, "save_at") if save_at else (), warmup_theta0=warmup_theta0,
         log_dir=log_dir, arrivals=arrivals, uplink=uplink, downlink=downlink, mode=mode.value,
-        window=window, reference=reference.value, faults=tuple(faults or ()), byzantine=byzantine,
+        window=window, reference=reference.value, faults=(*(faults or ()), *_split(worker_faults)),
+        byzantine=byzantine,
         max_staleness=max_staleness, clip=clip,
         local_steps=_positive_ints(local_steps), outer_lr=outer_lr, outer_momentum=outer_momentum,
         bandwidth=parse_float_list(bandwidth, "bandwidth") if bandwidth else (),
-        **_distributed_fields(engine, nproc, slowdown, sketch_first, timeout, worker_faults),
+        **_distributed_fields(engine, nproc, slowdown, sketch_first, timeout),
     )
     for warning in (*config.strategy_warnings(), *config.ignored_options()):
         stderr.print(f"warning: {word_flags(warning)}", markup=False, highlight=False, soft_wrap=True)
-    run = run_simulation if config.engine == "simulated" else _run_distributed
     with progress("simulate", config.total_steps) as advance:
-        result = run(config, _reporter(advance, config.eval_every or config.steps))
+        result = run_experiment(config, _reporter(advance, config.eval_every or config.steps))
     if result is None:  # a worker rank under torchrun: rank 0 reports
         return
     print_json(result.to_dict()) if json_out else _render(result)
@@ -173,8 +173,13 @@ def simulate(
 
 
 # Distributed engine (naig.distributed)
+def _split(text: str | None) -> tuple[str, ...]:
+    """A comma list as stripped items (none for None)."""
+    return tuple(f.strip() for f in text.split(",")) if text else ()
+
+
 def _distributed_fields(engine: Engine, nproc: int | None, slowdown: str | None, sketch_first: bool,
-                        timeout: float, worker_faults: str | None) -> dict:
+                        timeout: float) -> dict:
     """The config fields of the distributed engine; ``nproc`` defaults to torchrun's world size."""
     import os
 
@@ -183,14 +188,7 @@ def _distributed_fields(engine: Engine, nproc: int | None, slowdown: str | None,
     if engine is Engine.distributed and nproc is None and "WORLD_SIZE" in os.environ:
         nproc = int(os.environ["WORLD_SIZE"])
     return dict(engine=engine.value, nproc=nproc, sketch_first=sketch_first, timeout=timeout,
-                slowdown=parse_float_list(slowdown, "slowdown") if slowdown else (),
-                worker_faults=tuple(f.strip() for f in worker_faults.split(",")) if worker_faults else ())
-
-
-def _run_distributed(config: SimulateConfig, progress: Callable[..., None]) -> SimulateResult | None:
-    from naig.distributed import run_distributed
-
-    return run_distributed(config, progress)
+                slowdown=parse_float_list(slowdown, "slowdown") if slowdown else ())
 
 
 def _distributed_header(r: SimulateResult) -> None:

@@ -266,7 +266,7 @@ def test_naig_exact_window_one_ema_by_hand() -> None:
     assert [u.lr_scale for u in ups] == pytest.approx([1.0, w2, w3], rel=1e-12)
     assert [float(u.weights[0]) for u in ups] == pytest.approx([1.0, w2, w3], rel=1e-12)
     assert all(torch.equal(u.grad, xi[0].double()) for u, xi in zip(ups, x, strict=True))
-    assert torch.allclose(s.reference, (0.9 * r + 0.1 * torch.tensor([2.0, 2.0])).double())
+    assert torch.allclose(s.ema.point, (0.9 * r + 0.1 * torch.tensor([2.0, 2.0])).double())
 
 
 def test_naig_window_one_auto_beta_includes_the_current_energy() -> None:
@@ -293,7 +293,7 @@ def test_naig_window_one_skips_a_nan_arrival_and_keeps_its_reference() -> None:
     s.combine(_batch(torch.tensor([[1.0, 0.0]])))
     u = s.combine(_batch(torch.tensor([[1.0, NAN]])))
     assert u.lr_scale == 0.0 and u.grad.tolist() == [0.0, 0.0] and u.weights.tolist() == [0.0]
-    assert s.reference.tolist() == [1.0, 0.0] and len(s.history) == 0
+    assert s.ema.point.tolist() == [1.0, 0.0] and len(s.ema.history) == 0
 
 
 # ---------------------------------------------------------------- staleness-lr, dc-asgd-a, gap-aware

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["ENV_STORE", "ENV_PARENT", "MAX_TIMEOUT", "LocalCluster", "backend_for", "under_launcher", "init",
-           "pair_groups", "watch_parent", "process_group"]
+           "watch_parent", "process_group"]
 
 ENV_STORE = "NAIG_DISTRIBUTED_STORE"  # "1": join the spawning process's store directly (no env://)
 ENV_PARENT = "NAIG_DISTRIBUTED_PARENT"  # the spawning process's pid (children exit when it is gone)
@@ -70,20 +70,6 @@ def init(rank: int, world: int, backend: str, timeout: float, store: dist.Store 
         dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=td)
 
 
-def pair_groups(rank: int, world: int, timeout: float) -> dict[int, dist.ProcessGroup]:
-    """One process group {0, k} per worker rank k; this rank's groups by worker rank.
-
-    Every rank creates every group, in the same order (torch requires it); a rank keeps
-    the groups it belongs to: the server all of them, worker k its own.
-    """
-    groups = {}
-    for k in range(1, world):
-        group = dist.new_group([0, k], timeout=timedelta(seconds=timeout))
-        if rank in (0, k):
-            groups[k] = group
-    return groups
-
-
 def watch_parent(interval: float = 0.5) -> threading.Thread:
     """Exit this process (status 1) as soon as its parent process is gone (a daemon thread).
 
@@ -106,7 +92,7 @@ class LocalCluster:
     """Rank 0 here, ranks 1..``nproc``−1 as child processes running ``argv`` (one machine).
 
     Args:
-        argv: the children's command line, e.g. ``[sys.executable, "-m", "naig.distributed", cfg]``.
+        argv: the children's command line, e.g. ``[sys.executable, "-m", "naig.simulate.engines.distributed", cfg]``.
         nproc: processes in all (this one included).
         timeout: seconds for the rendezvous store.
         log_dir: each child's stdout and stderr go to ``log_dir/rank<r>.log``.
@@ -114,7 +100,7 @@ class LocalCluster:
 
     Example (not run here; see tests/test_distributed_server.py)::
 
-        with LocalCluster([sys.executable, "-m", "naig.distributed", cfg], 5, 30.0, tmp) as cluster:
+        with LocalCluster([sys.executable, "-m", "naig.simulate.engines.distributed", cfg], 5, 30.0, tmp) as cluster:
             init(0, 5, "gloo", 30.0, store=cluster.store)
             ...
     """

@@ -1,41 +1,34 @@
-"""Asynchronous training of a small GPT with stale workers, rule against rule (docs/design.md §8).
+"""Asynchronous training of a small GPT, rule against rule, on one of four engines (docs/design.md §8).
 
 - ``config``: ``SimulateConfig``, validated on construction.
-- ``loop``: ``Simulation`` (what the runs share) and ``Run`` (one strategy and seed,
-  advanced by ``step()``); ``run_simulation`` runs them all.
+- ``workload``: ``Workload`` (model, data, loss, worker gradients, evaluation, streams).
+- ``server``: ``ServerState.apply``, the one place an update is made.
+- ``engines``: ``lags``, ``arrivals``, ``local``, ``distributed``, one module each; ``select``.
+- ``experiment``: ``run_experiment`` (every rule × seed × lr, evaluated and summarised).
 - ``results``: ``RunResult``, ``StrategySummary``, ``SimulateResult``.
-- ``model`` (the byte-level GPT), ``data`` (real text), ``strategies`` (one file per rule).
+- ``model`` (the byte-level GPT), ``data`` (real text), ``strategies`` (one file per rule),
+  ``faults`` (one fault grammar).
 """
 
 from naig.simulate.config import SimulateConfig, parse_float_list, parse_int_list, resolve_device
-from naig.simulate.loop import (
-    ROUTING_BYTES,
-    Run,
-    RunContext,
-    Simulation,
-    StepEvent,
-    allocate_ring,
-    environment,
-    ring_rows,
-    run_simulation,
-)
+from naig.simulate.experiment import ROUTING_BYTES, RunContext, StepEvent, environment, run_experiment
 from naig.simulate.results import RunResult, SimulateResult, StrategySummary
+from naig.simulate.server import ServerState
+from naig.simulate.workload import Workload
 
 __all__ = [
     "SimulateConfig",
-    "Simulation",
-    "Run",
+    "Workload",
+    "ServerState",
     "RunResult",
     "StrategySummary",
     "SimulateResult",
     "ROUTING_BYTES",
-    "allocate_ring",
     "parse_int_list",
     "parse_float_list",
     "StepEvent",
     "RunContext",
     "environment",
     "resolve_device",
-    "ring_rows",
-    "run_simulation",
+    "run_experiment",
 ]

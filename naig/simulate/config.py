@@ -21,7 +21,8 @@ from naig.arrivals import ArrivalModel
 from naig.errors import UsageError
 from naig.gibbs import parse_beta
 from naig.metric import parse_line
-from naig.simulate.faults import Fault, check_faults, parse_faults
+from naig.simulate.engines.local import LOCAL_METHODS
+from naig.simulate.faults import FAULT_KINDS, GRADIENT_FAULTS, Fault, check_faults, parse_faults
 from naig.simulate.model import get_preset
 from naig.simulate.strategies import STRATEGIES, StrategyOptions
 from naig.sketch.core import check_seed
@@ -39,8 +40,6 @@ __all__ = [
     "parse_int_list",
     "parse_float_list",
     "resolve_device",
-    "LOCAL_STRATEGIES",
-    "PSEUDO_STRATEGIES",
     "DEFAULT_LOCAL_STEPS",
 ]
 
@@ -54,9 +53,7 @@ OPTIMIZERS = ("sgd", "adam")  # torch.optim.SGD / torch.optim.Adam, default sett
 DEVICES = ("cpu", "cuda", "auto")
 MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
 MAX_STEPS = 10**9  # server steps per run (the π history is a (steps, K) buffer)
-# Local updates and gossip (docs/design.md §13)
-LOCAL_STRATEGIES = ("diloco", "gasloc", "local-sgd", "allreduce")  # run types, not Batch → Update rules
-PSEUDO_STRATEGIES = ("naig", "naig-exact")  # in local mode: Gibbs weights on pseudo-gradients
+# Local updates and gossip (docs/design.md §13): LOCAL_METHODS (naig.simulate.engines.local)
 DEFAULT_LOCAL_STEPS = 10  # inner steps H per round when `local_steps` is not given
 
 
@@ -115,7 +112,6 @@ class SimulateConfig:
     slowdown: tuple[float, ...] = ()  # distributed: compute-time factor >= 1 per worker (1: full speed)
     sketch_first: bool = False  # distributed: push 14 floats; fetch the gradient when w >= 0.01
     timeout: float = 30.0  # distributed: seconds any one message may take (at most 30)
-    worker_faults: tuple[str, ...] = ()  # distributed: W:KIND[@STEP], KIND kill, nan or hang
 
     def __post_init__(self) -> None:
         if self.strategies is None:
@@ -132,7 +128,7 @@ class SimulateConfig:
         check_seed(self.sketch_seed, "sketch_seed")
         get_preset(self.model)
         self._check_saving()
-        check_faults(parse_faults(self.faults), self.workers)
+        self._check_faults()
         self.strategy_warnings()  # every strategy is defined in this mode and batch size
         resolve_device(self.device)
 
@@ -168,8 +164,7 @@ class SimulateConfig:
             UsageError: field ``strategies`` for a rule not defined in this mode or batch size.
         """
         options = self.strategy_options()
-        rules = [n for n in self.strategies  # local updates and pseudo-gradient naig are run types
-                 if n in STRATEGIES and not (self.local_mode and n in PSEUDO_STRATEGIES)]
+        rules = [n for n in self.strategies if n in STRATEGIES]  # local-update methods are not rules
         return tuple(w for name in rules for w in STRATEGIES[name].check(options))
 
     def strategy_options(self, sketch: TorchSketch | None = None, lr: float | None = None) -> StrategyOptions:
@@ -225,8 +220,8 @@ class SimulateConfig:
                "means every gradient is taken at θ_0")
         _check(len(self.strategies) > 0, "strategies", self.strategies, "is empty; use e.g. naig,hogwild")
         for name in self.strategies:
-            _check(name in STRATEGIES or name in LOCAL_STRATEGIES, "strategies", name,
-                   f"unknown strategy; use a comma list of {', '.join((*STRATEGIES, *LOCAL_STRATEGIES))}")
+            _check(name in STRATEGIES or name in LOCAL_METHODS, "strategies", name,
+                   f"unknown strategy; use a comma list of {', '.join((*STRATEGIES, *LOCAL_METHODS))}")
         dupes = sorted({n for n in self.strategies if self.strategies.count(n) > 1})
         _check(not dupes, "strategies", self.strategies,
                f"{', '.join(dupes)} listed more than once; name each strategy once")
@@ -257,12 +252,6 @@ class SimulateConfig:
                f"use one of {', '.join(REFERENCES)}")
 
     # Local updates and gossip (docs/design.md §13)
-    @property
-    def local_mode(self) -> bool:
-        """True when a local-update strategy is listed or ``local_steps`` is given: then ``naig``
-        and ``naig-exact`` weight pseudo-gradients in DiLoCo rounds (docs/design.md §13)."""
-        return self.local_steps is not None or any(n in LOCAL_STRATEGIES for n in self.strategies)
-
     def inner_steps(self) -> tuple[int, ...]:
         """H_i of every worker (K values): ``local_steps`` spread to K, or the default 10 each."""
         h = self.local_steps or (DEFAULT_LOCAL_STEPS,)
@@ -272,17 +261,16 @@ class SimulateConfig:
         if self.local_steps is not None:
             object.__setattr__(self, "local_steps", tuple(self.local_steps))
         object.__setattr__(self, "bandwidth", tuple(self.bandwidth))
-        local = [n for n in self.strategies if n in LOCAL_STRATEGIES]
+        local = [n for n in self.strategies if n in LOCAL_METHODS]
         if self.arrivals is None:
             for name, value in (("local_steps", self.local_steps), ("bandwidth", self.bandwidth or None)):
                 _check(value is None, name, value, "needs `arrivals` (compute seconds per step of "
                        "each worker, e.g. exp:1,exp:1,exp:2,exp:4): it runs on the simulated clock")
             _check(not local, "strategies", ",".join(local), "runs on the simulated clock and needs "
                    "`arrivals` (compute seconds per inner step, e.g. exp:1,exp:1,exp:2,exp:4)")
-        pseudo = PSEUDO_STRATEGIES if self.local_mode else ()  # naig takes outer options in local mode
-        users = {"local_steps": ("diloco", "gasloc", "local-sgd", *PSEUDO_STRATEGIES),
-                 "outer_lr": ("diloco", "gasloc", *pseudo),
-                 "outer_momentum": ("diloco", "gasloc", *pseudo)}
+        users = {"local_steps": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "local-sgd"),
+                 "outer_lr": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc"),
+                 "outer_momentum": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc")}
         for name, rules in users.items():
             _check(getattr(self, name) is None or any(n in rules for n in self.strategies), name,
                    getattr(self, name), f"applies to local-update strategies only ({', '.join(rules)}); "
@@ -304,8 +292,7 @@ class SimulateConfig:
         _check(self.engine in ("simulated", "distributed"), "engine", self.engine,
                "use simulated or distributed")
         if self.engine == "simulated":
-            for name, default in (("nproc", None), ("slowdown", ()), ("sketch_first", False),
-                                  ("worker_faults", ())):
+            for name, default in (("nproc", None), ("slowdown", ()), ("sketch_first", False)):
                 _check(getattr(self, name) == default, name, getattr(self, name),
                        "needs `engine` distributed")
             return False
@@ -332,10 +319,20 @@ class SimulateConfig:
                "use seconds in (0, 30]")
         _check(not self.sketch_first or set(self.strategies) == {"naig"}, "sketch_first", True,
                "screens gradients with naig's weights; use `strategies` naig")
-        from naig.distributed.faults import parse_worker_faults
-
-        parse_worker_faults(self.worker_faults, k)
+        local = [n for n in self.strategies if n in LOCAL_METHODS]
+        _check(not local, "strategies", ",".join(local), "local-update methods run on the simulated clock "
+               "only; drop them or use `arrivals` instead of `engine` distributed")
         return True
+
+    def _check_faults(self) -> None:
+        """Every fault names a worker and a kind that every engine of this experiment applies."""
+        faults = parse_faults(self.faults)
+        if self.engine == "distributed":
+            check_faults(faults, self.workers, frozenset(FAULT_KINDS), "the distributed engine")
+            return
+        check_faults(faults, self.workers, GRADIENT_FAULTS, "the simulated engines")
+        _check(not (faults and "gasloc" in self.strategies), "faults", self.faults[0] if faults else None,
+               "gasloc has no server to receive a faulty message; drop gasloc or the faults")
 
     def _check_numbers(self) -> None:
         _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, "use sgd or adam")

@@ -1,7 +1,9 @@
-"""Injected worker faults: what a faulty worker sends instead of its gradient (docs/design.md §12).
+"""Injected worker faults, one grammar for every engine (docs/design.md §12).
 
 A fault is written ``W:KIND[:ARG][@STEP]``: worker W (any worker, the reference
-included) sends, from server update STEP on (default 0), instead of its gradient g (n,):
+included) misbehaves from server update STEP on (default 0; the distributed engine: from
+the first job on parameter version STEP). Gradient faults change what it sends instead
+of its gradient g (n,):
 
 ============  ==============================================================
 ``signflip:a``  −a·g
@@ -12,7 +14,15 @@ included) sends, from server update STEP on (default 0), instead of its gradient
 ``random``      ‖g‖ · z/‖z‖, z ~ N(0, I)  (a random direction of the same norm)
 ============  ==============================================================
 
-Several faults may name one worker; they apply in the order given. Randomness comes
+Process faults exist only where workers are processes (``--engine distributed``):
+
+============  ==============================================================
+``kill``        the worker process kills itself with SIGKILL (a crashed machine)
+``hang``        it stops answering (the server's message timeout declares it lost)
+============  ==============================================================
+
+Each engine declares the kinds it applies (``FAULT_KINDS`` of its module) and
+``check_faults`` refuses the others with a one-line error. Several faults may name one worker; they apply in the order given. Randomness comes
 from an explicit ``torch.Generator`` (one draw of n values per noisy or random row, in
 row order, then fault order).
 
@@ -34,20 +44,18 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from naig.errors import UsageError
 
-if TYPE_CHECKING:
-    from naig.simulate.strategies import Batch
+__all__ = ["Fault", "FAULT_KINDS", "GRADIENT_FAULTS", "PROCESS_FAULTS", "parse_fault", "parse_faults",
+           "check_faults", "apply_faults", "faulty_workers"]
 
-__all__ = ["Fault", "FAULT_KINDS", "parse_fault", "parse_faults", "check_faults", "apply_faults",
-           "apply_batch_faults", "faulty_workers"]
-
-FAULT_KINDS = ("signflip", "scale", "noise", "zero", "nan", "random")
+FAULT_KINDS = ("signflip", "scale", "noise", "zero", "nan", "random", "kill", "hang")
+GRADIENT_FAULTS = frozenset(FAULT_KINDS[:6])  # what a worker sends instead of its gradient
+PROCESS_FAULTS = frozenset(("kill", "hang"))  # what a worker process does (distributed engine)
 _WITH_ARG = ("signflip", "scale", "noise")
 _FORMAT = "use W:KIND[:ARG][@STEP], e.g. 1:signflip:10 or 0:nan@50"
 _PATTERN = re.compile(r"^(?P<worker>[^:@]+):(?P<kind>[^:@]+)(?::(?P<arg>[^@]+))?(?:@(?P<step>.+))?$")
@@ -85,8 +93,10 @@ class Fault:
             grad.zero_()
         elif self.kind == "nan":
             grad.fill_(math.nan)
-        else:
+        elif self.kind in ("noise", "random"):
             _apply_random(self, grad, generator)
+        else:
+            raise ValueError(f"{self.kind} is a process fault; only the distributed worker acts on it")
 
 
 def _apply_random(fault: Fault, grad: Tensor, generator: torch.Generator) -> None:
@@ -119,8 +129,8 @@ def parse_fault(text: str) -> Fault:
     worker = _int(m["worker"], text, "the worker W")
     kind = m["kind"].strip().lower()
     if kind not in FAULT_KINDS:
-        raise UsageError(f"unknown fault kind {kind!r}; use signflip:a, scale:a, noise:σ, zero, nan "
-                         "or random", field="faults", value=text)
+        raise UsageError(f"unknown fault kind {kind!r}; use signflip:a, scale:a, noise:σ, zero, nan, "
+                         "random, kill or hang", field="faults", value=text)
     start = 0 if m["step"] is None else _int(m["step"], text, "STEP")
     return Fault(worker, kind, _arg(kind, m["arg"], text), start)
 
@@ -166,8 +176,18 @@ def parse_faults(texts: str | Sequence[str]) -> tuple[Fault, ...]:
     return tuple(parse_fault(t) for t in ([texts] if isinstance(texts, str) else texts))
 
 
-def check_faults(faults: Iterable[Fault], workers: int) -> None:
-    """Refuse a fault on a worker that does not exist (``UsageError``, field ``faults``).
+def check_faults(faults: Iterable[Fault], workers: int, kinds: frozenset[str] = GRADIENT_FAULTS,
+                 where: str = "this engine") -> None:
+    """Refuse a fault on a worker that does not exist, or of a kind ``where`` does not apply.
+
+    Args:
+        faults: parsed faults.
+        workers: K.
+        kinds: the kinds the engine applies.
+        where: the engine's name, for the message.
+
+    Raises:
+        UsageError: field ``faults``, naming the fault and the fix.
 
     Example:
         >>> check_faults(parse_faults(["4:zero"]), workers=4)
@@ -179,18 +199,15 @@ def check_faults(faults: Iterable[Fault], workers: int) -> None:
         if f.worker >= workers:
             raise UsageError(f"worker {f.worker} does not exist; the {workers} workers are 0..{workers - 1}",
                              field="faults", value=str(f))
+        if f.kind not in kinds:
+            fix = ("needs worker processes: use `engine` distributed" if f.kind in PROCESS_FAULTS
+                   else f"use one of {', '.join(k for k in FAULT_KINDS if k in kinds)}")
+            raise UsageError(f"{f.kind} is not applied by {where}; {fix}", field="faults", value=str(f))
 
 
 def faulty_workers(faults: Iterable[Fault]) -> tuple[int, ...]:
     """The sorted distinct workers named by ``faults`` (tables mark them)."""
     return tuple(sorted({f.worker for f in faults}))
-
-
-def apply_batch_faults(faults: Sequence[Fault], batch: Batch, step: int, generator: torch.Generator) -> Batch:
-    """``apply_faults`` on a strategy ``Batch`` (its gradients change in place); returns the batch."""
-    if faults:
-        apply_faults(faults, batch.grads, batch.workers, step, generator)
-    return batch
 
 
 def apply_faults(faults: Sequence[Fault], grads: Tensor, workers: Tensor, step: int,
@@ -208,7 +225,7 @@ def apply_faults(faults: Sequence[Fault], grads: Tensor, workers: Tensor, step: 
         (B,) bool, True for the rows a fault changed.
     """
     touched = torch.zeros(grads.shape[0], dtype=torch.bool)
-    active = [f for f in faults if f.active(step)]
+    active = [f for f in faults if f.active(step) and f.kind in GRADIENT_FAULTS]
     if active:
         for row, worker in enumerate(workers.tolist()):
             for f in active:

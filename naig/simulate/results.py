@@ -22,12 +22,11 @@ from naig.simulate.stats import best_baseline, best_by_validation, paired, summa
 
 if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
-    from naig.simulate.strategies import Update
 
-__all__ = ["Corrections", "record_weights", "SCHEMA_VERSION", "RunResult", "StrategySummary",
+__all__ = ["SCHEMA_VERSION", "RunResult", "StrategySummary",
            "SimulateResult", "pi_stats", "summarise", "choose_lr"]
 
-SCHEMA_VERSION = 2  # of the simulate JSON document
+SCHEMA_VERSION = 3  # of the simulate JSON document (3: RunResult.complete, not_run, one `faults`)
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,7 @@ class RunResult:
     local: dict[str, Any] | None = None  # local-update runs: method, H, outer steps, busy fractions
     # Distributed engine (naig.distributed, docs/design.md §14)
     distributed: dict[str, Any] | None = None  # arrivals, lost workers, non-finite pushes, bytes, server ms
+    complete: bool = True  # False: stopped before its budget (workers lost, Ctrl-C); not summarised
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,7 @@ class SimulateResult:
     best_baseline: str | None = None  # the best non-oracle baseline, chosen on validation
     # Distributed engine (naig.distributed, docs/design.md §14)
     distributed: dict[str, Any] | None = None  # processes, launcher, lost workers, determinism note
+    not_run: tuple[str, ...] = ()  # "rule seed S lr L" of the runs that could not start (no worker left)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of everything (config included; NaN/Inf still need → null)."""
@@ -131,46 +132,15 @@ class SimulateResult:
         """The runs that diverged (non-finite gradients or parameters)."""
         return tuple(r for r in self.runs if r.diverged_at is not None)
 
-
-class Corrections:
-    """Running mean of ``Update.correction`` (‖g̃ − g‖/‖g‖ of the rules that correct gradients)."""
-
-    def __init__(self) -> None:
-        self.total, self.count = 0.0, 0
-
-    def record(self, update: Update) -> None:
-        """Add one update's correction (ignored when the rule has none or it is not finite)."""
-        if update.correction is not None and math.isfinite(update.correction):
-            self.total, self.count = self.total + update.correction, self.count + 1
+    @property
+    def finished(self) -> tuple[RunResult, ...]:
+        """The runs that spent their budget (or diverged): the ones summarised."""
+        return tuple(r for r in self.runs if r.complete)
 
     @property
-    def mean(self) -> float | None:
-        """The mean correction, or None when the rule corrects nothing."""
-        return self.total / self.count if self.count else None
-
-
-def record_weights(row: Any, workers: Any, weights: Any) -> None:
-    """Write one update's coefficients into its (K,) row of a π history, in place.
-
-    The row is NaN for workers that sent nothing; a worker that sent several gradients in
-    one window gets the sum of their weights. The weights are the update's π (for naig at
-    window 1: w, which the loop applies as the learning rate of that update).
-
-    Args:
-        row: (K,) float64 tensor or numpy array, a row of ``pis``.
-        workers: (B,) int64 worker of each gradient (tensor or array).
-        weights: (B,) coefficient of each gradient (tensor or array).
-    """
-    if isinstance(row, np.ndarray):
-        idx, w = np.asarray(workers, dtype=np.int64), np.asarray(weights, dtype=np.float64)
-        row[:] = math.nan
-        row[idx] = 0.0
-        np.add.at(row, idx, w)
-        return
-    workers = workers.to(row.device)
-    row.fill_(math.nan)
-    row[workers] = 0.0
-    row.index_add_(0, workers, weights.detach().to(device=row.device, dtype=row.dtype))
+    def incomplete(self) -> tuple[RunResult, ...]:
+        """The runs that stopped before the end of their budget (workers lost, Ctrl-C)."""
+        return tuple(r for r in self.runs if not r.complete)
 
 
 def pi_stats(pis: np.ndarray) -> dict[str, Any]:
@@ -325,6 +295,7 @@ def summarise(runs: list[RunResult], names: tuple[str, ...],
         names: the strategies in table order.
         mode: ``"lockstep"`` or ``"arrivals"`` (which rules are oracles).
     """
+    runs = [r for r in runs if r.complete]
     present = [n for n in names if any(r.strategy == n for r in runs)]
     chosen = {n: choose_lr([r for r in runs if r.strategy == n]) for n in present}
     picked = {n: sorted((r for r in runs if r.strategy == n and r.lr == chosen[n][0]), key=lambda r: r.seed)

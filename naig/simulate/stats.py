@@ -50,7 +50,8 @@ __all__ = [
 
 CONFIDENCE = 0.95
 ORACLES = {"lockstep": frozenset({"sync", "fresh-only"}), "arrivals": frozenset({"fresh-only"})}
-METHODS = frozenset({"naig", "naig-exact", "naig-blind"})  # the rule under test and its ablations
+# NAIG, its ablations and NAIG on pseudo-gradients: the rules under test, never the "best baseline"
+METHODS = frozenset({"naig", "naig-exact", "naig-blind", "diloco-naig", "diloco-naig-exact"})
 Key = TypeVar("Key", bound=Hashable)
 
 

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from naig.errors import UsageError
+from naig.gibbs import reference_index
 
 if TYPE_CHECKING:
     from naig.sketch.torch_sketch import TorchSketch
@@ -281,7 +282,7 @@ def weighted_sum(weights: Tensor, grads: Tensor) -> Tensor:
 
 
 def reference_row(staleness: Tensor, workers: Tensor) -> int:
-    """The freshest row of a batch: min τ, ties to the lowest worker index.
+    """The freshest row of a batch: min τ, ties to the lowest worker (``naig.gibbs.reference_index``).
 
     Args:
         staleness: (B,) int staleness τ_k.
@@ -294,8 +295,7 @@ def reference_row(staleness: Tensor, workers: Tensor) -> int:
         >>> reference_row(torch.tensor([3, 1, 1]), torch.tensor([0, 5, 2]))
         2
     """
-    pairs = list(zip(staleness.tolist(), workers.tolist(), strict=True))
-    return min(range(len(pairs)), key=pairs.__getitem__)
+    return reference_index(staleness.tolist(), workers.tolist())
 
 
 def relative_correction(corrected: Tensor, grads: Tensor) -> float:

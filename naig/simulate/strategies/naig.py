@@ -1,8 +1,8 @@
 """``naig``: Gibbs-weighted combination by Fano–Fisher energy of the sketched drift.
 
 **Batch reference** (lockstep, and arrival windows B ≥ 2), docs/design.md §5–§7: the
-reference R is the freshest gradient of the batch (min τ, ties to the lowest worker
-index; ``reference_row``), never an oracle in arrival mode:
+reference R is the freshest gradient of the batch whose sketch is finite (min τ, ties to
+the lowest worker index; ``naig.gibbs.reference_index``), never an oracle in arrival mode:
 
     d_k = S g_k − S g_R ∈ R^14          (the sketch, fixed seed)
     E_k = d_kᵀ Ψ_ℓ d_k                   (Fano–Fisher energy)
@@ -25,17 +25,15 @@ arrival with non-finite E, or w = 0, is not applied and does not enter r).
 
 from __future__ import annotations
 
-import math
 from abc import abstractmethod
-from collections import deque
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from naig.energy import energy
-from naig.errors import DataError, UsageError
-from naig.gibbs import gibbs_weights, resolve_beta
+from naig.errors import UsageError
+from naig.gibbs import EmaReference, naig_weights, reference_index, resolve_beta
 from naig.metric import fano_fisher_metric
 from naig.simulate.strategies.base import (
     Batch,
@@ -43,15 +41,11 @@ from naig.simulate.strategies.base import (
     StrategyOptions,
     Update,
     no_step,
-    reference_row,
     register,
     weighted_sum,
 )
 
-__all__ = ["NAIG", "GibbsStrategy", "ReferenceStrategy", "EMA_DECAY", "BETA_HISTORY"]
-
-EMA_DECAY = 0.9  # r ← 0.9 r + 0.1 x
-BETA_HISTORY = 100  # auto-β at window 1: median of the last this many positive energies
+__all__ = ["NAIG", "GibbsStrategy", "ReferenceStrategy"]
 
 
 class ReferenceStrategy(Strategy):
@@ -84,8 +78,7 @@ class GibbsStrategy(ReferenceStrategy):
 
     def __init__(self, options: StrategyOptions) -> None:
         super().__init__(options)
-        self.reference: Tensor | None = None  # EMA point (embedded), window 1 only
-        self.history: deque[float] = deque(maxlen=BETA_HISTORY)
+        self.ema = EmaReference(options.beta, lambda d: self.energy_of(d.unsqueeze(0))[0])  # window 1
 
     @abstractmethod
     def embed(self, grads: Tensor) -> Tensor:
@@ -99,37 +92,24 @@ class GibbsStrategy(ReferenceStrategy):
         """ĝ = Σ_k π_k g_k with π = Gibbs(E), or at window 1 g with lr η·w; see the module.
 
         With the batch reference, when no energy is finite (the reference itself is
-        NaN/Inf) no worker can be preferred: π is uniform and ĝ is the (non-finite) mean,
-        as for ``hogwild``, so the caller sees the divergence instead of an exception.
+        NaN/Inf) no worker can be preferred: π is uniform (``naig.gibbs.naig_weights``) and
+        ĝ is the (non-finite) mean, as for ``hogwild``, so the caller sees the divergence.
         """
         if self.ema_reference:
             return self._combine_ema(self.single(batch))
         grads = batch.grads
         points = self.embed(grads)
-        e = self.energy_of(points - points[reference_row(batch.staleness, batch.workers)])
+        usable = torch.isfinite(points).all(1).tolist()  # a NaN row cannot be the reference
+        ref = reference_index(batch.staleness.tolist(), batch.workers.tolist(), usable)
+        e = self.energy_of(points - points[ref])
         e = e.detach().cpu().numpy().astype(np.float64)
-        try:
-            pi = torch.from_numpy(gibbs_weights(e, resolve_beta(self.options.beta, e)))
-        except DataError:
-            pi = torch.full((grads.shape[0],), 1.0 / grads.shape[0], dtype=torch.float64)
-        pi = pi.to(grads.device)
+        pi = torch.from_numpy(naig_weights(e, resolve_beta(self.options.beta, e))).to(grads.device)
         return Update(weighted_sum(pi, grads), pi)
 
     def _combine_ema(self, grads: Tensor) -> Update:
-        point = self.embed(grads)[0]
-        if self.reference is None and bool(torch.isfinite(point).all()):
-            self.reference = point.clone()  # seeded by the first arrival
-        if self.reference is None:
-            return no_step(grads)
-        e = float(self.energy_of((point - self.reference).unsqueeze(0))[0])
-        if not math.isfinite(e):
-            return no_step(grads)
-        if e > 0:
-            self.history.append(e)
-        w = math.exp(-resolve_beta(self.options.beta, np.asarray(self.history, dtype=np.float64)) * e)
+        w = self.ema.weight(self.embed(grads)[0])
         if w == 0.0:
             return no_step(grads)
-        self.reference.mul_(EMA_DECAY).add_(point, alpha=1 - EMA_DECAY)
         return Update(grads[0].clone(), torch.tensor([w], dtype=torch.float64, device=grads.device), w)
 
 

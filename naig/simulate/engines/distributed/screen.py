@@ -11,11 +11,12 @@ on the sketches, and the server applies them itself:
   when fetched, is applied with learning rate η·w. The reference and the energy history
   move with every arrival, fetched or not, exactly as without sketch-first (only the
   fetch is saved, never the bookkeeping): left out is a step of weight w < 0.01.
-- a window: reference = the freshest sketch (min τ, ties to the lowest worker index),
+- a window: reference = the freshest finite sketch (min τ, ties to the lowest worker index),
   π = Gibbs(E) over the window; ĝ = Σ π_k g_k over the fetched rows (each one left out
   weighed π_k < 0.01/B).
 
-A non-finite sketch has weight 0: its gradient is never fetched.
+A non-finite sketch has weight 0 at B = 1 (its gradient is never fetched); in a window
+with no finite energy the weights are uniform (``naig.gibbs.naig_weights``), as the rule's.
 
 Example:
     >>> import torch
@@ -31,16 +32,12 @@ Example:
 
 from __future__ import annotations
 
-import math
-from collections import deque
-
 import numpy as np
 import torch
 from torch import Tensor
 
 from naig.energy import energy
-from naig.errors import DataError
-from naig.gibbs import FROZEN_FACTOR, gibbs_weights, resolve_beta
+from naig.gibbs import FROZEN_FACTOR, EmaReference, naig_weights, reference_index, resolve_beta
 from naig.metric import fano_fisher_metric
 
 __all__ = ["SketchScreen", "EMA_DECAY", "BETA_HISTORY"]
@@ -60,33 +57,18 @@ class SketchScreen:
     def __init__(self, beta: float | str = "auto", line: tuple[int, int, int] = (1, 2, 4)) -> None:
         self.beta = beta
         self.psi = torch.from_numpy(fano_fisher_metric(line))  # (14, 14) float64
-        self.reference: Tensor | None = None
-        self.history: deque[float] = deque(maxlen=BETA_HISTORY)
+        self.ema = EmaReference(beta, lambda d: energy(d, self.psi))
 
     def single(self, sketch: Tensor) -> float:
         """w = exp(−β E) of one arrival against the EMA reference, updating both (0 if non-finite)."""
-        s = sketch.detach().cpu().to(torch.float64)
-        if not bool(torch.isfinite(s).all()):
-            return 0.0
-        if self.reference is None:
-            self.reference = s.clone()
-        e = float(energy(s - self.reference, self.psi))
-        if e > 0:
-            self.history.append(e)
-        w = math.exp(-resolve_beta(self.beta, np.asarray(self.history, dtype=np.float64)) * e)
-        if w > 0.0:
-            self.reference.mul_(EMA_DECAY).add_(s, alpha=1 - EMA_DECAY)
-        return w
+        return self.ema.weight(sketch.detach().cpu().to(torch.float64))
 
     def window(self, sketches: Tensor, staleness: list[int], workers: list[int]) -> np.ndarray:
-        """π over a window of B sketches (B, 14) against its freshest one; zeros if none is finite."""
-        ref = min(range(len(workers)), key=lambda i: (staleness[i], workers[i]))
+        """π over a window of B sketches (B, 14) against its freshest one (uniform if no E is finite)."""
         s = sketches.detach().cpu().to(torch.float64)
+        ref = reference_index(staleness, workers, torch.isfinite(s).all(1).tolist())
         e = energy(s - s[ref], self.psi).numpy()
-        try:
-            return gibbs_weights(e, resolve_beta(self.beta, e))
-        except DataError:  # every sketch (or the reference) non-finite
-            return np.zeros(len(workers))
+        return naig_weights(e, resolve_beta(self.beta, e))
 
     @staticmethod
     def fetch(weight: float, window: int) -> bool:

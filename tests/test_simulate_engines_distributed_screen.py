@@ -1,4 +1,4 @@
-"""Sketch-first weights (naig.distributed.screen) against naig's definitions, computed by hand."""
+"""Sketch-first weights (naig.simulate.engines.distributed.screen) against naig's definitions, computed by hand."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from naig.distributed.screen import SketchScreen
+from naig.simulate.engines.distributed.screen import SketchScreen
 from naig.gibbs import gibbs_weights
 from naig.metric import fano_fisher_metric
 
@@ -43,15 +43,15 @@ def test_unfetched_arrivals_still_move_the_reference() -> None:
     far[4] = 5.0
     w = rule.single(far)
     assert 0 < w < 0.01 and not SketchScreen.fetch(w, 1)
-    assert rule.reference[4].item() == pytest.approx(0.5)  # 0.9·0 + 0.1·5
+    assert rule.ema.point[4].item() == pytest.approx(0.5)  # 0.9·0 + 0.1·5
 
 
 def test_non_finite_sketch_weighs_zero_and_changes_nothing() -> None:
     rule = SketchScreen("auto")
     rule.single(torch.ones(14))
-    before = rule.reference.clone()
+    before = rule.ema.point.clone()
     assert rule.single(torch.full((14,), math.nan)) == 0.0
-    assert torch.equal(rule.reference, before) and len(rule.history) == 0
+    assert torch.equal(rule.ema.point, before) and len(rule.ema.history) == 0
 
 
 def test_window_is_gibbs_against_the_freshest() -> None:

@@ -1,12 +1,12 @@
-"""The distributed engine's configuration and entry points (naig.distributed.run; CLI options)."""
+"""The distributed engine's configuration and entry points (naig.simulate.engines.distributed.session; CLI options)."""
 
 from __future__ import annotations
 
 import pytest
 from typer.testing import CliRunner
 
-from naig.distributed.run import config_from_json, config_to_json, run_distributed
 from naig.errors import UsageError
+from naig.simulate.engines.distributed.session import config_from_json, config_to_json, open_distributed
 from naig.simulate import SimulateConfig
 from naig_cli.main import app
 
@@ -15,7 +15,7 @@ RUNNER = CliRunner()
 
 def test_config_roundtrip_and_workers() -> None:
     c = SimulateConfig(engine="distributed", nproc=5, window=2, slowdown=(1, 1, 2, 4), sketch_first=True,
-                       strategies=("naig",), worker_faults=("1:kill@3",), timeout=10, lr=(1e-3, 3e-3))
+                       strategies=("naig",), faults=("1:kill@3",), timeout=10, lr=(1e-3, 3e-3))
     assert c.workers == 4 and c.asynchronous and c.resolved_reference == "batch"
     assert config_from_json(config_to_json(c)) == c
     assert SimulateConfig(engine="distributed", nproc=3).resolved_reference == "ema"  # B = 1
@@ -35,7 +35,10 @@ def test_config_roundtrip_and_workers() -> None:
     (dict(engine="distributed", nproc=3, arrivals="exp:1,exp:1"), "arrivals"),
     (dict(engine="distributed", nproc=3, lags=(0, 3)), "lags"),
     (dict(engine="distributed", nproc=3, mode="non-blocking"), "mode"),
-    (dict(engine="distributed", nproc=3, worker_faults=("2:kill",)), "worker_faults"),
+    (dict(engine="distributed", nproc=3, faults=("2:kill",)), "faults"),
+    (dict(faults=("1:kill",)), "faults"),  # a process fault without worker processes
+    (dict(arrivals="exp:1,exp:1", faults=("0:hang@3",)), "faults"),
+    (dict(engine="distributed", nproc=3, strategies=("diloco",)), "strategies"),
 ])
 def test_bad_fields_name_themselves(fields: dict, field: str) -> None:
     with pytest.raises(UsageError) as err:
@@ -43,16 +46,16 @@ def test_bad_fields_name_themselves(fields: dict, field: str) -> None:
     assert err.value.field == field
 
 
-def test_run_distributed_refuses_the_simulated_engine() -> None:
+def test_open_distributed_refuses_the_simulated_engine() -> None:
     with pytest.raises(UsageError, match="needs engine distributed"):
-        run_distributed(SimulateConfig())
+        open_distributed(SimulateConfig())
 
 
 def test_launcher_world_size_must_match(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "5")
     with pytest.raises(UsageError) as err:
-        run_distributed(SimulateConfig(engine="distributed", nproc=3))
+        open_distributed(SimulateConfig(engine="distributed", nproc=3))
     assert err.value.field == "nproc"
 
 
@@ -62,7 +65,8 @@ def test_launcher_world_size_must_match(monkeypatch: pytest.MonkeyPatch) -> None
     (["--engine", "distributed", "--nproc", "3", "--slowdown", "1,2,3"], "--slowdown"),
     (["--engine", "distributed", "--nproc", "3", "--slowdown", "1,x"], "--slowdown"),
     (["--engine", "distributed", "--nproc", "3", "--timeout", "60"], "--timeout 60"),
-    (["--engine", "distributed", "--nproc", "3", "--worker-faults", "5:kill"], "--worker-faults"),
+    (["--engine", "distributed", "--nproc", "3", "--worker-faults", "5:kill"], "--faults '5:kill@0'"),
+    (["--faults", "1:kill"], "kill is not applied by the simulated engines; needs worker processes"),
     (["--engine", "distributed", "--nproc", "3", "--sketch-first"], "--sketch-first"),
     (["--engine", "distributed", "--nproc", "3", "--arrivals", "exp:1,exp:1"], "--arrivals"),
 ])

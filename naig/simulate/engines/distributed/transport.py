@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -31,7 +32,7 @@ from torch import Tensor
 from naig.sketch.core import SKETCH_DIM
 
 __all__ = ["CODE_PARAMS", "CODE_FETCH", "CODE_STOP", "CODE_PING", "COMMAND_BYTES", "HEAD_BYTES",
-           "SKETCH_WIRE_BYTES", "Command", "Head", "Link"]
+           "SKETCH_WIRE_BYTES", "Command", "Head", "Link", "pair_groups"]
 
 CODE_PARAMS, CODE_FETCH, CODE_STOP, CODE_PING = 0, 1, 2, 3
 _FIELDS = 4
@@ -103,3 +104,17 @@ class Link:
         """Blocking receive into ``t`` from the peer (raises on a broken link or at the timeout)."""
         dist.recv(t, src=self.peer, group=self.group)
         self.received += t.numel() * t.element_size()
+
+
+def pair_groups(rank: int, world: int, timeout: float) -> dict[int, dist.ProcessGroup]:
+    """One process group {0, k} per worker rank k; this rank's groups by worker rank.
+
+    Every rank creates every group, in the same order (torch requires it); a rank keeps
+    the groups it belongs to: the server all of them, worker k its own.
+    """
+    groups = {}
+    for k in range(1, world):
+        group = dist.new_group([0, k], timeout=timedelta(seconds=timeout))
+        if rank in (0, k):
+            groups[k] = group
+    return groups

@@ -8,7 +8,9 @@ import torch
 
 from naig.arrivals import simulate_arrivals
 from naig.errors import UsageError
-from naig.simulate import SimulateConfig, Simulation, run_simulation
+from naig.simulate import SimulateConfig, Workload, run_experiment
+from naig.simulate.engines import start
+from naig.simulate.engines.arrivals import arrival_model
 
 TINY = SimulateConfig(arrivals="exp:1,exp:1,exp:2,exp:4", steps=6, seeds=1, data_bytes=200_000,
                       eval_every=3, eval_batches=2, batch_size=4, strategies=("hogwild",))
@@ -20,24 +22,24 @@ def _numbers(res) -> list:  # noqa: ANN001
 
 def test_staleness_in_training_is_the_arrival_process_of_the_seed() -> None:
     """B = 1: the τ measured while training equal the vectorised engine's, value for value."""
-    sim = Simulation(TINY)
-    run = sim.start("hogwild", seed=3)
+    sim = Workload(TINY)
+    run = start(sim, "hogwild", seed=3)
     while not run.done:
         run.step()
     assert run.gradients == run.budget == TINY.steps * 4 and run.t == run.budget
-    trace = simulate_arrivals(sim.arrival_model, run.budget, seed=3)
+    trace = simulate_arrivals(arrival_model(sim), run.budget, seed=3)
     np.testing.assert_array_equal(run.staleness[:run.budget], trace.staleness)
     np.testing.assert_array_equal(run.sender[:run.budget], trace.worker)
     assert run.time == pytest.approx(float(trace.time[-1]))
 
 
 def test_workers_compute_on_the_version_they_pulled(monkeypatch: pytest.MonkeyPatch) -> None:
-    sim = Simulation(TINY)
+    sim = Workload(TINY)
     seen: list[torch.Tensor] = []
-    real = Simulation.worker_grad
-    monkeypatch.setattr(Simulation, "worker_grad",
+    real = Workload.worker_grad
+    monkeypatch.setattr(Workload, "worker_grad",
                         lambda s, th, g, o: (seen.append(th.clone()), real(s, th, g, o))[1])
-    run = sim.start("hogwild", seed=0)
+    run = start(sim, "hogwild", seed=0)
     history = [run.theta.detach().clone()]  # θ_v by version
     for _ in range(12):
         run.step()
@@ -49,7 +51,7 @@ def test_workers_compute_on_the_version_they_pulled(monkeypatch: pytest.MonkeyPa
 
 
 def test_window_of_k_makes_one_update_per_k_arrivals() -> None:
-    res = run_simulation(dataclasses.replace(TINY, window=4, strategies=("hogwild", "sync")))
+    res = run_experiment(dataclasses.replace(TINY, window=4, strategies=("hogwild", "sync")))
     hog, sync = res.runs
     assert hog.updates == TINY.steps and sync.updates == TINY.steps  # same gradient budget
     assert hog.curve_seconds[-1] < sync.curve_seconds[-1]  # sync waits for the slowest worker
@@ -58,7 +60,7 @@ def test_window_of_k_makes_one_update_per_k_arrivals() -> None:
 
 def test_same_seed_same_json_and_every_strategy_sees_the_same_arrivals() -> None:
     cfg = dataclasses.replace(TINY, strategies=("hogwild", "staleness"))
-    one, two = run_simulation(cfg), run_simulation(cfg)
+    one, two = run_experiment(cfg), run_experiment(cfg)
     assert _numbers(one) == _numbers(two)
     hog, stale = one.runs
     assert hog.staleness == stale.staleness and hog.curve_seconds == stale.curve_seconds

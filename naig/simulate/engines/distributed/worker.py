@@ -2,8 +2,10 @@
 
 Loop: receive a command; on ``PARAMS`` receive θ, compute the gradient of the next
 minibatch of this worker's own stream at θ (the same model, data and stream as the
-simulated arrival mode: ``Simulation.worker_grad``), wait (slowdown − 1) × the compute
-time when slowed down, then push the head and, in one message, the 14-float sketch and
+simulated arrival mode: ``Workload.worker_grad``), apply this worker's injected faults
+(``naig.simulate.faults``: gradient kinds change what it sends, sketch included; ``kill``
+and ``hang`` stop the process), wait (slowdown − 1) × the compute time when slowed down,
+then push the head and, in one message, the 14-float sketch and
 the gradient (sketch-first: the sketch alone). ``FETCH`` sends the gradient of the last
 push; ``PING`` is ignored; ``STOP`` ends the loop. A worker never decides anything: the
 server holds θ, its version and the optimizer.
@@ -18,17 +20,12 @@ import time
 
 import torch
 
-from naig.distributed.faults import parse_worker_faults
-from naig.distributed.protocol import CODE_FETCH, CODE_PING, CODE_STOP, Command, Head, Link
-from naig.simulate.loop import Simulation
+from naig.simulate.engines.distributed.transport import CODE_FETCH, CODE_PING, CODE_STOP, Command, Head, Link
+from naig.simulate.faults import GRADIENT_FAULTS
+from naig.simulate.workload import Workload, fault_seed, stream_seed
 from naig.sketch.core import SKETCH_DIM
 
-__all__ = ["Worker", "stream_seed"]
-
-
-def stream_seed(seed: int, worker: int) -> int:
-    """The seed of worker ``worker``'s minibatch stream in run seed ``seed`` (as in arrival mode)."""
-    return 1_000_003 * seed + 7_919 * (worker + 1)
+__all__ = ["Worker"]
 
 
 class Worker:
@@ -40,18 +37,18 @@ class Worker:
         index: the worker index w (0-based).
     """
 
-    def __init__(self, sim: Simulation, link: Link, index: int) -> None:
+    def __init__(self, sim: Workload, link: Link, index: int) -> None:
         c = sim.config
         self.sim, self.link, self.index = sim, link, index
         self.slowdown = c.slowdown[index] if c.slowdown else 1.0
-        self.faults = [f for f in parse_worker_faults(c.worker_faults, c.workers) if f.worker == index]
+        self.faults = [f for f in c.fault_list if f.worker == index]
         n, device = sim.n_params, sim.device
         self.theta = torch.empty(n, device=device)
         self.payload = torch.empty(SKETCH_DIM + n, device=device)  # [sketch | gradient]: one message
         self.sketch, self.grad = self.payload[:SKETCH_DIM], self.payload[SKETCH_DIM:]
         self.command = torch.empty(4, dtype=torch.float64, device=device)
         self.run_id = -1
-        self.gen = sim.generator(0)
+        self.gen = self.fault_gen = sim.generator(0)
 
     def run(self) -> int:
         """Serve commands until ``STOP``; returns the number of gradients computed."""
@@ -74,12 +71,14 @@ class Worker:
         """One gradient at the θ just received, pushed as head, sketch (and gradient)."""
         if cmd.run != self.run_id:  # a new run: this worker's stream of that seed from its start
             self.run_id, self.gen = cmd.run, self.sim.generator(stream_seed(cmd.seed, self.index))
+            self.fault_gen = self.sim.generator(fault_seed(cmd.seed, self.index))
         self._crash_faults(cmd.version)
         start = time.perf_counter()
         loss = float(self.sim.worker_grad(self.theta, self.gen, self.grad))
-        if any(f.kind == "nan" and f.active(cmd.version) for f in self.faults):
-            self.grad.fill_(math.nan)
-            loss = math.nan
+        for f in self.faults:
+            if f.kind in GRADIENT_FAULTS and f.active(cmd.version):
+                f.apply(self.grad, self.fault_gen)
+                loss = math.nan if f.kind == "nan" else loss
         time.sleep((self.slowdown - 1.0) * (time.perf_counter() - start))
         self.sketch.copy_(self.sim.sketch(self.grad))  # float64 → float32 on the wire: 56 B
         head = Head(cmd.version, loss, time.perf_counter() - start, cmd.run)

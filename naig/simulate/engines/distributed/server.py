@@ -33,9 +33,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from naig.distributed.protocol import (
+from naig.simulate.engines.distributed.report import staleness_block
+from naig.simulate.engines.distributed.screen import SketchScreen
+from naig.simulate.engines.distributed.transport import (
     CODE_FETCH,
     CODE_PARAMS,
     CODE_PING,
@@ -47,11 +49,11 @@ from naig.distributed.protocol import (
     Head,
     Link,
 )
-from naig.distributed.report import staleness_block
-from naig.distributed.screen import SketchScreen
-from naig.simulate.loop import RunContext, Simulation, StepEvent
-from naig.simulate.results import RunResult, pi_stats, record_weights
+from naig.simulate.experiment import RunContext, StepEvent, evaluation_points
+from naig.simulate.results import RunResult, pi_stats
+from naig.simulate.server import ServerState
 from naig.simulate.strategies import Batch, Strategy, Update
+from naig.simulate.workload import Workload
 from naig.sketch.core import SKETCH_DIM
 
 __all__ = ["ParameterServer", "MAX_LOGGED"]
@@ -96,7 +98,7 @@ class _Lost:
 class _Channel:
     """Worker w's link, owned by one daemon thread; orders in through ``inbox``, events out."""
 
-    def __init__(self, worker: int, link: Link, sim: Simulation, events: queue.Queue, ping: float) -> None:
+    def __init__(self, worker: int, link: Link, sim: Workload, events: queue.Queue, ping: float) -> None:
         self.worker, self.link, self.events, self.ping = worker, link, events, ping
         self.device, self.sketch_first = sim.device, sim.config.sketch_first
         self.inbox: queue.Queue[_Order] = queue.Queue()
@@ -166,7 +168,7 @@ class ParameterServer:
         lost: one record per worker lost (run, update, seconds into the run, error).
     """
 
-    def __init__(self, sim: Simulation, links: dict[int, Link]) -> None:
+    def __init__(self, sim: Workload, links: dict[int, Link]) -> None:
         self.sim, self.config = sim, sim.config
         self.events: queue.Queue = queue.Queue()
         ping = self.config.timeout / 3
@@ -308,8 +310,8 @@ class _ServerRun:
         sim, c = server.sim, server.config
         self.server, self.sim, self.config, self.ctx = server, sim, c, ctx
         self.strategy, self.seed, self.lr, self.run_id = strategy, seed, lr, run_id
-        self.theta = nn.Parameter(sim.init_params(seed))
-        self.optimizer = sim.make_optimizer(self.theta, lr)
+        self.state = ServerState(sim.init_params(seed), strategy, c.optimizer, lr, c.workers)  # faults: at
+        self.theta = self.state.theta  # the workers (what they send), not here
         self.version, self.t, self.gradients = 0, 0, 0
         self.versions: dict[int, Tensor] = {0: self.theta.detach().clone()}
         self.held: dict[int, int] = {}
@@ -319,7 +321,6 @@ class _ServerRun:
         self.screen = SketchScreen(c.beta, c.line) if c.sketch_first else None
         self.grads = self.theta.detach().new_empty(self.window, sim.n_params) if self.window > 1 else None
         self.rows: list[_Row] = []
-        self.pis = np.full((self.budget, self.k), math.nan)
         self.log, self.lost = _Log(), []
         self.diverged_at: int | None = None
         self.start, self.paused, self.progress_done = time.perf_counter(), 0.0, 0
@@ -466,30 +467,27 @@ class _ServerRun:
             grads, stale = rows[0].grad.unsqueeze(0), rows[0].stale.unsqueeze(0)
         else:
             grads, stale = self.grads[:len(rows)], torch.stack([r.stale for r in rows])
+        device = self.sim.device
+        workers = torch.tensor([r.worker for r in rows], dtype=torch.long, device=device)
         if weights is None:
-            device = self.sim.device
             taus = torch.tensor([r.tau for r in rows], dtype=torch.long, device=device)
-            workers = torch.tensor([r.worker for r in rows], dtype=torch.long, device=device)
-            update = self.strategy.combine(Batch(grads, taus, workers, self.theta.detach(), stale))
-        else:
+            update = self.state.apply(Batch(grads, taus, workers, self.theta.detach(), stale), step=self.t)
+        else:  # sketch-first: the screen's weights
             w = weights.to(device=grads.device)
             update = Update(w.to(grads.dtype) @ grads, w, lr_scale)
+            self.state.commit(update, workers)
         if update.lr_scale != 0.0:
-            self._step(update, rows)
+            self._stepped(update, rows)
         self.log.route.append(time.perf_counter() - start)
         self.log.receive.append(sum(r.receive for r in rows))
         return update
 
-    def _step(self, update: Update, rows: list[_Row]) -> None:
+    def _stepped(self, update: Update, rows: list[_Row]) -> None:
+        """After ``ServerState`` made the step: the log, divergence, the new version."""
         weights = update.weights.detach().to(torch.float64).cpu()
-        record_weights(self.pis[self.t], torch.tensor([r.worker for r in rows]), weights)
         for r, wt in zip(rows, weights.tolist(), strict=True):
             self.log.weight[r.index] = wt
-        self.theta.grad = update.grad
-        for g in self.optimizer.param_groups:
-            g["lr"] = self.lr * update.lr_scale
-        self.optimizer.step()
-        if not bool(torch.isfinite(self.theta.detach().sum())):
+        if self.state.diverged:
             self.diverged_at = self.t
         self.t += 1
         self.version += 1
@@ -538,12 +536,12 @@ class _ServerRun:
                          ms_per_step=1000 * wall / max(self.t, 1), diverged_at=self.diverged_at, lr=self.lr,
                          final_test_loss=test, curve_seconds=tuple(self.seconds), updates=self.t,
                          staleness=staleness, distributed=self._details(wall, interrupted),
-                         **pi_stats(self.pis[:self.t]))
+                         correction=self.state.corrections.mean, complete=complete or self.diverged_at is not None,
+                         **pi_stats(self.state.history.rows()))
 
     def _pad_curve(self, wall: float) -> None:
         """NaN at the evaluation points a diverged or cut-short run did not reach (equal curve lengths)."""
-        c = self.config
-        points = 2 + (len(range(c.eval_every, c.steps, c.eval_every)) if c.eval_every else 0)
+        points = len(evaluation_points(self.config))
         while len(self.curve) < points:
             self.curve.append((self.t, math.nan))
             self.seconds.append(wall)

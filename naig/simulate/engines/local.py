@@ -2,6 +2,10 @@
 
 See docs/design.md §13.
 
+Every round-based method's outer step is a ``ServerState.apply`` on the batch of
+pseudo-gradients (faults act on what the workers send: Δ_k, or the gradient for
+``allreduce``); ``gasloc`` has no server and refuses faults.
+
 Every worker k keeps a replica θ_k and runs inner optimizer steps on its own minibatch
 stream; each inner step costs one compute-time draw of its ``arrivals`` distribution.
 The pseudo-gradient of a phase is Δ_k = θ_start − θ_k (gradient-like: an outer step
@@ -11,8 +15,9 @@ The pseudo-gradient of a phase is Δ_k = θ_start − θ_k (gradient-like: an ou
 ``diloco``      synchronous rounds: H_k inner AdamW steps from the global θ (inner state
                 persists across rounds), Δ = mean_k Δ_k by ring all-reduce, outer SGD with
                 Nesterov momentum (lr 0.7, momentum 0.9)            Douillard et al. 2023
-``naig``        as ``diloco`` with Δ = Σ_k π_k Δ_k, π the Gibbs weights of the sketched
-                energy of Δ_k − mean_j Δ_j (``naig-exact``: the sketch-free energy)
+``diloco-naig`` as ``diloco`` with Δ = Σ_k π_k Δ_k, π the Gibbs weights of the sketched
+                energy of Δ_k − mean_j Δ_j (``diloco-naig-exact``: the sketch-free energy);
+                naig's extension, not in the DiLoCo paper
 ``local-sgd``   as ``diloco`` with inner SGD and outer lr 1, no momentum: periodic averaging
                 (H = 1 is synchronous SGD)                Stich 2019; Lin et al. 2020
 ``allreduce``   data-parallel: every step the ring all-reduce mean of K gradients at θ, one
@@ -30,15 +35,16 @@ Time: a round lasts max_k (compute of its H_k steps) plus the all-reduce; a ring
 is 2(K − 1) steps, each max_i (latency_i + (4n/K) / min(bw_i, bw_{i+1})); a gossip exchange
 costs max(latency_i, latency_j) + 4n / min(bw_i, bw_j). Latencies are draws of ``uplink``.
 Bytes sent per worker: 2(K − 1)/K · 4n per all-reduce, 4n per gossip exchange, plus
-(K − 1) · 56 for ``naig``'s all-gather of the 14-float sketches. The random streams are
+(K − 1) · 56 for ``diloco-naig``'s all-gather of the 14-float sketches. The random streams are
 ``naig.arrivals.worker_stream(seed, worker, component, family=2)``: every local method of a
 seed sees the same compute and latency draws.
 
 Example:
-    >>> from naig.simulate import Simulation
+    >>> from naig.simulate.config import SimulateConfig
+    >>> from naig.simulate.workload import Workload
     >>> cfg = SimulateConfig(arrivals="const:1,const:2", local_steps=(2,), steps=4, seeds=1,
     ...                      strategies=("diloco",), data_bytes=50_000, eval_every=0, eval_batches=1)
-    >>> run = Simulation(cfg).start("diloco", seed=0)
+    >>> run = LocalEngine.start(Workload(cfg), "diloco", seed=0, lr=1e-3)
     >>> run.step(); run.t, run.gradients, run.time
     (1, 4, 4.0)
 """
@@ -48,7 +54,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -56,29 +62,36 @@ from torch import Tensor, nn
 
 from naig.arrivals import ArrivalModel, ring_allreduce_bytes, worker_stream
 from naig.arrivals.distributions import COMPUTE, UPLINK
-from naig.errors import DataError
-from naig.gibbs import combine, gibbs_weights
-from naig.simulate.config import LOCAL_STRATEGIES, PSEUDO_STRATEGIES, SimulateConfig
-from naig.simulate.strategies import Strategy
+from naig.gibbs import combine, naig_weights
+from naig.simulate.engines.arrivals import arrival_model
+from naig.simulate.faults import GRADIENT_FAULTS
+from naig.simulate.server import ServerState, WeightHistory
+from naig.simulate.strategies import Batch, Update, make_strategy
+from naig.simulate.strategies.naig import GibbsStrategy
+from naig.simulate.workload import Workload, make_optimizer
 from naig.sketch.core import SKETCH_DIM
 
 if TYPE_CHECKING:
-    from naig.simulate.loop import Simulation
+    from naig.simulate.config import SimulateConfig
 
 __all__ = [
+    "LOCAL_METHODS",
     "LOCAL_FAMILY",
+    "LocalEngine",
     "LocalMethod",
     "resolve_method",
-    "is_local",
-    "start_local",
     "LocalClock",
     "LocalRun",
     "RoundRun",
     "GossipRun",
+    "PseudoMean",
+    "PseudoGibbs",
     "gossip_matrix",
     "pseudo_gradients",
-    "communication",
 ]
+
+LOCAL_METHODS = ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "local-sgd", "allreduce")
+_GIBBS = {"diloco-naig": "naig", "diloco-naig-exact": "naig-exact"}  # the energy each one uses
 
 LOCAL_FAMILY = 2  # worker_stream family of local-update runs (0: arrivals, 1: synchronous rounds)
 _PEER = 4  # worker_stream component of a worker's random peer choices
@@ -90,15 +103,14 @@ class LocalMethod:
     """What a local-update run does (shown in the run's JSON under ``local``).
 
     Attributes:
-        name: the strategy name (``diloco``, ``gasloc``, ``local-sgd``, ``allreduce``, ``naig``,
-            ``naig-exact``).
+        name: the method's name, one of ``LOCAL_METHODS``.
         inner: ``adamw``, ``sgd`` or ``none`` (``allreduce``: workers only compute gradients).
         outer: ``sgd`` (Nesterov when ``momentum`` > 0), ``adam`` (``momentum`` is β1) or
             ``adamw`` (``allreduce``: the data-parallel optimizer).
         outer_lr: the outer learning rate.
         momentum: outer momentum (SGD) or β1 (Adam); 0 for none.
         topology: ``allreduce`` (synchronous rounds) or ``gossip`` (asynchronous pairs).
-        weighting: ``mean`` or ``gibbs`` (naig: reference = the mean pseudo-gradient).
+        weighting: ``mean`` or ``gibbs`` (diloco-naig: reference = the mean pseudo-gradient).
     """
 
     name: str
@@ -114,8 +126,8 @@ def resolve_method(name: str, config: SimulateConfig, lr: float) -> LocalMethod:
     """The method of a local strategy with its outer defaults (docs/design.md §13) and the overrides.
 
     Args:
-        name: a name in ``LOCAL_STRATEGIES`` or ``PSEUDO_STRATEGIES``.
-        config: ``outer_lr`` / ``outer_momentum`` override diloco, naig and gasloc (local-sgd is
+        name: a name in ``LOCAL_METHODS``.
+        config: ``outer_lr`` / ``outer_momentum`` override diloco, diloco-naig and gasloc (local-sgd is
             outer lr 1 without momentum by definition; allreduce has no outer step).
         lr: the inner learning rate (gasloc's default outer lr).
 
@@ -132,24 +144,71 @@ def resolve_method(name: str, config: SimulateConfig, lr: float) -> LocalMethod:
         return LocalMethod(name, "sgd", "sgd", 1.0, 0.0)
     if name == "allreduce":
         return LocalMethod(name, "none", "adamw", lr, 0.0)
-    weighting = "gibbs" if name in PSEUDO_STRATEGIES else "mean"
+    weighting = "gibbs" if name in _GIBBS else "mean"
     return LocalMethod(name, "adamw", "sgd", config.outer_lr or 0.7, mom, weighting=weighting)
 
 
-def is_local(config: SimulateConfig, name: str) -> bool:
-    """True when strategy ``name`` runs as a local-update run under ``config``."""
-    return name in LOCAL_STRATEGIES or (config.local_mode and name in PSEUDO_STRATEGIES)
+class PseudoMean:
+    """The mean of the pseudo-gradients: π_k = 1/B (float64), Δ = Σ π_k Δ_k (``naig.gibbs.combine``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def combine(self, batch: Batch) -> Update:
+        """Uniform weights; see ``Strategy.combine``."""
+        b = batch.grads.shape[0]
+        pi = torch.full((b,), 1.0 / b, dtype=torch.float64)
+        return Update(combine(pi, batch.grads), pi)
 
 
-def start_local(sim: Simulation, strategy: str | Strategy, seed: int, lr: float) -> LocalRun:
-    """A local-update run at time 0 (``GossipRun`` for gasloc, ``RoundRun`` otherwise)."""
-    name = strategy if isinstance(strategy, str) else strategy.name
-    method = resolve_method(name, sim.config, lr)
-    if method.topology == "gossip":
-        return GossipRun(sim, method, seed, lr)
+class PseudoGibbs:
+    """diloco-naig: Gibbs weights of the energies of Δ_k − mean_j Δ_j (``naig.gibbs.naig_weights``);
+    the mean is over the finite Δ_j (all of them when none is).
+
+    Args:
+        name: ``diloco-naig`` (energy of the sketch) or ``diloco-naig-exact`` (sketch-free).
+        energy: the gradient rule whose ``embed`` and ``energy_of`` define the energy.
+        beta: the Gibbs inverse temperature (a float ≥ 0 or ``"auto"``).
+    """
+
+    def __init__(self, name: str, energy: GibbsStrategy, beta: float | str) -> None:
+        self.name, self.energy, self.beta = name, energy, beta
+
+    def combine(self, batch: Batch) -> Update:
+        """π = Gibbs(E) against the mean pseudo-gradient (uniform when no E is finite)."""
+        rows = batch.grads  # (B, n)
+        b = rows.shape[0]
+        finite = torch.isfinite(rows).all(1)  # a NaN row cannot pull the reference
+        mean = rows[finite].mean(0, keepdim=True) if bool(finite.any()) and not bool(finite.all()) else \
+            rows.mean(0, keepdim=True)
+        stacked = torch.cat([rows, mean])  # reference: the last row
+        points = self.energy.embed(stacked)
+        e = self.energy.energy_of(points[:b] - points[b]).detach().cpu().numpy().astype(np.float64)
+        pi = torch.from_numpy(naig_weights(e, self.beta))
+        return Update(combine(pi, rows), pi)
+
+
+def _pseudo_rule(workload: Workload, method: LocalMethod, lr: float) -> PseudoMean | PseudoGibbs:
     if method.weighting == "mean":
-        return RoundRun(sim, method, seed, lr)
-    return RoundRun(sim, method, seed, lr, sim.strategy(name) if isinstance(strategy, str) else strategy)
+        return PseudoMean(method.name)
+    energy = make_strategy(_GIBBS[method.name], workload.config.strategy_options(workload.sketch, lr))
+    assert isinstance(energy, GibbsStrategy)
+    return PseudoGibbs(method.name, energy, workload.config.beta)
+
+
+class LocalEngine:
+    """Local updates and gossip on the arrival clock (the methods of ``LOCAL_METHODS``)."""
+
+    NAME: ClassVar[str] = "local"
+    FAULT_KINDS: ClassVar[frozenset[str]] = GRADIENT_FAULTS
+
+    @staticmethod
+    def start(workload: Workload, rule: str, seed: int, lr: float) -> LocalRun:
+        """A local-update run at time 0 (``GossipRun`` for gasloc, ``RoundRun`` otherwise)."""
+        method = resolve_method(rule, workload.config, lr)
+        if method.topology == "gossip":
+            return GossipRun(workload, method, seed, lr)
+        return RoundRun(workload, method, seed, lr, _pseudo_rule(workload, method, lr))
 
 
 def gossip_matrix(workers: int, edges: list[tuple[int, int]]) -> np.ndarray:
@@ -243,34 +302,38 @@ class LocalRun:
     """What the local-update runs share: replicas, inner optimizers, data streams, clock, counters.
 
     Attributes:
-        strategy: the ``LocalMethod`` (its ``name`` is the strategy name).
+        method: the ``LocalMethod`` (``name`` is the method's name).
         replicas: (K) ``nn.Parameter`` (n,) inner parameters of each worker.
         gradients: minibatch gradients consumed (the budget is ``steps × K``).
         t: outer steps (rounds; for gasloc one per worker phase).
         time: simulated seconds.
         bytes_sent: (K,) float64 bytes each worker has sent.
         busy: (K,) float64 compute seconds of each worker.
-        pis: (budget, K) float64 weight of each worker per round (NaN: none; gasloc: NaN).
+        history: π of each round (gasloc: none).
         diverged_at: outer step at which a gradient or parameter became non-finite.
     """
 
-    def __init__(self, sim: Simulation, method: LocalMethod, seed: int, lr: float) -> None:
-        c, k = sim.config, sim.config.workers
-        self.sim, self.strategy, self.seed, self.lr = sim, method, seed, lr
-        theta0 = sim.init_params(seed)
+    clocked: ClassVar[bool] = True
+
+    def __init__(self, workload: Workload, method: LocalMethod, seed: int, lr: float) -> None:
+        c, k = workload.config, workload.config.workers
+        self.workload, self.method, self.name, self.seed, self.lr = workload, method, method.name, seed, lr
+        theta0 = workload.init_params(seed)
         self.steps_per_phase = (1,) * k if method.inner == "none" else c.inner_steps()
         self.replicas = [nn.Parameter(theta0.clone()) for _ in range(k)]
-        self.inner = [_inner_optimizer(method.inner, p, lr) for p in self.replicas]
-        self.gens = [sim.generator(1_000_003 * seed + 7_919 * (w + 1)) for w in range(k)]  # Run's streams
+        self.inner = [None if method.inner == "none" else make_optimizer(method.inner, [p], lr)
+                      for p in self.replicas]
+        self.gens = workload.worker_streams(seed, k)
         self.grads = theta0.new_empty(k, theta0.numel())
-        self.losses = torch.full((k,), math.nan, device=sim.device)
-        self.clock = LocalClock(sim.arrival_model, seed, sim.n_params)
+        self.losses = torch.full((k,), math.nan, device=workload.device)
+        self.clock = LocalClock(arrival_model(workload), seed, workload.n_params)
         self.budget = c.steps * k
-        self.pis = torch.full((self.budget, k), math.nan, dtype=torch.float64)
+        self.history = WeightHistory(k)
         self.bytes_sent, self.busy = np.zeros(k), np.zeros(k)
         self.gradients = self.t = 0
         self.time = 0.0
         self.diverged_at: int | None = None
+        self.saved: list[str] = []
 
     @property
     def progress(self) -> int:
@@ -278,14 +341,27 @@ class LocalRun:
         return self.gradients // len(self.replicas)
 
     @property
+    def updates_per_step(self) -> int:
+        """One curve point per step-equivalent."""
+        return 1
+
+    @property
     def samples(self) -> int:
         """Sequences consumed: gradients × ``batch_size``."""
-        return self.gradients * self.sim.config.batch_size
+        return self.gradients * self.workload.config.batch_size
 
     @property
     def train_loss(self) -> float:
         """Mean over workers of their last minibatch loss."""
         return float(torch.nanmean(self.losses))
+
+    def communication(self) -> tuple[int, np.ndarray]:
+        """Sequences consumed and the bytes each worker sent (its own messages)."""
+        return self.samples, self.bytes_sent.copy()
+
+    def result_fields(self) -> dict[str, Any]:
+        """The method (``local``): inner and outer optimizers, H, outer steps, busy fractions."""
+        return {"local": self.describe()}
 
     def inner_phase(self, w: int, start: Tensor, steps: int) -> float | None:
         """Worker ``w`` runs ``steps`` inner steps from ``start`` (n,).
@@ -300,7 +376,7 @@ class LocalRun:
         with torch.no_grad():
             p.copy_(start)
         for _ in range(steps):
-            self.losses[w] = self.sim.worker_grad(p.detach(), self.gens[w], self.grads[w])
+            self.losses[w] = self.workload.worker_grad(p.detach(), self.gens[w], self.grads[w])
             if not bool(torch.isfinite(self.grads[w].sum())):
                 self.diverged_at = self.t
                 return None
@@ -313,7 +389,7 @@ class LocalRun:
 
     def describe(self) -> dict[str, Any]:
         """The method, H per worker, outer steps, and each worker's busy fraction (for the JSON)."""
-        m = self.strategy
+        m = self.method
         busy = (self.busy / self.time).tolist() if self.time > 0 else [math.nan] * len(self.busy)
         return {"inner": m.inner, "outer": m.outer + ("-nesterov" if m.outer == "sgd" and m.momentum else ""),
                 "outer_lr": m.outer_lr, "outer_momentum": m.momentum, "topology": m.topology,
@@ -322,18 +398,13 @@ class LocalRun:
                 "reference": "mean pseudo-gradient" if m.weighting == "gibbs" else None}
 
 
-def _inner_optimizer(kind: str, p: nn.Parameter, lr: float) -> torch.optim.Optimizer | None:
-    """AdamW or SGD (torch defaults besides the lr) on one replica; None for ``none``."""
-    return {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[kind]([p], lr=lr) if kind != "none" else None
-
-
-def _outer_optimizer(m: LocalMethod, p: nn.Parameter) -> torch.optim.Optimizer:
+def _outer_options(m: LocalMethod) -> tuple[str, dict[str, Any]]:
     """The outer optimizer on θ: SGD (Nesterov when momentum > 0), Adam (β1 = momentum) or AdamW."""
     if m.outer == "sgd":
-        return torch.optim.SGD([p], lr=m.outer_lr, momentum=m.momentum, nesterov=m.momentum > 0)
+        return "sgd", {"momentum": m.momentum, "nesterov": m.momentum > 0}
     if m.outer == "adam":
-        return torch.optim.Adam([p], lr=m.outer_lr, betas=(m.momentum, 0.999))
-    return torch.optim.AdamW([p], lr=m.outer_lr)
+        return "adam", {"betas": (m.momentum, 0.999)}
+    return "adamw", {}
 
 
 def _round_steps(h: tuple[int, ...], remaining: int) -> list[int]:
@@ -351,20 +422,28 @@ def _round_steps(h: tuple[int, ...], remaining: int) -> list[int]:
 
 
 class RoundRun(LocalRun):
-    """Synchronous rounds (diloco, naig, local-sgd, allreduce); ``step()`` makes one round.
+    """Synchronous rounds (diloco, diloco-naig, local-sgd, allreduce); ``step()`` makes one round.
 
     Attributes:
-        theta: (n,) the global parameters (an ``nn.Parameter`` the outer optimizer owns).
-        pseudo: (K, n) the last round's pseudo-gradients (allreduce: the gradients).
+        state: the server of the outer step (θ, the outer optimizer, π history).
+        pseudo: (K, n) the last round's pseudo-gradients as sent (allreduce: the gradients).
     """
 
-    def __init__(self, sim: Simulation, method: LocalMethod, seed: int, lr: float,
-                 rule: Strategy | None = None) -> None:
-        super().__init__(sim, method, seed, lr)
-        self.theta = nn.Parameter(self.replicas[0].detach().clone())
-        self.outer = _outer_optimizer(method, self.theta)
+    def __init__(self, workload: Workload, method: LocalMethod, seed: int, lr: float,
+                 rule: PseudoMean | PseudoGibbs) -> None:
+        super().__init__(workload, method, seed, lr)
+        kind, options = _outer_options(method)
+        c = workload.config
+        self.state = ServerState(self.replicas[0].detach().clone(), rule, kind, method.outer_lr,
+                                 len(self.replicas), c.fault_list, workload.fault_generator(seed), **options)
+        self.history = self.state.history
         self.pseudo = torch.zeros_like(self.grads)
-        self.rule = rule  # naig / naig-exact: the energies of the pseudo-gradients
+        self.gibbs = isinstance(rule, PseudoGibbs)
+
+    @property
+    def theta(self) -> Tensor:
+        """(n,) the global parameters."""
+        return self.state.theta.detach()
 
     @property
     def done(self) -> bool:
@@ -372,47 +451,32 @@ class RoundRun(LocalRun):
         return self.gradients >= self.budget or self.diverged_at is not None
 
     def step(self) -> None:
-        """One round: inner phases, the (weighted) mean pseudo-gradient, one outer step."""
+        """One round: inner phases, one ``ServerState.apply`` on the pseudo-gradients."""
         steps = _round_steps(self.steps_per_phase, self.budget - self.gradients)
-        start, compute = self.theta.detach(), [0.0]
+        start, compute = self.theta, [0.0]
         for w, h in enumerate(steps):
             seconds = self.inner_phase(w, start, h) if h else 0.0
             if seconds is None:
                 return
             compute.append(seconds)
         active = [w for w, h in enumerate(steps) if h]
-        rows = self.grads[active] if self.strategy.inner == "none" else pseudo_gradients(
+        rows = self.grads[active] if self.method.inner == "none" else pseudo_gradients(
             start, torch.stack([self.replicas[w].detach() for w in active]))
+        workers = torch.tensor(active, dtype=torch.long)
+        batch = Batch(rows, torch.zeros_like(workers), workers, start, start.expand(len(active), -1))
+        self.state.apply(batch, step=self.t)
         self.pseudo[active] = rows
-        pi = self._weights(rows)
-        self.theta.grad = combine(pi, rows)
-        self.outer.step()
-        self.pis[self.t, active] = pi.to(torch.float64).cpu()
         self._communicate(max(compute))
         self.gradients += sum(steps)
         self.t += 1
-        if not bool(torch.isfinite(self.theta.detach().sum())):
+        if self.state.diverged:
             self.diverged_at = self.t - 1
 
-    def _weights(self, rows: Tensor) -> Tensor:
-        """(B,) uniform weights, or naig's Gibbs weights against the mean pseudo-gradient."""
-        b = rows.shape[0]
-        uniform = torch.full((b,), 1.0 / b, dtype=torch.float64)
-        if self.rule is None:
-            return uniform
-        stacked = torch.cat([rows, rows.mean(0, keepdim=True)])  # reference: the last row
-        points = self.rule.embed(stacked)
-        e = self.rule.energy_of(points[:b] - points[b]).detach().cpu().numpy().astype(np.float64)
-        try:
-            return torch.from_numpy(gibbs_weights(e, self.sim.config.beta))
-        except DataError:  # every energy non-finite: no worker can be preferred
-            return uniform
-
     def _communicate(self, compute: float) -> None:
-        """Round time (slowest worker + all-reduce) and bytes (all-reduce; naig: + sketch all-gather)."""
+        """Round time (slowest worker + all-reduce) and bytes (all-reduce; diloco-naig: + sketch all-gather)."""
         k = len(self.replicas)
-        self.bytes_sent += ring_allreduce_bytes(self.sim.n_params, k)
-        if self.rule is not None:
+        self.bytes_sent += ring_allreduce_bytes(self.workload.n_params, k)
+        if self.gibbs:
             self.bytes_sent += (k - 1) * _SKETCH_BYTES
         self.time += compute + self.clock.allreduce()
 
@@ -437,11 +501,12 @@ class GossipRun(LocalRun):
         exchanges: pairwise exchanges completed.
     """
 
-    def __init__(self, sim: Simulation, method: LocalMethod, seed: int, lr: float) -> None:
-        super().__init__(sim, method, seed, lr)
+    def __init__(self, workload: Workload, method: LocalMethod, seed: int, lr: float) -> None:
+        super().__init__(workload, method, seed, lr)
         k = len(self.replicas)
         self.params = [nn.Parameter(p.detach().clone()) for p in self.replicas]
-        self.outer = [_outer_optimizer(method, p) for p in self.params]
+        kind, options = _outer_options(method)
+        self.outer = [make_optimizer(kind, [p], method.outer_lr, **options) for p in self.params]
         self.peers = [worker_stream(seed, w, _PEER, LOCAL_FAMILY) for w in range(k)]
         self.events: list[tuple[float, int, int]] = []  # (time, worker, peer; −1: end of a phase)
         self.phase = [0] * k  # inner steps of each worker's current phase
@@ -525,25 +590,3 @@ class GossipRun(LocalRun):
     def describe(self) -> dict[str, Any]:
         """See ``LocalRun.describe``; plus the number of pairwise exchanges."""
         return {**super().describe(), "exchanges": self.exchanges}
-
-
-def communication(run: Any) -> tuple[int, np.ndarray]:
-    """Samples consumed and bytes sent per worker so far, for any kind of run.
-
-    Local-update runs count their own messages. Gradient runs send one 4n-byte gradient
-    per minibatch to the server (the arrival clock charges the same message): an arrival
-    run per gradient received, a fixed-lag run per step after each worker joined.
-
-    Returns:
-        ``(samples, bytes)``: sequences (gradients × ``batch_size``) and (K,) float64 bytes.
-    """
-    if isinstance(run, LocalRun):
-        return run.samples, run.bytes_sent.copy()
-    c = run.sim.config
-    if hasattr(run, "sender"):  # ArrivalRun
-        per = np.bincount(run.sender[:run.gradients], minlength=c.workers)
-    elif c.warmup_theta0:
-        per = np.full(c.workers, run.t)
-    else:  # Run: worker k sent at steps τ_k .. t − 1
-        per = np.clip(run.t - run.lags.cpu().numpy(), 0, None)
-    return int(per.sum()) * c.batch_size, per * 4.0 * run.sim.n_params

@@ -1,4 +1,4 @@
-"""``python -m naig.distributed CONFIG.json``: one rank of the parameter server (docs/design.md §14).
+"""``python -m naig.simulate.engines.distributed CONFIG.json``: one rank of the parameter server (docs/design.md §14).
 
 The processes ``naig simulate`` spawns on one machine run this, and so can ``torchrun``
 on several: every rank reads the same config (a JSON object of ``SimulateConfig``
@@ -22,13 +22,15 @@ __all__ = ["main"]
 
 def main(argv: list[str]) -> int:
     """Run this process's rank; returns the exit status."""
-    from naig.distributed.run import config_from_json, run_distributed
+    from naig.simulate.engines.distributed.session import config_from_json
+    from naig.simulate.experiment import run_experiment
 
     rank = os.environ.get("RANK", "?")
     try:
         if len(argv) != 2:
-            raise NaigError("usage: python -m naig.distributed CONFIG.json (under torchrun or spawned)")
-        result = run_distributed(config_from_json(Path(argv[1]).read_text()))
+            raise NaigError("usage: python -m naig.simulate.engines.distributed CONFIG.json (under torchrun "
+                            "or spawned)")
+        result = run_experiment(config_from_json(Path(argv[1]).read_text()))
     except KeyboardInterrupt:
         return 130
     except (NaigError, OSError, RuntimeError, ValueError) as exc:

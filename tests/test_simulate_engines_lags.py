@@ -2,6 +2,8 @@
 
 import dataclasses
 import math
+
+import numpy as np
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,9 @@ from safetensors import safe_open
 
 import naig.simulate as sim
 from naig.errors import UsageError
-from naig.simulate import SimulateConfig, Simulation, parse_int_list, run_simulation
+from naig.simulate import SimulateConfig, Workload, parse_int_list, run_experiment
+from naig.simulate.engines import start
+from naig.simulate.engines.lags import LagsEngine, allocate_ring, ring_rows
 
 TINY = SimulateConfig(steps=8, seeds=1, data_bytes=200_000, eval_every=0, eval_batches=2,
                       batch_size=4, strategies=("hogwild",), lags=(0, 3))
@@ -25,19 +29,19 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[int, torch.Tensor]
     """Record (worker row, θ) of every gradient taken, and the ring size of every run."""
     seen: list[tuple[int, torch.Tensor]] = []
     rings: list[int] = []
-    real, real_start = Simulation.worker_grad, Simulation.start
+    real, real_start = Workload.worker_grad, LagsEngine.start
 
     def spy(self, theta, gen, out):  # noqa: ANN001, ANN202
         seen.append((len(seen), theta.clone()))
         return real(self, theta, gen, out)
 
-    def start(self, *args):  # noqa: ANN001, ANN002, ANN202
-        run = real_start(self, *args)
+    def start(*args):  # noqa: ANN002, ANN202
+        run = real_start(*args)
         rings.append(run.ring.shape[0])
         return run
 
-    monkeypatch.setattr(Simulation, "worker_grad", spy)
-    monkeypatch.setattr(Simulation, "start", start)
+    monkeypatch.setattr(Workload, "worker_grad", spy)
+    monkeypatch.setattr(LagsEngine, "start", staticmethod(start))
     return seen, rings
 
 
@@ -46,7 +50,7 @@ def test_warmup_theta0_workers_see_clamped_stale_versions(monkeypatch: pytest.Mo
                                                            lag: int) -> None:
     """The old protocol: every worker reads θ_{max(t−τ, 0)} from step 0, also for lags ≥ steps."""
     seen, rings = _spy(monkeypatch)
-    run_simulation(dataclasses.replace(TINY, optimizer="sgd", lr=0.5, lags=(0, lag), warmup_theta0=True))
+    run_experiment(dataclasses.replace(TINY, optimizer="sgd", lr=0.5, lags=(0, lag), warmup_theta0=True))
     fresh, stale = [th for _, th in seen[0::2]], [th for _, th in seen[1::2]]  # worker 0, worker 1
     assert all(not torch.equal(fresh[t], fresh[t + 1]) for t in range(len(fresh) - 1))
     for t in range(TINY.steps):
@@ -58,7 +62,7 @@ def test_warmup_theta0_workers_see_clamped_stale_versions(monkeypatch: pytest.Mo
 def test_a_lag_tau_worker_joins_at_step_tau(monkeypatch: pytest.MonkeyPatch, lag: int) -> None:
     """No start-up burst: worker 1 sends its first gradient at step τ, taken at θ_0, then θ_{t−τ}."""
     seen, rings = _spy(monkeypatch)
-    res = run_simulation(dataclasses.replace(TINY, optimizer="sgd", lr=0.5, lags=(0, lag)))
+    res = run_experiment(dataclasses.replace(TINY, optimizer="sgd", lr=0.5, lags=(0, lag)))
     thetas = [th for _, th in seen]
     fresh = thetas[:min(lag, TINY.steps)]  # steps 0..τ−1: worker 0 alone
     rest = thetas[len(fresh):]
@@ -75,19 +79,19 @@ def test_a_lag_tau_worker_joins_at_step_tau(monkeypatch: pytest.MonkeyPatch, lag
 
 
 def test_steps_without_an_active_worker_are_skipped() -> None:
-    sim = Simulation(dataclasses.replace(TINY, lags=(2, 3), strategies=("hogwild",)))
-    run = sim.start("hogwild", seed=0)
+    sim = Workload(dataclasses.replace(TINY, lags=(2, 3), strategies=("hogwild",)))
+    run = start(sim, "hogwild", seed=0)
     theta0 = run.theta.detach().clone()
     run.step(), run.step()
     assert run.t == 2 and torch.equal(run.theta.detach(), theta0)  # nobody has joined yet
     run.step()
     assert not torch.equal(run.theta.detach(), theta0)
-    assert torch.isnan(run.pis[2, 1]) and run.pis[2, 0] == 1.0  # K_2 = 1 active worker
+    assert math.isnan(run.history.rows()[2, 1]) and run.history.rows()[2, 0] == 1.0  # K_2 = 1 active worker
 
 
 def test_ring_rows() -> None:
-    assert sim.ring_rows((0, 3), 8) == 4 and sim.ring_rows((0, 0), 1) == 1
-    assert sim.ring_rows((0, 5000), 2) == 2 and sim.ring_rows((0, 7), 8) == 8
+    assert ring_rows((0, 3), 8) == 4 and ring_rows((0, 0), 1) == 1
+    assert ring_rows((0, 5000), 2) == 2 and ring_rows((0, 7), 8) == 8
 
 
 def test_ring_that_cannot_be_allocated_is_a_usage_error() -> None:
@@ -104,7 +108,7 @@ def test_ring_that_cannot_be_allocated_is_a_usage_error() -> None:
             return 4
 
     with pytest.raises(UsageError, match=r"lags: the ring buffer of 2,001 parameter versions") as info:
-        sim.allocate_ring(Huge(), 2001)
+        allocate_ring(Huge(), 2001)
     assert info.value.field == "lags"
 
 
@@ -123,7 +127,7 @@ def _nan_hogwild(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_diverging_run_stops_and_the_others_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
     _nan_hogwild(monkeypatch)
     cfg = dataclasses.replace(TINY, steps=4, seeds=2, eval_every=2, strategies=("naig", "hogwild"))
-    res = run_simulation(cfg)
+    res = run_experiment(cfg)
     naig, hog = res.summaries
     assert [r.diverged_at for r in res.runs] == [None, 0, None, 0]
     assert res.diverged == tuple(r for r in res.runs if r.strategy == "hogwild")
@@ -140,34 +144,34 @@ def test_a_diverging_run_stops_and_the_others_go_on(monkeypatch: pytest.MonkeyPa
 def test_divergence_is_recorded_for_every_strategy_without_raising() -> None:
     cfg = dataclasses.replace(TINY, steps=3, optimizer="sgd", lr=1e6,
                               strategies=("hogwild", "naig", "naig-exact"))
-    res = run_simulation(cfg)  # used to raise "every energy is non-finite" for naig
+    res = run_experiment(cfg)  # used to raise "every energy is non-finite" for naig
     assert all(r.diverged_at is not None and math.isnan(r.final_val_loss) for r in res.runs)
     assert len(res.diverged) == 3
 
 
 def test_one_seed_has_no_std() -> None:
-    res = run_simulation(dataclasses.replace(TINY, steps=2))
+    res = run_experiment(dataclasses.replace(TINY, steps=2))
     assert res.summaries[0].val_loss_std is None
 
 
 def test_sync_computes_every_gradient_at_theta_t(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[torch.Tensor] = []
-    real = Simulation.worker_grad
-    monkeypatch.setattr(Simulation, "worker_grad",
+    real = Workload.worker_grad
+    monkeypatch.setattr(Workload, "worker_grad",
                         lambda s, th, g, o: (seen.append(th.clone()), real(s, th, g, o))[1])
-    run_simulation(dataclasses.replace(TINY, strategies=("sync",), steps=5))
+    run_experiment(dataclasses.replace(TINY, strategies=("sync",), steps=5))
     assert all(torch.equal(seen[2 * t], seen[2 * t + 1]) for t in range(5))
 
 
 def test_zero_lags_make_hogwild_equal_sync() -> None:
     cfg = dataclasses.replace(TINY, lags=(0, 0), strategies=("hogwild", "sync"), steps=4)
-    a, b = run_simulation(cfg).runs
+    a, b = run_experiment(cfg).runs
     assert a.curve == b.curve
 
 
 def test_same_seed_same_numbers_and_learning() -> None:
     cfg = dataclasses.replace(TINY, steps=20, strategies=("naig", "hogwild"))
-    one, two = run_simulation(cfg), run_simulation(cfg)
+    one, two = run_experiment(cfg), run_experiment(cfg)
     assert _numbers(one) == _numbers(two)
     assert math.isclose(one.untrained_val_loss, math.log(256), abs_tol=0.2)
     assert all(r.final_val_loss < one.untrained_val_loss - 0.5 for r in one.runs)
@@ -176,7 +180,7 @@ def test_same_seed_same_numbers_and_learning() -> None:
 def test_summary_statistics_with_joins() -> None:
     """Lags 0, 2, 4 over 10 steps: K_t = 1, 1, 2, 2, 3 × 6 (workers join at step τ)."""
     cfg = dataclasses.replace(TINY, steps=10, lags=(0, 2, 4), strategies=("hogwild", "staleness"))
-    hog, stale = run_simulation(cfg).summaries
+    hog, stale = run_experiment(cfg).summaries
     assert hog.k_eff == pytest.approx((2 * 1 + 2 * 2 + 6 * 3) / 10)
     assert hog.mean_pi == pytest.approx(((2 + 2 / 2 + 6 / 3) / 10, (2 / 2 + 6 / 3) / 8, 1 / 3))
     assert hog.entropy_last == pytest.approx(1.0) and hog.frozen_fraction == 0.0
@@ -187,7 +191,7 @@ def test_summary_statistics_with_joins() -> None:
 def test_summary_statistics() -> None:
     cfg = dataclasses.replace(TINY, steps=10, seeds=2, lags=(0, 2, 4), warmup_theta0=True,
                               strategies=("naig", "hogwild", "staleness"))
-    res = run_simulation(cfg)
+    res = run_experiment(cfg)
     naig, hog, stale = res.summaries
     assert hog.paired_vs_hogwild["diff"] == 0.0 and hog.k_eff == 3.0
     assert (hog.entropy_first, hog.entropy_last) == pytest.approx((1.0, 1.0))
@@ -204,7 +208,7 @@ def test_summary_statistics() -> None:
 
 def test_save_grads_writes_audit_ready_files(tmp_path: Path) -> None:
     cfg = dataclasses.replace(TINY, strategies=("naig",), save_grads=str(tmp_path), save_at=(5,))
-    res = run_simulation(cfg)
+    res = run_experiment(cfg)
     folder = tmp_path / "naig-seed0-step5"
     assert sorted(p.name for p in folder.iterdir()) == [
         "ref.safetensors", "worker0.safetensors", "worker1.safetensors"]
@@ -263,7 +267,7 @@ def test_cuda_without_gpu_is_a_usage_error() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_runs_on_cuda() -> None:
-    res = run_simulation(dataclasses.replace(TINY, device="cuda", strategies=("naig",)))
+    res = run_experiment(dataclasses.replace(TINY, device="cuda", strategies=("naig",)))
     assert res.device == "cuda" and res.runs[0].final_val_loss < res.untrained_val_loss
 
 
@@ -277,14 +281,14 @@ def test_save_grads_must_be_a_directory(tmp_path: Path) -> None:
 
 
 def test_a_run_steps_one_server_update_at_a_time() -> None:
-    sim = Simulation(dataclasses.replace(TINY, strategies=("naig",), lags=(0, 2)))
-    run = sim.start("naig", seed=0)
+    sim = Workload(dataclasses.replace(TINY, strategies=("naig",), lags=(0, 2)))
+    run = start(sim, "naig", seed=0)
     theta0 = run.theta.detach().clone()
     run.step()
     run.step()
     assert run.t == 2 and run.diverged_at is None
     assert not torch.equal(run.theta.detach(), theta0)
     assert torch.equal(run.stale_params()[1], theta0)  # lag 2 joins at t = 2 and reads θ_0
-    assert run.pis[:2, 0].tolist() == [1.0, 1.0] and run.pis[:2, 1].isnan().all()  # alone so far
+    assert run.history.rows()[:2, 0].tolist() == [1.0, 1.0] and np.isnan(run.history.rows()[:2, 1]).all()  # alone so far
     run.step()
-    assert math.isclose(float(run.pis[2].sum()), 1.0)
+    assert math.isclose(float(run.history.rows()[2].sum()), 1.0)

@@ -10,8 +10,10 @@ from torch import nn
 
 from naig.errors import UsageError
 from naig.gibbs import gibbs_weights
-from naig.simulate import SimulateConfig, Simulation, run_simulation
-from naig.simulate.local_loop import GossipRun, RoundRun, communication, gossip_matrix, pseudo_gradients
+from naig.simulate import SimulateConfig, Workload, run_experiment
+from naig.simulate.engines import start
+from naig.simulate.engines.arrivals import ArrivalRun
+from naig.simulate.engines.local import GossipRun, RoundRun, gossip_matrix, pseudo_gradients
 
 BASE = dict(seeds=1, data_bytes=200_000, eval_every=0, eval_batches=1, batch_size=4)
 N_PARAMS = 120_576  # gpt-nano with the 256-byte vocabulary (checked below)
@@ -37,8 +39,8 @@ def _copy(gen: torch.Generator) -> torch.Generator:
 def test_diloco_h1_one_worker_outer_lr_1_is_plain_adamw(float64: None) -> None:
     cfg = SimulateConfig(arrivals="const:1", local_steps=(1,), outer_lr=1.0, outer_momentum=0.0, steps=6,
                          strategies=("diloco",), **BASE)
-    sim = Simulation(cfg)
-    run = sim.start("diloco", seed=0)
+    sim = Workload(cfg)
+    run = start(sim, "diloco", seed=0)
     assert isinstance(run, RoundRun) and sim.config.workers == 1 and run.theta.dtype == torch.float64
     gen = _copy(run.gens[0])
     theta = nn.Parameter(sim.init_params(0))
@@ -57,15 +59,15 @@ def test_diloco_h1_one_worker_outer_lr_1_is_plain_adamw(float64: None) -> None:
 def test_local_sgd_h1_is_synchronous_averaging(float64: None) -> None:
     cfg = SimulateConfig(arrivals="const:1,const:2,const:3", local_steps=(1,), steps=5, optimizer="sgd",
                          lr=0.5, strategies=("local-sgd", "sync"), **BASE)
-    sim = Simulation(cfg)
-    local, sync = sim.start("local-sgd", seed=1), sim.start("sync", seed=1)
+    sim = Workload(cfg)
+    local, sync = start(sim, "local-sgd", seed=1), start(sim, "sync", seed=1)
     assert isinstance(local, RoundRun) and not isinstance(sync, RoundRun)
-    start = local.theta.detach().clone()
+    theta0 = local.theta.detach().clone()
     for _ in range(cfg.steps):
         local.step()
         sync.step()
         torch.testing.assert_close(local.theta.detach(), sync.theta.detach(), rtol=0, atol=1e-12)
-    assert local.done and sync.done and (local.theta.detach() - start).abs().max() > 1e-3
+    assert local.done and sync.done and (local.theta.detach() - theta0).abs().max() > 1e-3
 
 
 def test_gossip_matrices_are_doubly_stochastic_and_preserve_the_mean() -> None:
@@ -94,7 +96,7 @@ def test_gossip_matrices_are_doubly_stochastic_and_preserve_the_mean() -> None:
 def test_pseudo_gradient_sign_moves_theta_toward_the_workers_mean() -> None:
     cfg = SimulateConfig(arrivals="const:1,const:1,const:1", local_steps=(3,), outer_lr=0.5,
                          outer_momentum=0.0, steps=3, strategies=("diloco",), **BASE)
-    run = Simulation(cfg).start("diloco", seed=0)
+    run = start(Workload(cfg), "diloco", seed=0)
     before = run.theta.detach().clone()
     run.step()
     mean = torch.stack([p.detach() for p in run.replicas]).mean(0)  # the workers after their phases
@@ -111,7 +113,7 @@ def test_pseudo_gradient_sign_moves_theta_toward_the_workers_mean() -> None:
 def test_diloco_outer_step_is_nesterov_sgd_on_the_mean_pseudo_gradient() -> None:
     cfg = SimulateConfig(arrivals="const:1,const:2", local_steps=(2,), steps=6, strategies=("diloco",),
                          **BASE)
-    run = Simulation(cfg).start("diloco", seed=2)
+    run = start(Workload(cfg), "diloco", seed=2)
     shadow = nn.Parameter(run.theta.detach().clone())
     outer = torch.optim.SGD([shadow], lr=0.7, momentum=0.9, nesterov=True)  # SPEC §8 defaults
     while not run.done:
@@ -126,9 +128,9 @@ def test_byte_counts_and_times_by_hand() -> None:
     n = N_PARAMS
     base = dict(arrivals="const:1,const:2", uplink="const:0.5", bandwidth=(4.0 * n,), local_steps=(2,),
                 steps=4, **BASE)
-    sim = Simulation(SimulateConfig(strategies=("diloco", "gasloc", "allreduce", "naig"), **base))
+    sim = Workload(SimulateConfig(strategies=("diloco", "gasloc", "allreduce", "diloco-naig"), **base))
     assert sim.n_params == n
-    diloco = sim.start("diloco", seed=0)
+    diloco = start(sim, "diloco", seed=0)
     while not diloco.done:
         diloco.step()
     # 8 gradients = 2 rounds; a round: max(2·1 s, 2·2 s) compute + ring all-reduce of 2(K−1) = 2
@@ -137,12 +139,12 @@ def test_byte_counts_and_times_by_hand() -> None:
     assert diloco.time == pytest.approx(2 * (4 + 2 * (0.5 + 0.5)), abs=1e-12)
     np.testing.assert_array_equal(diloco.bytes_sent, [8.0 * n, 8.0 * n])
     assert diloco.describe()["busy_fraction"] == pytest.approx([4 / 12, 8 / 12], abs=1e-12)
-    allreduce = sim.start("allreduce", seed=0)
+    allreduce = start(sim, "allreduce", seed=0)
     while not allreduce.done:
         allreduce.step()
     assert allreduce.t == 4 and allreduce.time == pytest.approx(4 * (2 + 2 * 1.0), abs=1e-12)
     np.testing.assert_array_equal(allreduce.bytes_sent, [16.0 * n, 16.0 * n])
-    naig = sim.start("naig", seed=0)
+    naig = start(sim, "diloco-naig", seed=0)
     while not naig.done:
         naig.step()
     np.testing.assert_array_equal(naig.bytes_sent, [2 * (4.0 * n + 56), 2 * (4.0 * n + 56)])  # + sketch
@@ -152,7 +154,7 @@ def test_gasloc_exchanges_by_hand() -> None:
     n = N_PARAMS
     cfg = SimulateConfig(arrivals="const:1,const:1", uplink="const:0.5", bandwidth=(4.0 * n,),
                          local_steps=(2,), steps=4, strategies=("gasloc",), **BASE)
-    run = Simulation(cfg).start("gasloc", seed=0)
+    run = start(Workload(cfg), "gasloc", seed=0)
     assert isinstance(run, GossipRun)
     times = []
     while not run.done:
@@ -168,7 +170,7 @@ def test_gasloc_exchanges_by_hand() -> None:
 def test_gasloc_exchanges_preserve_the_workers_mean_and_slow_workers_gossip_less() -> None:
     cfg = SimulateConfig(arrivals="const:1,const:1,const:1,const:4", local_steps=(2,), steps=12,
                          strategies=("gasloc",), **BASE)
-    run = Simulation(cfg).start("gasloc", seed=0)
+    run = start(Workload(cfg), "gasloc", seed=0)
     mixes = 0
     while not run.done:
         nxt = run.events[0]
@@ -184,22 +186,22 @@ def test_gasloc_exchanges_preserve_the_workers_mean_and_slow_workers_gossip_less
 
 def test_naig_weights_pseudo_gradients_against_their_mean() -> None:
     cfg = SimulateConfig(arrivals="exp:1,exp:1,exp:2", local_steps=(2,), steps=4, beta=2.0,
-                         strategies=("naig-exact",), **BASE)
-    run = Simulation(cfg).start("naig-exact", seed=0)
-    assert isinstance(run, RoundRun) and run.rule is not None
+                         strategies=("diloco-naig-exact",), **BASE)
+    run = start(Workload(cfg), "diloco-naig-exact", seed=0)
+    assert isinstance(run, RoundRun) and run.gibbs
     run.step()
     d = run.pseudo.to(torch.float64)
     e = (8 / 3) * (4 / 14) * ((d - d.mean(0)) ** 2).sum(-1)  # reference = the mean pseudo-gradient
     pi = gibbs_weights(e.numpy(), 2.0)
-    np.testing.assert_allclose(run.pis[0].numpy(), pi, rtol=1e-6, atol=0)
-    assert abs(run.pis[0].sum().item() - 1) < 1e-12 and run.describe()["reference"] == "mean pseudo-gradient"
+    np.testing.assert_allclose(run.history.rows()[0], pi, rtol=1e-6, atol=0)
+    assert abs(run.history.rows()[0].sum() - 1) < 1e-12 and run.describe()["reference"] == "mean pseudo-gradient"
 
 
 def test_every_strategy_gets_the_same_samples() -> None:
     cfg = SimulateConfig(arrivals="exp:1,exp:1,exp:2,exp:4", local_steps=(3, 2, 1, 1), steps=5,
                          strategies=("diloco", "gasloc", "local-sgd", "allreduce", "naig", "hogwild"),
                          **{**BASE, "eval_every": 2})
-    res = run_simulation(cfg)
+    res = run_experiment(cfg)
     budget = cfg.steps * 4 * cfg.batch_size
     for r in res.runs:
         assert r.curve_samples[0] == 0 and r.curve_samples[-1] == budget, r.strategy
@@ -216,10 +218,10 @@ def test_every_strategy_gets_the_same_samples() -> None:
 
 def test_communication_of_an_arrival_run_counts_one_gradient_message_per_arrival() -> None:
     cfg = SimulateConfig(arrivals="exp:1,exp:3", steps=4, strategies=("hogwild",), **BASE)
-    run = Simulation(cfg).start("hogwild", seed=0)
+    run = start(Workload(cfg), "hogwild", seed=0)
     while not run.done:
         run.step()
-    samples, sent = communication(run)
+    samples, sent = run.communication()
     per = np.bincount(run.sender[:run.gradients], minlength=2)
     assert samples == 8 * cfg.batch_size and per[0] > per[1]
     np.testing.assert_array_equal(sent, per * 4.0 * N_PARAMS)
@@ -228,7 +230,7 @@ def test_communication_of_an_arrival_run_counts_one_gradient_message_per_arrival
 def test_same_seed_same_numbers() -> None:
     cfg = SimulateConfig(arrivals="exp:1,exp:2,exp:4", local_steps=(2,), steps=4, strategies=("gasloc",),
                          **BASE)
-    a, b = run_simulation(cfg).runs[0], run_simulation(cfg).runs[0]
+    a, b = run_experiment(cfg).runs[0], run_experiment(cfg).runs[0]
     assert dataclasses.replace(a, ms_per_step=0) == dataclasses.replace(b, ms_per_step=0)
 
 
@@ -241,7 +243,7 @@ def test_same_seed_same_numbers() -> None:
     (dict(arrivals="exp:1,exp:2", outer_momentum=0.5, strategies=("allreduce", "local-sgd")),
      "outer_momentum", "list one in `strategies`"),
     (dict(arrivals="exp:1,exp:2", local_steps=(5,), strategies=("hogwild", "allreduce")), "local_steps",
-     "diloco, gasloc, local-sgd, naig, naig-exact"),
+     "diloco, diloco-naig, diloco-naig-exact, gasloc, local-sgd"),
     (dict(arrivals="exp:1,exp:2", strategies=("diloco",), local_steps=(1, 2, 3)), "local_steps",
      "one per worker"),
     (dict(arrivals="exp:1,exp:2", strategies=("diloco",), local_steps=(0,)), "local_steps", "int >= 1"),
@@ -256,12 +258,17 @@ def test_bad_local_options_name_their_field(changes: dict, field: str, needle: s
     assert exc.value.field == field and needle in exc.value.message
 
 
-def test_local_mode_and_defaults() -> None:
+def test_one_name_is_one_algorithm_and_defaults() -> None:
+    """naig is the gradient rule beside local-update methods too; diloco-naig weights pseudo-gradients."""
     plain = SimulateConfig(arrivals="exp:1,exp:2")
-    assert not plain.local_mode and plain.bandwidth == ()
-    cfg = SimulateConfig(arrivals="exp:1,exp:2", strategies=("naig", "diloco"))
-    assert cfg.local_mode and cfg.inner_steps() == (10, 10)
-    assert SimulateConfig(arrivals="exp:1,exp:2", local_steps=[4, 2]).inner_steps() == (4, 2)
+    assert plain.bandwidth == ()
+    cfg = SimulateConfig(arrivals="exp:1,exp:2", strategies=("naig", "diloco", "diloco-naig"))
+    assert cfg.inner_steps() == (10, 10)
+    assert SimulateConfig(arrivals="exp:1,exp:2", local_steps=[4, 2], strategies=("diloco",)).inner_steps() == (4, 2)
+    with pytest.raises(UsageError, match="local-update strategies only"):  # no method to take it
+        SimulateConfig(arrivals="exp:1,exp:2", local_steps=(4, 2), strategies=("naig",))
     assert SimulateConfig(arrivals="exp:1").workers == 1  # K = the list length
-    run = Simulation(dataclasses.replace(cfg, steps=1, **BASE)).start("naig", seed=0)
-    assert isinstance(run, RoundRun) and run.strategy.weighting == "gibbs"
+    sim = Workload(dataclasses.replace(cfg, steps=1, **BASE))
+    assert isinstance(start(sim, "naig", seed=0), ArrivalRun)  # the same naig as without diloco
+    run = start(sim, "diloco-naig", seed=0)
+    assert isinstance(run, RoundRun) and run.method.weighting == "gibbs"

@@ -1,0 +1,62 @@
+"""The engines: each way of running a simulation is one module (docs/design.md §8).
+
+=================  ==========================================================================
+``lags``           fixed lags τ_k: every rule of ``naig.simulate.strategies`` in lockstep
+``arrivals``       gradient arrivals on a simulated clock (``sync``: timed synchronous rounds)
+``local``          local updates and gossip on the same clock (diloco, diloco-naig, gasloc, ...)
+``distributed``    real processes on ``torch.distributed``: a parameter server and K workers
+=================  ==========================================================================
+
+``select`` is the one place where a (setting, rule) pair is given its engine, and
+``open_session`` the one place where the experiment is given its session.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from naig.simulate.config import SimulateConfig
+    from naig.simulate.engines.base import Engine
+    from naig.simulate.engines.base import Run
+    from naig.simulate.experiment import Session
+    from naig.simulate.workload import Workload
+
+__all__ = ["select", "start", "open_session"]
+
+
+def select(config: SimulateConfig, rule: str) -> Engine:
+    """The simulated engine that runs ``rule`` in ``config``'s setting.
+
+    Fixed lags run every gradient rule; with arrivals, the local-update methods run on the
+    local engine and the gradient rules (``sync`` as timed rounds) on the arrivals engine.
+    """
+    if config.arrivals is None:
+        from naig.simulate.engines.lags import LagsEngine
+
+        return LagsEngine
+    from naig.simulate.engines.local import LOCAL_METHODS, LocalEngine
+
+    if rule in LOCAL_METHODS:
+        return LocalEngine
+    from naig.simulate.engines.arrivals import ArrivalsEngine
+
+    return ArrivalsEngine
+
+
+def start(workload: Workload, rule: str, seed: int, lr: float | None = None) -> Run:
+    """A simulated run of ``rule`` at step 0 on its engine (``lr``: default the first configured)."""
+    config = workload.config
+    return select(config, rule).start(workload, rule, seed, config.lr[0] if lr is None else lr)
+
+
+def open_session(config: SimulateConfig) -> Session | None:
+    """The experiment's session: simulated engines in this process, or the distributed engine's
+    processes (None on a worker rank under a launcher, after it served)."""
+    if config.engine == "distributed":
+        from naig.simulate.engines.distributed import open_distributed
+
+        return open_distributed(config)
+    from naig.simulate.experiment import SimulatedSession
+
+    return SimulatedSession(config)

@@ -1,0 +1,93 @@
+"""The engine interface: how a simulated run is started and stepped (docs/design.md §8).
+
+An *engine* is one way of producing the gradients a server update combines: fixed lags
+(``lags``), gradient arrivals (``arrivals``, with ``sync`` as timed rounds), the rounds
+and gossip of local updates (``local``), or real processes (``distributed``). Each
+simulated engine is one module with one ``start(workload, rule, seed, lr) → Run``; which
+engine runs a rule is decided in one place, ``naig.simulate.engines.select``. Every
+update goes through ``naig.simulate.server.ServerState.apply``.
+
+A ``Run`` is advanced by ``step()`` until ``done``; ``naig.simulate.experiment`` drives
+it (evaluations, logs, the result) without asking which engine made it.
+
+Each engine declares the fault kinds it applies (``FAULT_KINDS``) and the rules it runs;
+``check`` refuses the rest with a one-line ``UsageError``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from naig.simulate.server import WeightHistory
+
+__all__ = ["Run", "Engine", "NoWorkerLeft"]
+
+
+class Run(Protocol):
+    """One (rule, seed, lr) run of a simulated engine, advanced one update (or event) at a time.
+
+    Attributes:
+        name: the rule's name. seed, lr: the run's seed and learning rate.
+        t: server updates (outer steps) done.
+        time: simulated seconds so far (0.0 for engines without a clock).
+        clocked: True when the engine has a simulated clock (curves get seconds).
+        diverged_at: the update at which θ became non-finite (None: finite).
+        history: the π of every update. saved: gradient files written.
+    """
+
+    name: str
+    seed: int
+    lr: float
+    t: int
+    time: float
+    clocked: ClassVar[bool]
+    diverged_at: int | None
+    history: WeightHistory
+    saved: list[str]
+
+    @property
+    def done(self) -> bool:
+        """True once the budget is spent (or the run diverged)."""
+
+    @property
+    def progress(self) -> int:
+        """Step-equivalents done (server steps; gradients // K with a clock)."""
+
+    @property
+    def theta(self) -> Tensor:
+        """(n,) the parameters evaluated."""
+
+    @property
+    def train_loss(self) -> float:
+        """Mean minibatch loss of the last update's gradients."""
+
+    @property
+    def updates_per_step(self) -> int:
+        """Server updates per step-equivalent (where a diverged run's missing points would lie)."""
+
+    def step(self) -> None:
+        """Advance by one update (or event)."""
+
+    def communication(self) -> tuple[int, np.ndarray]:
+        """Sequences consumed and (K,) float64 bytes sent per worker so far."""
+
+    def result_fields(self) -> dict[str, Any]:
+        """The engine's own ``RunResult`` fields (staleness, correction, local method)."""
+
+
+class Engine(Protocol):
+    """A simulated engine module's interface (``naig.simulate.engines.lags`` and its siblings)."""
+
+    NAME: ClassVar[str]
+    FAULT_KINDS: ClassVar[frozenset[str]]
+
+    def start(self, workload: Any, rule: str, seed: int, lr: float) -> Run:
+        """A run at step 0."""
+
+
+class NoWorkerLeft(Exception):
+    """An engine with worker processes has none left: the runs not started cannot run."""

@@ -1,0 +1,230 @@
+"""The distributed engine's session: rank 0 the parameter server, K worker processes (docs/design.md §14).
+
+On one machine (no launcher environment) this process becomes rank 0 and spawns the K
+workers (``LocalCluster``); under ``torchrun`` every rank calls ``open_distributed``: rank 0
+gets the session and serves, the others work until the server says stop and get None.
+The runs are those of ``naig simulate`` (``naig.simulate.experiment``: every rule × seed ×
+lr, one after another, on the same processes) and the result is the same
+``SimulateResult``, with the measured staleness of every run and a ``distributed`` block
+(processes, lost workers, bytes, server time).
+
+Results are not reproducible run to run: the arrival order depends on the operating
+system's scheduling, so the same seed gives different staleness sequences and losses
+(``DETERMINISM``). Run several seeds, or the same command several times, and report the
+spread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from naig.errors import UsageError
+from naig.simulate.config import SimulateConfig
+from naig.simulate.engines.base import NoWorkerLeft
+from naig.distributed.launch import LocalCluster, backend_for, init, under_launcher, watch_parent
+from naig.simulate.engines.distributed.server import ParameterServer
+from naig.simulate.engines.distributed.transport import Link, pair_groups
+from naig.simulate.engines.distributed.worker import Worker
+from naig.simulate.experiment import RunContext
+from naig.simulate.results import RunResult
+from naig.simulate.workload import Workload
+
+__all__ = ["DETERMINISM", "DistributedSession", "open_distributed", "worker_main", "config_to_json",
+           "config_from_json", "NoWorkerLeft"]
+
+DETERMINISM = ("not reproducible: the order in which gradients arrive depends on the operating system's "
+               "scheduling of the processes, so staleness and losses differ from run to run for the same "
+               "seed; compare the spread over seeds or repeated runs, not single values")
+
+
+def config_to_json(config: SimulateConfig) -> str:
+    """The config as a JSON object (every field)."""
+    return json.dumps(dataclasses.asdict(config))
+
+
+def config_from_json(text: str) -> SimulateConfig:
+    """A config from ``config_to_json``'s text (lists become tuples); validated again.
+
+    Example:
+        >>> c = SimulateConfig(engine="distributed", nproc=3, steps=4)
+        >>> config_from_json(config_to_json(c)) == c
+        True
+    """
+    fields = json.loads(text)
+    return SimulateConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+def _device(config: SimulateConfig) -> None:
+    """On CUDA, one GPU per local rank."""
+    if config.device != "cpu" and torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+
+
+def worker_main(config: SimulateConfig) -> int:
+    """A worker rank (``RANK`` ≥ 1 in the environment): serve until the server says stop.
+
+    Returns:
+        Gradients computed.
+    """
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    watch_parent()
+    _device(config)
+    sim = Workload(config)
+    init(rank, world, backend_for(sim.device), config.timeout)
+    groups = pair_groups(rank, world, config.timeout)
+    jobs = Worker(sim, Link(groups[rank], 0), rank - 1).run()
+    dist.destroy_process_group()
+    return jobs
+
+
+def open_distributed(config: SimulateConfig) -> DistributedSession | None:
+    """Rank 0's session (spawning the workers when no launcher started them); None on a worker
+    rank under a launcher, after it served.
+
+    Raises:
+        UsageError: ``engine`` is not distributed, or the launcher's world size is not ``nproc``.
+    """
+    if config.engine != "distributed":
+        raise UsageError("needs engine distributed", field="engine", value=config.engine)
+    if under_launcher():
+        world = int(os.environ["WORLD_SIZE"])
+        if world != config.nproc:
+            raise UsageError(f"the launcher started {world} processes; pass {world} or leave it out",
+                             field="nproc", value=config.nproc)
+        if int(os.environ["RANK"]) != 0:
+            worker_main(config)
+            return None
+        return DistributedSession(config, spawn=False)
+    return DistributedSession(config, spawn=True)
+
+
+class DistributedSession:
+    """Rank 0 for one experiment: the processes, the process group and the parameter server.
+
+    Entering starts them (spawned here with ``spawn``, else already started by the launcher);
+    leaving stops the workers, reaps the processes and destroys the group, whatever happened.
+    SIGTERM stops the experiment as Ctrl-C does.
+    """
+
+    def __init__(self, config: SimulateConfig, spawn: bool) -> None:
+        self.config, self.spawn = config, spawn
+        self.cluster: LocalCluster | None = None
+        self.server: ParameterServer | None = None
+        self.run_id = 0
+        self.interrupted = False
+        self._stack = ExitStack()
+        self._threads = self._threads_used = torch.get_num_threads()
+
+    def __enter__(self) -> DistributedSession:
+        try:
+            self._start()
+        except BaseException:
+            self._stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        c = self.config
+        _device(c)
+        self._stack.enter_context(_sigterm_as_interrupt())
+        self.workload = Workload(c)
+        if self.spawn:
+            tmp = self._stack.enter_context(_scratch())
+            cfg = tmp / "config.json"
+            cfg.write_text(config_to_json(c))
+            argv = [sys.executable, "-m", "naig.simulate.engines.distributed", str(cfg)]
+            self.cluster = self._stack.enter_context(LocalCluster(argv, c.nproc, c.timeout, tmp))
+            torch.set_num_threads(self.cluster.threads)
+        init(0, c.nproc, backend_for(self.workload.device), c.timeout,
+             store=None if self.cluster is None else self.cluster.store)
+        groups = pair_groups(0, c.nproc, c.timeout)
+        self.server = ParameterServer(self.workload, {r - 1: Link(g, r) for r, g in groups.items()})
+
+    def run(self, rule: str, seed: int, lr: float, ctx: RunContext) -> RunResult:
+        """One run on the live workers (raises ``NoWorkerLeft`` when none is)."""
+        assert self.server is not None
+        if not self.server.live:
+            raise NoWorkerLeft
+        from naig.simulate.strategies import make_strategy
+
+        strategy = make_strategy(rule, self.config.strategy_options(self.workload.sketch, lr))
+        result = self.server.run(strategy, seed, lr, self.run_id, ctx)
+        self.run_id += 1
+        return result
+
+    def partial(self) -> RunResult | None:
+        """After Ctrl-C: the interrupted run, evaluated where it stopped."""
+        self.interrupted = True
+        return None if self.server is None else self.server.partial_result()
+
+    def block(self) -> dict[str, Any] | None:
+        """The result's ``distributed`` block: processes, lost workers, determinism."""
+        c, server, cluster = self.config, self.server, self.cluster
+        lost = [] if server is None else [
+            dict(rec, log=cluster.log_tail(rec["rank"]) if cluster else None,
+                 exit_code=cluster.exit_code(rec["rank"]) if cluster else None) for rec in server.lost]
+        return {"engine": "distributed", "launcher": "local" if self.spawn else "torchrun",
+                "backend": backend_for(self.workload.device), "nproc": c.nproc, "workers": c.workers,
+                "window": c.window, "sketch_first": c.sketch_first, "slowdown": list(c.slowdown) or None,
+                "timeout_seconds": c.timeout, "faults": list(c.faults),
+                "threads_per_process": self._threads_used, "lost": lost,
+                "live_at_end": [] if server is None else sorted(server.live), "deterministic": False,
+                "determinism": DETERMINISM}
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        """Stop the workers, reap the processes, destroy the group (the block stays readable)."""
+        self._threads_used = torch.get_num_threads() if self.cluster is None else self.cluster.threads
+        try:
+            if self.server is not None and not self.interrupted:
+                self.server.close()
+            if self.cluster is not None:
+                self.cluster.stop([rec["rank"] for rec in (self.server.lost if self.server else [])])
+                if self.interrupted:
+                    self.cluster.shutdown(grace=0.0)
+        finally:
+            torch.set_num_threads(self._threads)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self._stack.close()
+
+
+@contextmanager
+def _scratch() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="naig-distributed-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the server as Ctrl-C does (results kept, workers reaped)."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
