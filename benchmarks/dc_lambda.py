@@ -87,7 +87,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     for lr in [float(v) for v in args.lrs.split(",")]:
-        cfg = replace(SimulateConfig(), lr=lr, steps=args.steps, strategies=("hogwild",))
+        cfg = SimulateConfig.from_options(lr=lr, steps=args.steps, strategies=("hogwild",))
         m = _measure(cfg, args.every, args.seed)
         s, steps = m["sums"], m["per_step"]
         lam_star = s["cr"] / s["cc"]

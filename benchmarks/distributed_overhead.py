@@ -113,7 +113,7 @@ def main() -> int:
     print(f"gpt-nano, K = {k} workers + 1 server on {cores} cores, {args.steps * k} updates per run, B = 1")
     ok = True
     for name in args.strategies.split(","):
-        cfg = SimulateConfig(strategies=(name,), **base)
+        cfg = SimulateConfig.from_options(strategies=(name,), **base)
         baseline = _baseline_ms(cfg, name, args.steps * k)
         d = _distributed(cfg)
         ms = d["server_ms"]
@@ -125,13 +125,13 @@ def main() -> int:
               f"{ms['median']['receive']:.3f} + route/apply {ms['median']['route_apply']:.3f}; "
               f"ratio {ratio:.2f} (target <= {TARGET}); reply (θ out) {ms['reply']:.3f} ms")
         if name == "naig":
-            sf = _distributed(SimulateConfig(strategies=(name,), sketch_first=True, **base))
+            sf = _distributed(SimulateConfig.from_options(strategies=(name,), sketch_first=True, **base))
             for label, dd in (("full gradients", d), ("sketch-first", sf)):
                 by = dd["bytes"]
                 print(f"  bytes per arrival, {label}: up {by['up_per_arrival']:,.0f}, down "
                       f"{by['down_per_arrival']:,.0f}; gradients not fetched {by['not_fetched']} of "
                       f"{dd['arrivals']} ({by['saved_up']:,} B saved)")
-    n = Workload(SimulateConfig(**base)).n_params
+    n = Workload(SimulateConfig.from_options(**base)).n_params
     print(f"loopback transfer of one gradient ({4 * n:,} B) from a waiting peer: {_transfer_ms(n):.3f} ms "
           "(median)")
     if cores < k + 1:

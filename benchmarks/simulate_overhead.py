@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="seeds, one lockstep pair of runs each")
     ap.add_argument("--steps", type=int, default=100, help="server steps per run")
     args = ap.parse_args()
-    cfg = SimulateConfig(steps=args.steps, seeds=1, eval_every=0, eval_batches=1)
+    cfg = SimulateConfig.from_options(steps=args.steps, seeds=1, eval_every=0, eval_batches=1)
     times = _lockstep_times(cfg, max(1, args.repeats))
     naig, hog = statistics.median(times["naig"]), statistics.median(times["hogwild"])
     print(

@@ -21,6 +21,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from naig.choices import ARRIVAL_MODES
 from naig.errors import NaigError
 from naig.io import json_ready
 
@@ -42,12 +43,8 @@ __all__ = [
     "opt",
     "JsonOpt",
     "BetaOpt",
+    "choice_enum",
     "LineOpt",
-    "Optimizer",
-    "Device",
-    "Model",
-    "Reference",
-    "Engine",
     "UplinkOpt",
     "DownlinkOpt",
     "ModeOpt",
@@ -113,6 +110,7 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "sketch_first": "--sketch-first",
     "timeout": "--timeout",
     "worker_faults": "--worker-faults",
+    "config": "--config",
 }
 
 
@@ -292,50 +290,17 @@ def progress(description: str, total: int | None, *, bytes_: bool = False) -> It
         yield lambda n=1: bar.advance(task, n)
 
 
-class Optimizer(str, Enum):
-    """``--optimizer`` choices (torch.optim with default settings besides the lr)."""
+def choice_enum(name: str, values: tuple[str, ...]) -> type[Enum]:
+    """A ``str`` Enum of a closed choice of the library (``naig.choices``), for typer.
 
-    sgd = "sgd"
-    adam = "adam"
-
-
-class Device(str, Enum):
-    """``--device`` choices."""
-
-    cpu = "cpu"
-    cuda = "cuda"
-    auto = "auto"
+    Example:
+        >>> [m.value for m in choice_enum("Mode", ("blocking", "non-blocking"))]
+        ['blocking', 'non-blocking']
+    """
+    return Enum(name, {v.replace("-", "_"): v for v in values}, type=str)  # type: ignore[return-value]
 
 
-class Model(str, Enum):
-    """``--model`` presets (naig.simulate.model.PRESETS)."""
-
-    gpt_nano = "gpt-nano"
-    gpt_micro = "gpt-micro"
-    gpt2_124m = "gpt2-124m"
-
-
-class ArrivalMode(str, Enum):
-    """``--mode`` choices of the arrival model (naig.arrivals.MODES): how a worker waits for parameters."""
-
-    blocking = "blocking"
-    non_blocking = "non-blocking"
-    shared_memory = "shared-memory"
-
-
-class Reference(str, Enum):
-    """``--reference`` choices (naig.simulate.config.REFERENCES)."""
-
-    auto = "auto"
-    batch = "batch"
-    ema = "ema"
-
-
-class Engine(str, Enum):
-    """``--engine`` choices."""
-
-    simulated = "simulated"
-    distributed = "distributed"
+ArrivalMode = choice_enum("ArrivalMode", ARRIVAL_MODES)
 
 
 def opt(flag: str, text: str, **kwargs: Any) -> Any:
@@ -351,7 +316,7 @@ UplinkOpt = Annotated[str | None, typer.Option(
     "per worker; const:0 for none).")]
 DownlinkOpt = Annotated[str | None, typer.Option(
     "--downlink", help="Latency of a parameter message, seconds (one, or one per worker).")]
-ModeOpt = Annotated[ArrivalMode, typer.Option(
+ModeOpt = Annotated[ArrivalMode, typer.Option(  # type: ignore[valid-type]
     "--mode", help="blocking: wait for fresh parameters; non-blocking: compute back to back; "
     "shared-memory: blocking without messages.")]
 WindowOpt = Annotated[int, typer.Option(

@@ -48,6 +48,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # paragraphs wrap to the terminal; examples keep their lines
 )
 
 
@@ -70,5 +71,5 @@ def _root(
 
 app.command("spectrum")(spectrum.spectrum)
 app.command("audit")(audit.audit)
-app.command("simulate")(simulate.simulate)
+app.command("simulate", epilog=simulate.EXAMPLES)(simulate.simulate)
 app.command("staleness")(staleness.staleness)

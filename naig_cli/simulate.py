@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,24 +19,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from naig.choices import ARRIVAL_MODES, DEVICES, ENGINES, MODELS, OPTIMIZERS, REFERENCES
 from naig.errors import UsageError
 from naig_cli._common import (
-    ArrivalMode,
-    BetaOpt,
-    Device,
-    DownlinkOpt,
-    Engine,
-    JsonOpt,
-    Model,
-    ModeOpt,
-    Optimizer,
-    Reference,
-    UplinkOpt,
-    WindowOpt,
+    choice_enum,
     fail,
     fmt_num,
     handle_errors,
-    opt,
     print_json,
     progress,
     stderr,
@@ -46,118 +36,187 @@ from naig_cli._common import (
 if TYPE_CHECKING:
     from naig.simulate import RunResult, SimulateConfig, SimulateResult, StepEvent, StrategySummary
 
-__all__ = ["simulate"]
+__all__ = ["simulate", "EXAMPLES"]
+
+Optimizer, Device, Model = choice_enum("Optimizer", OPTIMIZERS), choice_enum("Device", DEVICES), \
+    choice_enum("Model", MODELS)
+ArrivalMode, Reference, Engine = choice_enum("ArrivalMode", ARRIVAL_MODES), \
+    choice_enum("Reference", REFERENCES), choice_enum("Engine", ENGINES)
+
+COMMON, RULES, LAGS, ARRIVALS, LOCAL, DISTRIBUTED, OUTPUT = (
+    "Common", "Rules", "Fixed lags (the default setting)", "Arrivals (--arrivals)",
+    "Local updates (with --arrivals)", "Distributed (--engine distributed)", "Output")
+EXAMPLES = """**Examples**
+
+```
+naig simulate                                      # fixed lags 0,10,20,35; ~1 min on 2 cores
+naig simulate --arrivals exp:1,exp:1,exp:2,exp:4   # staleness from worker speeds
+naig simulate --lr 3e-4,1e-3,3e-3 --seeds 5        # each rule's lr chosen on validation
+naig simulate --faults 1:signflip:10 --lags 3,3,3,3 --strategies naig,hogwild,median,krum
+naig simulate --arrivals exp:1,exp:1,exp:2,exp:4 --strategies diloco,diloco-naig,hogwild
+naig simulate --engine distributed --nproc 5 --strategies naig,hogwild,sync --steps 50
+naig simulate --config run.toml --seeds 10         # a saved experiment, or a --json result
+```
+"""
+
+
+def _o(flag: str, text: str, panel: str, default: str | None = None, **kwargs: Any) -> Any:
+    """``typer.Option`` in a help panel, showing the default the library applies when not given."""
+    import typer
+
+    return typer.Option(flag, help=text, rich_help_panel=panel, show_default=default or False, **kwargs)
+
 
 @handle_errors
 def simulate(
-    lags: Annotated[str, opt("--lags", "Worker lags τ_k: comma list of ints >= 0.")] = "0,10,20,35",
-    strategies: Annotated[str | None, opt(
-        "--strategies", "Comma list of: sync, hogwild, naig, naig-exact, naig-blind, fresh-only, "
-        "drop-stale, staleness, staleness-lr, dc-asgd, dc-asgd-a, gap-aware, median, trimmed-mean, "
-        "krum, multi-krum, centered-clip; with --arrivals also diloco, gasloc, local-sgd, allreduce "
-        "(local updates). Default: naig, naig-blind, fresh-only, hogwild, staleness, sync (with "
-        "--arrivals or --engine distributed: without fresh-only).")] = None,
-    steps: Annotated[int, opt("--steps", "Server steps per run.")] = 150,
-    seeds: Annotated[int, opt("--seeds", "Number of seeds (0..N-1).")] = 3,
-    lr: Annotated[str, opt(
-        "--lr", "Learning rate, or a comma list: each strategy's is chosen on validation, "
-        "reported on a test split (80/10/10).")] = "1e-3",
-    optimizer: Annotated[Optimizer, opt("--optimizer", "Server optimizer.")] = Optimizer.adam,
-    beta: BetaOpt = "auto",
-    dc_lambda: Annotated[float, opt("--dc-lambda", "dc-asgd's constant λ.")] = 20.0,
-    batch_size: Annotated[int, opt("--batch-size", "Sequences per worker minibatch.")] = 8,
-    eval_every: Annotated[int, opt("--eval-every", "Validate every N steps (0: at the end).")] = 50,
-    device: Annotated[Device, opt("--device", "Where to train.")] = Device.cpu,
-    model: Annotated[Model, opt("--model", "Model preset.")] = Model.gpt_nano,
-    data: Annotated[str | None, opt("--data", "Text file (default: the stdlib's .py files).")] = None,
-    data_bytes: Annotated[int, opt("--data-bytes", "Use the first N bytes of the text.")] = 2_000_000,
-    sketch_seed: Annotated[int, opt("--sketch-seed", "Sketch seed, 0..2^64-1.")] = 0,
-    json_out: JsonOpt = False,
-    plot: Annotated[str | None, opt("--plot", "Write validation curves to PATH.png.")] = None,
-    save_grads: Annotated[str | None, opt(
-        "--save-grads", "Directory for gradient files (needs --save-at).")] = None,
-    save_at: Annotated[str | None, opt(
-        "--save-at", "Steps to save at, e.g. 50 or 50,100 (needs --save-grads).")] = None,
-    warmup_theta0: Annotated[bool, opt(
-        "--warmup-theta0", "Old fixed-lag protocol: lagged workers start at step 0 with θ_0.")] = False,
-    log_dir: Annotated[str | None, opt("--log-dir", "Write one per-step CSV per run into DIR.")] = None,
-    arrivals: Annotated[str | None, opt(
-        "--arrivals", "Arrival mode: worker compute times in seconds, one per worker (exp:MEAN, "
-        "const:MEAN, shifted-exp:MEAN:SHIFT, gamma:MEAN:SHAPE, lognormal:MEAN:SIGMA), e.g. "
-        "exp:1,exp:1,exp:2,exp:4. Excludes --lags.")] = None,
-    uplink: UplinkOpt = None,
-    downlink: DownlinkOpt = None,
-    mode: ModeOpt = ArrivalMode.blocking,
-    window: WindowOpt = 1,
-    faults: Annotated[list[str] | None, opt(
-        "--faults", "Inject a fault, W:KIND[:ARG][@STEP], once per fault: signflip:A, scale:A, noise:S, "
-        "zero, nan, random; e.g. 1:signflip:10 or 0:nan@50.")] = None,
-    byzantine: Annotated[int, opt(
-        "--byzantine", "f: trimmed-mean trims f per side; krum scores K-f-2 neighbours.")] = 1,
-    max_staleness: Annotated[int | None, opt(
-        "--max-staleness", "drop-stale keeps staleness at most this (default: K).")] = None,
-    clip: Annotated[str, opt("--clip", "centered-clip radius, or auto (median distance).")] = "auto",
-    reference: Annotated[Reference, opt(
-        "--reference", "naig's reference: auto (ema for --window 1, else the least stale of the "
-        "batch), batch or ema.")] = Reference.auto,
-    # Local updates and gossip (docs/design.md §13)
-    local_steps: Annotated[str | None, opt(
-        "--local-steps", "Inner steps H per round, one or one per worker, e.g. 10 or 10,10,5,2 "
-        "(default 10 for diloco, gasloc, local-sgd; with it, naig weights pseudo-gradients).")] = None,
-    outer_lr: Annotated[float | None, opt(
-        "--outer-lr", "Outer learning rate of diloco and naig (default 0.7) and gasloc (default: --lr).")
-    ] = None,
-    outer_momentum: Annotated[float | None, opt(
-        "--outer-momentum", "Outer Nesterov momentum of diloco and naig, Adam β1 of gasloc (default 0.9).")
-    ] = None,
-    bandwidth: Annotated[str | None, opt(
-        "--bandwidth", "Link bytes/s, one or one per worker (arrival mode): a message costs latency + "
-        "bytes / bandwidth.")] = None,
-    # Distributed engine (naig.distributed)
-    engine: Annotated[Engine, opt(
-        "--engine", "simulated: one process; distributed: a parameter server and --nproc - 1 worker "
-        "processes (torch.distributed; spawned here, or started by torchrun).")] = Engine.simulated,
-    nproc: Annotated[int | None, opt(
-        "--nproc", "Distributed: processes, the server plus K workers (default under torchrun: "
-        "its world size).")] = None,
-    slowdown: Annotated[str | None, opt(
-        "--slowdown", "Distributed: compute-time factor >= 1 per worker, e.g. 1,1,2,4.")] = None,
-    sketch_first: Annotated[bool, opt(
-        "--sketch-first", "Distributed, naig: workers push the 14-float sketch; the server fetches "
-        "the gradient only when w >= 0.01 (pi >= 0.01/B).")] = False,
-    timeout: Annotated[float, opt(
-        "--timeout", "Distributed: seconds any one message may take (<= 30); a worker silent "
-        "longer is reported lost.")] = 30.0,
-    worker_faults: Annotated[str | None, opt(
-        "--worker-faults", "Distributed: W:KIND[@STEP] comma list, KIND kill, nan or hang, e.g. "
-        "1:kill@20,2:nan.")] = None,
+    config: Annotated[Path | None, _o(
+        "--config", "Read the experiment from a TOML or JSON file (a --json result works too); the "
+        "options given here override it.", COMMON)] = None,
+    strategies: Annotated[str | None, _o(
+        "--strategies", "Comma list of rules: sync, hogwild, naig, naig-exact, naig-blind, fresh-only, "
+        "drop-stale, staleness, staleness-lr, dc-asgd, dc-asgd-a, gap-aware, median, trimmed-mean, krum, "
+        "multi-krum, centered-clip; with --arrivals also the local-update methods diloco, diloco-naig, "
+        "diloco-naig-exact, gasloc, local-sgd, allreduce.", COMMON,
+        "naig,naig-blind,fresh-only,hogwild,staleness,sync (without fresh-only beside --arrivals or "
+        "--engine distributed)")] = None,
+    steps: Annotated[int | None, _o("--steps", "Server steps per run.", COMMON, "150")] = None,
+    seeds: Annotated[int | None, _o("--seeds", "Number of seeds (0..N-1).", COMMON, "3")] = None,
+    lr: Annotated[str | None, _o(
+        "--lr", "Learning rate, or a comma list: each rule's is chosen on validation, reported on a test "
+        "split (80/10/10).", COMMON, "1e-3")] = None,
+    optimizer: Annotated[Optimizer | None, _o("--optimizer", "Server optimizer.", COMMON, "adam")] = None,
+    batch_size: Annotated[int | None, _o("--batch-size", "Sequences per worker minibatch.", COMMON, "8")] = None,
+    eval_every: Annotated[int | None, _o(
+        "--eval-every", "Validate every N steps (0: at the end).", COMMON, "50")] = None,
+    device: Annotated[Device | None, _o("--device", "Where to train.", COMMON, "cpu")] = None,
+    model: Annotated[Model | None, _o("--model", "Model preset.", COMMON, "gpt-nano")] = None,
+    data: Annotated[str | None, _o("--data", "Text file.", COMMON, "the stdlib's .py files")] = None,
+    data_bytes: Annotated[int | None, _o(
+        "--data-bytes", "Use the first N bytes of the text.", COMMON, "2000000")] = None,
+    sketch_seed: Annotated[int | None, _o("--sketch-seed", "Sketch seed, 0..2^64-1.", COMMON, "0")] = None,
+    faults: Annotated[list[str] | None, _o(
+        "--faults", "Inject a fault, `W:KIND[:ARG][@STEP]`, once per fault: signflip:A, scale:A, noise:S, zero, "
+        "nan, random; kill and hang with --engine distributed; e.g. 1:signflip:10 or 0:nan@50.", COMMON)] = None,
+    beta: Annotated[str | None, _o("--beta", "Gibbs inverse temperature β of naig: 'auto' or a float >= 0.",
+                                   RULES, "auto")] = None,
+    dc_lambda: Annotated[float | None, _o("--dc-lambda", "dc-asgd's constant λ.", RULES, "20")] = None,
+    byzantine: Annotated[int | None, _o(
+        "--byzantine", "f: trimmed-mean trims f per side; krum scores K-f-2 neighbours.", RULES, "1")] = None,
+    max_staleness: Annotated[int | None, _o(
+        "--max-staleness", "drop-stale keeps staleness at most this.", RULES, "K")] = None,
+    clip: Annotated[str | None, _o("--clip", "centered-clip radius, or auto (median distance).", RULES,
+                                   "auto")] = None,
+    reference: Annotated[Reference | None, _o(
+        "--reference", "naig's reference: auto (ema for --window 1 with arrivals, else the least stale of the "
+        "batch), batch or ema.", RULES, "auto")] = None,
+    lags: Annotated[str | None, _o("--lags", "Worker lags τ_k: comma list of ints >= 0.", LAGS,
+                                   "0,10,20,35")] = None,
+    warmup_theta0: Annotated[bool, _o(
+        "--warmup-theta0", "Old fixed-lag protocol: lagged workers start at step 0 with θ_0.", LAGS)] = False,
+    save_grads: Annotated[str | None, _o(
+        "--save-grads", "Directory for gradient files (needs --save-at).", LAGS)] = None,
+    save_at: Annotated[str | None, _o(
+        "--save-at", "Steps to save at, e.g. 50 or 50,100 (needs --save-grads).", LAGS)] = None,
+    arrivals: Annotated[str | None, _o(
+        "--arrivals", "Worker compute times in seconds, one per worker (exp:MEAN, const:MEAN, "
+        "shifted-exp:MEAN:SHIFT, gamma:MEAN:SHAPE, lognormal:MEAN:SIGMA), e.g. exp:1,exp:1,exp:2,exp:4.",
+        ARRIVALS)] = None,
+    uplink: Annotated[str | None, _o(
+        "--uplink", "Latency of a gradient message, seconds (one, or one per worker).", ARRIVALS)] = None,
+    downlink: Annotated[str | None, _o(
+        "--downlink", "Latency of a parameter message, seconds (one, or one per worker).", ARRIVALS)] = None,
+    mode: Annotated[ArrivalMode | None, _o(
+        "--mode", "blocking: wait for fresh parameters; non-blocking: compute back to back; shared-memory: "
+        "blocking without messages.", ARRIVALS, "blocking")] = None,
+    window: Annotated[int | None, _o(
+        "--window", "B arrivals per server update (1: ASGD; K: K-batch-async); also with --engine "
+        "distributed.", ARRIVALS, "1")] = None,
+    bandwidth: Annotated[str | None, _o(
+        "--bandwidth", "Link bytes/s, one or one per worker: a message costs latency + bytes / bandwidth.",
+        ARRIVALS, "infinite")] = None,
+    local_steps: Annotated[str | None, _o(
+        "--local-steps", "Inner steps H per round, one or one per worker, e.g. 10 or 10,10,5,2.", LOCAL,
+        "10")] = None,
+    outer_lr: Annotated[float | None, _o(
+        "--outer-lr", "Outer learning rate of diloco and diloco-naig (default 0.7) and gasloc (default: --lr).",
+        LOCAL)] = None,
+    outer_momentum: Annotated[float | None, _o(
+        "--outer-momentum", "Outer Nesterov momentum of diloco and diloco-naig, Adam β1 of gasloc.", LOCAL,
+        "0.9")] = None,
+    engine: Annotated[Engine | None, _o(
+        "--engine", "simulated: one process; distributed: a parameter server and --nproc - 1 worker processes "
+        "(torch.distributed; spawned here, or started by torchrun).", DISTRIBUTED, "simulated")] = None,
+    nproc: Annotated[int | None, _o(
+        "--nproc", "Processes, the server plus K workers.", DISTRIBUTED, "under torchrun: its world size")] = None,
+    slowdown: Annotated[str | None, _o(
+        "--slowdown", "Compute-time factor >= 1 per worker, e.g. 1,1,2,4.", DISTRIBUTED)] = None,
+    sketch_first: Annotated[bool, _o(
+        "--sketch-first", "naig: workers push the 14-float sketch; the server fetches the gradient only when "
+        "w >= 0.01 (pi >= 0.01/B).", DISTRIBUTED)] = False,
+    timeout: Annotated[float | None, _o(
+        "--timeout", "Seconds any one message may take (<= 30); a worker silent longer is reported lost.",
+        DISTRIBUTED, "30")] = None,
+    worker_faults: Annotated[str | None, _o(
+        "--worker-faults", "The same faults as a comma list (an older spelling of --faults).", DISTRIBUTED,
+        hidden=True)] = None,
+    json_out: Annotated[bool, _o("--json", "Print one JSON document on stdout.", OUTPUT)] = False,
+    plot: Annotated[str | None, _o("--plot", "Write validation curves to PATH (.png, .pdf, .svg).",
+                                   OUTPUT)] = None,
+    log_dir: Annotated[str | None, _o("--log-dir", "Write one per-step CSV per run into DIR.", OUTPUT)] = None,
 ) -> None:
     """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
 
-    A run whose parameters become NaN/Inf stops and is reported as diverged (its row
-    says where; null in JSON); the other runs go on. Exit 0 with
-    a warning on stderr if some runs diverged, exit 1 if every run did. Ctrl-C prints
-    the runs that finished (a valid JSON document with --json) and exits 130.
+    One setting per run: fixed lags (default), --arrivals, or --engine distributed; each
+    option belongs to one (its panel below). A run whose parameters become NaN/Inf stops and
+    is reported as diverged; the others go on. Exit 0 (a warning on stderr if some runs
+    diverged), 1 if every run diverged or a run could not finish, 2 for a usage error, 130
+    after Ctrl-C (the runs that finished are printed; a valid JSON document with --json).
     """
-    from naig.simulate import SimulateConfig, parse_float_list, parse_int_list, run_experiment
+    from naig.simulate import SimulateConfig
 
     _check_plot(plot, data)
-    config = SimulateConfig(
-        lags=parse_int_list(lags, "lags"),
-        strategies=None if strategies is None else tuple(s.strip() for s in strategies.split(",")),
-        steps=steps, seeds=seeds, lr=parse_float_list(lr, "lr"), optimizer=optimizer.value, beta=beta,
-        dc_lambda=dc_lambda,
-        batch_size=batch_size, eval_every=eval_every, device=device.value, model=model.value,
-        data=data, data_bytes=data_bytes, sketch_seed=sketch_seed, save_grads=save_grads,
-        save_at=parse_int_list(save_at, "save_at") if save_at else (), warmup_theta0=warmup_theta0,
-        log_dir=log_dir, arrivals=arrivals, uplink=uplink, downlink=downlink, mode=mode.value,
-        window=window, reference=reference.value, faults=(*(faults or ()), *_split(worker_faults)),
-        byzantine=byzantine,
-        max_staleness=max_staleness, clip=clip,
-        local_steps=_positive_ints(local_steps), outer_lr=outer_lr, outer_momentum=outer_momentum,
-        bandwidth=parse_float_list(bandwidth, "bandwidth") if bandwidth else (),
-        **_distributed_fields(engine, nproc, slowdown, sketch_first, timeout),
+    options = _options(**locals())
+    cfg = SimulateConfig.load(config).with_options(**options) if config else SimulateConfig.from_options(**options)
+    _run(cfg, json_out, plot)
+
+
+def _options(**given: Any) -> dict[str, Any]:
+    """The library's options (``naig.simulate.config.OPTIONS``) from the flags; None: not given."""
+    from naig.simulate import parse_float_list, parse_int_list
+
+    g = given
+    faults = (*(g["faults"] or ()), *_split(g["worker_faults"]))
+    nproc = g["nproc"]
+    if g["engine"] is Engine.distributed and nproc is None and "WORLD_SIZE" in os.environ:
+        nproc = int(os.environ["WORLD_SIZE"])
+    return dict(
+        strategies=_split(g["strategies"]) or None, steps=g["steps"], seeds=g["seeds"],
+        lr=parse_float_list(g["lr"], "lr") if g["lr"] else None, optimizer=_value(g["optimizer"]),
+        batch_size=g["batch_size"], eval_every=g["eval_every"], device=_value(g["device"]),
+        model=_value(g["model"]), data=g["data"], data_bytes=g["data_bytes"], sketch_seed=g["sketch_seed"],
+        faults=faults or None, log_dir=g["log_dir"], beta=g["beta"], dc_lambda=g["dc_lambda"],
+        byzantine=g["byzantine"], max_staleness=g["max_staleness"], clip=g["clip"],
+        reference=_value(g["reference"]), lags=parse_int_list(g["lags"], "lags") if g["lags"] else None,
+        warmup_theta0=g["warmup_theta0"] or None, save_grads=g["save_grads"],
+        save_at=parse_int_list(g["save_at"], "save_at") if g["save_at"] else None, arrivals=g["arrivals"],
+        uplink=g["uplink"], downlink=g["downlink"], mode=_value(g["mode"]), window=g["window"],
+        bandwidth=parse_float_list(g["bandwidth"], "bandwidth") if g["bandwidth"] else None,
+        local_steps=_positive_ints(g["local_steps"]), outer_lr=g["outer_lr"], outer_momentum=g["outer_momentum"],
+        engine=_value(g["engine"]), nproc=nproc,
+        slowdown=parse_float_list(g["slowdown"], "slowdown") if g["slowdown"] else None,
+        sketch_first=g["sketch_first"] or None, timeout=g["timeout"],
     )
+
+
+def _value(choice: Any) -> str | None:
+    """An enum choice's value (None: not given)."""
+    return None if choice is None else choice.value
+
+
+def _run(config: SimulateConfig, json_out: bool, plot: str | None) -> None:
+    """Run the experiment, print it, and exit with what happened."""
+    from naig.simulate import run_experiment
+
     for warning in (*config.strategy_warnings(), *config.ignored_options()):
         stderr.print(f"warning: {word_flags(warning)}", markup=False, highlight=False, soft_wrap=True)
     with progress("simulate", config.total_steps) as advance:
@@ -165,30 +224,28 @@ def simulate(
     if result is None:  # a worker rank under torchrun: rank 0 reports
         return
     print_json(result.to_dict()) if json_out else _render(result)
-    if plot is not None and result.runs:
+    if plot is not None and result.finished:
         _plot(result, plot)
     if result.interrupted:
-        fail(f"interrupted: {len(result.runs)} finished run(s) reported", 130)
+        fail(f"interrupted: {len(result.finished)} finished run(s) reported"
+             + (f", {len(result.incomplete)} cut short" if result.incomplete else ""), 130)
+    _report_incomplete(result)
     _report_divergence(result)
 
 
-# Distributed engine (naig.distributed)
 def _split(text: str | None) -> tuple[str, ...]:
     """A comma list as stripped items (none for None)."""
     return tuple(f.strip() for f in text.split(",")) if text else ()
 
 
-def _distributed_fields(engine: Engine, nproc: int | None, slowdown: str | None, sketch_first: bool,
-                        timeout: float) -> dict:
-    """The config fields of the distributed engine; ``nproc`` defaults to torchrun's world size."""
-    import os
-
-    from naig.simulate import parse_float_list
-
-    if engine is Engine.distributed and nproc is None and "WORLD_SIZE" in os.environ:
-        nproc = int(os.environ["WORLD_SIZE"])
-    return dict(engine=engine.value, nproc=nproc, sketch_first=sketch_first, timeout=timeout,
-                slowdown=parse_float_list(slowdown, "slowdown") if slowdown else ())
+def _report_incomplete(r: SimulateResult) -> None:
+    """Exit 1 when a run stopped before its budget or could not start (workers lost)."""
+    if not r.incomplete and not r.not_run:
+        return
+    cut = [f"{x.strategy} seed {x.seed} after {x.updates} updates" for x in r.incomplete]
+    parts = ([f"{len(cut)} run(s) stopped before the end of their budget ({'; '.join(cut)})"] if cut else []) + \
+        ([f"{len(r.not_run)} could not run ({'; '.join(r.not_run)})"] if r.not_run else [])
+    fail(f"{' and '.join(parts)}: no worker was left; their rows are not summarised", 1)
 
 
 def _distributed_header(r: SimulateResult) -> None:
@@ -343,8 +400,8 @@ def _render(r: SimulateResult) -> None:
     if r.distributed is not None:  # distributed engine
         _distributed_header(r)
     else:
-        workers = (f"arrivals {c.arrivals} ({c.mode}, window {c.window}, reference {c.resolved_reference})"
-                   if c.asynchronous else f"lags {','.join(map(str, c.lags))}")
+        reference = f", reference {c.resolved_reference}" if c.asynchronous else ""
+        workers = c.setting.describe() + reference
         out.print(f"model {c.model} (n = {r.n_params:,} parameters) on {r.device}; "
                   f"K = {c.workers} workers, {workers}")
     lrs = ",".join(f"{v:g}" for v in c.lr)
@@ -557,8 +614,7 @@ def _band(ax: object, xs: list[list[float]], losses: list[list[float]], label: s
 
 def _plot_title(r: SimulateResult) -> str:
     c = r.config
-    lags = ",".join(map(str, c.lags))
-    where = f"arrivals {c.arrivals}, window {c.window}" if c.asynchronous else f"lags {lags}"
+    where = c.setting.describe()
     lrs = "lr chosen per strategy on validation from " if c.tuning else "lr "
     return (f"{c.model} ({r.n_params:,} parameters), {c.optimizer}, {lrs}{','.join(f'{v:g}' for v in c.lr)}, "
             f"batch {c.batch_size}/worker; {where}; {c.seeds} seed(s): mean, band min–max")

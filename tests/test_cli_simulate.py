@@ -42,7 +42,7 @@ def test_json_is_one_document_and_reproducible() -> None:
     assert _numbers(doc) == _numbers(json.loads(b.stdout))
     assert [s["strategy"] for s in doc["summaries"]] == ["naig", "hogwild"]
     assert doc["untrained_val_loss"] > doc["summaries"][0]["val_loss_mean"]
-    assert doc["config"]["lags"] == [0, 2] and doc["routing_bytes"] == 56
+    assert doc["config"]["lags"]["lags"] == [0, 2] and doc["routing_bytes"] == 56
     assert doc["summaries"][0]["val_loss_std"] is None  # one seed: undefined, not 0.0
 
 
@@ -105,26 +105,40 @@ def test_plot_writes_png(tmp_path: Path) -> None:
     assert out.exit_code == 0 and (tmp_path / "c.png").stat().st_size > 0
 
 
-def test_cli_defaults_match_the_library_defaults() -> None:
+def test_cli_options_are_not_given_by_default_and_show_the_library_defaults() -> None:
+    """Every option defaults to None or False (not given, so --config and settings can tell), and its
+    help shows the value the library applies instead."""
+    import typing
+
+    from naig.simulate.settings import DEFAULT_LOCAL_STEPS, ArrivalsSetting, DistributedSetting
+
+    hints = typing.get_type_hints(cli.simulate, include_extras=True)
     params = inspect.signature(cli.simulate).parameters
-    cfg = SimulateConfig()
-    for name in ("steps", "seeds", "optimizer", "dc_lambda", "batch_size", "eval_every",
-                 "device", "model", "data_bytes"):
-        default = params[name].default
-        assert getattr(default, "value", default) == getattr(cfg, name), name  # Enums by value
-    assert params["lags"].default == ",".join(map(str, cfg.lags))
-    assert tuple(float(v) for v in params["lr"].default.split(",")) == cfg.lr
-    assert params["strategies"].default is None and cfg.strategies == DEFAULT_STRATEGIES["lockstep"]
+    assert all(p.default in (None, False) for p in params.values())
+    cfg = SimulateConfig.from_options()
+    shown = {name: typing.get_args(hints[name])[1].show_default for name in params}
+    library = {"steps": cfg.steps, "seeds": cfg.seeds, "batch_size": cfg.batch_size, "eval_every": cfg.eval_every,
+               "data_bytes": cfg.data_bytes, "sketch_seed": cfg.sketch_seed, "optimizer": cfg.optimizer,
+               "device": cfg.device, "model": cfg.model, "beta": cfg.rules.beta, "byzantine": cfg.rules.byzantine,
+               "clip": cfg.rules.clip, "reference": cfg.rules.reference, "mode": ArrivalsSetting().mode,
+               "window": ArrivalsSetting().window, "local_steps": DEFAULT_LOCAL_STEPS, "engine": cfg.engine}
+    for name, value in library.items():
+        assert shown[name] == str(value), name
+    assert float(shown["dc_lambda"]) == cfg.rules.dc_lambda and float(shown["lr"]) == cfg.lr[0]
+    assert float(shown["timeout"]) == DistributedSetting(nproc=2).timeout
+    assert shown["lags"] == ",".join(map(str, cfg.setting.lags))
+    assert shown["strategies"].startswith(",".join(DEFAULT_STRATEGIES["lags"]))
 
 
 def test_choice_enums_list_what_the_library_accepts() -> None:
-    from naig.simulate.config import OPTIMIZERS
+    from naig.choices import ARRIVAL_MODES, DEVICES, OPTIMIZERS, REFERENCES
     from naig.simulate.model import PRESETS
-    from naig_cli._common import Device, Model, Optimizer
 
-    assert [m.value for m in Model] == list(PRESETS)
-    assert [o.value for o in Optimizer] == list(OPTIMIZERS)
-    assert [d.value for d in Device] == ["cpu", "cuda", "auto"]
+    assert [m.value for m in cli.Model] == list(PRESETS)
+    assert [o.value for o in cli.Optimizer] == list(OPTIMIZERS) == ["sgd", "adam"]
+    assert [d.value for d in cli.Device] == list(DEVICES) == ["cpu", "cuda", "auto"]
+    assert [r.value for r in cli.Reference] == list(REFERENCES)
+    assert [m.value for m in cli.ArrivalMode] == list(ARRIVAL_MODES)
     help_text = RUNNER.invoke(app, ["simulate", "--help"], env={"COLUMNS": "200"}).stdout
     assert "gpt2-124m" in help_text and "adam" in help_text
 
@@ -271,7 +285,7 @@ def test_lr_list_tunes_on_validation_and_reports_test(tmp_path: Path) -> None:
     rows = (tmp_path / "logs" / "naig-seed1-lr0.003.csv").read_text().splitlines()
     assert rows[0] == "step,time_s,train_loss,val_loss,pi_0,pi_1" and len(rows) == 7
     assert rows[3].split(",")[3] != "" and rows[1].split(",")[3] == ""  # val every 3 steps
-    assert doc["environment"]["torch"] == torch.__version__ and doc["schema_version"] == 2
+    assert doc["environment"]["torch"] == torch.__version__ and doc["schema_version"] == 3
 
 
 def test_progress_lines_without_a_terminal() -> None:
@@ -308,15 +322,16 @@ def test_local_update_usage_errors(args: list[str], message: str) -> None:
 
 
 def test_local_updates_report_bytes_seconds_and_samples() -> None:
-    args = [*LOCAL, "--strategies", "diloco,gasloc,local-sgd,allreduce,naig", "--local-steps", "2",
+    args = [*LOCAL, "--strategies", "diloco,gasloc,local-sgd,allreduce,diloco-naig,naig", "--local-steps", "2",
             "--bandwidth", "1e6"]
     doc = json.loads(RUNNER.invoke(app, [*args, "--json"]).stdout)
-    assert doc["config"]["local_steps"] == [2] and doc["config"]["bandwidth"] == [1e6]
+    assert doc["config"]["arrivals"]["local"]["steps"] == [2] and doc["config"]["arrivals"]["bandwidth"] == [1e6]
     for s in doc["summaries"]:
         assert s["curve_samples"][-1] == 4 * 4 * 8 and len(s["curve_bytes"]) == len(s["curve_seconds"])
         assert len(s["bytes_per_worker"]) == 4 and s["curve_seconds"][-1] > 0
     runs = {r["strategy"]: r for r in doc["runs"]}
-    assert runs["naig"]["local"]["weighting"] == "gibbs" and runs["gasloc"]["local"]["topology"] == "gossip"
+    assert runs["diloco-naig"]["local"]["weighting"] == "gibbs" and runs["gasloc"]["local"]["topology"] == "gossip"
+    assert runs["naig"]["local"] is None and runs["naig"]["staleness"]["mean"] >= 0  # the gradient rule, side by side
     assert runs["diloco"]["local"]["outer"] == "sgd-nesterov" and runs["diloco"]["local"]["rounds"] == 2
     text = RUNNER.invoke(app, args, env={"COLUMNS": "200"}).stdout
     assert "bytes sent per worker" in text and "  gasloc (adamw → adam lr 0.001 m 0.9; H 2,2,2,2): " in text

@@ -12,7 +12,7 @@ from naig.simulate import SimulateConfig, Workload, run_experiment
 from naig.simulate.engines import start
 from naig.simulate.engines.arrivals import arrival_model
 
-TINY = SimulateConfig(arrivals="exp:1,exp:1,exp:2,exp:4", steps=6, seeds=1, data_bytes=200_000,
+TINY = SimulateConfig.from_options(arrivals="exp:1,exp:1,exp:2,exp:4", steps=6, seeds=1, data_bytes=200_000,
                       eval_every=3, eval_batches=2, batch_size=4, strategies=("hogwild",))
 
 
@@ -51,7 +51,7 @@ def test_workers_compute_on_the_version_they_pulled(monkeypatch: pytest.MonkeyPa
 
 
 def test_window_of_k_makes_one_update_per_k_arrivals() -> None:
-    res = run_experiment(dataclasses.replace(TINY, window=4, strategies=("hogwild", "sync")))
+    res = run_experiment(TINY.with_options(window=4, strategies=("hogwild", "sync")))
     hog, sync = res.runs
     assert hog.updates == TINY.steps and sync.updates == TINY.steps  # same gradient budget
     assert hog.curve_seconds[-1] < sync.curve_seconds[-1]  # sync waits for the slowest worker
@@ -59,7 +59,7 @@ def test_window_of_k_makes_one_update_per_k_arrivals() -> None:
 
 
 def test_same_seed_same_json_and_every_strategy_sees_the_same_arrivals() -> None:
-    cfg = dataclasses.replace(TINY, strategies=("hogwild", "staleness"))
+    cfg = TINY.with_options(strategies=("hogwild", "staleness"))
     one, two = run_experiment(cfg), run_experiment(cfg)
     assert _numbers(one) == _numbers(two)
     hog, stale = one.runs
@@ -79,22 +79,22 @@ def test_same_seed_same_json_and_every_strategy_sees_the_same_arrivals() -> None
 ])
 def test_arrival_options_are_checked_naming_the_field(change: dict, field: str) -> None:
     with pytest.raises(UsageError) as info:
-        dataclasses.replace(TINY, **change)
+        TINY.with_options(**change)
     assert info.value.field == field, str(info.value)
 
 
 def test_options_that_cannot_apply_are_refused_or_noted(tmp_path) -> None:  # noqa: ANN001
     with pytest.raises(UsageError) as info:
-        dataclasses.replace(TINY, save_grads=str(tmp_path), save_at=(1,))
+        TINY.with_options(save_grads=str(tmp_path), save_at=(1,))
     assert info.value.field == "save_grads" and "arrivals" in info.value.message
     with pytest.raises(UsageError) as info:
-        dataclasses.replace(TINY, strategies=("naig",), outer_lr=0.5)  # naig takes it in local mode only
+        TINY.with_options(strategies=("naig",), outer_lr=0.5)  # naig is a gradient rule: no outer step
     assert info.value.field == "outer_lr"
     (tmp_path / "f").write_text("x")
     with pytest.raises(UsageError, match="is a file") as info:
-        dataclasses.replace(TINY, log_dir=str(tmp_path / "f"))
-    notes = dataclasses.replace(TINY, clip=1.0, max_staleness=2, faults=("1:zero@99",)).ignored_options()
+        TINY.with_options(log_dir=str(tmp_path / "f"))
+    notes = TINY.with_options(clip=1.0, max_staleness=2, faults=("1:zero@99",)).ignored_options()
     assert len(notes) == 3 and "`max_staleness` has no effect" in notes[0] and "`clip`" in notes[1]
     assert "start(s) after the last step" in notes[2]
-    used = dataclasses.replace(TINY, strategies=("centered-clip", "hogwild"), clip=1.0, window=2)
+    used = TINY.with_options(strategies=("centered-clip", "hogwild"), clip=1.0, window=2)
     assert used.ignored_options() == ()

@@ -14,11 +14,11 @@ RUNNER = CliRunner()
 
 
 def test_config_roundtrip_and_workers() -> None:
-    c = SimulateConfig(engine="distributed", nproc=5, window=2, slowdown=(1, 1, 2, 4), sketch_first=True,
+    c = SimulateConfig.from_options(engine="distributed", nproc=5, window=2, slowdown=(1, 1, 2, 4), sketch_first=True,
                        strategies=("naig",), faults=("1:kill@3",), timeout=10, lr=(1e-3, 3e-3))
     assert c.workers == 4 and c.asynchronous and c.resolved_reference == "batch"
     assert config_from_json(config_to_json(c)) == c
-    assert SimulateConfig(engine="distributed", nproc=3).resolved_reference == "ema"  # B = 1
+    assert SimulateConfig.from_options(engine="distributed", nproc=3).resolved_reference == "ema"  # B = 1
 
 
 @pytest.mark.parametrize(("fields", "field"), [
@@ -42,20 +42,20 @@ def test_config_roundtrip_and_workers() -> None:
 ])
 def test_bad_fields_name_themselves(fields: dict, field: str) -> None:
     with pytest.raises(UsageError) as err:
-        SimulateConfig(**fields)
+        SimulateConfig.from_options(**fields)
     assert err.value.field == field
 
 
 def test_open_distributed_refuses_the_simulated_engine() -> None:
     with pytest.raises(UsageError, match="needs engine distributed"):
-        open_distributed(SimulateConfig())
+        open_distributed(SimulateConfig.from_options())
 
 
 def test_launcher_world_size_must_match(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "5")
     with pytest.raises(UsageError) as err:
-        open_distributed(SimulateConfig(engine="distributed", nproc=3))
+        open_distributed(SimulateConfig.from_options(engine="distributed", nproc=3))
     assert err.value.field == "nproc"
 
 
@@ -79,5 +79,5 @@ def test_cli_usage_errors(args: list[str], needle: str) -> None:
 
 def test_cli_help_lists_the_engine() -> None:
     out = RUNNER.invoke(app, ["simulate", "--help"], env={"COLUMNS": "200"})
-    for flag in ("--engine", "--nproc", "--slowdown", "--sketch-first", "--timeout", "--worker-faults"):
+    for flag in ("--engine", "--nproc", "--slowdown", "--sketch-first", "--timeout", "kill and hang"):
         assert flag in out.stdout

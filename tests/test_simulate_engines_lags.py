@@ -16,7 +16,7 @@ from naig.simulate import SimulateConfig, Workload, parse_int_list, run_experime
 from naig.simulate.engines import start
 from naig.simulate.engines.lags import LagsEngine, allocate_ring, ring_rows
 
-TINY = SimulateConfig(steps=8, seeds=1, data_bytes=200_000, eval_every=0, eval_batches=2,
+TINY = SimulateConfig.from_options(steps=8, seeds=1, data_bytes=200_000, eval_every=0, eval_batches=2,
                       batch_size=4, strategies=("hogwild",), lags=(0, 3))
 
 
@@ -50,7 +50,7 @@ def test_warmup_theta0_workers_see_clamped_stale_versions(monkeypatch: pytest.Mo
                                                            lag: int) -> None:
     """The old protocol: every worker reads θ_{max(t−τ, 0)} from step 0, also for lags ≥ steps."""
     seen, rings = _spy(monkeypatch)
-    run_experiment(dataclasses.replace(TINY, optimizer="sgd", lr=0.5, lags=(0, lag), warmup_theta0=True))
+    run_experiment(TINY.with_options(optimizer="sgd", lr=0.5, lags=(0, lag), warmup_theta0=True))
     fresh, stale = [th for _, th in seen[0::2]], [th for _, th in seen[1::2]]  # worker 0, worker 1
     assert all(not torch.equal(fresh[t], fresh[t + 1]) for t in range(len(fresh) - 1))
     for t in range(TINY.steps):
@@ -62,7 +62,7 @@ def test_warmup_theta0_workers_see_clamped_stale_versions(monkeypatch: pytest.Mo
 def test_a_lag_tau_worker_joins_at_step_tau(monkeypatch: pytest.MonkeyPatch, lag: int) -> None:
     """No start-up burst: worker 1 sends its first gradient at step τ, taken at θ_0, then θ_{t−τ}."""
     seen, rings = _spy(monkeypatch)
-    res = run_experiment(dataclasses.replace(TINY, optimizer="sgd", lr=0.5, lags=(0, lag)))
+    res = run_experiment(TINY.with_options(optimizer="sgd", lr=0.5, lags=(0, lag)))
     thetas = [th for _, th in seen]
     fresh = thetas[:min(lag, TINY.steps)]  # steps 0..τ−1: worker 0 alone
     rest = thetas[len(fresh):]
@@ -79,7 +79,7 @@ def test_a_lag_tau_worker_joins_at_step_tau(monkeypatch: pytest.MonkeyPatch, lag
 
 
 def test_steps_without_an_active_worker_are_skipped() -> None:
-    sim = Workload(dataclasses.replace(TINY, lags=(2, 3), strategies=("hogwild",)))
+    sim = Workload(TINY.with_options(lags=(2, 3), strategies=("hogwild",)))
     run = start(sim, "hogwild", seed=0)
     theta0 = run.theta.detach().clone()
     run.step(), run.step()
@@ -126,7 +126,7 @@ def _nan_hogwild(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_diverging_run_stops_and_the_others_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
     _nan_hogwild(monkeypatch)
-    cfg = dataclasses.replace(TINY, steps=4, seeds=2, eval_every=2, strategies=("naig", "hogwild"))
+    cfg = TINY.with_options(steps=4, seeds=2, eval_every=2, strategies=("naig", "hogwild"))
     res = run_experiment(cfg)
     naig, hog = res.summaries
     assert [r.diverged_at for r in res.runs] == [None, 0, None, 0]
@@ -142,7 +142,7 @@ def test_a_diverging_run_stops_and_the_others_go_on(monkeypatch: pytest.MonkeyPa
 
 
 def test_divergence_is_recorded_for_every_strategy_without_raising() -> None:
-    cfg = dataclasses.replace(TINY, steps=3, optimizer="sgd", lr=1e6,
+    cfg = TINY.with_options(steps=3, optimizer="sgd", lr=1e6,
                               strategies=("hogwild", "naig", "naig-exact"))
     res = run_experiment(cfg)  # used to raise "every energy is non-finite" for naig
     assert all(r.diverged_at is not None and math.isnan(r.final_val_loss) for r in res.runs)
@@ -150,7 +150,7 @@ def test_divergence_is_recorded_for_every_strategy_without_raising() -> None:
 
 
 def test_one_seed_has_no_std() -> None:
-    res = run_experiment(dataclasses.replace(TINY, steps=2))
+    res = run_experiment(TINY.with_options(steps=2))
     assert res.summaries[0].val_loss_std is None
 
 
@@ -159,18 +159,18 @@ def test_sync_computes_every_gradient_at_theta_t(monkeypatch: pytest.MonkeyPatch
     real = Workload.worker_grad
     monkeypatch.setattr(Workload, "worker_grad",
                         lambda s, th, g, o: (seen.append(th.clone()), real(s, th, g, o))[1])
-    run_experiment(dataclasses.replace(TINY, strategies=("sync",), steps=5))
+    run_experiment(TINY.with_options(strategies=("sync",), steps=5))
     assert all(torch.equal(seen[2 * t], seen[2 * t + 1]) for t in range(5))
 
 
 def test_zero_lags_make_hogwild_equal_sync() -> None:
-    cfg = dataclasses.replace(TINY, lags=(0, 0), strategies=("hogwild", "sync"), steps=4)
+    cfg = TINY.with_options(lags=(0, 0), strategies=("hogwild", "sync"), steps=4)
     a, b = run_experiment(cfg).runs
     assert a.curve == b.curve
 
 
 def test_same_seed_same_numbers_and_learning() -> None:
-    cfg = dataclasses.replace(TINY, steps=20, strategies=("naig", "hogwild"))
+    cfg = TINY.with_options(steps=20, strategies=("naig", "hogwild"))
     one, two = run_experiment(cfg), run_experiment(cfg)
     assert _numbers(one) == _numbers(two)
     assert math.isclose(one.untrained_val_loss, math.log(256), abs_tol=0.2)
@@ -179,7 +179,7 @@ def test_same_seed_same_numbers_and_learning() -> None:
 
 def test_summary_statistics_with_joins() -> None:
     """Lags 0, 2, 4 over 10 steps: K_t = 1, 1, 2, 2, 3 × 6 (workers join at step τ)."""
-    cfg = dataclasses.replace(TINY, steps=10, lags=(0, 2, 4), strategies=("hogwild", "staleness"))
+    cfg = TINY.with_options(steps=10, lags=(0, 2, 4), strategies=("hogwild", "staleness"))
     hog, stale = run_experiment(cfg).summaries
     assert hog.k_eff == pytest.approx((2 * 1 + 2 * 2 + 6 * 3) / 10)
     assert hog.mean_pi == pytest.approx(((2 + 2 / 2 + 6 / 3) / 10, (2 / 2 + 6 / 3) / 8, 1 / 3))
@@ -189,7 +189,7 @@ def test_summary_statistics_with_joins() -> None:
 
 
 def test_summary_statistics() -> None:
-    cfg = dataclasses.replace(TINY, steps=10, seeds=2, lags=(0, 2, 4), warmup_theta0=True,
+    cfg = TINY.with_options(steps=10, seeds=2, lags=(0, 2, 4), warmup_theta0=True,
                               strategies=("naig", "hogwild", "staleness"))
     res = run_experiment(cfg)
     naig, hog, stale = res.summaries
@@ -207,7 +207,7 @@ def test_summary_statistics() -> None:
 
 
 def test_save_grads_writes_audit_ready_files(tmp_path: Path) -> None:
-    cfg = dataclasses.replace(TINY, strategies=("naig",), save_grads=str(tmp_path), save_at=(5,))
+    cfg = TINY.with_options(strategies=("naig",), save_grads=str(tmp_path), save_at=(5,))
     res = run_experiment(cfg)
     folder = tmp_path / "naig-seed0-step5"
     assert sorted(p.name for p in folder.iterdir()) == [
@@ -244,7 +244,7 @@ def test_save_grads_writes_audit_ready_files(tmp_path: Path) -> None:
 ])
 def test_bad_config_is_a_usage_error_naming_the_field(change: dict, field: str, match: str) -> None:
     with pytest.raises(UsageError, match=match) as info:
-        dataclasses.replace(TINY, **change)
+        TINY.with_options(**change)
     assert info.value.field == field and "--" not in str(info.value)
 
 
@@ -262,12 +262,12 @@ def test_parse_int_list_accepts() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 def test_cuda_without_gpu_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="device='cuda': no CUDA GPU"):
-        dataclasses.replace(TINY, device="cuda")
+        TINY.with_options(device="cuda")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_runs_on_cuda() -> None:
-    res = run_experiment(dataclasses.replace(TINY, device="cuda", strategies=("naig",)))
+    res = run_experiment(TINY.with_options(device="cuda", strategies=("naig",)))
     assert res.device == "cuda" and res.runs[0].final_val_loss < res.untrained_val_loss
 
 
@@ -276,12 +276,12 @@ def test_save_grads_must_be_a_directory(tmp_path: Path) -> None:
     f.write_text("x")
     for target in (f, f / "sub"):
         with pytest.raises(UsageError, match="is not a directory"):
-            dataclasses.replace(TINY, save_grads=str(target), save_at=(1,))
-    dataclasses.replace(TINY, save_grads=str(tmp_path / "new" / "dir"), save_at=(1,))
+            TINY.with_options(save_grads=str(target), save_at=(1,))
+    TINY.with_options(save_grads=str(tmp_path / "new" / "dir"), save_at=(1,))
 
 
 def test_a_run_steps_one_server_update_at_a_time() -> None:
-    sim = Workload(dataclasses.replace(TINY, strategies=("naig",), lags=(0, 2)))
+    sim = Workload(TINY.with_options(strategies=("naig",), lags=(0, 2)))
     run = start(sim, "naig", seed=0)
     theta0 = run.theta.detach().clone()
     run.step()

@@ -37,7 +37,7 @@ def _copy(gen: torch.Generator) -> torch.Generator:
 
 
 def test_diloco_h1_one_worker_outer_lr_1_is_plain_adamw(float64: None) -> None:
-    cfg = SimulateConfig(arrivals="const:1", local_steps=(1,), outer_lr=1.0, outer_momentum=0.0, steps=6,
+    cfg = SimulateConfig.from_options(arrivals="const:1", local_steps=(1,), outer_lr=1.0, outer_momentum=0.0, steps=6,
                          strategies=("diloco",), **BASE)
     sim = Workload(cfg)
     run = start(sim, "diloco", seed=0)
@@ -57,7 +57,7 @@ def test_diloco_h1_one_worker_outer_lr_1_is_plain_adamw(float64: None) -> None:
 
 
 def test_local_sgd_h1_is_synchronous_averaging(float64: None) -> None:
-    cfg = SimulateConfig(arrivals="const:1,const:2,const:3", local_steps=(1,), steps=5, optimizer="sgd",
+    cfg = SimulateConfig.from_options(arrivals="const:1,const:2,const:3", local_steps=(1,), steps=5, optimizer="sgd",
                          lr=0.5, strategies=("local-sgd", "sync"), **BASE)
     sim = Workload(cfg)
     local, sync = start(sim, "local-sgd", seed=1), start(sim, "sync", seed=1)
@@ -94,7 +94,7 @@ def test_gossip_matrices_are_doubly_stochastic_and_preserve_the_mean() -> None:
 
 
 def test_pseudo_gradient_sign_moves_theta_toward_the_workers_mean() -> None:
-    cfg = SimulateConfig(arrivals="const:1,const:1,const:1", local_steps=(3,), outer_lr=0.5,
+    cfg = SimulateConfig.from_options(arrivals="const:1,const:1,const:1", local_steps=(3,), outer_lr=0.5,
                          outer_momentum=0.0, steps=3, strategies=("diloco",), **BASE)
     run = start(Workload(cfg), "diloco", seed=0)
     before = run.theta.detach().clone()
@@ -111,7 +111,7 @@ def test_pseudo_gradient_sign_moves_theta_toward_the_workers_mean() -> None:
 
 
 def test_diloco_outer_step_is_nesterov_sgd_on_the_mean_pseudo_gradient() -> None:
-    cfg = SimulateConfig(arrivals="const:1,const:2", local_steps=(2,), steps=6, strategies=("diloco",),
+    cfg = SimulateConfig.from_options(arrivals="const:1,const:2", local_steps=(2,), steps=6, strategies=("diloco",),
                          **BASE)
     run = start(Workload(cfg), "diloco", seed=2)
     shadow = nn.Parameter(run.theta.detach().clone())
@@ -128,7 +128,7 @@ def test_byte_counts_and_times_by_hand() -> None:
     n = N_PARAMS
     base = dict(arrivals="const:1,const:2", uplink="const:0.5", bandwidth=(4.0 * n,), local_steps=(2,),
                 steps=4, **BASE)
-    sim = Workload(SimulateConfig(strategies=("diloco", "gasloc", "allreduce", "diloco-naig"), **base))
+    sim = Workload(SimulateConfig.from_options(strategies=("diloco", "gasloc", "allreduce", "diloco-naig"), **base))
     assert sim.n_params == n
     diloco = start(sim, "diloco", seed=0)
     while not diloco.done:
@@ -152,7 +152,7 @@ def test_byte_counts_and_times_by_hand() -> None:
 
 def test_gasloc_exchanges_by_hand() -> None:
     n = N_PARAMS
-    cfg = SimulateConfig(arrivals="const:1,const:1", uplink="const:0.5", bandwidth=(4.0 * n,),
+    cfg = SimulateConfig.from_options(arrivals="const:1,const:1", uplink="const:0.5", bandwidth=(4.0 * n,),
                          local_steps=(2,), steps=4, strategies=("gasloc",), **BASE)
     run = start(Workload(cfg), "gasloc", seed=0)
     assert isinstance(run, GossipRun)
@@ -168,7 +168,7 @@ def test_gasloc_exchanges_by_hand() -> None:
 
 
 def test_gasloc_exchanges_preserve_the_workers_mean_and_slow_workers_gossip_less() -> None:
-    cfg = SimulateConfig(arrivals="const:1,const:1,const:1,const:4", local_steps=(2,), steps=12,
+    cfg = SimulateConfig.from_options(arrivals="const:1,const:1,const:1,const:4", local_steps=(2,), steps=12,
                          strategies=("gasloc",), **BASE)
     run = start(Workload(cfg), "gasloc", seed=0)
     mixes = 0
@@ -185,7 +185,7 @@ def test_gasloc_exchanges_preserve_the_workers_mean_and_slow_workers_gossip_less
 
 
 def test_naig_weights_pseudo_gradients_against_their_mean() -> None:
-    cfg = SimulateConfig(arrivals="exp:1,exp:1,exp:2", local_steps=(2,), steps=4, beta=2.0,
+    cfg = SimulateConfig.from_options(arrivals="exp:1,exp:1,exp:2", local_steps=(2,), steps=4, beta=2.0,
                          strategies=("diloco-naig-exact",), **BASE)
     run = start(Workload(cfg), "diloco-naig-exact", seed=0)
     assert isinstance(run, RoundRun) and run.gibbs
@@ -198,7 +198,7 @@ def test_naig_weights_pseudo_gradients_against_their_mean() -> None:
 
 
 def test_every_strategy_gets_the_same_samples() -> None:
-    cfg = SimulateConfig(arrivals="exp:1,exp:1,exp:2,exp:4", local_steps=(3, 2, 1, 1), steps=5,
+    cfg = SimulateConfig.from_options(arrivals="exp:1,exp:1,exp:2,exp:4", local_steps=(3, 2, 1, 1), steps=5,
                          strategies=("diloco", "gasloc", "local-sgd", "allreduce", "naig", "hogwild"),
                          **{**BASE, "eval_every": 2})
     res = run_experiment(cfg)
@@ -217,7 +217,7 @@ def test_every_strategy_gets_the_same_samples() -> None:
 
 
 def test_communication_of_an_arrival_run_counts_one_gradient_message_per_arrival() -> None:
-    cfg = SimulateConfig(arrivals="exp:1,exp:3", steps=4, strategies=("hogwild",), **BASE)
+    cfg = SimulateConfig.from_options(arrivals="exp:1,exp:3", steps=4, strategies=("hogwild",), **BASE)
     run = start(Workload(cfg), "hogwild", seed=0)
     while not run.done:
         run.step()
@@ -228,7 +228,7 @@ def test_communication_of_an_arrival_run_counts_one_gradient_message_per_arrival
 
 
 def test_same_seed_same_numbers() -> None:
-    cfg = SimulateConfig(arrivals="exp:1,exp:2,exp:4", local_steps=(2,), steps=4, strategies=("gasloc",),
+    cfg = SimulateConfig.from_options(arrivals="exp:1,exp:2,exp:4", local_steps=(2,), steps=4, strategies=("gasloc",),
                          **BASE)
     a, b = run_experiment(cfg).runs[0], run_experiment(cfg).runs[0]
     assert dataclasses.replace(a, ms_per_step=0) == dataclasses.replace(b, ms_per_step=0)
@@ -254,21 +254,21 @@ def test_same_seed_same_numbers() -> None:
 ])
 def test_bad_local_options_name_their_field(changes: dict, field: str, needle: str) -> None:
     with pytest.raises(UsageError) as exc:
-        SimulateConfig(**changes)
+        SimulateConfig.from_options(**changes)
     assert exc.value.field == field and needle in exc.value.message
 
 
 def test_one_name_is_one_algorithm_and_defaults() -> None:
     """naig is the gradient rule beside local-update methods too; diloco-naig weights pseudo-gradients."""
-    plain = SimulateConfig(arrivals="exp:1,exp:2")
-    assert plain.bandwidth == ()
-    cfg = SimulateConfig(arrivals="exp:1,exp:2", strategies=("naig", "diloco", "diloco-naig"))
-    assert cfg.inner_steps() == (10, 10)
-    assert SimulateConfig(arrivals="exp:1,exp:2", local_steps=[4, 2], strategies=("diloco",)).inner_steps() == (4, 2)
+    plain = SimulateConfig.from_options(arrivals="exp:1,exp:2")
+    assert plain.setting.bandwidth == ()
+    cfg = SimulateConfig.from_options(arrivals="exp:1,exp:2", strategies=("naig", "diloco", "diloco-naig"))
+    assert cfg.setting.inner_steps() == (10, 10)
+    assert SimulateConfig.from_options(arrivals="exp:1,exp:2", local_steps=[4, 2], strategies=("diloco",)).setting.inner_steps() == (4, 2)
     with pytest.raises(UsageError, match="local-update strategies only"):  # no method to take it
-        SimulateConfig(arrivals="exp:1,exp:2", local_steps=(4, 2), strategies=("naig",))
-    assert SimulateConfig(arrivals="exp:1").workers == 1  # K = the list length
-    sim = Workload(dataclasses.replace(cfg, steps=1, **BASE))
+        SimulateConfig.from_options(arrivals="exp:1,exp:2", local_steps=(4, 2), strategies=("naig",))
+    assert SimulateConfig.from_options(arrivals="exp:1").workers == 1  # K = the list length
+    sim = Workload(cfg.with_options(steps=1, **BASE))
     assert isinstance(start(sim, "naig", seed=0), ArrivalRun)  # the same naig as without diloco
     run = start(sim, "diloco-naig", seed=0)
     assert isinstance(run, RoundRun) and run.method.weighting == "gibbs"

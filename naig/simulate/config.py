@@ -1,82 +1,157 @@
-"""Configuration of a simulation, validated once on construction (docs/design.md §8).
+"""Configuration of a simulation: a tree of common fields, rule options and one setting (docs/design.md §8).
+
+::
+
+    SimulateConfig          strategies, steps, seeds, lr, optimizer, batch_size, eval_every,
+    │                       eval_batches, device, model, data, data_bytes, sketch_seed, line,
+    │                       log_dir, faults
+    ├── rules               RuleOptions: beta, dc_lambda, byzantine, max_staleness, clip, reference
+    └── setting             exactly one of (naig.simulate.settings):
+        ├── lags            LagsSetting: lags, warmup_theta0, save_grads, save_at
+        ├── arrivals        ArrivalsSetting: compute, uplink, downlink, mode, window, bandwidth,
+        │   └── local       LocalUpdates: steps, outer_lr, outer_momentum
+        └── distributed     DistributedSetting: nproc, window, slowdown, sketch_first, timeout
+
+Each part validates its own fields on construction; ``SimulateConfig`` checks only what
+joins them (the workers the faults name, the rules a setting runs). The same tree is read
+from a TOML or JSON file (``load``, ``from_dict``) and written into every result
+(``to_dict``), so a result's ``config`` block loads back and reproduces the run.
+
+``from_options`` maps the CLI's option names onto the tree (``OPTIONS``: one path per
+option). An option is *given* when it is passed (not None); options of two settings are
+refused with one line saying which setting each belongs to (``_wrong_setting``).
 
 Example:
-    >>> cfg = SimulateConfig(lags=(0, 5), steps=10, strategies=("naig", "hogwild"))
-    >>> cfg.workers, cfg.total_steps
-    (2, 60)
-    >>> SimulateConfig(lags=(0, -1))
+    >>> cfg = SimulateConfig.from_options(lags=(0, 5), steps=10, strategies=("naig", "hogwild"))
+    >>> cfg.workers, cfg.total_steps, cfg.setting.lags
+    (2, 20, (0, 5))
+    >>> SimulateConfig.from_options(lags=(0, 5), arrivals="exp:1,exp:2")
     Traceback (most recent call last):
     ...
-    naig.errors.UsageError: lags=(0, -1): use non-negative ints, one per worker, e.g. 0,10,20,35
+    naig.errors.UsageError: lags=(0, 5): belongs to fixed lags, and `arrivals` chose the arrivals setting; drop one of them
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from naig.arrivals import ArrivalModel
+import tomllib
+
+from naig.choices import DEVICES, ENGINES, OPTIMIZERS, REFERENCES
 from naig.errors import UsageError
 from naig.gibbs import parse_beta
 from naig.metric import parse_line
 from naig.simulate.engines.local import LOCAL_METHODS
 from naig.simulate.faults import FAULT_KINDS, GRADIENT_FAULTS, Fault, check_faults, parse_faults
 from naig.simulate.model import get_preset
-from naig.simulate.strategies import STRATEGIES, StrategyOptions
+from naig.simulate.settings import (
+    SETTINGS,
+    ArrivalsSetting,
+    DistributedSetting,
+    LagsSetting,
+    LocalUpdates,
+    Setting,
+    check,
+)
+from naig.simulate.strategies import STRATEGIES, StrategyOptions, parse_clip
 from naig.sketch.core import check_seed
 from naig.sketch.torch_sketch import TorchSketch
 
 __all__ = [
     "SimulateConfig",
-    "DEFAULT_LAGS",
+    "RuleOptions",
+    "OPTIONS",
     "DEFAULT_STRATEGIES",
-    "REFERENCES",
-    "OPTIMIZERS",
-    "DEVICES",
-    "MAX_LAG",
     "MAX_STEPS",
     "parse_int_list",
     "parse_float_list",
     "resolve_device",
-    "DEFAULT_LOCAL_STEPS",
 ]
 
-DEFAULT_LAGS = (0, 10, 20, 35)  # the paper's Experiment B
+MAX_STEPS = 10**9  # server steps per run
 DEFAULT_STRATEGIES = {  # naig, its content-blind ablation, an oracle (lockstep), baselines, the ideal
-    "lockstep": ("naig", "naig-blind", "fresh-only", "hogwild", "staleness", "sync"),
+    "lags": ("naig", "naig-blind", "fresh-only", "hogwild", "staleness", "sync"),
     "arrivals": ("naig", "naig-blind", "hogwild", "staleness", "sync"),
+    "distributed": ("naig", "naig-blind", "hogwild", "staleness", "sync"),
 }
-REFERENCES = ("auto", "batch", "ema")
-OPTIMIZERS = ("sgd", "adam")  # torch.optim.SGD / torch.optim.Adam, default settings otherwise
-DEVICES = ("cpu", "cuda", "auto")
-MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
-MAX_STEPS = 10**9  # server steps per run (the π history is a (steps, K) buffer)
-# Local updates and gossip (docs/design.md §13): LOCAL_METHODS (naig.simulate.engines.local)
-DEFAULT_LOCAL_STEPS = 10  # inner steps H per round when `local_steps` is not given
+
+
+@dataclass(frozen=True)
+class RuleOptions:
+    """The options of the combination rules (each rule uses the ones it needs).
+
+    Attributes:
+        beta: Gibbs inverse temperature of the naig rules: a float ≥ 0 or ``"auto"``.
+        dc_lambda: DC-ASGD's λ (measured: benchmarks/dc_lambda.py, docs/design.md §12).
+        byzantine: f: trimmed-mean trims f per side; krum scores K − f − 2 neighbours.
+        max_staleness: drop-stale keeps τ ≤ this (None: K).
+        clip: centered-clip radius, or ``"auto"`` (median ‖g_k − v‖).
+        reference: naig's reference: ``auto`` (ema for single arrivals, else batch), ``batch``
+            (the freshest of the batch) or ``ema``.
+    """
+
+    beta: float | str = "auto"
+    dc_lambda: float = 20.0
+    byzantine: int = 1
+    max_staleness: int | None = None
+    clip: float | str = "auto"
+    reference: str = "auto"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "beta", parse_beta(self.beta))
+        object.__setattr__(self, "clip", parse_clip(self.clip))
+        check(isinstance(self.dc_lambda, int | float) and math.isfinite(self.dc_lambda) and self.dc_lambda >= 0,
+              "dc_lambda", self.dc_lambda, "DC-ASGD's λ must be finite and >= 0, e.g. 20")
+        check(isinstance(self.byzantine, int) and self.byzantine >= 0, "byzantine", self.byzantine,
+              "use an int >= 0, e.g. 1")
+        check(self.max_staleness is None or (isinstance(self.max_staleness, int) and self.max_staleness >= 0),
+              "max_staleness", self.max_staleness, "use an int >= 0 (the largest staleness drop-stale keeps), e.g. 4")
+        check(self.reference in REFERENCES, "reference", self.reference, f"use one of {', '.join(REFERENCES)}")
+
+
+# option name → (section of the tree, field); "setting" is the chosen setting's own table
+OPTIONS: dict[str, tuple[str, str]] = {
+    **{name: ("", name) for name in ("strategies", "steps", "seeds", "lr", "optimizer", "batch_size",
+                                     "eval_every", "eval_batches", "device", "model", "data", "data_bytes",
+                                     "sketch_seed", "line", "log_dir", "faults")},
+    **{name: ("rules", name) for name in ("beta", "dc_lambda", "byzantine", "max_staleness", "clip",
+                                          "reference")},
+    **{name: ("lags", name) for name in ("lags", "warmup_theta0", "save_grads", "save_at")},
+    "arrivals": ("arrivals", "compute"),
+    **{name: ("arrivals", name) for name in ("uplink", "downlink", "mode", "bandwidth")},
+    "local_steps": ("arrivals.local", "steps"),
+    "outer_lr": ("arrivals.local", "outer_lr"),
+    "outer_momentum": ("arrivals.local", "outer_momentum"),
+    "window": ("setting", "window"),  # arrivals and distributed both have one
+    **{name: ("distributed", name) for name in ("nproc", "slowdown", "sketch_first", "timeout")},
+}
+_SETTING_NAMES = {"lags": "fixed lags", "arrivals": "the arrivals setting", "distributed": "the distributed engine"}
+_CHOSEN_BY = {"lags": "`lags`", "arrivals": "`arrivals`", "distributed": "`engine` distributed"}
 
 
 @dataclass(frozen=True)
 class SimulateConfig:
     """Everything that determines a simulation (defaults: ~1 minute on 2 CPU cores).
 
-    Every field is checked on construction (``dataclasses.replace`` checks again),
-    before anything is trained or written.
+    Every part is checked on construction (``dataclasses.replace`` checks again), before
+    anything is trained or written; build one from option names with ``from_options``,
+    from a file with ``load``, from a result's ``config`` block with ``from_dict``.
 
     Raises:
-        UsageError: naming the bad field (``UsageError.field``) and the fix.
+        UsageError: naming the bad field (``UsageError.field``, the option's name) and the fix.
     """
 
-    lags: tuple[int, ...] = DEFAULT_LAGS  # τ_k of each worker, in server steps (fixed-lag mode)
-    strategies: tuple[str, ...] | None = None  # rules to compare (None: DEFAULT_STRATEGIES of the mode)
+    strategies: tuple[str, ...] | None = None  # rules to compare (None: DEFAULT_STRATEGIES of the setting)
     steps: int = 150  # server steps (optimizer updates) per run
     seeds: int = 3  # independent seeds 0..seeds−1 (init, data streams, val batches)
     lr: tuple[float, ...] = (1e-3,)  # learning rate (every default strategy's best of 3e-4, 1e-3, 3e-3
     #                                  on validation, 3 seeds); several: each strategy's is tuned
     optimizer: str = "adam"  # "sgd" or "adam" (torch.optim, default settings otherwise)
-    beta: float | str = "auto"  # Gibbs inverse temperature for naig / naig-exact
-    dc_lambda: float = 20.0  # DC-ASGD λ (measured: benchmarks/dc_lambda.py, docs/design.md §12)
     batch_size: int = 8  # sequences per worker minibatch
     eval_every: int = 50  # validation every this many steps (0: only at the end)
     eval_batches: int = 16  # validation batches (of 2 × batch_size sequences) per evaluation
@@ -86,95 +161,171 @@ class SimulateConfig:
     data_bytes: int = 2_000_000  # use the first this many bytes of the corpus
     sketch_seed: int = 0  # seed of the sketch (docs/design.md §5)
     line: tuple[int, int, int] = (1, 2, 4)  # Fano line ℓ of Ψ_ℓ
-    save_grads: str | None = None  # directory for gradient files (None: save nothing)
-    save_at: tuple[int, ...] = ()  # server steps t at which to save gradients (needs save_grads)
-    warmup_theta0: bool = False  # old protocol: every worker from step 0, early gradients at θ_0
     log_dir: str | None = None  # directory for one per-step CSV per run (None: no logs)
-    arrivals: str | None = None  # compute-time spec(s), e.g. "exp:1,exp:2": arrival mode, K = list length
-    uplink: str | None = None  # arrival mode: gradient message latency spec(s) (seconds)
-    downlink: str | None = None  # arrival mode: parameter message latency spec(s) (seconds)
-    mode: str = "blocking"  # arrival mode protocol: blocking, non-blocking or shared-memory
-    window: int = 1  # arrival mode: B arrivals per update (1: ASGD; K: K-batch-async)
-    reference: str = "auto"  # naig reference: auto, batch (least stale of the batch) or ema
-    faults: tuple[str, ...] = ()  # injected faults, each W:KIND[:ARG][@STEP] (docs/design.md §12)
-    byzantine: int = 1  # f: trimmed-mean trims f per side; krum scores K − f − 2 neighbours
-    max_staleness: int | None = None  # drop-stale keeps τ ≤ this (None: K)
-    clip: float | str = "auto"  # centered-clip radius, or "auto" (median ‖g_k − v‖)
-    # Local updates and gossip (docs/design.md §13)
-    local_steps: tuple[int, ...] | None = None  # inner steps H per round, one or one per worker
-    #                                             (None: DEFAULT_LOCAL_STEPS for the local strategies)
-    outer_lr: float | None = None  # outer learning rate (None: each local strategy's default)
-    outer_momentum: float | None = None  # diloco/naig Nesterov momentum, gasloc Adam β1 (None: 0.9)
-    bandwidth: tuple[float, ...] = ()  # arrival mode: link bytes/s, one or one per worker; (): infinite
-    # Distributed engine (naig.distributed, docs/design.md §14)
-    engine: str = "simulated"  # "simulated" (one process) or "distributed" (real processes)
-    nproc: int | None = None  # distributed: processes, the server plus K = nproc − 1 workers
-    slowdown: tuple[float, ...] = ()  # distributed: compute-time factor >= 1 per worker (1: full speed)
-    sketch_first: bool = False  # distributed: push 14 floats; fetch the gradient when w >= 0.01
-    timeout: float = 30.0  # distributed: seconds any one message may take (at most 30)
+    faults: tuple[str, ...] = ()  # injected faults, each W:KIND[:ARG][@STEP] (naig.simulate.faults)
+    rules: RuleOptions = field(default_factory=RuleOptions)
+    setting: Setting = field(default_factory=LagsSetting)
 
     def __post_init__(self) -> None:
+        if isinstance(self.rules, dict):
+            object.__setattr__(self, "rules", RuleOptions(**self.rules))
         if self.strategies is None:
-            mode = "arrivals" if self.arrivals is not None or self.engine == "distributed" else "lockstep"
-            object.__setattr__(self, "strategies", DEFAULT_STRATEGIES[mode])
+            object.__setattr__(self, "strategies", DEFAULT_STRATEGIES[self.setting.NAME])
+        object.__setattr__(self, "strategies", tuple(self.strategies))
         lrs = (self.lr,) if isinstance(self.lr, int | float) else tuple(self.lr)
         object.__setattr__(self, "lr", lrs)
-        object.__setattr__(self, "beta", parse_beta(self.beta))
+        object.__setattr__(self, "faults", (self.faults,) if isinstance(self.faults, str) else tuple(self.faults))
         object.__setattr__(self, "line", parse_line(self.line))
-        self._check_arrivals()
-        self._check_local()  # local updates (docs/design.md §13)
-        self._check_workers()
         self._check_numbers()
+        self._check_strategies()
         check_seed(self.sketch_seed, "sketch_seed")
         get_preset(self.model)
-        self._check_saving()
+        check(self.log_dir is None or not Path(self.log_dir).exists() or Path(self.log_dir).is_dir(), "log_dir",
+              self.log_dir, "is a file; name a directory (it is created if missing)")
+        self._check_setting()
         self._check_faults()
-        self.strategy_warnings()  # every strategy is defined in this mode and batch size
+        self.strategy_warnings()  # every strategy is defined in this setting and batch size
         resolve_device(self.device)
+
+    # -- building ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_options(cls, **options: Any) -> SimulateConfig:
+        """A config from option names (``OPTIONS``; ``engine`` chooses the distributed setting).
+
+        An option passed as None is not given. The setting is chosen by ``engine``
+        distributed, else by ``arrivals``, else fixed lags; an option of another setting
+        is refused.
+
+        Raises:
+            UsageError: naming the option (an unknown one, one of another setting, a bad value).
+        """
+        given = {k: v for k, v in options.items() if v is not None}
+        engine = given.pop("engine", "simulated")
+        check(engine in ENGINES, "engine", engine, f"use {' or '.join(ENGINES)}")
+        chosen = "distributed" if engine == "distributed" else "arrivals" if "arrivals" in given else "lags"
+        tree: dict[str, Any] = {"rules": {}, chosen: {}}
+        for name, value in given.items():
+            check(name in OPTIONS, name, value, f"unknown option; use one of {', '.join(OPTIONS)}")
+            section, key = OPTIONS[name]
+            _wrong_setting(name, value, section.split(".")[0], chosen)
+            section = chosen if section == "setting" else section
+            target = tree if not section else tree.setdefault(section.split(".")[0], {})
+            if section == "arrivals.local":
+                target = target.setdefault("local", {})
+            target[key] = value
+        return cls.from_dict(tree)
+
+    @classmethod
+    def from_dict(cls, tree: dict[str, Any]) -> SimulateConfig:
+        """A config from its tree (``to_dict``'s, or a TOML/JSON file's); lists become tuples.
+
+        Raises:
+            UsageError: an unknown key, two settings, or a bad value (naming it).
+        """
+        tree = _tuples(dict(tree))
+        settings = [name for name in SETTINGS if name in tree]
+        check(len(settings) <= 1, settings[-1] if settings else "setting", ",".join(settings),
+              "give one setting: fixed lags, arrivals or distributed")
+        common = {f.name for f in dataclasses.fields(cls)} - {"rules", "setting"}
+        for key in tree:
+            check(key in common or key == "rules" or key in SETTINGS, key, tree[key],
+                  f"unknown key; use {', '.join(sorted(common))}, [rules] or one of [lags], [arrivals], "
+                  "[distributed]")
+        kind = SETTINGS[settings[0]] if settings else LagsSetting
+        setting = _build(kind, tree.get(settings[0], {}) if settings else {}, settings[0] if settings else "lags")
+        rules = _build(RuleOptions, tree.get("rules", {}), "rules")
+        return cls(**{k: v for k, v in tree.items() if k in common}, rules=rules, setting=setting)
+
+    @classmethod
+    def load(cls, path: str | Path) -> SimulateConfig:
+        """A config from a TOML (``.toml``) or JSON file: the tree of ``to_dict``.
+
+        A simulate ``--json`` result is accepted too (its ``config`` block is read).
+
+        Raises:
+            UsageError: field ``config``: the file is missing, unreadable or not TOML/JSON.
+        """
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise UsageError(f"cannot read it ({exc.strerror or exc}); give a .toml or .json file",
+                             field="config", value=str(path)) from None
+        try:
+            tree = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
+        except (ValueError, tomllib.TOMLDecodeError) as exc:
+            raise UsageError(f"is not valid {'JSON' if p.suffix.lower() == '.json' else 'TOML'}: "
+                             f"{str(exc).splitlines()[0]}", field="config", value=str(path)) from None
+        check(isinstance(tree, dict), "config", str(path), "must hold a table (TOML) or an object (JSON)")
+        if "schema_version" in tree and isinstance(tree.get("config"), dict):
+            tree = tree["config"]  # a simulate --json result
+        return cls.from_dict(tree)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The tree: common fields, ``rules`` and the setting's table under its name (JSON/TOML-ready)."""
+        common = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("rules", "setting")}
+        return {**_lists(common), "rules": _lists(dataclasses.asdict(self.rules)),
+                self.setting.NAME: _lists(dataclasses.asdict(self.setting))}
+
+    def to_options(self) -> dict[str, Any]:
+        """The options that rebuild this config with ``from_options`` (the setting's own only)."""
+        out: dict[str, Any] = {"engine": self.engine}
+        for name, (section, key) in OPTIONS.items():
+            if name == "strategies" and self.strategies == DEFAULT_STRATEGIES[self.setting.NAME]:
+                out[name] = None  # the setting's default: another setting has its own
+                continue
+            part = section.split(".")[0]
+            if part in ("", "rules"):
+                out[name] = getattr(self if not part else self.rules, key)
+            elif part == self.setting.NAME or (part == "setting" and self.setting.NAME != "lags"):
+                holder = self.setting.local if section == "arrivals.local" else self.setting
+                out[name] = getattr(holder, key)
+        return out
+
+    def with_options(self, **changes: Any) -> SimulateConfig:
+        """A copy with some options changed (None: not given), checked again.
+
+        The setting stays unless ``changes`` name ``arrivals`` or ``engine`` (None included:
+        ``arrivals=None`` goes back to fixed lags): then the old setting's options are dropped.
+        An option of another setting is refused, as in ``from_options``.
+
+        Example:
+            >>> base = SimulateConfig.from_options(steps=4)
+            >>> base.with_options(arrivals="exp:1,exp:2").setting.NAME, base.with_options(seeds=2).setting
+            ('arrivals', LagsSetting(lags=(0, 10, 20, 35), warmup_theta0=False, save_grads=None, save_at=()))
+        """
+        options = self.to_options()
+        if "arrivals" in changes or "engine" in changes:
+            options = {n: v for n, v in options.items() if n == "engine" or OPTIONS[n][0] in ("", "rules")}
+        return SimulateConfig.from_options(**{**options, **changes})
+
+    # -- what the engines read -----------------------------------------------------------------
 
     @property
     def workers(self) -> int:
-        """K, the number of workers (the length of ``lags``, or of the ``arrivals`` list)."""
-        if self.engine == "distributed":  # distributed engine
-            return (self.nproc or 2) - 1
-        return self.arrival_model().workers if self.arrivals is not None else len(self.lags)
+        """K, the number of workers (lags, the arrivals list, or nproc − 1)."""
+        return self.setting.workers
 
-    def ignored_options(self) -> tuple[str, ...]:
-        """One-line notes for options set to a non-default value that no listed rule uses."""
-        names, notes = set(self.strategies), []
-        uses = [("max_staleness", self.max_staleness is not None, {"drop-stale"}),
-                ("clip", self.clip != "auto", {"centered-clip"}),
-                ("byzantine", self.byzantine != 1, {"trimmed-mean", "krum", "multi-krum"}),
-                ("reference", self.reference != "auto", {"naig", "naig-exact", "naig-blind"}),
-                ("dc_lambda", self.dc_lambda != 20.0, {"dc-asgd"})]
-        for field, given, rules in uses:
-            if given and not names & rules:
-                notes.append(f"`{field}` has no effect: no rule of {', '.join(sorted(rules))} is listed")
-        if self.timeout != 30.0 and self.engine != "distributed":
-            notes.append("`timeout` has no effect without the distributed `engine`")
-        late = [str(f) for f in self.fault_list if f.start >= self.steps]
-        if late:
-            notes.append(f"`faults` {', '.join(late)} start(s) after the last step ({self.steps - 1})")
-        return tuple(notes)
+    @property
+    def window(self) -> int:
+        """B, gradients per update with arrivals (1 with fixed lags)."""
+        return self.setting.window
 
-    def strategy_warnings(self) -> tuple[str, ...]:
-        """One-line warnings of the strategies that run degraded here (e.g. krum with small K).
+    @property
+    def engine(self) -> str:
+        """``distributed`` (real processes) or ``simulated`` (this process)."""
+        return "distributed" if isinstance(self.setting, DistributedSetting) else "simulated"
 
-        Raises:
-            UsageError: field ``strategies`` for a rule not defined in this mode or batch size.
-        """
-        options = self.strategy_options()
-        rules = [n for n in self.strategies if n in STRATEGIES]  # local-update methods are not rules
-        return tuple(w for name in rules for w in STRATEGIES[name].check(options))
+    @property
+    def asynchronous(self) -> bool:
+        """True when staleness emerges from worker speeds (arrivals, distributed)."""
+        return self.setting.asynchronous
 
-    def strategy_options(self, sketch: TorchSketch | None = None, lr: float | None = None) -> StrategyOptions:
-        """The options every strategy of a run gets (``lr``: the run's; default the first)."""
-        mode = "arrivals" if self.asynchronous else "lockstep"
-        reference = None if self.reference == "auto" else self.reference
-        return StrategyOptions(self.beta, self.dc_lambda, self.line, sketch,
-                               lr=self.lr[0] if lr is None else lr, optimizer=self.optimizer, mode=mode,
-                               window=self.window, workers=self.workers, max_staleness=self.max_staleness,
-                               byzantine=self.byzantine, clip=self.clip, reference=reference)
+    @property
+    def beta(self) -> float | str:
+        """The Gibbs inverse temperature of the naig rules (``rules.beta``)."""
+        return self.rules.beta
 
     @property
     def fault_list(self) -> tuple[Fault, ...]:
@@ -182,25 +333,11 @@ class SimulateConfig:
         return parse_faults(self.faults)
 
     @property
-    def asynchronous(self) -> bool:
-        """True in arrival mode: staleness emerges from worker speeds (docs/design.md §11)."""
-        return self.arrivals is not None or self.engine == "distributed"  # distributed: real arrivals
-
-    @property
     def resolved_reference(self) -> str:
         """The naig reference actually used: ``ema`` for single arrivals (B = 1), else ``batch``."""
-        if self.reference != "auto":
-            return self.reference
+        if self.rules.reference != "auto":
+            return self.rules.reference
         return "ema" if self.asynchronous and self.window == 1 else "batch"
-
-    def arrival_model(self, bytes_up: float = 0.0, bytes_down: float = 0.0) -> ArrivalModel:
-        """The arrival process of arrival mode (message sizes in bytes for transfer times)."""
-        # K = the list length: single specs everywhere mean one worker (docs/design.md §13)
-        lists = (self.arrivals or "", self.uplink or "", self.downlink or "")
-        single = self.arrivals is not None and "," not in "".join(lists) and len(self.bandwidth) <= 1
-        return ArrivalModel.from_specs(self.arrivals or "const:1", workers=1 if single else None,
-                                       uplink=self.uplink, downlink=self.downlink, mode=self.mode,
-                                       bytes_up=bytes_up, bytes_down=bytes_down, bandwidth=self.bandwidth)
 
     @property
     def tuning(self) -> bool:
@@ -212,117 +349,87 @@ class SimulateConfig:
         """Server steps over all seeds, strategies and learning rates (for progress bars)."""
         return self.steps * self.seeds * len(self.strategies) * len(self.lr)
 
-    def _check_workers(self) -> None:
-        _check(len(self.lags) > 0 and all(t >= 0 for t in self.lags), "lags", self.lags,
-               "use non-negative ints, one per worker, e.g. 0,10,20,35")
-        _check(all(t <= MAX_LAG for t in self.lags), "lags", self.lags,
-               f"a lag must be at most {MAX_LAG:,}; any lag >= `steps` ({self.steps}) already "
-               "means every gradient is taken at θ_0")
-        _check(len(self.strategies) > 0, "strategies", self.strategies, "is empty; use e.g. naig,hogwild")
+    def strategy_options(self, sketch: TorchSketch | None = None, lr: float | None = None) -> StrategyOptions:
+        """The options every strategy of a run gets (``lr``: the run's; default the first)."""
+        r = self.rules
+        return StrategyOptions(r.beta, r.dc_lambda, self.line, sketch, lr=self.lr[0] if lr is None else lr,
+                               optimizer=self.optimizer, mode="arrivals" if self.asynchronous else "lockstep",
+                               window=self.window, workers=self.workers, max_staleness=r.max_staleness,
+                               byzantine=r.byzantine, clip=r.clip,
+                               reference=None if r.reference == "auto" else r.reference)
+
+    def strategy_warnings(self) -> tuple[str, ...]:
+        """One-line warnings of the strategies that run degraded here (e.g. krum with small K).
+
+        Raises:
+            UsageError: field ``strategies`` for a rule not defined in this setting or batch size.
+        """
+        options = self.strategy_options()
+        rules = [n for n in self.strategies if n in STRATEGIES]  # local-update methods are not rules
+        return tuple(w for name in rules for w in STRATEGIES[name].check(options))
+
+    def ignored_options(self) -> tuple[str, ...]:
+        """One-line notes for rule options set to a non-default value that no listed rule uses."""
+        names, notes, r = set(self.strategies), [], self.rules
+        uses = [("max_staleness", r.max_staleness is not None, {"drop-stale"}),
+                ("clip", r.clip != "auto", {"centered-clip"}),
+                ("byzantine", r.byzantine != 1, {"trimmed-mean", "krum", "multi-krum"}),
+                ("reference", r.reference != "auto", {"naig", "naig-exact", "naig-blind"}),
+                ("dc_lambda", r.dc_lambda != 20.0, {"dc-asgd"})]
+        for name, given, rules in uses:
+            if given and not names & rules:
+                notes.append(f"`{name}` has no effect: no rule of {', '.join(sorted(rules))} is listed")
+        late = [str(f) for f in self.fault_list if f.start >= self.steps]
+        if late:
+            notes.append(f"`faults` {', '.join(late)} start(s) after the last step ({self.steps - 1})")
+        return tuple(notes)
+
+    # -- checks of what joins the parts --------------------------------------------------------
+
+    def _check_numbers(self) -> None:
+        check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"use {' or '.join(OPTIMIZERS)}")
+        check(isinstance(self.steps, int) and 0 < self.steps <= MAX_STEPS, "steps", self.steps,
+              f"use a positive int up to {MAX_STEPS:,}, e.g. 150")
+        check(isinstance(self.seeds, int) and self.seeds > 0, "seeds", self.seeds, "use a positive int, e.g. 3")
+        check(len(self.lr) > 0 and all(isinstance(v, int | float) and v > 0 and math.isfinite(v) for v in self.lr),
+              "lr", self.lr, "use finite values > 0, e.g. 1e-3 or 3e-4,1e-3,3e-3")
+        check(len(set(self.lr)) == len(self.lr), "lr", self.lr, "lists a learning rate twice")
+        check(isinstance(self.batch_size, int) and self.batch_size > 0, "batch_size", self.batch_size,
+              "use a positive int, e.g. 8")
+        check(isinstance(self.eval_every, int) and self.eval_every >= 0, "eval_every", self.eval_every,
+              "use an int >= 0 (0: validate only at the end)")
+        check(isinstance(self.eval_batches, int) and self.eval_batches > 0, "eval_batches", self.eval_batches,
+              "use a positive int, e.g. 16")
+
+    def _check_strategies(self) -> None:
+        check(len(self.strategies) > 0, "strategies", self.strategies, "is empty; use e.g. naig,hogwild")
         for name in self.strategies:
-            _check(name in STRATEGIES or name in LOCAL_METHODS, "strategies", name,
-                   f"unknown strategy; use a comma list of {', '.join((*STRATEGIES, *LOCAL_METHODS))}")
+            check(name in STRATEGIES or name in LOCAL_METHODS, "strategies", name,
+                  f"unknown strategy; use a comma list of {', '.join((*STRATEGIES, *LOCAL_METHODS))}")
         dupes = sorted({n for n in self.strategies if self.strategies.count(n) > 1})
-        _check(not dupes, "strategies", self.strategies,
-               f"{', '.join(dupes)} listed more than once; name each strategy once")
+        check(not dupes, "strategies", self.strategies, f"{', '.join(dupes)} listed more than once; name each "
+              "strategy once")
 
-    def _check_arrivals(self) -> None:
-        if self._check_distributed():  # distributed engine: its own checks
-            return
-        if self.arrivals is None:
-            for name in ("uplink", "downlink"):
-                _check(getattr(self, name) is None, name, getattr(self, name),
-                       "needs `arrivals` (worker compute times, e.g. exp:1,exp:2)")
-            _check(self.mode == "blocking" and self.window == 1, "mode" if self.mode != "blocking"
-                   else "window", self.mode if self.mode != "blocking" else self.window,
-                   "needs `arrivals`; fixed lags have no protocol or window")
-            return
-        _check(self.lags == DEFAULT_LAGS, "lags", self.lags,
-               "excludes `arrivals`: staleness emerges from worker speeds; drop one of them")
-        _check(not self.warmup_theta0, "warmup_theta0", True, "applies to fixed lags only")
-        try:
-            k = self.arrival_model().workers  # parses the specs
-        except UsageError as exc:  # the model calls the compute times `compute`
-            if exc.field not in ("compute", "workers"):
-                raise
-            raise UsageError(exc.message, field="arrivals", value=self.arrivals) from None
-        _check(isinstance(self.window, int) and 1 <= self.window <= k, "window", self.window,
-               f"use an int in 1..{k} (1: ASGD, {k}: K-batch-async)")
-        _check(self.reference in REFERENCES, "reference", self.reference,
-               f"use one of {', '.join(REFERENCES)}")
-
-    # Local updates and gossip (docs/design.md §13)
-    def inner_steps(self) -> tuple[int, ...]:
-        """H_i of every worker (K values): ``local_steps`` spread to K, or the default 10 each."""
-        h = self.local_steps or (DEFAULT_LOCAL_STEPS,)
-        return h * self.workers if len(h) == 1 else h
-
-    def _check_local(self) -> None:
-        if self.local_steps is not None:
-            object.__setattr__(self, "local_steps", tuple(self.local_steps))
-        object.__setattr__(self, "bandwidth", tuple(self.bandwidth))
-        local = [n for n in self.strategies if n in LOCAL_METHODS]
-        if self.arrivals is None:
-            for name, value in (("local_steps", self.local_steps), ("bandwidth", self.bandwidth or None)):
-                _check(value is None, name, value, "needs `arrivals` (compute seconds per step of "
-                       "each worker, e.g. exp:1,exp:1,exp:2,exp:4): it runs on the simulated clock")
-            _check(not local, "strategies", ",".join(local), "runs on the simulated clock and needs "
-                   "`arrivals` (compute seconds per inner step, e.g. exp:1,exp:1,exp:2,exp:4)")
-        users = {"local_steps": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "local-sgd"),
-                 "outer_lr": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc"),
-                 "outer_momentum": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc")}
-        for name, rules in users.items():
-            _check(getattr(self, name) is None or any(n in rules for n in self.strategies), name,
-                   getattr(self, name), f"applies to local-update strategies only ({', '.join(rules)}); "
-                   "list one in `strategies`")
-        h = self.local_steps
-        ok = h is None or (len(h) in (1, self.workers) and all(isinstance(v, int) and 1 <= v <= MAX_STEPS
-                                                                for v in h))
-        _check(ok, "local_steps", h,
-               f"use one int >= 1, or one per worker ({self.workers}), e.g. 10 or 10,10,5,2")
-        lr = self.outer_lr
-        _check(lr is None or (math.isfinite(lr) and lr > 0), "outer_lr", lr,
-               "use a finite value > 0, e.g. 0.7")
-        m = self.outer_momentum
-        _check(m is None or (math.isfinite(m) and 0 <= m < 1), "outer_momentum", m,
-               "use a value in [0, 1), e.g. 0.9 (0: no momentum)")
-    # Distributed engine (naig.distributed, docs/design.md §14)
-    def _check_distributed(self) -> bool:
-        """Check the distributed engine's fields; True when the engine is distributed."""
-        _check(self.engine in ("simulated", "distributed"), "engine", self.engine,
-               "use simulated or distributed")
-        if self.engine == "simulated":
-            for name, default in (("nproc", None), ("slowdown", ()), ("sketch_first", False)):
-                _check(getattr(self, name) == default, name, getattr(self, name),
-                       "needs `engine` distributed")
-            return False
-        _check(isinstance(self.nproc, int) and self.nproc >= 2, "nproc", self.nproc,
-               "use an int >= 2: the server plus at least one worker, e.g. 5")
-        for name in ("arrivals", "uplink", "downlink", "save_grads", "log_dir"):
-            _check(getattr(self, name) is None, name, getattr(self, name),
-                   "is not available with `engine` distributed (real processes measure their own "
-                   "speeds; skew them with `slowdown`)" if name == "arrivals" else
-                   "is not available with `engine` distributed")
-        _check(self.lags == DEFAULT_LAGS, "lags", self.lags,
-               "excludes `engine` distributed: staleness emerges from the processes' speeds")
-        _check(not self.warmup_theta0, "warmup_theta0", True, "applies to fixed lags only")
-        _check(self.mode == "blocking", "mode", self.mode, "the parameter server is blocking; drop it")
-        k = self.nproc - 1
-        _check(isinstance(self.window, int) and 1 <= self.window <= k, "window", self.window,
-               f"use an int in 1..{k} (1: ASGD, {k}: K-batch-async)")
-        _check(self.reference in REFERENCES, "reference", self.reference,
-               f"use one of {', '.join(REFERENCES)}")
-        _check(len(self.slowdown) in (0, k) and all(math.isfinite(v) and v >= 1 for v in self.slowdown),
-               "slowdown", self.slowdown,
-               f"give {k} factors >= 1, one per worker, e.g. {','.join(['1'] * k)}")
-        _check(math.isfinite(self.timeout) and 0 < self.timeout <= 30, "timeout", self.timeout,
-               "use seconds in (0, 30]")
-        _check(not self.sketch_first or set(self.strategies) == {"naig"}, "sketch_first", True,
-               "screens gradients with naig's weights; use `strategies` naig")
-        local = [n for n in self.strategies if n in LOCAL_METHODS]
-        _check(not local, "strategies", ",".join(local), "local-update methods run on the simulated clock "
-               "only; drop them or use `arrivals` instead of `engine` distributed")
-        return True
+    def _check_setting(self) -> None:
+        """The setting runs the listed rules; its options are used by one of them."""
+        s, local = self.setting, [n for n in self.strategies if n in LOCAL_METHODS]
+        if isinstance(s, LagsSetting):
+            s.check_steps(self.steps)
+            check(not local, "strategies", ",".join(local), "runs on the simulated clock and needs `arrivals` "
+                  "(compute seconds per inner step, e.g. exp:1,exp:1,exp:2,exp:4)")
+        elif isinstance(s, ArrivalsSetting):
+            users = {"local_steps": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "local-sgd"),
+                     "outer_lr": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc"),
+                     "outer_momentum": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc")}
+            for name, value in s.local.given().items():
+                check(any(n in users[name] for n in self.strategies), name, value,
+                      f"applies to local-update strategies only ({', '.join(users[name])}); list one in "
+                      "`strategies`")
+        else:
+            check(not s.sketch_first or set(self.strategies) == {"naig"}, "sketch_first", True,
+                  "screens gradients with naig's weights; use `strategies` naig")
+            check(not local, "strategies", ",".join(local), "local-update methods run on the simulated clock "
+                  "only; drop them or use `arrivals` instead of `engine` distributed")
 
     def _check_faults(self) -> None:
         """Every fault names a worker and a kind that every engine of this experiment applies."""
@@ -331,55 +438,60 @@ class SimulateConfig:
             check_faults(faults, self.workers, frozenset(FAULT_KINDS), "the distributed engine")
             return
         check_faults(faults, self.workers, GRADIENT_FAULTS, "the simulated engines")
-        _check(not (faults and "gasloc" in self.strategies), "faults", self.faults[0] if faults else None,
-               "gasloc has no server to receive a faulty message; drop gasloc or the faults")
-
-    def _check_numbers(self) -> None:
-        _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, "use sgd or adam")
-        _check(0 < self.steps <= MAX_STEPS, "steps", self.steps,
-               f"use a positive int up to {MAX_STEPS:,}, e.g. 150")
-        _check(self.seeds > 0, "seeds", self.seeds, "use a positive int, e.g. 3")
-        _check(len(self.lr) > 0 and all(v > 0 and math.isfinite(v) for v in self.lr), "lr", self.lr,
-               "use finite values > 0, e.g. 1e-3 or 3e-4,1e-3,3e-3")
-        _check(len(set(self.lr)) == len(self.lr), "lr", self.lr, "lists a learning rate twice")
-        _check(math.isfinite(self.dc_lambda) and self.dc_lambda >= 0, "dc_lambda", self.dc_lambda,
-               "DC-ASGD's λ must be finite and >= 0, e.g. 20")
-        _check(self.batch_size > 0, "batch_size", self.batch_size, "use a positive int, e.g. 8")
-        _check(self.byzantine >= 0, "byzantine", self.byzantine, "use an int >= 0, e.g. 1")
-        _check(self.max_staleness is None or self.max_staleness >= 0, "max_staleness", self.max_staleness,
-               "use an int >= 0 (the largest staleness drop-stale keeps), e.g. 4")
-        _check(self.eval_every >= 0, "eval_every", self.eval_every,
-               "use an int >= 0 (0: validate only at the end)")
-        _check(self.eval_batches > 0, "eval_batches", self.eval_batches, "use a positive int, e.g. 16")
-
-    def _check_saving(self) -> None:
-        if self.log_dir is not None:
-            _check(not Path(self.log_dir).exists() or Path(self.log_dir).is_dir(), "log_dir", self.log_dir,
-                   "is a file; name a directory (it is created if missing)")
-        _check(self.save_grads is None or not self.asynchronous, "save_grads", self.save_grads,
-               "saves the gradients of a fixed-lag server step; it is not available with `arrivals` "
-               "or the distributed engine")
-        if self.save_grads is None:
-            _check(not self.save_at, "save_at", self.save_at,
-                   "needs `save_grads` (the directory to write the gradient files to)")
-            return
-        _check(self.save_grads.strip() != "", "save_grads", self.save_grads,
-               "give a directory to write gradient files to, e.g. runs/grads")
-        _check(bool(self.save_at), "save_grads", self.save_grads,
-               f"needs `save_at` (the server steps to save at, in 0..{self.steps - 1})")
-        _check(all(0 <= s < self.steps for s in self.save_at), "save_at", self.save_at,
-               f"steps must lie in 0..{self.steps - 1} (`steps` is {self.steps})")
-        path = Path(self.save_grads)
-        existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
-        _check(existing.is_dir(), "save_grads", self.save_grads,
-               f"{existing} is not a directory; pass a directory (it is created if missing)")
-        _check(os.access(existing, os.W_OK | os.X_OK), "save_grads", self.save_grads,
-               f"{existing} is not writable; pass a directory you can write to")
+        check(not (faults and "gasloc" in self.strategies), "faults", self.faults[0] if faults else None,
+              "gasloc has no server to receive a faulty message; drop gasloc or the faults")
 
 
-def _check(ok: bool, field: str, value: object, message: str) -> None:
-    if not ok:
-        raise UsageError(message, field=field, value=value)
+def _wrong_setting(name: str, value: object, section: str, chosen: str) -> None:
+    """One line for an option of another setting than the chosen one (the one table of such errors)."""
+    if section in ("", "rules") or section == chosen:
+        return
+    if section == "setting":
+        if chosen == "lags":
+            raise UsageError("needs `arrivals` or `engine` distributed; fixed lags have no window", field=name,
+                             value=value)
+        return
+    if section == "lags":
+        why = {"arrivals": "staleness emerges from worker speeds", "distributed": "staleness emerges from the "
+               "processes' speeds"}[chosen]
+        raise UsageError(f"belongs to fixed lags, and {_CHOSEN_BY[chosen]} chose {_SETTING_NAMES[chosen]} "
+                         f"({why}); drop one of them", field=name, value=value)
+    if section == "arrivals" and chosen == "distributed":
+        raise UsageError("is not available with `engine` distributed (real processes measure their own speeds; "
+                         "skew them with `slowdown`)", field=name, value=value)
+    need = {"arrivals": "`arrivals` (worker compute times, e.g. exp:1,exp:2)",
+            "distributed": "`engine` distributed"}[section]
+    raise UsageError(f"needs {need}", field=name, value=value)
+
+
+def _build(kind: type, values: dict[str, Any], where: str) -> Any:
+    """``kind(**values)``, refusing keys it does not have (naming the table and the key)."""
+    known = {f.name for f in dataclasses.fields(kind)}
+    for key in values:
+        if key not in known:
+            raise UsageError(f"is not a key of [{where}]; use {', '.join(sorted(known))}", field=key,
+                             value=values[key])
+    if where == "arrivals" and isinstance(values.get("local"), dict):
+        values = {**values, "local": _build(LocalUpdates, values["local"], "arrivals.local")}
+    return kind(**values)
+
+
+def _tuples(tree: Any) -> Any:
+    """Lists (from JSON or TOML) as tuples, recursively."""
+    if isinstance(tree, dict):
+        return {k: _tuples(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return tuple(_tuples(v) for v in tree)
+    return tree
+
+
+def _lists(tree: Any) -> Any:
+    """Tuples as lists, recursively (a JSON/TOML-ready tree)."""
+    if isinstance(tree, dict):
+        return {k: _lists(v) for k, v in tree.items()}
+    if isinstance(tree, tuple | list):
+        return [_lists(v) for v in tree]
+    return tree
 
 
 _EXAMPLES = {"save_at": "50 or 50,100", "local_steps": "10 or 10,10,5,2"}
@@ -390,7 +502,7 @@ def parse_int_list(text: str, field: str) -> tuple[int, ...]:
 
     Args:
         text: the comma list.
-        field: the field errors name (``lags``, ``save_at``).
+        field: the option errors name (``lags``, ``save_at``).
 
     Raises:
         UsageError: if the text is not a comma list of non-negative ints.
@@ -405,8 +517,7 @@ def parse_int_list(text: str, field: str) -> tuple[int, ...]:
         values = ()
     if not values or any(v < 0 for v in values):
         raise UsageError(f"use a comma list of non-negative ints, e.g. {_EXAMPLES.get(field, '0,10,20,35')}",
-                         field=field,
-                         value=text)
+                         field=field, value=text)
     return values
 
 
@@ -433,13 +544,12 @@ def resolve_device(device: str) -> str:
     Raises:
         UsageError: for an unknown name or ``cuda`` without a GPU.
     """
-    _check(device in DEVICES, "device", device, "use cpu, cuda or auto")
+    check(device in DEVICES, "device", device, "use cpu, cuda or auto")
     if device == "cpu":
         return device
     import torch
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    _check(torch.cuda.is_available(), "device", device,
-           "no CUDA GPU is available; use cpu or auto")
+    check(torch.cuda.is_available(), "device", device, "no CUDA GPU is available; use cpu or auto")
     return device

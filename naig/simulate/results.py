@@ -125,7 +125,9 @@ class SimulateResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of everything (config included; NaN/Inf still need → null)."""
-        return {"schema_version": SCHEMA_VERSION, **asdict(self)}
+        out = {"schema_version": SCHEMA_VERSION, **asdict(self)}
+        out["config"] = self.config.to_dict()  # the tree that loads back (SimulateConfig.load)
+        return out
 
     @property
     def diverged(self) -> tuple[RunResult, ...]:

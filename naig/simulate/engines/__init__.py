@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
-    from naig.simulate.engines.base import Engine
-    from naig.simulate.engines.base import Run
+    from naig.simulate.engines.base import Engine, Run
     from naig.simulate.experiment import Session
     from naig.simulate.workload import Workload
 
@@ -31,7 +30,7 @@ def select(config: SimulateConfig, rule: str) -> Engine:
     Fixed lags run every gradient rule; with arrivals, the local-update methods run on the
     local engine and the gradient rules (``sync`` as timed rounds) on the arrivals engine.
     """
-    if config.arrivals is None:
+    if config.setting.NAME == "lags":
         from naig.simulate.engines.lags import LagsEngine
 
         return LagsEngine
@@ -53,7 +52,7 @@ def start(workload: Workload, rule: str, seed: int, lr: float | None = None) -> 
 def open_session(config: SimulateConfig) -> Session | None:
     """The experiment's session: simulated engines in this process, or the distributed engine's
     processes (None on a worker rank under a launcher, after it served)."""
-    if config.engine == "distributed":
+    if config.setting.NAME == "distributed":
         from naig.simulate.engines.distributed import open_distributed
 
         return open_distributed(config)

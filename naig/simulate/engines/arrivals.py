@@ -21,8 +21,8 @@ gradients (``SyncRoundsRun``), each costing the round time max_i C_i drawn from 
 Example:
     >>> from naig.simulate.config import SimulateConfig
     >>> from naig.simulate.workload import Workload
-    >>> cfg = SimulateConfig(arrivals="exp:1,exp:2", steps=2, seeds=1, strategies=("hogwild",),
-    ...                      data_bytes=50_000, eval_every=0, eval_batches=1)
+    >>> cfg = SimulateConfig.from_options(arrivals="exp:1,exp:2", steps=2, seeds=1, strategies=("hogwild",),
+    ...                                   data_bytes=50_000, eval_every=0, eval_batches=1)
     >>> run = ArrivalsEngine.start(Workload(cfg), "hogwild", seed=0, lr=1e-3)
     >>> run.step(); run.t, run.gradients, run.time > 0
     (1, 1, True)
@@ -50,7 +50,7 @@ __all__ = ["ArrivalsEngine", "ArrivalRun", "SyncRoundsRun", "arrival_model", "st
 def arrival_model(workload: Workload) -> ArrivalModel:
     """The configured arrival process, messages of 4n bytes (one float32 gradient or θ)."""
     n_bytes = 4 * workload.n_params
-    return workload.config.arrival_model(n_bytes, n_bytes)
+    return workload.config.setting.arrival_model(n_bytes, n_bytes)
 
 
 class ArrivalRun:

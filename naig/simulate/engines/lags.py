@@ -13,8 +13,8 @@ gradients at θ_0). The run diverges at the step where θ becomes non-finite.
 Example:
     >>> from naig.simulate.config import SimulateConfig
     >>> from naig.simulate.workload import Workload
-    >>> cfg = SimulateConfig(steps=2, seeds=1, strategies=("hogwild",), data_bytes=50_000,
-    ...                      eval_every=0, eval_batches=1)
+    >>> cfg = SimulateConfig.from_options(steps=2, seeds=1, strategies=("hogwild",), data_bytes=50_000,
+    ...                                   eval_every=0, eval_batches=1)
     >>> run = LagsEngine.start(Workload(cfg), "hogwild", seed=0, lr=1e-3)
     >>> run.step(); run.t
     1
@@ -54,11 +54,11 @@ class LagsRun:
 
     clocked: ClassVar[bool] = False
 
-    def __init__(self, workload: Workload, rule: Strategy, seed: int, lr: float,
-                 lags: tuple[int, ...], steps: int) -> None:
+    def __init__(self, workload: Workload, rule: Strategy, seed: int, lr: float, lags: tuple[int, ...],
+                 steps: int, warmup: bool = False, save: tuple[str | None, tuple[int, ...]] = (None, ())) -> None:
         c, k = workload.config, len(lags)
         self.workload, self.rule, self.name, self.seed, self.lr = workload, rule, rule.name, seed, lr
-        self.steps = steps
+        self.steps, self.warmup, (self.save_dir, self.save_at) = steps, warmup, save
         self.state = ServerState(workload.init_params(seed), rule, c.optimizer, lr, k, c.fault_list,
                                  workload.fault_generator(seed))
         self.history = self.state.history
@@ -97,7 +97,7 @@ class LagsRun:
 
     def active(self) -> Tensor:
         """(K,) bool: the workers that have joined by step t (a lag-τ worker joins at step τ)."""
-        if self.workload.config.warmup_theta0:
+        if self.warmup:
             return torch.ones_like(self.lags, dtype=torch.bool)
         return self.lags <= self.t
 
@@ -148,7 +148,7 @@ class LagsRun:
     def communication(self) -> tuple[int, np.ndarray]:
         """Sequences consumed and bytes sent per worker: worker k sent at steps τ_k .. t − 1."""
         c = self.workload.config
-        if c.warmup_theta0:
+        if self.warmup:
             per = np.full(len(self.lags), self.t)
         else:
             per = np.clip(self.t - self.lags.cpu().numpy(), 0, None)
@@ -159,9 +159,8 @@ class LagsRun:
         return {"correction": self.state.corrections.mean}
 
     def _maybe_save(self) -> None:
-        c = self.workload.config
-        if c.save_grads is not None and self.t - 1 in c.save_at:
-            self.saved += self.save_gradients(Path(c.save_grads))
+        if self.save_dir is not None and self.t - 1 in self.save_at:
+            self.saved += self.save_gradients(Path(self.save_dir))
 
     def save_gradients(self, root: Path) -> list[str]:
         """Write ref.safetensors (the least stale worker) and worker<k>.safetensors of the last
@@ -169,7 +168,7 @@ class LagsRun:
         t = self.t - 1
         folder = root / f"{self.name}-seed{self.seed}-step{t}"
         lags = self.lags.tolist()
-        joined = [w for w in range(len(lags)) if self.workload.config.warmup_theta0 or lags[w] <= t]
+        joined = [w for w in range(len(lags)) if self.warmup or lags[w] <= t]
         ref = joined[reference_index([lags[w] for w in joined])]
         paths = []
         for w, name in [(ref, "ref")] + [(w, f"worker{w}") for w in joined]:
@@ -188,8 +187,9 @@ class LagsEngine:
     @staticmethod
     def start(workload: Workload, rule: str, seed: int, lr: float) -> LagsRun:
         """A fixed-lag run at step 0 (θ_0 of ``seed``, a fresh optimizer at ``lr``)."""
-        c = workload.config
-        return LagsRun(workload, _make_rule(workload, rule, lr), seed, lr, c.lags, c.steps)
+        c, s = workload.config, workload.config.setting
+        return LagsRun(workload, _make_rule(workload, rule, lr), seed, lr, s.lags, c.steps, s.warmup_theta0,
+                       (s.save_grads, s.save_at))
 
 
 def _make_rule(workload: Workload, name: str, lr: float) -> Strategy:

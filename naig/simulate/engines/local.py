@@ -42,8 +42,9 @@ seed sees the same compute and latency draws.
 Example:
     >>> from naig.simulate.config import SimulateConfig
     >>> from naig.simulate.workload import Workload
-    >>> cfg = SimulateConfig(arrivals="const:1,const:2", local_steps=(2,), steps=4, seeds=1,
-    ...                      strategies=("diloco",), data_bytes=50_000, eval_every=0, eval_batches=1)
+    >>> cfg = SimulateConfig.from_options(arrivals="const:1,const:2", local_steps=(2,), steps=4, seeds=1,
+    ...                                   strategies=("diloco",), data_bytes=50_000, eval_every=0,
+    ...                                   eval_batches=1)
     >>> run = LocalEngine.start(Workload(cfg), "diloco", seed=0, lr=1e-3)
     >>> run.step(); run.t, run.gradients, run.time
     (1, 4, 4.0)
@@ -132,20 +133,21 @@ def resolve_method(name: str, config: SimulateConfig, lr: float) -> LocalMethod:
         lr: the inner learning rate (gasloc's default outer lr).
 
     Example:
-        >>> cfg = SimulateConfig(arrivals="exp:1", strategies=("diloco",))
+        >>> cfg = SimulateConfig.from_options(arrivals="exp:1", strategies=("diloco",))
         >>> m = resolve_method("diloco", cfg, 3e-3)
         >>> m.inner, m.outer, m.outer_lr, m.momentum
         ('adamw', 'sgd', 0.7, 0.9)
     """
-    mom = 0.9 if config.outer_momentum is None else config.outer_momentum
+    local = config.setting.local
+    mom = 0.9 if local.outer_momentum is None else local.outer_momentum
     if name == "gasloc":
-        return LocalMethod(name, "adamw", "adam", config.outer_lr or lr, mom, topology="gossip")
+        return LocalMethod(name, "adamw", "adam", local.outer_lr or lr, mom, topology="gossip")
     if name == "local-sgd":
         return LocalMethod(name, "sgd", "sgd", 1.0, 0.0)
     if name == "allreduce":
         return LocalMethod(name, "none", "adamw", lr, 0.0)
     weighting = "gibbs" if name in _GIBBS else "mean"
-    return LocalMethod(name, "adamw", "sgd", config.outer_lr or 0.7, mom, weighting=weighting)
+    return LocalMethod(name, "adamw", "sgd", local.outer_lr or 0.7, mom, weighting=weighting)
 
 
 class PseudoMean:
@@ -319,7 +321,7 @@ class LocalRun:
         c, k = workload.config, workload.config.workers
         self.workload, self.method, self.name, self.seed, self.lr = workload, method, method.name, seed, lr
         theta0 = workload.init_params(seed)
-        self.steps_per_phase = (1,) * k if method.inner == "none" else c.inner_steps()
+        self.steps_per_phase = (1,) * k if method.inner == "none" else c.setting.inner_steps()
         self.replicas = [nn.Parameter(theta0.clone()) for _ in range(k)]
         self.inner = [None if method.inner == "none" else make_optimizer(method.inner, [p], lr)
                       for p in self.replicas]

@@ -100,7 +100,7 @@ class _Channel:
 
     def __init__(self, worker: int, link: Link, sim: Workload, events: queue.Queue, ping: float) -> None:
         self.worker, self.link, self.events, self.ping = worker, link, events, ping
-        self.device, self.sketch_first = sim.device, sim.config.sketch_first
+        self.device, self.sketch_first = sim.device, sim.config.setting.sketch_first
         self.inbox: queue.Queue[_Order] = queue.Queue()
         self.head = torch.empty(4, dtype=torch.float64, device=sim.device)
         self.payload = torch.empty(SKETCH_DIM + sim.n_params, device=sim.device)  # [sketch | gradient]
@@ -171,7 +171,7 @@ class ParameterServer:
     def __init__(self, sim: Workload, links: dict[int, Link]) -> None:
         self.sim, self.config = sim, sim.config
         self.events: queue.Queue = queue.Queue()
-        ping = self.config.timeout / 3
+        ping = self.config.setting.timeout / 3
         self.channels = {w: _Channel(w, link, sim, self.events, ping) for w, link in links.items()}
         self.live, self.busy = set(links), set()
         self.lost: list[dict] = []
@@ -317,8 +317,8 @@ class _ServerRun:
         self.held: dict[int, int] = {}
         self.k, self.budget = c.workers, c.steps * c.workers
         self.window = c.window if strategy.uses_lags else c.workers
-        self.hold = not strategy.uses_lags or (c.sketch_first and self.window > 1)
-        self.screen = SketchScreen(c.beta, c.line) if c.sketch_first else None
+        self.hold = not strategy.uses_lags or (c.setting.sketch_first and self.window > 1)
+        self.screen = SketchScreen(c.beta, c.line) if c.setting.sketch_first else None
         self.grads = self.theta.detach().new_empty(self.window, sim.n_params) if self.window > 1 else None
         self.rows: list[_Row] = []
         self.log, self.lost = _Log(), []
@@ -382,7 +382,7 @@ class _ServerRun:
         log.tau.append(tau)
         log.time.append(self.wall(ev.at))
         log.weight.append(0.0)
-        log.fetched.append(not self.config.sketch_first)
+        log.fetched.append(not self.config.setting.sketch_first)
         log.compute.append(ev.head.compute)
         log.reply.append(ev.reply)
         log.up += ev.up

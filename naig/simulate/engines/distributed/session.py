@@ -16,7 +16,6 @@ spread.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -31,10 +30,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from naig.distributed.launch import LocalCluster, backend_for, init, under_launcher, watch_parent
 from naig.errors import UsageError
 from naig.simulate.config import SimulateConfig
 from naig.simulate.engines.base import NoWorkerLeft
-from naig.distributed.launch import LocalCluster, backend_for, init, under_launcher, watch_parent
 from naig.simulate.engines.distributed.server import ParameterServer
 from naig.simulate.engines.distributed.transport import Link, pair_groups
 from naig.simulate.engines.distributed.worker import Worker
@@ -51,20 +50,19 @@ DETERMINISM = ("not reproducible: the order in which gradients arrive depends on
 
 
 def config_to_json(config: SimulateConfig) -> str:
-    """The config as a JSON object (every field)."""
-    return json.dumps(dataclasses.asdict(config))
+    """The config's tree as a JSON object (``SimulateConfig.to_dict``)."""
+    return json.dumps(config.to_dict())
 
 
 def config_from_json(text: str) -> SimulateConfig:
-    """A config from ``config_to_json``'s text (lists become tuples); validated again.
+    """A config from ``config_to_json``'s text; validated again.
 
     Example:
-        >>> c = SimulateConfig(engine="distributed", nproc=3, steps=4)
+        >>> c = SimulateConfig.from_options(engine="distributed", nproc=3, steps=4)
         >>> config_from_json(config_to_json(c)) == c
         True
     """
-    fields = json.loads(text)
-    return SimulateConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    return SimulateConfig.from_dict(json.loads(text))
 
 
 def _device(config: SimulateConfig) -> None:
@@ -83,8 +81,8 @@ def worker_main(config: SimulateConfig) -> int:
     watch_parent()
     _device(config)
     sim = Workload(config)
-    init(rank, world, backend_for(sim.device), config.timeout)
-    groups = pair_groups(rank, world, config.timeout)
+    init(rank, world, backend_for(sim.device), config.setting.timeout)
+    groups = pair_groups(rank, world, config.setting.timeout)
     jobs = Worker(sim, Link(groups[rank], 0), rank - 1).run()
     dist.destroy_process_group()
     return jobs
@@ -101,9 +99,9 @@ def open_distributed(config: SimulateConfig) -> DistributedSession | None:
         raise UsageError("needs engine distributed", field="engine", value=config.engine)
     if under_launcher():
         world = int(os.environ["WORLD_SIZE"])
-        if world != config.nproc:
+        if world != config.setting.nproc:
             raise UsageError(f"the launcher started {world} processes; pass {world} or leave it out",
-                             field="nproc", value=config.nproc)
+                             field="nproc", value=config.setting.nproc)
         if int(os.environ["RANK"]) != 0:
             worker_main(config)
             return None
@@ -146,11 +144,11 @@ class DistributedSession:
             cfg = tmp / "config.json"
             cfg.write_text(config_to_json(c))
             argv = [sys.executable, "-m", "naig.simulate.engines.distributed", str(cfg)]
-            self.cluster = self._stack.enter_context(LocalCluster(argv, c.nproc, c.timeout, tmp))
+            self.cluster = self._stack.enter_context(LocalCluster(argv, c.setting.nproc, c.setting.timeout, tmp))
             torch.set_num_threads(self.cluster.threads)
-        init(0, c.nproc, backend_for(self.workload.device), c.timeout,
+        init(0, c.setting.nproc, backend_for(self.workload.device), c.setting.timeout,
              store=None if self.cluster is None else self.cluster.store)
-        groups = pair_groups(0, c.nproc, c.timeout)
+        groups = pair_groups(0, c.setting.nproc, c.setting.timeout)
         self.server = ParameterServer(self.workload, {r - 1: Link(g, r) for r, g in groups.items()})
 
     def run(self, rule: str, seed: int, lr: float, ctx: RunContext) -> RunResult:
@@ -177,9 +175,9 @@ class DistributedSession:
             dict(rec, log=cluster.log_tail(rec["rank"]) if cluster else None,
                  exit_code=cluster.exit_code(rec["rank"]) if cluster else None) for rec in server.lost]
         return {"engine": "distributed", "launcher": "local" if self.spawn else "torchrun",
-                "backend": backend_for(self.workload.device), "nproc": c.nproc, "workers": c.workers,
-                "window": c.window, "sketch_first": c.sketch_first, "slowdown": list(c.slowdown) or None,
-                "timeout_seconds": c.timeout, "faults": list(c.faults),
+                "backend": backend_for(self.workload.device), "nproc": c.setting.nproc, "workers": c.workers,
+                "window": c.window, "sketch_first": c.setting.sketch_first, "slowdown": list(c.setting.slowdown) or None,
+                "timeout_seconds": c.setting.timeout, "faults": list(c.faults),
                 "threads_per_process": self._threads_used, "lost": lost,
                 "live_at_end": [] if server is None else sorted(server.live), "deterministic": False,
                 "determinism": DETERMINISM}

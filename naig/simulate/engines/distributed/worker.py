@@ -40,7 +40,7 @@ class Worker:
     def __init__(self, sim: Workload, link: Link, index: int) -> None:
         c = sim.config
         self.sim, self.link, self.index = sim, link, index
-        self.slowdown = c.slowdown[index] if c.slowdown else 1.0
+        self.slowdown = c.setting.slowdown[index] if c.setting.slowdown else 1.0
         self.faults = [f for f in c.fault_list if f.worker == index]
         n, device = sim.n_params, sim.device
         self.theta = torch.empty(n, device=device)
@@ -83,7 +83,7 @@ class Worker:
         self.sketch.copy_(self.sim.sketch(self.grad))  # float64 → float32 on the wire: 56 B
         head = Head(cmd.version, loss, time.perf_counter() - start, cmd.run)
         self.link.send(head.encode().to(self.grad.device))
-        self.link.send(self.sketch if self.sim.config.sketch_first else self.payload)
+        self.link.send(self.sketch if self.sim.config.setting.sketch_first else self.payload)
 
     def _crash_faults(self, version: int) -> None:
         """``kill``: SIGKILL this process; ``hang``: never answer again."""

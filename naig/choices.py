@@ -1,0 +1,18 @@
+"""The closed choices of naig's options, defined once: the library checks against them and the
+CLI builds its choices from them.
+
+Light on purpose (no imports): ``naig_cli`` imports it at start-up.
+
+Example:
+    >>> OPTIMIZERS, ENGINES
+    (('sgd', 'adam'), ('simulated', 'distributed'))
+"""
+
+__all__ = ["OPTIMIZERS", "DEVICES", "MODELS", "REFERENCES", "ENGINES", "ARRIVAL_MODES"]
+
+OPTIMIZERS = ("sgd", "adam")  # the server optimizer: torch.optim.SGD / Adam, default settings otherwise
+DEVICES = ("cpu", "cuda", "auto")
+MODELS = ("gpt-nano", "gpt-micro", "gpt2-124m")  # the presets of naig.simulate.model.PRESETS
+REFERENCES = ("auto", "batch", "ema")  # naig's reference: by setting, the freshest of the batch, an EMA
+ENGINES = ("simulated", "distributed")  # one process, or real processes on torch.distributed
+ARRIVAL_MODES = ("blocking", "non-blocking", "shared-memory")  # how a worker waits for parameters

@@ -1,0 +1,260 @@
+"""The settings of a simulation: exactly one per experiment, each validating only its own fields.
+
+=====================  =====================================================================
+``LagsSetting``        fixed lags τ_k (``naig.simulate.engines.lags``)
+``ArrivalsSetting``    gradient arrivals on a simulated clock (``engines.arrivals``); its
+                       ``local`` block holds the local-update options (``engines.local``)
+``DistributedSetting`` real processes: a parameter server and K workers (``engines.distributed``)
+=====================  =====================================================================
+
+Local updates are a block of the arrivals setting, not a setting of their own: diloco,
+gasloc and their kin run on the same clock as the gradient rules listed beside them, and
+compare with them side by side (docs/design.md §13).
+
+Every field defaults to "not given" where the difference matters (``None``): the local
+block's fields are only accepted with a local-update method, and ``SimulateConfig`` checks
+what joins a setting to the rest (docs/design.md §8).
+
+Example:
+    >>> ArrivalsSetting(compute="exp:1,exp:2").workers
+    2
+    >>> LagsSetting(lags=(0, -1))
+    Traceback (most recent call last):
+    ...
+    naig.errors.UsageError: lags=(0, -1): use non-negative ints, one per worker, e.g. 0,10,20,35
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import ClassVar
+
+from naig.arrivals import ArrivalModel
+from naig.choices import ARRIVAL_MODES
+from naig.errors import UsageError
+
+__all__ = ["LagsSetting", "ArrivalsSetting", "LocalUpdates", "DistributedSetting", "Setting", "SETTINGS",
+           "DEFAULT_LAGS", "MAX_LAG", "MAX_STEPS", "DEFAULT_LOCAL_STEPS", "MAX_TIMEOUT", "check"]
+
+DEFAULT_LAGS = (0, 10, 20, 35)  # the paper's Experiment B
+MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
+MAX_STEPS = 10**9  # server steps per run, and inner steps per phase
+DEFAULT_LOCAL_STEPS = 10  # inner steps H per round when the local block does not set them
+MAX_TIMEOUT = 30.0  # distributed: the longest a message may take, seconds
+
+
+def check(ok: bool, name: str, value: object, message: str) -> None:
+    """Raise ``UsageError(message, field=name, value=value)`` unless ``ok``."""
+    if not ok:
+        raise UsageError(message, field=name, value=value)
+
+
+@dataclass(frozen=True)
+class LagsSetting:
+    """Fixed lags: worker k's gradient is always τ_k server steps old (docs/design.md §8).
+
+    Attributes:
+        lags: τ_k of each worker, in server steps; K = their number.
+        warmup_theta0: the old protocol: every worker from step 0, early gradients at θ_0.
+        save_grads: directory for gradient files (None: save nothing).
+        save_at: server steps t at which to save gradients (needs ``save_grads``).
+    """
+
+    NAME: ClassVar[str] = "lags"
+    asynchronous: ClassVar[bool] = False
+    lags: tuple[int, ...] = DEFAULT_LAGS
+    warmup_theta0: bool = False
+    save_grads: str | None = None
+    save_at: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lags", tuple(self.lags))
+        object.__setattr__(self, "save_at", tuple(self.save_at))
+        check(len(self.lags) > 0 and all(isinstance(t, int) and t >= 0 for t in self.lags), "lags", self.lags,
+              "use non-negative ints, one per worker, e.g. 0,10,20,35")
+        check(all(t <= MAX_LAG for t in self.lags), "lags", self.lags,
+              f"a lag must be at most {MAX_LAG:,}; any lag >= `steps` already means every gradient is taken "
+              "at θ_0")
+        self._check_saving()
+
+    @property
+    def workers(self) -> int:
+        """K, the number of lags."""
+        return len(self.lags)
+
+    @property
+    def window(self) -> int:
+        """Fixed lags combine the K joined workers of a step: no window (1)."""
+        return 1
+
+    def describe(self) -> str:
+        """One phrase for headers and plot titles."""
+        return f"lags {','.join(map(str, self.lags))}" + (" (warm-up at θ_0)" if self.warmup_theta0 else "")
+
+    def check_steps(self, steps: int) -> None:
+        """``save_at`` must lie in 0..steps−1."""
+        check(all(0 <= s < steps for s in self.save_at), "save_at", self.save_at,
+              f"steps must lie in 0..{steps - 1} (`steps` is {steps})")
+
+    def _check_saving(self) -> None:
+        if self.save_grads is None:
+            check(not self.save_at, "save_at", self.save_at,
+                  "needs `save_grads` (the directory to write the gradient files to)")
+            return
+        check(self.save_grads.strip() != "", "save_grads", self.save_grads,
+              "give a directory to write gradient files to, e.g. runs/grads")
+        check(bool(self.save_at), "save_grads", self.save_grads,
+              "needs `save_at` (the server steps to save at, e.g. 50)")
+        path = Path(self.save_grads)
+        existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
+        check(existing.is_dir(), "save_grads", self.save_grads,
+              f"{existing} is not a directory; pass a directory (it is created if missing)")
+        check(os.access(existing, os.W_OK | os.X_OK), "save_grads", self.save_grads,
+              f"{existing} is not writable; pass a directory you can write to")
+
+
+@dataclass(frozen=True)
+class LocalUpdates:
+    """The local-update methods' options (docs/design.md §13); None: the method's default.
+
+    Attributes:
+        steps: inner steps H per round, one value or one per worker (None: 10).
+        outer_lr: outer learning rate (None: diloco 0.7, gasloc the inner lr).
+        outer_momentum: diloco's Nesterov momentum, gasloc's Adam β1 (None: 0.9).
+    """
+
+    steps: tuple[int, ...] | None = None
+    outer_lr: float | None = None
+    outer_momentum: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps is not None:
+            object.__setattr__(self, "steps", tuple(self.steps))
+        h = self.steps
+        check(h is None or (len(h) > 0 and all(isinstance(v, int) and 1 <= v <= MAX_STEPS for v in h)),
+              "local_steps", h, "use one int >= 1, or one per worker, e.g. 10 or 10,10,5,2")
+        lr = self.outer_lr
+        check(lr is None or (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0), "outer_lr", lr,
+              "use a finite value > 0, e.g. 0.7")
+        m = self.outer_momentum
+        check(m is None or (isinstance(m, int | float) and math.isfinite(m) and 0 <= m < 1), "outer_momentum", m,
+              "use a value in [0, 1), e.g. 0.9 (0: no momentum)")
+
+    def given(self) -> dict[str, object]:
+        """The options given (not None), by their option names."""
+        names = {"steps": "local_steps", "outer_lr": "outer_lr", "outer_momentum": "outer_momentum"}
+        return {names[k]: v for k, v in vars(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ArrivalsSetting:
+    """Gradient arrivals: staleness emerges from worker speeds (docs/design.md §11).
+
+    Attributes:
+        compute: compute-time spec(s) in seconds, one per worker (e.g. ``"exp:1,exp:2"``);
+            K = the list length (a single spec: one worker).
+        uplink, downlink: message latency spec(s) in seconds (None: none).
+        mode: the protocol, ``blocking``, ``non-blocking`` or ``shared-memory``.
+        window: B arrivals per update (1: ASGD; K: K-batch-async).
+        bandwidth: link bytes/s, one or one per worker (empty: infinite).
+        local: the local-update methods' options.
+    """
+
+    NAME: ClassVar[str] = "arrivals"
+    asynchronous: ClassVar[bool] = True
+    compute: str = "exp:1,exp:1,exp:2,exp:4"
+    uplink: str | None = None
+    downlink: str | None = None
+    mode: str = "blocking"
+    window: int = 1
+    bandwidth: tuple[float, ...] = ()
+    local: LocalUpdates = field(default_factory=LocalUpdates)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bandwidth", tuple(self.bandwidth))
+        if isinstance(self.local, dict):
+            object.__setattr__(self, "local", LocalUpdates(**self.local))
+        check(self.mode in ARRIVAL_MODES, "mode", self.mode, f"use one of {', '.join(ARRIVAL_MODES)}")
+        try:
+            k = self.arrival_model().workers  # parses the specs
+        except UsageError as exc:  # the model calls the compute times `compute`
+            if exc.field not in ("compute", "workers"):
+                raise
+            raise UsageError(exc.message, field="arrivals", value=self.compute) from None
+        check(isinstance(self.window, int) and 1 <= self.window <= k, "window", self.window,
+              f"use an int in 1..{k} (1: ASGD, {k}: K-batch-async)")
+        h = self.local.steps
+        check(h is None or len(h) in (1, k), "local_steps", h,
+              f"use one int >= 1, or one per worker ({k}), e.g. 10 or 10,10,5,2")
+
+    @cached_property
+    def workers(self) -> int:
+        """K, the length of the ``compute`` list."""
+        return self.arrival_model().workers
+
+    def arrival_model(self, bytes_up: float = 0.0, bytes_down: float = 0.0) -> ArrivalModel:
+        """The arrival process (message sizes in bytes for transfer times)."""
+        lists = (self.compute, self.uplink or "", self.downlink or "")
+        single = "," not in "".join(lists) and len(self.bandwidth) <= 1  # K = the list length
+        return ArrivalModel.from_specs(self.compute, workers=1 if single else None, uplink=self.uplink,
+                                       downlink=self.downlink, mode=self.mode, bytes_up=bytes_up,
+                                       bytes_down=bytes_down, bandwidth=self.bandwidth)
+
+    def describe(self) -> str:
+        """One phrase for headers and plot titles."""
+        return f"arrivals {self.compute} ({self.mode}, window {self.window})"
+
+    def inner_steps(self) -> tuple[int, ...]:
+        """H_i of every worker (K values): ``local.steps`` spread to K, or the default 10 each."""
+        h = self.local.steps or (DEFAULT_LOCAL_STEPS,)
+        return h * self.workers if len(h) == 1 else h
+
+
+@dataclass(frozen=True)
+class DistributedSetting:
+    """Real processes on ``torch.distributed`` (docs/design.md §14).
+
+    Attributes:
+        nproc: processes, the server plus K = nproc − 1 workers.
+        window: B arrivals per update (1: ASGD; K: K-batch-async).
+        slowdown: compute-time factor ≥ 1 per worker (empty: full speed).
+        sketch_first: workers push 14 floats; the server fetches a gradient when w ≥ 0.01.
+        timeout: seconds any one message may take (at most 30).
+    """
+
+    NAME: ClassVar[str] = "distributed"
+    asynchronous: ClassVar[bool] = True
+    nproc: int | None = None
+    window: int = 1
+    slowdown: tuple[float, ...] = ()
+    sketch_first: bool = False
+    timeout: float = MAX_TIMEOUT
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "slowdown", tuple(self.slowdown))
+        check(isinstance(self.nproc, int) and self.nproc >= 2, "nproc", self.nproc,
+              "use an int >= 2: the server plus at least one worker, e.g. 5")
+        k = self.workers
+        check(isinstance(self.window, int) and 1 <= self.window <= k, "window", self.window,
+              f"use an int in 1..{k} (1: ASGD, {k}: K-batch-async)")
+        check(len(self.slowdown) in (0, k) and all(math.isfinite(v) and v >= 1 for v in self.slowdown),
+              "slowdown", self.slowdown, f"give {k} factors >= 1, one per worker, e.g. {','.join(['1'] * k)}")
+        check(isinstance(self.timeout, int | float) and math.isfinite(self.timeout)
+              and 0 < self.timeout <= MAX_TIMEOUT, "timeout", self.timeout, "use seconds in (0, 30]")
+
+    @property
+    def workers(self) -> int:
+        """K = nproc − 1."""
+        return (self.nproc or 2) - 1
+
+    def describe(self) -> str:
+        """One phrase for headers and plot titles."""
+        return f"{self.nproc} processes, window {self.window}" + (", sketch-first" if self.sketch_first else "")
+
+
+Setting = LagsSetting | ArrivalsSetting | DistributedSetting
+SETTINGS: dict[str, type[Setting]] = {s.NAME: s for s in (LagsSetting, ArrivalsSetting, DistributedSetting)}
