@@ -8,7 +8,7 @@ Example:
     (('sgd', 'adam'), ('simulated', 'distributed'))
 """
 
-__all__ = ["OPTIMIZERS", "DEVICES", "MODELS", "REFERENCES", "ENGINES", "ARRIVAL_MODES"]
+__all__ = ["OPTIMIZERS", "DEVICES", "MODELS", "REFERENCES", "ENGINES", "ARRIVAL_MODES", "LOCAL_METHODS"]
 
 OPTIMIZERS = ("sgd", "adam")  # the server optimizer: torch.optim.SGD / Adam, default settings otherwise
 DEVICES = ("cpu", "cuda", "auto")
@@ -16,3 +16,5 @@ MODELS = ("gpt-nano", "gpt-micro", "gpt2-124m")  # the presets of naig.simulate.
 REFERENCES = ("auto", "batch", "ema")  # naig's reference: by setting, the freshest of the batch, an EMA
 ENGINES = ("simulated", "distributed")  # one process, or real processes on torch.distributed
 ARRIVAL_MODES = ("blocking", "non-blocking", "shared-memory")  # how a worker waits for parameters
+# the local-update methods of naig.simulate.engines.local (run on the arrivals clock, not Batch → Update rules)
+LOCAL_METHODS = ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "local-sgd", "allreduce")

@@ -175,8 +175,8 @@ def simulate(
     from naig.simulate import SimulateConfig
 
     _check_plot(plot, data)
-    options = _options(**locals())
-    cfg = SimulateConfig.load(config).with_options(**options) if config else SimulateConfig.from_options(**options)
+    given = {k: v for k, v in _options(**locals()).items() if v is not None}  # what the command line says
+    cfg = SimulateConfig.load(config).with_options(**given) if config else SimulateConfig.from_options(**given)
     _run(cfg, json_out, plot)
 
 

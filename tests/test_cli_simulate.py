@@ -358,3 +358,64 @@ def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid() -> None:
     assert doc["interrupted"] is True and 1 <= len(doc["runs"]) < 6
     assert doc["runs"][0]["strategy"] == "hogwild" and doc["runs"][0]["final_val_loss"] < 5.0
     assert "error: interrupted" in err and "Traceback" not in err
+
+
+CONFIG_TOML = """
+strategies = ["naig", "hogwild"]
+steps = 4
+seeds = 1
+data_bytes = 200000
+eval_every = 2
+
+[rules]
+beta = 0.5
+
+[arrivals]
+compute = "const:1,exp:2"
+window = 1
+"""
+
+
+def test_config_file_round_trip(tmp_path: Path) -> None:
+    """--config reads the tree; a result's config block loads back and reproduces the run."""
+    path = tmp_path / "run.toml"
+    path.write_text(CONFIG_TOML)
+    first = RUNNER.invoke(app, ["simulate", "--config", str(path), "--json"])
+    assert first.exit_code == 0, first.output
+    doc = json.loads(first.stdout)
+    assert doc["config"] == SimulateConfig.load(path).to_dict()
+    assert doc["config"]["arrivals"]["compute"] == "const:1,exp:2" and doc["config"]["rules"]["beta"] == 0.5
+    saved = tmp_path / "result.json"
+    saved.write_text(first.stdout)
+    again = json.loads(RUNNER.invoke(app, ["simulate", "--config", str(saved), "--json"]).stdout)
+    assert _numbers(again) == _numbers(doc)  # the same runs, number for number
+    more = json.loads(RUNNER.invoke(app, ["simulate", "--config", str(path), "--seeds", "2", "--json"]).stdout)
+    assert more["config"]["seeds"] == 2 and more["config"]["arrivals"] == doc["config"]["arrivals"]
+
+
+@pytest.mark.parametrize(("content", "args", "needles"), [
+    (None, [], ["--config", "cannot read it"]),
+    ("steps = [", [], ["--config", "is not valid TOML"]),
+    ("stepz = 3", [], ["stepz", "unknown key"]),
+    ("[arrivals]\ncompute = 'exp:1,exp:1'\n[lags]\nlags = [0, 1]", [], ["give one setting"]),
+    ("[arrivals]\ncomputer = 'exp:1'", [], ["computer", "is not a key of [arrivals]"]),
+    (CONFIG_TOML, ["--lags", "0,1"], ["--lags 0,1", "belongs to fixed lags"]),
+    (CONFIG_TOML, ["--nproc", "3"], ["--nproc 3", "needs --engine distributed"]),
+])
+def test_bad_config_files_are_one_line_errors(tmp_path: Path, content: str | None, args: list[str],
+                                              needles: list[str]) -> None:
+    path = tmp_path / "run.toml"
+    if content is not None:
+        path.write_text(content)
+    before = sorted(tmp_path.iterdir())
+    r = run_naig("simulate", "--config", str(path), *args)
+    assert_one_line_error(r, 2, *needles)
+    assert sorted(tmp_path.iterdir()) == before  # nothing written
+
+
+def test_help_shows_panels_and_examples() -> None:
+    text = RUNNER.invoke(app, ["simulate", "--help"], env={"COLUMNS": "200"}).stdout
+    for panel in ("Common", "Rules", "Fixed lags", "Arrivals", "Local updates", "Distributed", "Output"):
+        assert f"─ {panel}" in text, panel
+    assert "Examples" in text and "naig simulate --arrivals exp:1,exp:1,exp:2,exp:4" in text
+    assert "--worker-faults" not in text  # an older spelling of --faults, accepted but not shown

@@ -78,3 +78,41 @@ def test_code_cites_the_design_document_not_an_absent_spec() -> None:
     for p in _sources("naig") + _sources("naig_cli"):
         for sec in re.findall(r"docs/design\.md §(\d+)", p.read_text()):
             assert sec in sections, (p, sec)
+
+
+RUN_KINDS = {"LagsRun", "ArrivalRun", "SyncRoundsRun", "LocalRun", "RoundRun", "GossipRun", "LagsSetting",
+             "ArrivalsSetting", "DistributedSetting", "LagsEngine", "ArrivalsEngine", "LocalEngine",
+             "DistributedSession", "SimulatedSession", "ParameterServer"}
+ENGINES = ROOT / "naig" / "simulate" / "engines"
+
+
+def _asks_the_kind(tree: ast.AST) -> list[str]:
+    """``isinstance(x, <a run, setting or engine class>)``, ``type(x) is ...`` and ``hasattr(run, ...)``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance",
+                                                                                            "hasattr"):
+            names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+                n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+            if names & RUN_KINDS or (node.func.id == "hasattr" and names & {"run", "session", "setting"}):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.Compare) and any(isinstance(op, ast.Is | ast.IsNot) for op in node.ops):
+            names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            if "type" in names and names & RUN_KINDS:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in (*_sources("naig"), *_sources("naig_cli"))
+                                  if ENGINES not in p.parents], ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_outside_the_engines_asks_which_kind_of_run_it_has(path: Path) -> None:
+    """Only naig/simulate/engines/ tells runs, settings and sessions apart (``engines.select`` and
+    ``engines.open_session`` choose; the rest use the ``Run``/``Session`` protocols and the settings'
+    own methods)."""
+    assert not _asks_the_kind(ast.parse(path.read_text())), path
+
+
+def test_the_kind_check_finds_what_it_looks_for() -> None:
+    """The check above can fail: it sees the patterns it forbids."""
+    code = "isinstance(run, LagsRun)\nhasattr(run, 'sender')\ntype(s) is ArrivalsSetting\nisinstance(x, int)"
+    assert len(_asks_the_kind(ast.parse(code))) == 3

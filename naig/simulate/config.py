@@ -22,13 +22,13 @@ option). An option is *given* when it is passed (not None); options of two setti
 refused with one line saying which setting each belongs to (``_wrong_setting``).
 
 Example:
-    >>> cfg = SimulateConfig.from_options(lags=(0, 5), steps=10, strategies=("naig", "hogwild"))
+    >>> cfg = SimulateConfig.from_options(lags=(0, 5), steps=10, seeds=1, strategies=("naig", "hogwild"))
     >>> cfg.workers, cfg.total_steps, cfg.setting.lags
     (2, 20, (0, 5))
-    >>> SimulateConfig.from_options(lags=(0, 5), arrivals="exp:1,exp:2")
+    >>> SimulateConfig.from_options(lags=(0, 5), arrivals="exp:1,exp:2")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    naig.errors.UsageError: lags=(0, 5): belongs to fixed lags, and `arrivals` chose the arrivals setting; drop one of them
+    naig.errors.UsageError: lags=(0, 5): belongs to fixed lags, and `arrivals` chose the arrivals setting ...
 """
 
 from __future__ import annotations
@@ -42,17 +42,14 @@ from typing import Any
 
 import tomllib
 
-from naig.choices import DEVICES, ENGINES, OPTIMIZERS, REFERENCES
+from naig.choices import DEVICES, ENGINES, LOCAL_METHODS, OPTIMIZERS, REFERENCES
 from naig.errors import UsageError
 from naig.gibbs import parse_beta
 from naig.metric import parse_line
-from naig.simulate.engines.local import LOCAL_METHODS
 from naig.simulate.faults import FAULT_KINDS, GRADIENT_FAULTS, Fault, check_faults, parse_faults
 from naig.simulate.model import get_preset
 from naig.simulate.settings import (
     SETTINGS,
-    ArrivalsSetting,
-    DistributedSetting,
     LagsSetting,
     LocalUpdates,
     Setting,
@@ -315,7 +312,7 @@ class SimulateConfig:
     @property
     def engine(self) -> str:
         """``distributed`` (real processes) or ``simulated`` (this process)."""
-        return "distributed" if isinstance(self.setting, DistributedSetting) else "simulated"
+        return self.setting.ENGINE
 
     @property
     def asynchronous(self) -> bool:
@@ -411,25 +408,8 @@ class SimulateConfig:
               "strategy once")
 
     def _check_setting(self) -> None:
-        """The setting runs the listed rules; its options are used by one of them."""
-        s, local = self.setting, [n for n in self.strategies if n in LOCAL_METHODS]
-        if isinstance(s, LagsSetting):
-            s.check_steps(self.steps)
-            check(not local, "strategies", ",".join(local), "runs on the simulated clock and needs `arrivals` "
-                  "(compute seconds per inner step, e.g. exp:1,exp:1,exp:2,exp:4)")
-        elif isinstance(s, ArrivalsSetting):
-            users = {"local_steps": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "local-sgd"),
-                     "outer_lr": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc"),
-                     "outer_momentum": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc")}
-            for name, value in s.local.given().items():
-                check(any(n in users[name] for n in self.strategies), name, value,
-                      f"applies to local-update strategies only ({', '.join(users[name])}); list one in "
-                      "`strategies`")
-        else:
-            check(not s.sketch_first or set(self.strategies) == {"naig"}, "sketch_first", True,
-                  "screens gradients with naig's weights; use `strategies` naig")
-            check(not local, "strategies", ",".join(local), "local-update methods run on the simulated clock "
-                  "only; drop them or use `arrivals` instead of `engine` distributed")
+        """The setting runs the listed rules (each setting says which)."""
+        self.setting.check_rules(self.strategies, self.steps)
 
     def _check_faults(self) -> None:
         """Every fault names a worker and a kind that every engine of this experiment applies."""

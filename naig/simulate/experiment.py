@@ -264,10 +264,8 @@ def run_experiment(config: SimulateConfig,
                 interrupted = True
                 partial = session.partial()
                 runs += [partial] if partial is not None else []
-    except KeyboardInterrupt:  # while the engine started or stopped
+    except KeyboardInterrupt:  # while the engine started (the rendezvous) or stopped
         interrupted = True
-    if not hasattr(session, "workload"):
-        raise KeyboardInterrupt  # interrupted before anything was built: nothing to report
     done = {(r.seed, r.strategy, r.lr) for r in runs}
     not_run = () if interrupted else tuple(f"{n} seed {s} lr {lr:g}" for s, n, lr in planned
                                            if (s, n, lr) not in done)

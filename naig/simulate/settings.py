@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from naig.arrivals import ArrivalModel
-from naig.choices import ARRIVAL_MODES
+from naig.choices import ARRIVAL_MODES, LOCAL_METHODS
 from naig.errors import UsageError
 
 __all__ = ["LagsSetting", "ArrivalsSetting", "LocalUpdates", "DistributedSetting", "Setting", "SETTINGS",
@@ -65,6 +65,7 @@ class LagsSetting:
     """
 
     NAME: ClassVar[str] = "lags"
+    ENGINE: ClassVar[str] = "simulated"
     asynchronous: ClassVar[bool] = False
     lags: tuple[int, ...] = DEFAULT_LAGS
     warmup_theta0: bool = False
@@ -95,8 +96,11 @@ class LagsSetting:
         """One phrase for headers and plot titles."""
         return f"lags {','.join(map(str, self.lags))}" + (" (warm-up at θ_0)" if self.warmup_theta0 else "")
 
-    def check_steps(self, steps: int) -> None:
-        """``save_at`` must lie in 0..steps−1."""
+    def check_rules(self, strategies: tuple[str, ...], steps: int) -> None:
+        """No local-update method (they run on the arrivals clock); ``save_at`` in 0..steps−1."""
+        local = [n for n in strategies if n in LOCAL_METHODS]
+        check(not local, "strategies", ",".join(local), "runs on the simulated clock and needs `arrivals` "
+              "(compute seconds per inner step, e.g. exp:1,exp:1,exp:2,exp:4)")
         check(all(0 <= s < steps for s in self.save_at), "save_at", self.save_at,
               f"steps must lie in 0..{steps - 1} (`steps` is {steps})")
 
@@ -165,6 +169,7 @@ class ArrivalsSetting:
     """
 
     NAME: ClassVar[str] = "arrivals"
+    ENGINE: ClassVar[str] = "simulated"
     asynchronous: ClassVar[bool] = True
     compute: str = "exp:1,exp:1,exp:2,exp:4"
     uplink: str | None = None
@@ -208,6 +213,15 @@ class ArrivalsSetting:
         """One phrase for headers and plot titles."""
         return f"arrivals {self.compute} ({self.mode}, window {self.window})"
 
+    def check_rules(self, strategies: tuple[str, ...], steps: int) -> None:
+        """The local block's options are used by a listed local-update method."""
+        users = {"local_steps": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "local-sgd"),
+                 "outer_lr": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc"),
+                 "outer_momentum": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc")}
+        for name, value in self.local.given().items():
+            check(any(n in users[name] for n in strategies), name, value,
+                  f"applies to local-update strategies only ({', '.join(users[name])}); list one in `strategies`")
+
     def inner_steps(self) -> tuple[int, ...]:
         """H_i of every worker (K values): ``local.steps`` spread to K, or the default 10 each."""
         h = self.local.steps or (DEFAULT_LOCAL_STEPS,)
@@ -227,6 +241,7 @@ class DistributedSetting:
     """
 
     NAME: ClassVar[str] = "distributed"
+    ENGINE: ClassVar[str] = "distributed"
     asynchronous: ClassVar[bool] = True
     nproc: int | None = None
     window: int = 1
@@ -254,6 +269,14 @@ class DistributedSetting:
     def describe(self) -> str:
         """One phrase for headers and plot titles."""
         return f"{self.nproc} processes, window {self.window}" + (", sketch-first" if self.sketch_first else "")
+
+    def check_rules(self, strategies: tuple[str, ...], steps: int) -> None:
+        """Gradient rules only; sketch-first screens with naig's weights, so naig alone."""
+        check(not self.sketch_first or set(strategies) == {"naig"}, "sketch_first", True,
+              "screens gradients with naig's weights; use `strategies` naig")
+        local = [n for n in strategies if n in LOCAL_METHODS]
+        check(not local, "strategies", ",".join(local), "local-update methods run on the simulated clock only; "
+              "drop them or use `arrivals` instead of `engine` distributed")
 
 
 Setting = LagsSetting | ArrivalsSetting | DistributedSetting

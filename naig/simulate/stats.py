@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-from scipy import stats as sps
 
 __all__ = [
     "CONFIDENCE",
@@ -124,6 +123,8 @@ def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple
     x = _floats(values)
     if x.size < 2:
         return (math.nan, math.nan)
+    from scipy import stats as sps  # at first use: importing naig.simulate loads no scipy
+
     half = float(sps.t.ppf((1 + confidence) / 2, x.size - 1)) * float(np.std(x, ddof=1)) / math.sqrt(x.size)
     mean = float(np.mean(x))
     return (mean - half, mean + half)
@@ -175,6 +176,8 @@ def paired(values: Sequence[float], baseline: Sequence[float], name: str | None 
     if n >= 2:
         with warnings.catch_warnings():  # scipy warns on (near-)constant differences; the result stands
             warnings.simplefilter("ignore", RuntimeWarning)
+            from scipy import stats as sps
+
             p = float(sps.ttest_rel(x, b).pvalue)
     return PairedDifference(n, diff, pct, t_interval(x - b), p, int((~keep).sum()), name)
 

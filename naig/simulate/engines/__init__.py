@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from naig.choices import LOCAL_METHODS
+
 if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
     from naig.simulate.engines.base import Engine, Run
@@ -34,9 +36,9 @@ def select(config: SimulateConfig, rule: str) -> Engine:
         from naig.simulate.engines.lags import LagsEngine
 
         return LagsEngine
-    from naig.simulate.engines.local import LOCAL_METHODS, LocalEngine
-
     if rule in LOCAL_METHODS:
+        from naig.simulate.engines.local import LocalEngine
+
         return LocalEngine
     from naig.simulate.engines.arrivals import ArrivalsEngine
 

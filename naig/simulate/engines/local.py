@@ -63,6 +63,7 @@ from torch import Tensor, nn
 
 from naig.arrivals import ArrivalModel, ring_allreduce_bytes, worker_stream
 from naig.arrivals.distributions import COMPUTE, UPLINK
+from naig.choices import LOCAL_METHODS
 from naig.gibbs import combine, naig_weights
 from naig.simulate.engines.arrivals import arrival_model
 from naig.simulate.faults import GRADIENT_FAULTS
@@ -91,7 +92,6 @@ __all__ = [
     "pseudo_gradients",
 ]
 
-LOCAL_METHODS = ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "local-sgd", "allreduce")
 _GIBBS = {"diloco-naig": "naig", "diloco-naig-exact": "naig-exact"}  # the energy each one uses
 
 LOCAL_FAMILY = 2  # worker_stream family of local-update runs (0: arrivals, 1: synchronous rounds)
@@ -133,6 +133,7 @@ def resolve_method(name: str, config: SimulateConfig, lr: float) -> LocalMethod:
         lr: the inner learning rate (gasloc's default outer lr).
 
     Example:
+        >>> from naig.simulate.config import SimulateConfig
         >>> cfg = SimulateConfig.from_options(arrivals="exp:1", strategies=("diloco",))
         >>> m = resolve_method("diloco", cfg, 3e-3)
         >>> m.inner, m.outer, m.outer_lr, m.momentum

@@ -125,6 +125,8 @@ class DistributedSession:
         self.interrupted = False
         self._stack = ExitStack()
         self._threads = self._threads_used = torch.get_num_threads()
+        _device(config)
+        self.workload = Workload(config)  # before the processes: a bad corpus is refused at once
 
     def __enter__(self) -> DistributedSession:
         try:
@@ -136,9 +138,7 @@ class DistributedSession:
 
     def _start(self) -> None:
         c = self.config
-        _device(c)
         self._stack.enter_context(_sigterm_as_interrupt())
-        self.workload = Workload(c)
         if self.spawn:
             tmp = self._stack.enter_context(_scratch())
             cfg = tmp / "config.json"

@@ -1,0 +1,141 @@
+"""Every engine × every fault kind and every rule: applied (the test sees it) or refused in one line.
+
+naig.simulate.engines: ``select`` gives each (setting, rule) its engine; the engines declare the
+fault kinds they apply. The distributed engine's real-process checks run one worker (nproc 2):
+with a single worker the arrival order is fixed, so a run is deterministic and a fault's effect
+is visible as a different result.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from naig.choices import LOCAL_METHODS
+from naig.errors import UsageError
+from naig.simulate import SimulateConfig, Workload, run_experiment
+from naig.simulate.engines import select, start
+from naig.simulate.faults import FAULT_KINDS, PROCESS_FAULTS
+from naig.simulate.strategies import STRATEGIES
+
+TINY = dict(steps=2, seeds=1, data_bytes=60_000, eval_every=0, eval_batches=1, batch_size=2, lr=(1e-2,))
+ARG = {"signflip": ":3", "scale": ":5", "noise": ":2"}  # the kinds with an argument
+SETTINGS = {  # every simulated engine, each with a rule that uses every worker's gradient in every update
+    "lags": dict(lags=(0, 1), strategies=("hogwild",)),
+    "arrivals": dict(arrivals="const:1,const:1", window=2, strategies=("hogwild",)),
+    "local": dict(arrivals="const:1,const:1", local_steps=(1,), strategies=("diloco",)),
+}
+
+
+def _fault(kind: str, worker: int = 1) -> str:
+    return f"{worker}:{kind}{ARG.get(kind, '')}"
+
+
+def _theta_after(cfg: SimulateConfig, updates: int = 2) -> torch.Tensor:
+    run = start(Workload(cfg), cfg.strategies[0], seed=0)
+    for _ in range(updates):
+        run.step()
+        if run.done:
+            break
+    return run.theta.clone()
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_every_simulated_engine_applies_or_refuses_every_fault_kind(setting: str, kind: str) -> None:
+    base = SimulateConfig.from_options(**SETTINGS[setting], **TINY)
+    if kind in PROCESS_FAULTS:  # a process fault needs worker processes
+        with pytest.raises(UsageError) as info:
+            base.with_options(faults=(_fault(kind),))
+        assert info.value.field == "faults" and "\n" not in str(info.value)
+        assert "needs worker processes" in info.value.message
+        return
+    clean, faulty = _theta_after(base), _theta_after(base.with_options(faults=(_fault(kind),)))
+    if kind == "nan":
+        assert not bool(torch.isfinite(faulty).all())  # the NaN reached θ through the mean
+    else:
+        assert bool(torch.isfinite(faulty).all()) and not torch.equal(clean, faulty)
+
+
+def test_gasloc_refuses_every_fault_in_one_line() -> None:
+    base = SimulateConfig.from_options(**{**SETTINGS["local"], "strategies": ("gasloc",)}, **TINY)
+    for kind in FAULT_KINDS:
+        with pytest.raises(UsageError) as info:
+            base.with_options(faults=(_fault(kind),))
+        assert info.value.field == "faults" and "\n" not in str(info.value)
+
+
+RULES = (*STRATEGIES, *LOCAL_METHODS)
+
+
+def _config_or_error(setting: dict, rule: str) -> SimulateConfig | UsageError:
+    try:
+        return SimulateConfig.from_options(**{**setting, "strategies": (rule,)}, **TINY)
+    except UsageError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("setting", ["lags", "arrivals"])
+def test_every_simulated_engine_runs_or_refuses_every_rule(setting: str, rule: str) -> None:
+    options = {"lags": dict(lags=(0, 1, 2)), "arrivals": dict(arrivals="const:1,const:2,const:3", window=3)}[setting]
+    if rule in LOCAL_METHODS and setting == "arrivals" and rule != "allreduce":  # allreduce: H = 1 always
+        options = {**options, "local_steps": (1,)}
+    cfg = _config_or_error(options, rule)
+    if isinstance(cfg, UsageError):
+        assert cfg.field in ("strategies", "reference") and "\n" not in str(cfg), str(cfg)
+        assert (setting, rule) in REFUSED, f"{rule} refused with {setting}: {cfg}"
+        return
+    assert (setting, rule) not in REFUSED
+    engine = select(cfg, rule)
+    assert engine.NAME == ("local" if rule in LOCAL_METHODS else setting)
+    result = run_experiment(cfg)
+    (run,) = result.runs
+    assert run.strategy == rule and run.updates > 0 and run.diverged_at is None
+    assert run.final_val_loss < result.untrained_val_loss  # it trained (lr 1e-2, 2 steps)
+
+
+REFUSED = {  # the pairs a setting does not define, each refused in one line (the rule says why)
+    *(("lags", m) for m in LOCAL_METHODS),  # local updates run on the arrivals clock
+    ("arrivals", "fresh-only"),  # the fixed-lag oracle; drop-stale with max_staleness 0 is its analogue
+    ("lags", "drop-stale"),  # with fixed lags it would keep a fixed subset of workers: fresh-only
+}
+
+
+def test_distributed_setting_accepts_every_gradient_rule_and_refuses_local_methods() -> None:
+    for rule in RULES:
+        cfg = _config_or_error(dict(engine="distributed", nproc=4, window=3), rule)
+        if rule in LOCAL_METHODS or rule == "fresh-only":  # as with arrivals
+            assert isinstance(cfg, UsageError) and cfg.field == "strategies" and "\n" not in str(cfg)
+        else:
+            assert isinstance(cfg, SimulateConfig), f"{rule}: {cfg}"
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+def test_distributed_config_accepts_every_fault_kind(kind: str) -> None:
+    cfg = SimulateConfig.from_options(engine="distributed", nproc=3, faults=(_fault(kind),))
+    assert cfg.fault_list[0].kind == kind
+
+
+def _distributed_one_worker(**options: object) -> list[float]:
+    cfg = SimulateConfig.from_options(engine="distributed", nproc=2, timeout=10, strategies=("hogwild",),
+                                      **{**TINY, "steps": 3}, **options)
+    result = run_experiment(cfg)
+    assert result is not None and len(result.runs) == 1
+    return [loss for _, loss in result.runs[0].curve]
+
+
+def test_distributed_engine_applies_every_gradient_fault_kind() -> None:
+    """One worker, real processes: deterministic, so every gradient fault changes the curve (nan: NaN)."""
+    clean = _distributed_one_worker()
+    assert clean == _distributed_one_worker()  # one worker: the same result twice
+    for kind in sorted(FAULT_KINDS):
+        if kind in PROCESS_FAULTS:
+            continue  # kill and hang: tests/test_simulate_engines_distributed_server.py (a lost worker)
+        curve = _distributed_one_worker(faults=(_fault(kind, worker=0),))
+        if kind == "nan":
+            assert math.isnan(curve[-1]), curve
+        else:
+            assert curve[-1] != clean[-1] and math.isfinite(curve[-1]), (kind, curve, clean)
