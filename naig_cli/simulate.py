@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -548,9 +549,10 @@ def _render_curves(r: SimulateResult) -> None:
     for i in range(points):
         t.add_column(f"#{i}", justify="right", no_wrap=True)
     for s in r.summaries:
-        cells = [f"{loss:.3f} @{updates}u/{sec:,.0f}s" if loss == loss else "—"
-                 for (updates, loss), sec in zip(s.curve, s.curve_seconds, strict=False)]
-        t.add_row(s.strategy, *cells)
+        secs = list(s.curve_seconds) + [math.nan] * (len(s.curve) - len(s.curve_seconds))
+        cells = [f"{loss:.3f} @{updates}u/{fmt_num(sec, ',.0f')}s" if loss == loss else "—"
+                 for (updates, loss), sec in zip(s.curve, secs, strict=True)]
+        t.add_row(s.strategy, *cells, *["—"] * (points - len(cells)))  # a diverged run stopped early
     stdout.print(t)
 
 

@@ -32,12 +32,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["ENV_STORE", "ENV_PARENT", "MAX_TIMEOUT", "LocalCluster", "backend_for", "under_launcher", "init",
+from naig.errors import DataError, UsageError
+
+__all__ = ["ENV_STORE", "ENV_PARENT", "MAX_TIMEOUT", "RENDEZVOUS_SECONDS", "LocalCluster", "backend_for", "under_launcher", "init",
            "watch_parent", "process_group"]
 
 ENV_STORE = "NAIG_DISTRIBUTED_STORE"  # "1": join the spawning process's store directly (no env://)
 ENV_PARENT = "NAIG_DISTRIBUTED_PARENT"  # the spawning process's pid (children exit when it is gone)
 MAX_TIMEOUT = 30.0  # seconds: the longest any one collective or message may take
+RENDEZVOUS_SECONDS = 120.0  # the longest the processes may take to meet (start-up included)
 
 
 def backend_for(device: torch.device) -> str:
@@ -53,21 +56,37 @@ def under_launcher() -> bool:
 def init(rank: int, world: int, backend: str, timeout: float, store: dist.Store | None = None) -> None:
     """Join the default process group.
 
+    The rendezvous waits up to ``max(timeout, RENDEZVOUS_SECONDS)``: processes start at
+    different speeds (importing torch, reading the data), whatever the message timeout.
+
     Args:
         rank, world: this process's rank and the number of processes.
         backend: ``gloo`` or ``nccl``.
-        timeout: seconds for the rendezvous and for every collective of the default group.
+        timeout: seconds for every collective of the default group.
         store: the rendezvous store (rank 0 of a ``LocalCluster``); ``None``: a child of one
             (``ENV_STORE`` set) joins its parent's store, anyone else uses ``env://``.
+
+    Raises:
+        UsageError: ``RANK`` and ``WORLD_SIZE`` set without ``MASTER_ADDR`` and ``MASTER_PORT``.
+        DataError: the processes could not meet (a port in use, a peer that never came).
     """
-    td = timedelta(seconds=timeout)
-    if store is None and os.environ.get(ENV_STORE) == "1":
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False,
-                              timeout=td)
-    if store is not None:
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=td)
-    else:
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=td)
+    meet = timedelta(seconds=max(timeout, RENDEZVOUS_SECONDS))
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if store is None and missing:
+        raise UsageError(f"RANK and WORLD_SIZE are set but {' and '.join(missing)} not: start the ranks with "
+                         "torchrun, or unset RANK and WORLD_SIZE to let naig spawn them", field="nproc")
+    try:
+        if store is None and os.environ.get(ENV_STORE) == "1":
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False,
+                                  timeout=meet)
+        if store is not None:
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=meet)
+        else:
+            dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=meet)
+    except (RuntimeError, ValueError) as exc:  # DistStoreError and DistNetworkError are RuntimeErrors
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise DataError(f"rank {rank} of {world} could not join the process group ({first}); check "
+                        "MASTER_ADDR and MASTER_PORT (a free port) and that every rank started") from None
 
 
 def watch_parent(interval: float = 0.5) -> threading.Thread:
@@ -92,15 +111,15 @@ class LocalCluster:
     """Rank 0 here, ranks 1..``nproc``−1 as child processes running ``argv`` (one machine).
 
     Args:
-        argv: the children's command line, e.g. ``[sys.executable, "-m", "naig.simulate.engines.distributed", cfg]``.
+        argv: the children's command line, e.g. ``[sys.executable, "-m", "mypackage.train", cfg]``.
         nproc: processes in all (this one included).
-        timeout: seconds for the rendezvous store.
+        timeout: the message timeout; the rendezvous store waits ``max(timeout, RENDEZVOUS_SECONDS)``.
         log_dir: each child's stdout and stderr go to ``log_dir/rank<r>.log``.
         threads: torch threads per child (``OMP_NUM_THREADS``); default: cores / nproc, at least 1.
 
     Example (not run here; see tests/test_distributed_server.py)::
 
-        with LocalCluster([sys.executable, "-m", "naig.simulate.engines.distributed", cfg], 5, 30.0, tmp) as cluster:
+        with LocalCluster([sys.executable, "-m", "mypackage.train", cfg], 5, 30.0, tmp) as cluster:
             init(0, 5, "gloo", 30.0, store=cluster.store)
             ...
     """
@@ -109,7 +128,8 @@ class LocalCluster:
                  threads: int | None = None) -> None:
         self.argv, self.nproc, self.log_dir = list(argv), nproc, Path(log_dir)
         self.threads = threads or max(1, (os.cpu_count() or 1) // nproc)
-        self.store = dist.TCPStore("127.0.0.1", 0, nproc, True, timeout=timedelta(seconds=timeout),
+        meet = timedelta(seconds=max(timeout, RENDEZVOUS_SECONDS))
+        self.store = dist.TCPStore("127.0.0.1", 0, nproc, True, timeout=meet,
                                    wait_for_workers=False)
         self.children: dict[int, subprocess.Popen] = {}
 

@@ -54,6 +54,7 @@ from naig.simulate.settings import (
     LocalUpdates,
     Setting,
     check,
+    check_writable_dir,
 )
 from naig.simulate.strategies import STRATEGIES, StrategyOptions, parse_clip
 from naig.sketch.core import check_seed
@@ -177,8 +178,8 @@ class SimulateConfig:
         self._check_strategies()
         check_seed(self.sketch_seed, "sketch_seed")
         get_preset(self.model)
-        check(self.log_dir is None or not Path(self.log_dir).exists() or Path(self.log_dir).is_dir(), "log_dir",
-              self.log_dir, "is a file; name a directory (it is created if missing)")
+        if self.log_dir is not None:
+            check_writable_dir(self.log_dir, "log_dir")
         self._check_setting()
         self._check_faults()
         self.strategy_warnings()  # every strategy is defined in this setting and batch size
@@ -379,7 +380,7 @@ class SimulateConfig:
         late = [str(f) for f in self.fault_list if f.start >= self.steps]
         if late:
             notes.append(f"`faults` {', '.join(late)} start(s) after the last step ({self.steps - 1})")
-        return tuple(notes)
+        return (*notes, *self.setting.notes(self.steps))
 
     # -- checks of what joins the parts --------------------------------------------------------
 

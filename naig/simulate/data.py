@@ -71,14 +71,37 @@ def load_bytes(path: str | Path | None, limit: int) -> bytes:
     if p.is_dir():
         raise DataError("is a directory; pass one text file, e.g. corpus.txt (concatenate "
                         "several files into one first)", field="data", value=str(p))
-    if not p.is_file():
+    if not p.exists():
         raise DataError("no such file; pass an existing text file", field="data", value=str(p))
-    with p.open("rb") as fh:
-        raw = fh.read(limit)
+    if not p.is_file():
+        raise DataError("is not a regular file (a pipe or a device); pass a text file", field="data",
+                        value=str(p))
+    limit = min(limit, p.stat().st_size)  # never ask read() for more than the file holds
+    _check_memory(limit)
+    try:
+        with p.open("rb") as fh:
+            raw = fh.read(limit)
+    except OSError as exc:
+        raise DataError(f"cannot be read ({exc.strerror or exc}); pass a readable text file", field="data",
+                        value=str(p)) from None
     if not raw:
         raise DataError("is empty; pass a text file with at least a few KB of text", field="data",
                         value=str(p))
     return raw
+
+
+BYTES_PER_BYTE = 9  # the text as bytes, then as int64 tensors (train, validation, test)
+
+
+def _check_memory(size: int) -> None:
+    """Refuse, before reading, a corpus whose tensors would not fit in memory (field ``data_bytes``)."""
+    from naig.arrivals.engine import available_bytes
+
+    need, free = BYTES_PER_BYTE * size, available_bytes()
+    if free is not None and need > free:
+        raise DataError(f"the text of {size:,} bytes needs {need / 2**30:,.1f} GiB as tensors, more than the "
+                        f"{free / 2**30:,.1f} GiB available; use a smaller `data_bytes`", field="data_bytes",
+                        value=size)
 
 
 @dataclass(frozen=True)

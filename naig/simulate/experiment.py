@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from naig.errors import DataError
 from naig.simulate.results import RunResult, SimulateResult, pi_stats, summarise
 from naig.simulate.workload import Batches, Workload
 from naig.sketch.core import SKETCH_DIM
@@ -99,8 +100,12 @@ class _CsvLog:
     def __init__(self, path: Path | None) -> None:
         self.fh = None
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.fh = path.open("w", newline="")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.fh = path.open("w", newline="")
+            except OSError as exc:
+                raise DataError(f"cannot write {path.name} there ({exc.strerror or exc}); pass a directory you "
+                                "can write to", field="log_dir", value=str(path.parent)) from None
             self.writer = csv.writer(self.fh)
         self.header = False
 
@@ -158,7 +163,7 @@ def drive(workload: Workload, run: Run, ctx: RunContext) -> RunResult:
     Returns:
         The run's ``RunResult``.
     """
-    c, elapsed, done = workload.config, 0.0, 0
+    c, elapsed, done, nan_at = workload.config, 0.0, 0, None
     curve, seconds = [(0, ctx.untrained)], [0.0]
     marks = [run.communication()]  # (samples, bytes sent per worker) at each curve point
     with ctx.open_log(run.name, run.seed, run.lr) as log:
@@ -169,6 +174,9 @@ def drive(workload: Workload, run: Run, ctx: RunContext) -> RunResult:
             loss = None
             if run.progress > done and _evaluates(c, run.progress, done):
                 loss = workload.evaluate(run.theta, ctx.val)
+                if not math.isfinite(loss):  # θ finite but its loss is not (logits overflowed): diverged
+                    nan_at = run.t - 1
+                    break
                 curve.append((run.t, loss))
                 seconds.append(run.time)
                 marks.append(run.communication())
@@ -177,22 +185,24 @@ def drive(workload: Workload, run: Run, ctx: RunContext) -> RunResult:
                 done = run.progress
                 ctx.progress(StepEvent(run.name, run.seed, run.lr, done, c.steps, loss, elapsed))
     ctx.saved += run.saved
-    return _result(workload, run, ctx, curve, seconds, elapsed, marks)
+    diverged = run.diverged_at if run.diverged_at is not None else nan_at
+    return _result(workload, run, ctx, curve, seconds, elapsed, marks, diverged)
 
 
 def _result(workload: Workload, run: Run, ctx: RunContext, curve: list[tuple[int, float]],
-            seconds: list[float], elapsed: float, marks: list[tuple[int, Any]]) -> RunResult:
+            seconds: list[float], elapsed: float, marks: list[tuple[int, Any]],
+            diverged: int | None) -> RunResult:
     c = workload.config
-    if run.diverged_at is not None:  # NaN at the evaluation points that never came
+    if diverged is not None:  # NaN at the evaluation points that never came
         curve += [(run.updates_per_step * s, math.nan) for s in evaluation_points(c)[len(curve):]]
-    updates = run.t if run.diverged_at is None else run.diverged_at + 1
+    updates = run.t if diverged is None else diverged + 1
     test = None
     if ctx.test is not None:
-        test = workload.evaluate(run.theta, ctx.test) if run.diverged_at is None else math.nan
+        test = workload.evaluate(run.theta, ctx.test) if diverged is None else math.nan
     _, sent = run.communication()
     fields = {"staleness": None, "correction": None, "local": None, **run.result_fields()}
     return RunResult(run.name, run.seed, curve[-1][1], tuple(curve),
-                     ms_per_step=1000 * elapsed / max(updates, 1), diverged_at=run.diverged_at,
+                     ms_per_step=1000 * elapsed / max(updates, 1), diverged_at=diverged,
                      lr=run.lr, final_test_loss=test,
                      curve_seconds=tuple(seconds) if run.clocked else (), updates=run.t,
                      curve_samples=tuple(m[0] for m in marks),

@@ -38,13 +38,25 @@ from naig.choices import ARRIVAL_MODES, LOCAL_METHODS
 from naig.errors import UsageError
 
 __all__ = ["LagsSetting", "ArrivalsSetting", "LocalUpdates", "DistributedSetting", "Setting", "SETTINGS",
-           "DEFAULT_LAGS", "MAX_LAG", "MAX_STEPS", "DEFAULT_LOCAL_STEPS", "MAX_TIMEOUT", "check"]
+           "DEFAULT_LAGS", "MAX_LAG", "MAX_STEPS", "DEFAULT_LOCAL_STEPS", "MAX_TIMEOUT", "check",
+           "check_writable_dir"]
 
 DEFAULT_LAGS = (0, 10, 20, 35)  # the paper's Experiment B
 MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
 MAX_STEPS = 10**9  # server steps per run, and inner steps per phase
 DEFAULT_LOCAL_STEPS = 10  # inner steps H per round when the local block does not set them
 MAX_TIMEOUT = 30.0  # distributed: the longest a message may take, seconds
+
+
+def check_writable_dir(path: str, name: str) -> None:
+    """The folder ``path`` is, or would be created in, a writable directory (``UsageError`` naming ``name``)."""
+    p = Path(path)
+    check(not p.exists() or p.is_dir(), name, path, "is a file; name a directory (it is created if missing)")
+    existing = next(q for q in (p, *p.parents) if q.exists() or q == q.parent)
+    check(existing.is_dir(), name, path, f"{existing} is not a directory; pass a directory (it is created if "
+          "missing)")
+    check(os.access(existing, os.W_OK | os.X_OK), name, path,
+          f"{existing} is not writable; pass a directory you can write to")
 
 
 def check(ok: bool, name: str, value: object, message: str) -> None:
@@ -113,12 +125,15 @@ class LagsSetting:
               "give a directory to write gradient files to, e.g. runs/grads")
         check(bool(self.save_at), "save_grads", self.save_grads,
               "needs `save_at` (the server steps to save at, e.g. 50)")
-        path = Path(self.save_grads)
-        existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
-        check(existing.is_dir(), "save_grads", self.save_grads,
-              f"{existing} is not a directory; pass a directory (it is created if missing)")
-        check(os.access(existing, os.W_OK | os.X_OK), "save_grads", self.save_grads,
-              f"{existing} is not writable; pass a directory you can write to")
+        check_writable_dir(self.save_grads, "save_grads")
+
+    def notes(self, steps: int) -> tuple[str, ...]:
+        """One-line notes: a worker whose lag is at least ``steps`` never joins."""
+        late = [w for w, t in enumerate(self.lags) if t >= steps and not self.warmup_theta0]
+        if not late:
+            return ()
+        return (f"worker(s) {','.join(map(str, late))} never join: their `lags` reach `steps` ({steps}); a lag-τ "
+                "worker sends its first gradient at step τ (`warmup_theta0` starts them at θ_0)",)
 
 
 @dataclass(frozen=True)
@@ -213,6 +228,10 @@ class ArrivalsSetting:
         """One phrase for headers and plot titles."""
         return f"arrivals {self.compute} ({self.mode}, window {self.window})"
 
+    def notes(self, steps: int) -> tuple[str, ...]:
+        """Nothing to note."""
+        return ()
+
     def check_rules(self, strategies: tuple[str, ...], steps: int) -> None:
         """The local block's options are used by a listed local-update method."""
         users = {"local_steps": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "local-sgd"),
@@ -269,6 +288,10 @@ class DistributedSetting:
     def describe(self) -> str:
         """One phrase for headers and plot titles."""
         return f"{self.nproc} processes, window {self.window}" + (", sketch-first" if self.sketch_first else "")
+
+    def notes(self, steps: int) -> tuple[str, ...]:
+        """Nothing to note."""
+        return ()
 
     def check_rules(self, strategies: tuple[str, ...], steps: int) -> None:
         """Gradient rules only; sketch-first screens with naig's weights, so naig alone."""

@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Any, ClassVar
 
 import numpy as np
@@ -61,7 +62,7 @@ class ArrivalRun:
         t: server updates applied (windows the rule dropped do not count).
         gradients: gradients received so far (the budget is ``steps × K``).
         time: simulated seconds at the last arrival.
-        staleness: (budget + B,) int64 measured τ of every gradient received, in order.
+        staleness, sender: int64 arrays of the measured τ and the worker of every gradient received.
         diverged_at: update index at which θ became non-finite (None: finite).
     """
 
@@ -79,8 +80,8 @@ class ArrivalRun:
         self.budget, b = c.steps * k, c.window
         self.grads = self.theta.new_empty(b, self.theta.numel())  # (B, n)
         self.stale = self.theta.new_empty(b, self.theta.numel())  # (B, n)
-        self.staleness = np.zeros(self.budget + b, dtype=np.int64)  # τ of every gradient received
-        self.sender = np.zeros(self.budget + b, dtype=np.int64)  # and the worker that sent it
+        self.staleness = array("q")  # τ of every gradient received (memory: what ran, not the budget)
+        self.sender = array("q")  # and the worker that sent it
         self.losses = torch.zeros(b, device=workload.device)
         self.t = self.gradients = self.windows = 0
         self.time = 0.0
@@ -139,7 +140,8 @@ class ArrivalRun:
             self.stale[i] = theta_v
             self.losses[i] = self.workload.worker_grad(theta_v, self.gens[a.worker], self.grads[i])
             workers[i], taus[i] = a.worker, a.staleness
-            self.staleness[self.gradients], self.sender[self.gradients] = a.staleness, a.worker
+            self.staleness.append(a.staleness)
+            self.sender.append(a.worker)
             self.gradients += 1
         self.time = self.clock.time
         device = self.workload.device
@@ -148,14 +150,13 @@ class ArrivalRun:
     def communication(self) -> tuple[int, np.ndarray]:
         """Sequences consumed and bytes sent per worker: one 4n-byte gradient per arrival."""
         c = self.workload.config
-        per = np.bincount(self.sender[:self.gradients], minlength=c.workers)
+        per = np.bincount(np.frombuffer(self.sender, dtype=np.int64), minlength=c.workers)
         return int(per.sum()) * c.batch_size, per * 4.0 * self.workload.n_params
 
     def result_fields(self) -> dict[str, Any]:
         """Measured staleness and the rule's mean correction."""
-        n = self.gradients
-        return {"staleness": staleness_summary(self.staleness[:n], self.workload.config.workers,
-                                               self.sender[:n]),
+        tau, who = (np.frombuffer(a, dtype=np.int64) for a in (self.staleness, self.sender))
+        return {"staleness": staleness_summary(tau, self.workload.config.workers, who),
                 "correction": self.state.corrections.mean}
 
 

@@ -511,6 +511,9 @@ class _ServerRun:
         start = time.perf_counter()
         seconds = self.wall(start)
         loss = self.sim.evaluate(self.theta.detach(), self.ctx.val)
+        if not math.isfinite(loss) and self.diverged_at is None:  # θ finite, its loss not: diverged
+            self.diverged_at = max(self.t - 1, 0)
+            loss = math.nan
         self.curve.append((self.t, loss))
         self.seconds.append(seconds)
         self.paused += time.perf_counter() - start
