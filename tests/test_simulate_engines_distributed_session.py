@@ -81,3 +81,17 @@ def test_cli_help_lists_the_engine() -> None:
     out = RUNNER.invoke(app, ["simulate", "--help"], env={"COLUMNS": "200"})
     for flag in ("--engine", "--nproc", "--slowdown", "--sketch-first", "--timeout", "kill and hang"):
         assert flag in out.stdout
+
+
+def test_the_distributed_engine_loads_no_other_engine_and_no_scipy() -> None:
+    """Importing the real-process engine (what every worker process does) loads neither the simulated
+    engines nor scipy; a fresh interpreter reads sys.modules."""
+    import subprocess
+    import sys
+
+    code = ("import sys, naig.simulate.engines.distributed; print(sorted(m for m in sys.modules if m == 'scipy' "
+            "or m.startswith(('naig.simulate.engines.lags', 'naig.simulate.engines.arrivals', "
+            "'naig.simulate.engines.local'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from naig.arrivals import ArrivalClock, ArrivalModel, RoundClock
+from naig.simulate.engines.base import OnServer
 from naig.simulate.engines.lags import LagsRun
 from naig.simulate.faults import GRADIENT_FAULTS
 from naig.simulate.server import ServerState
@@ -54,7 +55,7 @@ def arrival_model(workload: Workload) -> ArrivalModel:
     return workload.config.setting.arrival_model(n_bytes, n_bytes)
 
 
-class ArrivalRun:
+class ArrivalRun(OnServer):
     """One (rule, seed, lr) run driven by gradient arrivals; ``step()`` makes one update.
 
     Attributes:
@@ -87,16 +88,6 @@ class ArrivalRun:
         self.time = 0.0
         self.diverged_at: int | None = None
         self.saved: list[str] = []
-
-    @property
-    def theta(self) -> Tensor:
-        """(n,) θ of the current version."""
-        return self.state.theta.detach()
-
-    @property
-    def done(self) -> bool:
-        """True once the gradient budget is spent (or the run diverged)."""
-        return self.gradients >= self.budget or self.diverged_at is not None
 
     @property
     def train_loss(self) -> float:

@@ -22,9 +22,9 @@ import numpy as np
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from naig.simulate.server import WeightHistory
+    from naig.simulate.server import ServerState, WeightHistory
 
-__all__ = ["Run", "Engine", "NoWorkerLeft"]
+__all__ = ["Run", "Engine", "NoWorkerLeft", "OnServer"]
 
 
 class Run(Protocol):
@@ -91,3 +91,28 @@ class Engine(Protocol):
 
 class NoWorkerLeft(Exception):
     """An engine with worker processes has none left: the runs not started cannot run."""
+
+
+class OnServer:
+    """A run whose θ lives in a ``ServerState`` (every engine but gasloc's gossip).
+
+    Attributes:
+        state: θ, the optimizer, the faults and the π history.
+        gradients, budget: minibatch gradients consumed, and the run's budget (steps × K).
+        diverged_at: the update at which θ became non-finite.
+    """
+
+    state: ServerState
+    gradients: int
+    budget: int
+    diverged_at: int | None
+
+    @property
+    def theta(self) -> Tensor:
+        """(n,) the server's parameters."""
+        return self.state.theta.detach()
+
+    @property
+    def done(self) -> bool:
+        """True once the gradient budget is spent (or the run diverged)."""
+        return self.gradients >= self.budget or self.diverged_at is not None

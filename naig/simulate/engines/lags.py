@@ -33,6 +33,7 @@ from torch import Tensor
 from naig.errors import UsageError
 from naig.gibbs import reference_index
 from naig.io import save_gradients
+from naig.simulate.engines.base import OnServer
 from naig.simulate.faults import GRADIENT_FAULTS
 from naig.simulate.server import ServerState
 from naig.simulate.strategies import Batch, Strategy
@@ -41,7 +42,7 @@ from naig.simulate.workload import Workload
 __all__ = ["LagsEngine", "LagsRun", "ring_rows", "allocate_ring"]
 
 
-class LagsRun:
+class LagsRun(OnServer):
     """One (rule, seed, lr) run at fixed lags, advanced one server step at a time by ``step()``.
 
     Attributes:
@@ -74,11 +75,6 @@ class LagsRun:
         self.t, self.time = 0, 0.0
         self.diverged_at: int | None = None
         self.saved: list[str] = []
-
-    @property
-    def theta(self) -> Tensor:
-        """(n,) θ_t."""
-        return self.state.theta.detach()
 
     @property
     def done(self) -> bool:

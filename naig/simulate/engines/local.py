@@ -66,6 +66,7 @@ from naig.arrivals.distributions import COMPUTE, UPLINK
 from naig.choices import LOCAL_METHODS
 from naig.gibbs import combine, naig_weights
 from naig.simulate.engines.arrivals import arrival_model
+from naig.simulate.engines.base import OnServer
 from naig.simulate.faults import GRADIENT_FAULTS
 from naig.simulate.server import ServerState, WeightHistory
 from naig.simulate.strategies import Batch, Update, make_strategy
@@ -424,7 +425,7 @@ def _round_steps(h: tuple[int, ...], remaining: int) -> list[int]:
     return steps
 
 
-class RoundRun(LocalRun):
+class RoundRun(OnServer, LocalRun):
     """Synchronous rounds (diloco, diloco-naig, local-sgd, allreduce); ``step()`` makes one round.
 
     Attributes:
@@ -442,16 +443,6 @@ class RoundRun(LocalRun):
         self.history = self.state.history
         self.pseudo = torch.zeros_like(self.grads)
         self.gibbs = isinstance(rule, PseudoGibbs)
-
-    @property
-    def theta(self) -> Tensor:
-        """(n,) the global parameters."""
-        return self.state.theta.detach()
-
-    @property
-    def done(self) -> bool:
-        """True once the gradient budget is spent (or the run diverged)."""
-        return self.gradients >= self.budget or self.diverged_at is not None
 
     def step(self) -> None:
         """One round: inner phases, one ``ServerState.apply`` on the pseudo-gradients."""
