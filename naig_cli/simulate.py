@@ -230,6 +230,7 @@ def _run(config: SimulateConfig, json_out: bool, plot: str | None) -> None:
     if result.interrupted:
         fail(f"interrupted: {len(result.finished)} finished run(s) reported"
              + (f", {len(result.incomplete)} cut short" if result.incomplete else ""), 130)
+    _report_idle(result)
     _report_incomplete(result)
     _report_divergence(result)
 
@@ -237,6 +238,14 @@ def _run(config: SimulateConfig, json_out: bool, plot: str | None) -> None:
 def _split(text: str | None) -> tuple[str, ...]:
     """A comma list as stripped items (none for None)."""
     return tuple(f.strip() for f in text.split(",")) if text else ()
+
+
+def _report_idle(r: SimulateResult) -> None:
+    """Warn about runs that applied no update (every gradient left out): their loss is θ_0's."""
+    idle = [f"{x.strategy} seed {x.seed}" for x in r.finished if x.updates == 0 and x.diverged_at is None]
+    if idle:
+        stderr.print(f"warning: {'; '.join(idle)} applied no update (the rule left every gradient out): "
+                     "the loss shown is the untrained one", markup=False, highlight=False, soft_wrap=True)
 
 
 def _report_incomplete(r: SimulateResult) -> None:

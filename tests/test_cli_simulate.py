@@ -419,3 +419,15 @@ def test_help_shows_panels_and_examples() -> None:
         assert f"─ {panel}" in text, panel
     assert "Examples" in text and "naig simulate --arrivals exp:1,exp:1,exp:2,exp:4" in text
     assert "--worker-faults" not in text  # an older spelling of --faults, accepted but not shown
+
+
+def test_nan_losses_are_divergences_with_their_steps_in_every_setting() -> None:
+    """A huge lr: every run ends non-finite, in fixed lags and with arrivals; each is counted as
+    diverged at a named step (no blank step list) and the command exits 1."""
+    for setting in (["--lags", "0,1"], ["--arrivals", "exp:1,exp:1"]):
+        r = run_naig("simulate", *setting, "--strategies", "hogwild,naig", "--optimizer", "sgd", "--lr", "1e8",
+                     "--steps", "10", "--seeds", "2", "--data-bytes", "200000", "--json")
+        assert_one_line_error(r, 1, "4 of 4 runs diverged")
+        doc = json.loads(r.stdout)
+        assert all(isinstance(run["diverged_at"], int) for run in doc["runs"]), doc["runs"]
+        assert "at step None" not in r.stderr and "at step ;" not in r.stderr

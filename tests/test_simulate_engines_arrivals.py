@@ -1,6 +1,5 @@
 """Training on gradient arrivals (naig.simulate.arrival_loop; docs/design.md §11)."""
 
-import dataclasses
 
 import numpy as np
 import pytest

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from naig.simulate.engines.distributed.screen import SketchScreen
 from naig.gibbs import gibbs_weights
 from naig.metric import fano_fisher_metric
+from naig.simulate.engines.distributed.screen import SketchScreen
 
 PSI = fano_fisher_metric((1, 2, 4))
 

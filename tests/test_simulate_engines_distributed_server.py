@@ -35,7 +35,7 @@ def distributed(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess
         while leftover_processes(str(tmp_path)) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not leftover_processes(str(tmp_path))
-    doc = json.loads(r.stdout) if r.returncode == 0 else None
+    doc = json.loads(r.stdout) if r.stdout.strip() else None  # --json prints the result whatever the exit
     return r, doc
 
 
@@ -89,6 +89,20 @@ def test_killed_and_hung_workers_are_reported_and_training_goes_on(tmp_path: Pat
     assert d["arrivals_per_worker"][0] > d["arrivals_per_worker"][1]
     assert run["final_val_loss"] < doc["untrained_val_loss"] - 1.0  # every applied update kept
     assert run["staleness"]["predicted"] is None  # K changed: no law applies
+
+
+def test_every_worker_lost_is_a_run_cut_short_named_and_exit_1(tmp_path: Path) -> None:
+    """Every worker killed: the run that was going is marked incomplete (not summarised), the
+    rules that could not start are named, and the command exits 1 with one line saying so."""
+    r, doc = distributed(tmp_path, "--nproc", "3", "--steps", "20", "--strategies", "hogwild,naig",
+                         "--faults", "0:kill@5", "--faults", "1:kill@5", "--timeout", "5")
+    assert r.returncode == 1, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1 and "stopped before the end of their budget" in lines[0] and "naig seed 0" in lines[0]
+    (run,) = doc["runs"]
+    assert run["strategy"] == "hogwild" and run["complete"] is False and run["updates"] < 40
+    assert doc["not_run"] == ["naig seed 0 lr 0.001"] and doc["summaries"] == []
+    assert doc["config"]["strategies"] == ["hogwild", "naig"]
 
 
 @pytest.mark.parametrize("window", ["1", "2"])  # B = 2: a held window, π ≥ 0.01/B from the sketches

@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from naig.errors import UsageError
-from naig.simulate.engines.distributed.session import config_from_json, config_to_json, open_distributed
 from naig.simulate import SimulateConfig
+from naig.simulate.engines.distributed.session import config_from_json, config_to_json, open_distributed
 from naig_cli.main import app
 
 RUNNER = CliRunner()

@@ -1,11 +1,9 @@
 """The simulate loop (naig.simulate.loop; docs/design.md §8)."""
 
-import dataclasses
 import math
-
-import numpy as np
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors import safe_open

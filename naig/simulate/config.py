@@ -53,6 +53,7 @@ from naig.simulate.settings import (
     LagsSetting,
     LocalUpdates,
     Setting,
+    as_tuple,
     check,
     check_writable_dir,
 )
@@ -169,10 +170,14 @@ class SimulateConfig:
             object.__setattr__(self, "rules", RuleOptions(**self.rules))
         if self.strategies is None:
             object.__setattr__(self, "strategies", DEFAULT_STRATEGIES[self.setting.NAME])
-        object.__setattr__(self, "strategies", tuple(self.strategies))
-        lrs = (self.lr,) if isinstance(self.lr, int | float) else tuple(self.lr)
-        object.__setattr__(self, "lr", lrs)
-        object.__setattr__(self, "faults", (self.faults,) if isinstance(self.faults, str) else tuple(self.faults))
+        for name in ("strategies", "faults"):  # text: one name, or a comma list
+            value = getattr(self, name)
+            text = isinstance(value, str)
+            object.__setattr__(self, name, tuple(v.strip() for v in value.split(",")) if text else
+                               as_tuple(value, name, "'naig', 'hogwild'" if name == "strategies" else "'1:nan@5',"))
+            check(all(isinstance(v, str) for v in getattr(self, name)), name, value,
+                  "use names, e.g. naig,hogwild" if name == "strategies" else "use fault texts, e.g. 1:nan@5")
+        object.__setattr__(self, "lr", as_tuple(self.lr, "lr", "1e-3,"))
         object.__setattr__(self, "line", parse_line(self.line))
         self._check_numbers()
         self._check_strategies()
@@ -398,6 +403,10 @@ class SimulateConfig:
               "use an int >= 0 (0: validate only at the end)")
         check(isinstance(self.eval_batches, int) and self.eval_batches > 0, "eval_batches", self.eval_batches,
               "use a positive int, e.g. 16")
+        check(isinstance(self.data_bytes, int) and self.data_bytes > 0, "data_bytes", self.data_bytes,
+              "use a positive int, e.g. 2000000")
+        check(self.data is None or isinstance(self.data, str), "data", self.data, "use a file path")
+        check(self.log_dir is None or isinstance(self.log_dir, str), "log_dir", self.log_dir, "use a folder path")
 
     def _check_strategies(self) -> None:
         check(len(self.strategies) > 0, "strategies", self.strategies, "is empty; use e.g. naig,hogwild")

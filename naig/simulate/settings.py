@@ -39,7 +39,7 @@ from naig.errors import UsageError
 
 __all__ = ["LagsSetting", "ArrivalsSetting", "LocalUpdates", "DistributedSetting", "Setting", "SETTINGS",
            "DEFAULT_LAGS", "MAX_LAG", "MAX_STEPS", "DEFAULT_LOCAL_STEPS", "MAX_TIMEOUT", "check",
-           "check_writable_dir"]
+           "check_writable_dir", "as_tuple"]
 
 DEFAULT_LAGS = (0, 10, 20, 35)  # the paper's Experiment B
 MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
@@ -51,12 +51,30 @@ MAX_TIMEOUT = 30.0  # distributed: the longest a message may take, seconds
 def check_writable_dir(path: str, name: str) -> None:
     """The folder ``path`` is, or would be created in, a writable directory (``UsageError`` naming ``name``)."""
     p = Path(path)
-    check(not p.exists() or p.is_dir(), name, path, "is a file; name a directory (it is created if missing)")
+    check(not p.exists() or p.is_dir(), name, path, "is a file, so it is not a directory; pass a directory (it is "
+          "created if missing)")
     existing = next(q for q in (p, *p.parents) if q.exists() or q == q.parent)
     check(existing.is_dir(), name, path, f"{existing} is not a directory; pass a directory (it is created if "
           "missing)")
     check(os.access(existing, os.W_OK | os.X_OK), name, path,
           f"{existing} is not writable; pass a directory you can write to")
+
+
+def as_tuple(value: object, name: str, example: str) -> tuple:
+    """A list option as a tuple: a sequence as is, one number as a one-item tuple.
+
+    Raises:
+        UsageError: naming ``name`` for text or anything else that is not a list of values.
+
+    Example:
+        >>> as_tuple([0, 1], "lags", "0,10"), as_tuple(5, "local_steps", "10")
+        ((0, 1), (5,))
+    """
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (value,)
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise UsageError(f"use a list of values, e.g. ({example})", field=name, value=value)
+    return tuple(value)
 
 
 def check(ok: bool, name: str, value: object, message: str) -> None:
@@ -85,8 +103,8 @@ class LagsSetting:
     save_at: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lags", tuple(self.lags))
-        object.__setattr__(self, "save_at", tuple(self.save_at))
+        object.__setattr__(self, "lags", as_tuple(self.lags, "lags", "0, 10, 20, 35"))
+        object.__setattr__(self, "save_at", as_tuple(self.save_at, "save_at", "50, 100"))
         check(len(self.lags) > 0 and all(isinstance(t, int) and t >= 0 for t in self.lags), "lags", self.lags,
               "use non-negative ints, one per worker, e.g. 0,10,20,35")
         check(all(t <= MAX_LAG for t in self.lags), "lags", self.lags,
@@ -152,7 +170,7 @@ class LocalUpdates:
 
     def __post_init__(self) -> None:
         if self.steps is not None:
-            object.__setattr__(self, "steps", tuple(self.steps))
+            object.__setattr__(self, "steps", as_tuple(self.steps, "local_steps", "10, 10, 5, 2"))
         h = self.steps
         check(h is None or (len(h) > 0 and all(isinstance(v, int) and 1 <= v <= MAX_STEPS for v in h)),
               "local_steps", h, "use one int >= 1, or one per worker, e.g. 10 or 10,10,5,2")
@@ -195,7 +213,11 @@ class ArrivalsSetting:
     local: LocalUpdates = field(default_factory=LocalUpdates)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "bandwidth", tuple(self.bandwidth))
+        object.__setattr__(self, "bandwidth", as_tuple(self.bandwidth, "bandwidth", "1e6,"))
+        for name in ("compute", "uplink", "downlink"):
+            value = getattr(self, name)
+            check(value is None or isinstance(value, str), "arrivals" if name == "compute" else name, value,
+                  "use a text spec, e.g. exp:1,exp:2")
         if isinstance(self.local, dict):
             object.__setattr__(self, "local", LocalUpdates(**self.local))
         check(self.mode in ARRIVAL_MODES, "mode", self.mode, f"use one of {', '.join(ARRIVAL_MODES)}")
@@ -269,7 +291,7 @@ class DistributedSetting:
     timeout: float = MAX_TIMEOUT
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "slowdown", tuple(self.slowdown))
+        object.__setattr__(self, "slowdown", as_tuple(self.slowdown, "slowdown", "1, 1, 2, 4"))
         check(isinstance(self.nproc, int) and self.nproc >= 2, "nproc", self.nproc,
               "use an int >= 2: the server plus at least one worker, e.g. 5")
         k = self.workers

@@ -1,0 +1,116 @@
+"""The config tree (naig.simulate.config): one setting, options mapped once, files, wrong types."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from naig.errors import UsageError
+from naig.simulate import SimulateConfig
+from naig.simulate.config import OPTIONS
+from naig.simulate.settings import ArrivalsSetting, DistributedSetting, LagsSetting
+
+TREES = {
+    "lags": dict(lags=(0, 3), warmup_theta0=True, steps=7, faults=("1:noise:0.5@2",), beta=0.5),
+    "arrivals": dict(arrivals="exp:1,gamma:2:3", uplink="const:0.1", mode="non-blocking", window=2,
+                     strategies=("naig", "diloco", "diloco-naig"), local_steps=(3, 2), outer_lr=0.5,
+                     bandwidth=(1e6,), clip=2.0),
+    "distributed": dict(engine="distributed", nproc=4, window=3, slowdown=(1, 2, 3), timeout=5,
+                        faults=("2:kill@4", "0:scale:3"), strategies=("naig", "hogwild")),
+}
+
+
+@pytest.mark.parametrize("name", list(TREES))
+def test_the_tree_round_trips_through_dict_json_and_toml(name: str, tmp_path: Path) -> None:
+    cfg = SimulateConfig.from_options(**TREES[name])
+    assert cfg.setting.NAME == name
+    tree = cfg.to_dict()
+    assert set(tree) & {"lags", "arrivals", "distributed"} == {name}  # exactly one setting
+    assert SimulateConfig.from_dict(tree) == cfg
+    (tmp_path / "c.json").write_text(json.dumps(tree))
+    assert SimulateConfig.load(tmp_path / "c.json") == cfg
+    assert SimulateConfig.from_options(**cfg.to_options()) == cfg
+
+
+def test_toml_file_is_the_same_tree(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('steps = 9\nstrategies = ["naig", "diloco"]\n[rules]\nbeta = 2.0\n'
+                    '[arrivals]\ncompute = "exp:1,exp:2"\n[arrivals.local]\nsteps = [4]\n')
+    cfg = SimulateConfig.load(path)
+    assert isinstance(cfg.setting, ArrivalsSetting) and cfg.setting.local.steps == (4,)
+    assert cfg.rules.beta == 2.0 and cfg.steps == 9 and cfg.setting.inner_steps() == (4, 4)
+
+
+def test_every_option_maps_to_one_path_of_the_tree() -> None:
+    fields = {"": {f for f in SimulateConfig.__dataclass_fields__} - {"rules", "setting"},
+              "rules": set(SimulateConfig().rules.__dataclass_fields__),
+              "lags": set(LagsSetting.__dataclass_fields__),
+              "arrivals": set(ArrivalsSetting.__dataclass_fields__),
+              "arrivals.local": {"steps", "outer_lr", "outer_momentum"},
+              "distributed": set(DistributedSetting.__dataclass_fields__),
+              "setting": {"window"}}
+    for option, (section, key) in OPTIONS.items():
+        assert key in fields[section], option
+    paths = list(OPTIONS.values())
+    assert len(set(paths)) == len(paths)  # one option per path
+
+
+@pytest.mark.parametrize(("options", "field", "needle"), [
+    (dict(lags=(0, 1), arrivals="exp:1,exp:1"), "lags", "belongs to fixed lags, and `arrivals` chose"),
+    (dict(save_at=(1,), engine="distributed", nproc=3), "save_at", "`engine` distributed chose"),
+    (dict(uplink="exp:1"), "uplink", "needs `arrivals`"),
+    (dict(local_steps=(3,)), "local_steps", "needs `arrivals`"),
+    (dict(window=2), "window", "fixed lags have no window"),
+    (dict(nproc=3), "nproc", "needs `engine` distributed"),
+    (dict(timeout=3.0), "timeout", "needs `engine` distributed"),
+    (dict(engine="distributed", nproc=3, mode="blocking"), "mode", "not available with `engine` distributed"),
+    (dict(engine="threads"), "engine", "use simulated or distributed"),
+    (dict(stepz=3), "stepz", "unknown option"),
+])
+def test_options_of_another_setting_are_refused_in_one_line(options: dict, field: str, needle: str) -> None:
+    with pytest.raises(UsageError) as info:
+        SimulateConfig.from_options(**options)
+    assert info.value.field == field and needle in info.value.message and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    (dict(steps="3"), "steps"), (dict(seeds=2.5), "seeds"), (dict(lags="0,1"), "lags"),
+    (dict(lr="1e-3"), "lr"), (dict(faults=3), "faults"), (dict(strategies=[1, 2]), "strategies"),
+    (dict(data_bytes="x"), "data_bytes"), (dict(arrivals=3), "arrivals"), (dict(beta=[1]), "beta"),
+    (dict(engine="distributed", nproc="3"), "nproc"), (dict(arrivals="exp:1,exp:1", window="2"), "window"),
+    (dict(byzantine=-1), "byzantine"), (dict(dc_lambda=float("nan")), "dc_lambda"),
+    (dict(arrivals="exp:1", strategies=("diloco",), outer_momentum=1.5), "outer_momentum"),
+    (dict(engine="distributed", nproc=3, slowdown="fast"), "slowdown"),
+    (dict(eval_batches=0), "eval_batches"), (dict(log_dir=5), "log_dir"),
+])
+def test_wrong_types_and_values_are_usage_errors_naming_the_field(options: dict, field: str) -> None:
+    with pytest.raises(UsageError) as info:
+        SimulateConfig.from_options(**options)
+    assert info.value.field == field, str(info.value)
+
+
+def test_not_given_differs_from_the_default() -> None:
+    """An option given at its default value still chooses (and conflicts with) its setting."""
+    with pytest.raises(UsageError) as info:
+        SimulateConfig.from_options(lags=(0, 10, 20, 35), arrivals="exp:1,exp:1")  # the default lags
+    assert info.value.field == "lags"
+    assert SimulateConfig.from_options(lags=None, arrivals="exp:1,exp:1").setting.NAME == "arrivals"
+
+
+def test_with_options_keeps_or_switches_the_setting() -> None:
+    base = SimulateConfig.from_options(**TREES["arrivals"])
+    assert base.with_options(seeds=5).setting == base.setting
+    lags = base.with_options(arrivals=None, strategies=("naig",))
+    assert isinstance(lags.setting, LagsSetting) and lags.rules == base.rules  # rule options stay
+    with pytest.raises(UsageError) as info:
+        base.with_options(lags=(0, 1))  # an option of another setting, without choosing it
+    assert info.value.field == "lags"
+    assert base.with_options(engine="distributed", nproc=3, strategies=("naig",)).setting.NAME == "distributed"
+
+
+def test_a_simulate_json_result_loads_as_its_config(tmp_path: Path) -> None:
+    cfg = SimulateConfig.from_options(**TREES["lags"])
+    (tmp_path / "r.json").write_text(json.dumps({"schema_version": 3, "config": cfg.to_dict(), "runs": []}))
+    assert SimulateConfig.load(tmp_path / "r.json") == cfg
