@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import replace
 
 import torch
 

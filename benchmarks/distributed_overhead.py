@@ -35,7 +35,6 @@ from torch import nn
 
 from naig.distributed import run_distributed
 from naig.simulate import SimulateConfig, Workload
-from naig.simulate.engines import start
 from naig.simulate.strategies import Batch
 
 __all__ = ["main"]

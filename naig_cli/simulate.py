@@ -86,7 +86,8 @@ def simulate(
         "--lr", "Learning rate, or a comma list: each rule's is chosen on validation, reported on a test "
         "split (80/10/10).", COMMON, "1e-3")] = None,
     optimizer: Annotated[Optimizer | None, _o("--optimizer", "Server optimizer.", COMMON, "adam")] = None,
-    batch_size: Annotated[int | None, _o("--batch-size", "Sequences per worker minibatch.", COMMON, "8")] = None,
+    batch_size: Annotated[int | None, _o("--batch-size", "Sequences per worker minibatch.", COMMON,
+                                         "8")] = None,
     eval_every: Annotated[int | None, _o(
         "--eval-every", "Validate every N steps (0: at the end).", COMMON, "50")] = None,
     device: Annotated[Device | None, _o("--device", "Where to train.", COMMON, "cpu")] = None,
@@ -96,8 +97,9 @@ def simulate(
         "--data-bytes", "Use the first N bytes of the text.", COMMON, "2000000")] = None,
     sketch_seed: Annotated[int | None, _o("--sketch-seed", "Sketch seed, 0..2^64-1.", COMMON, "0")] = None,
     faults: Annotated[list[str] | None, _o(
-        "--faults", "Inject a fault, `W:KIND[:ARG][@STEP]`, once per fault: signflip:A, scale:A, noise:S, zero, "
-        "nan, random; kill and hang with --engine distributed; e.g. 1:signflip:10 or 0:nan@50.", COMMON)] = None,
+        "--faults", "Inject a fault, `W:KIND[:ARG][@STEP]`, once per fault: signflip:A, scale:A, noise:S, "
+        "zero, nan, random; kill and hang with --engine distributed; e.g. 1:signflip:10 or 0:nan@50.",
+        COMMON)] = None,
     beta: Annotated[str | None, _o("--beta", "Gibbs inverse temperature β of naig: 'auto' or a float >= 0.",
                                    RULES, "auto")] = None,
     dc_lambda: Annotated[float | None, _o("--dc-lambda", "dc-asgd's constant λ.", RULES, "20")] = None,
@@ -108,8 +110,8 @@ def simulate(
     clip: Annotated[str | None, _o("--clip", "centered-clip radius, or auto (median distance).", RULES,
                                    "auto")] = None,
     reference: Annotated[Reference | None, _o(
-        "--reference", "naig's reference: auto (ema for --window 1 with arrivals, else the least stale of the "
-        "batch), batch or ema.", RULES, "auto")] = None,
+        "--reference", "naig's reference: auto (ema for --window 1 with arrivals, else the least stale of "
+        "the batch), batch or ema.", RULES, "auto")] = None,
     lags: Annotated[str | None, _o("--lags", "Worker lags τ_k: comma list of ints >= 0.", LAGS,
                                    "0,10,20,35")] = None,
     warmup_theta0: Annotated[bool, _o(
@@ -139,16 +141,18 @@ def simulate(
         "--local-steps", "Inner steps H per round, one or one per worker, e.g. 10 or 10,10,5,2.", LOCAL,
         "10")] = None,
     outer_lr: Annotated[float | None, _o(
-        "--outer-lr", "Outer learning rate of diloco and diloco-naig (default 0.7) and gasloc (default: --lr).",
-        LOCAL)] = None,
+        "--outer-lr", "Outer learning rate of diloco and diloco-naig (default 0.7) and gasloc (default: "
+        "--lr).", LOCAL)] = None,
     outer_momentum: Annotated[float | None, _o(
         "--outer-momentum", "Outer Nesterov momentum of diloco and diloco-naig, Adam β1 of gasloc.", LOCAL,
         "0.9")] = None,
     engine: Annotated[Engine | None, _o(
-        "--engine", "simulated: one process; distributed: a parameter server and --nproc - 1 worker processes "
-        "(torch.distributed; spawned here, or started by torchrun).", DISTRIBUTED, "simulated")] = None,
+        "--engine", "simulated: one process; distributed: a parameter server and --nproc - 1 worker "
+        "processes (torch.distributed; spawned here, or started by torchrun).", DISTRIBUTED,
+        "simulated")] = None,
     nproc: Annotated[int | None, _o(
-        "--nproc", "Processes, the server plus K workers.", DISTRIBUTED, "under torchrun: its world size")] = None,
+        "--nproc", "Processes, the server plus K workers.", DISTRIBUTED,
+        "under torchrun: its world size")] = None,
     slowdown: Annotated[str | None, _o(
         "--slowdown", "Compute-time factor >= 1 per worker, e.g. 1,1,2,4.", DISTRIBUTED)] = None,
     sketch_first: Annotated[bool, _o(
@@ -163,7 +167,8 @@ def simulate(
     json_out: Annotated[bool, _o("--json", "Print one JSON document on stdout.", OUTPUT)] = False,
     plot: Annotated[str | None, _o("--plot", "Write validation curves to PATH (.png, .pdf, .svg).",
                                    OUTPUT)] = None,
-    log_dir: Annotated[str | None, _o("--log-dir", "Write one per-step CSV per run into DIR.", OUTPUT)] = None,
+    log_dir: Annotated[str | None, _o("--log-dir", "Write one per-step CSV per run into DIR.",
+                                      OUTPUT)] = None,
 ) -> None:
     """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
 
@@ -177,7 +182,8 @@ def simulate(
 
     _check_plot(plot, data)
     given = {k: v for k, v in _options(**locals()).items() if v is not None}  # what the command line says
-    cfg = SimulateConfig.load(config).with_options(**given) if config else SimulateConfig.from_options(**given)
+    cfg = (SimulateConfig.load(config).with_options(**given) if config
+           else SimulateConfig.from_options(**given))
     _run(cfg, json_out, plot)
 
 
@@ -202,7 +208,8 @@ def _options(**given: Any) -> dict[str, Any]:
         save_at=parse_int_list(g["save_at"], "save_at") if g["save_at"] else None, arrivals=g["arrivals"],
         uplink=g["uplink"], downlink=g["downlink"], mode=_value(g["mode"]), window=g["window"],
         bandwidth=parse_float_list(g["bandwidth"], "bandwidth") if g["bandwidth"] else None,
-        local_steps=_positive_ints(g["local_steps"]), outer_lr=g["outer_lr"], outer_momentum=g["outer_momentum"],
+        local_steps=_positive_ints(g["local_steps"]), outer_lr=g["outer_lr"],
+        outer_momentum=g["outer_momentum"],
         engine=_value(g["engine"]), nproc=nproc,
         slowdown=parse_float_list(g["slowdown"], "slowdown") if g["slowdown"] else None,
         sketch_first=g["sketch_first"] or None, timeout=g["timeout"],
@@ -253,8 +260,8 @@ def _report_incomplete(r: SimulateResult) -> None:
     if not r.incomplete and not r.not_run:
         return
     cut = [f"{x.strategy} seed {x.seed} after {x.updates} updates" for x in r.incomplete]
-    parts = ([f"{len(cut)} run(s) stopped before the end of their budget ({'; '.join(cut)})"] if cut else []) + \
-        ([f"{len(r.not_run)} could not run ({'; '.join(r.not_run)})"] if r.not_run else [])
+    parts = [f"{len(cut)} run(s) stopped before the end of their budget ({'; '.join(cut)})"] if cut else []
+    parts += [f"{len(r.not_run)} could not run ({'; '.join(r.not_run)})"] if r.not_run else []
     fail(f"{' and '.join(parts)}: no worker was left; their rows are not summarised", 1)
 
 

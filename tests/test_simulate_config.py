@@ -107,7 +107,8 @@ def test_with_options_keeps_or_switches_the_setting() -> None:
     with pytest.raises(UsageError) as info:
         base.with_options(lags=(0, 1))  # an option of another setting, without choosing it
     assert info.value.field == "lags"
-    assert base.with_options(engine="distributed", nproc=3, strategies=("naig",)).setting.NAME == "distributed"
+    switched = base.with_options(engine="distributed", nproc=3, strategies=("naig",))
+    assert switched.setting.NAME == "distributed"
 
 
 def test_a_simulate_json_result_loads_as_its_config(tmp_path: Path) -> None:

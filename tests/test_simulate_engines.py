@@ -80,7 +80,8 @@ def _config_or_error(setting: dict, rule: str) -> SimulateConfig | UsageError:
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("setting", ["lags", "arrivals"])
 def test_every_simulated_engine_runs_or_refuses_every_rule(setting: str, rule: str) -> None:
-    options = {"lags": dict(lags=(0, 1, 2)), "arrivals": dict(arrivals="const:1,const:2,const:3", window=3)}[setting]
+    options = {"lags": dict(lags=(0, 1, 2)),
+               "arrivals": dict(arrivals="const:1,const:2,const:3", window=3)}[setting]
     if rule in LOCAL_METHODS and setting == "arrivals" and rule != "allreduce":  # allreduce: H = 1 always
         options = {**options, "local_steps": (1,)}
     cfg = _config_or_error(options, rule)
@@ -139,3 +140,47 @@ def test_distributed_engine_applies_every_gradient_fault_kind() -> None:
             assert math.isnan(curve[-1]), curve
         else:
             assert curve[-1] != clean[-1] and math.isfinite(curve[-1]), (kind, curve, clean)
+
+
+MEMORY_CHILD = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))  # far below steps × K × 8 bytes
+from naig.simulate import SimulateConfig, Workload
+from naig.simulate.engines import start
+options = {setting}
+cfg = SimulateConfig.from_options(steps=10**9, seeds=1, data_bytes=60_000, eval_batches=1, batch_size=2,
+                                  **options)
+run = start(Workload(cfg), cfg.strategies[0], seed=0)
+for _ in range(3):
+    run.step()
+print(run.t, len(run.history.rows()))
+"""
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_memory_is_what_ran_not_the_budget(setting: str) -> None:
+    """A billion steps allocate nothing per step up front: three updates run under a 3 GiB cap."""
+    import subprocess
+    import sys
+
+    code = MEMORY_CHILD.format(setting=repr(SETTINGS[setting]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    t, rows = map(int, out.stdout.split())
+    assert 1 <= t <= 3 and rows <= 3
+
+
+def test_one_worker_distributed_runs_several_rules_and_reports_them(tmp_path) -> None:  # noqa: ANN001
+    """--nproc 2 (K = 1): every run is reported, with the staleness law for one worker (τ = 0)."""
+    from tests.conftest import run_naig
+
+    r = run_naig("simulate", "--engine", "distributed", "--nproc", "2", "--strategies", "hogwild,naig",
+                 "--steps", "3", "--seeds", "1", "--data-bytes", "60000", "--eval-every", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    doc = json.loads(r.stdout)
+    assert [run["strategy"] for run in doc["runs"]] == ["hogwild", "naig"]
+    for run in doc["runs"]:
+        assert run["complete"] and run["staleness"]["mean"] == 0.0
+        assert run["staleness"]["predicted"]["mean"] == 0

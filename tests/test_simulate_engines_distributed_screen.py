@@ -1,4 +1,4 @@
-"""Sketch-first weights (naig.simulate.engines.distributed.screen) against naig's definitions, computed by hand."""
+"""Sketch-first weights (naig.simulate.engines.distributed.screen) against naig's definitions, by hand."""
 
 import math
 

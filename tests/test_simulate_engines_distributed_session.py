@@ -1,4 +1,4 @@
-"""The distributed engine's configuration and entry points (naig.simulate.engines.distributed.session; CLI options)."""
+"""The distributed engine's configuration and entry points (engines.distributed.session; CLI options)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ RUNNER = CliRunner()
 
 
 def test_config_roundtrip_and_workers() -> None:
-    c = SimulateConfig.from_options(engine="distributed", nproc=5, window=2, slowdown=(1, 1, 2, 4), sketch_first=True,
+    c = SimulateConfig.from_options(engine="distributed", nproc=5, window=2, slowdown=(1, 1, 2, 4),
+                                    sketch_first=True,
                        strategies=("naig",), faults=("1:kill@3",), timeout=10, lr=(1e-3, 3e-3))
     assert c.workers == 4 and c.asynchronous and c.resolved_reference == "batch"
     assert config_from_json(config_to_json(c)) == c
@@ -89,9 +90,22 @@ def test_the_distributed_engine_loads_no_other_engine_and_no_scipy() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, naig.simulate.engines.distributed; print(sorted(m for m in sys.modules if m == 'scipy' "
-            "or m.startswith(('naig.simulate.engines.lags', 'naig.simulate.engines.arrivals', "
-            "'naig.simulate.engines.local'))))")
+    others = ('naig.simulate.engines.lags', 'naig.simulate.engines.arrivals', 'naig.simulate.engines.local')
+    code = ("import sys, naig.simulate.engines.distributed; "
+            f"print(sorted(m for m in sys.modules if m == 'scipy' or m.startswith({others!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_launcher_variables_without_a_master_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RANK and WORLD_SIZE set (as by a launcher) without MASTER_ADDR/MASTER_PORT: one line, exit 2."""
+    from tests.conftest import assert_one_line_error, run_naig
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    r = run_naig("simulate", "--engine", "distributed", "--nproc", "3", "--steps", "2", "--seeds", "1",
+                 "--data-bytes", "60000", timeout=120)
+    assert_one_line_error(r, 2, "MASTER_ADDR", "torchrun")

@@ -287,6 +287,7 @@ def test_a_run_steps_one_server_update_at_a_time() -> None:
     assert run.t == 2 and run.diverged_at is None
     assert not torch.equal(run.theta.detach(), theta0)
     assert torch.equal(run.stale_params()[1], theta0)  # lag 2 joins at t = 2 and reads θ_0
-    assert run.history.rows()[:2, 0].tolist() == [1.0, 1.0] and np.isnan(run.history.rows()[:2, 1]).all()  # alone so far
+    rows = run.history.rows()
+    assert rows[:2, 0].tolist() == [1.0, 1.0] and np.isnan(rows[:2, 1]).all()  # alone so far
     run.step()
     assert math.isclose(float(run.history.rows()[2].sum()), 1.0)

@@ -37,7 +37,8 @@ def _copy(gen: torch.Generator) -> torch.Generator:
 
 
 def test_diloco_h1_one_worker_outer_lr_1_is_plain_adamw(float64: None) -> None:
-    cfg = SimulateConfig.from_options(arrivals="const:1", local_steps=(1,), outer_lr=1.0, outer_momentum=0.0, steps=6,
+    cfg = SimulateConfig.from_options(arrivals="const:1", local_steps=(1,), outer_lr=1.0,
+                                      outer_momentum=0.0, steps=6,
                          strategies=("diloco",), **BASE)
     sim = Workload(cfg)
     run = start(sim, "diloco", seed=0)
@@ -57,7 +58,8 @@ def test_diloco_h1_one_worker_outer_lr_1_is_plain_adamw(float64: None) -> None:
 
 
 def test_local_sgd_h1_is_synchronous_averaging(float64: None) -> None:
-    cfg = SimulateConfig.from_options(arrivals="const:1,const:2,const:3", local_steps=(1,), steps=5, optimizer="sgd",
+    cfg = SimulateConfig.from_options(arrivals="const:1,const:2,const:3", local_steps=(1,), steps=5,
+                                      optimizer="sgd",
                          lr=0.5, strategies=("local-sgd", "sync"), **BASE)
     sim = Workload(cfg)
     local, sync = start(sim, "local-sgd", seed=1), start(sim, "sync", seed=1)
@@ -111,7 +113,8 @@ def test_pseudo_gradient_sign_moves_theta_toward_the_workers_mean() -> None:
 
 
 def test_diloco_outer_step_is_nesterov_sgd_on_the_mean_pseudo_gradient() -> None:
-    cfg = SimulateConfig.from_options(arrivals="const:1,const:2", local_steps=(2,), steps=6, strategies=("diloco",),
+    cfg = SimulateConfig.from_options(arrivals="const:1,const:2", local_steps=(2,), steps=6,
+                                      strategies=("diloco",),
                          **BASE)
     run = start(Workload(cfg), "diloco", seed=2)
     shadow = nn.Parameter(run.theta.detach().clone())
@@ -128,7 +131,8 @@ def test_byte_counts_and_times_by_hand() -> None:
     n = N_PARAMS
     base = dict(arrivals="const:1,const:2", uplink="const:0.5", bandwidth=(4.0 * n,), local_steps=(2,),
                 steps=4, **BASE)
-    sim = Workload(SimulateConfig.from_options(strategies=("diloco", "gasloc", "allreduce", "diloco-naig"), **base))
+    sim = Workload(SimulateConfig.from_options(strategies=("diloco", "gasloc", "allreduce", "diloco-naig"),
+                                               **base))
     assert sim.n_params == n
     diloco = start(sim, "diloco", seed=0)
     while not diloco.done:
@@ -194,7 +198,8 @@ def test_naig_weights_pseudo_gradients_against_their_mean() -> None:
     e = (8 / 3) * (4 / 14) * ((d - d.mean(0)) ** 2).sum(-1)  # reference = the mean pseudo-gradient
     pi = gibbs_weights(e.numpy(), 2.0)
     np.testing.assert_allclose(run.history.rows()[0], pi, rtol=1e-6, atol=0)
-    assert abs(run.history.rows()[0].sum() - 1) < 1e-12 and run.describe()["reference"] == "mean pseudo-gradient"
+    assert abs(run.history.rows()[0].sum() - 1) < 1e-12
+    assert run.describe()["reference"] == "mean pseudo-gradient"
 
 
 def test_every_strategy_gets_the_same_samples() -> None:
@@ -228,7 +233,8 @@ def test_communication_of_an_arrival_run_counts_one_gradient_message_per_arrival
 
 
 def test_same_seed_same_numbers() -> None:
-    cfg = SimulateConfig.from_options(arrivals="exp:1,exp:2,exp:4", local_steps=(2,), steps=4, strategies=("gasloc",),
+    cfg = SimulateConfig.from_options(arrivals="exp:1,exp:2,exp:4", local_steps=(2,), steps=4,
+                                      strategies=("gasloc",),
                          **BASE)
     a, b = run_experiment(cfg).runs[0], run_experiment(cfg).runs[0]
     assert dataclasses.replace(a, ms_per_step=0) == dataclasses.replace(b, ms_per_step=0)
@@ -264,7 +270,8 @@ def test_one_name_is_one_algorithm_and_defaults() -> None:
     assert plain.setting.bandwidth == ()
     cfg = SimulateConfig.from_options(arrivals="exp:1,exp:2", strategies=("naig", "diloco", "diloco-naig"))
     assert cfg.setting.inner_steps() == (10, 10)
-    assert SimulateConfig.from_options(arrivals="exp:1,exp:2", local_steps=[4, 2], strategies=("diloco",)).setting.inner_steps() == (4, 2)
+    two = SimulateConfig.from_options(arrivals="exp:1,exp:2", local_steps=[4, 2], strategies=("diloco",))
+    assert two.setting.inner_steps() == (4, 2)
     with pytest.raises(UsageError, match="local-update strategies only"):  # no method to take it
         SimulateConfig.from_options(arrivals="exp:1,exp:2", local_steps=(4, 2), strategies=("naig",))
     assert SimulateConfig.from_options(arrivals="exp:1").workers == 1  # K = the list length

@@ -53,8 +53,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from naig.energy import energy
-from naig.errors import DataError, UsageError
-from naig.gibbs import gibbs_weights, parse_beta, resolve_beta
+from naig.errors import UsageError
+from naig.gibbs import naig_weights, parse_beta, resolve_beta
 from naig.metric import fano_fisher_metric, parse_line
 from naig.sketch.core import SKETCH_DIM, check_seed
 from naig.sketch.torch_sketch import TorchSketch
@@ -118,10 +118,7 @@ def energies_to_mean(sketches: Tensor, psi: Tensor) -> np.ndarray:
 def _weights(e: np.ndarray, beta: float | str) -> tuple[np.ndarray, float]:
     """π and the β used; uniform when no energy is finite (nothing to prefer)."""
     b = resolve_beta(beta, e)
-    try:
-        return gibbs_weights(e, b), b
-    except DataError:
-        return np.full(len(e), 1.0 / len(e)), b
+    return naig_weights(e, b), b
 
 
 class NaigCommHook:

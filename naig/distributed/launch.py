@@ -34,7 +34,8 @@ import torch.distributed as dist
 
 from naig.errors import DataError, UsageError
 
-__all__ = ["ENV_STORE", "ENV_PARENT", "MAX_TIMEOUT", "RENDEZVOUS_SECONDS", "LocalCluster", "backend_for", "under_launcher", "init",
+__all__ = ["ENV_STORE", "ENV_PARENT", "MAX_TIMEOUT", "RENDEZVOUS_SECONDS", "LocalCluster", "backend_for",
+           "under_launcher", "init",
            "watch_parent", "process_group"]
 
 ENV_STORE = "NAIG_DISTRIBUTED_STORE"  # "1": join the spawning process's store directly (no env://)

@@ -104,13 +104,16 @@ class RuleOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "beta", parse_beta(self.beta))
         object.__setattr__(self, "clip", parse_clip(self.clip))
-        check(isinstance(self.dc_lambda, int | float) and math.isfinite(self.dc_lambda) and self.dc_lambda >= 0,
+        lam = self.dc_lambda
+        check(isinstance(lam, int | float) and math.isfinite(lam) and lam >= 0,
               "dc_lambda", self.dc_lambda, "DC-ASGD's λ must be finite and >= 0, e.g. 20")
         check(isinstance(self.byzantine, int) and self.byzantine >= 0, "byzantine", self.byzantine,
               "use an int >= 0, e.g. 1")
         check(self.max_staleness is None or (isinstance(self.max_staleness, int) and self.max_staleness >= 0),
-              "max_staleness", self.max_staleness, "use an int >= 0 (the largest staleness drop-stale keeps), e.g. 4")
-        check(self.reference in REFERENCES, "reference", self.reference, f"use one of {', '.join(REFERENCES)}")
+              "max_staleness", self.max_staleness,
+              "use an int >= 0 (the largest staleness drop-stale keeps), e.g. 4")
+        check(self.reference in REFERENCES, "reference", self.reference,
+              f"use one of {', '.join(REFERENCES)}")
 
 
 # option name → (section of the tree, field); "setting" is the chosen setting's own table
@@ -129,7 +132,8 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "window": ("setting", "window"),  # arrivals and distributed both have one
     **{name: ("distributed", name) for name in ("nproc", "slowdown", "sketch_first", "timeout")},
 }
-_SETTING_NAMES = {"lags": "fixed lags", "arrivals": "the arrivals setting", "distributed": "the distributed engine"}
+_SETTING_NAMES = {"lags": "fixed lags", "arrivals": "the arrivals setting",
+                  "distributed": "the distributed engine"}
 _CHOSEN_BY = {"lags": "`lags`", "arrivals": "`arrivals`", "distributed": "`engine` distributed"}
 
 
@@ -173,8 +177,9 @@ class SimulateConfig:
         for name in ("strategies", "faults"):  # text: one name, or a comma list
             value = getattr(self, name)
             text = isinstance(value, str)
+            example = "'naig', 'hogwild'" if name == "strategies" else "'1:nan@5',"
             object.__setattr__(self, name, tuple(v.strip() for v in value.split(",")) if text else
-                               as_tuple(value, name, "'naig', 'hogwild'" if name == "strategies" else "'1:nan@5',"))
+                               as_tuple(value, name, example))
             check(all(isinstance(v, str) for v in getattr(self, name)), name, value,
                   "use names, e.g. naig,hogwild" if name == "strategies" else "use fault texts, e.g. 1:nan@5")
         object.__setattr__(self, "lr", as_tuple(self.lr, "lr", "1e-3,"))
@@ -236,7 +241,8 @@ class SimulateConfig:
                   f"unknown key; use {', '.join(sorted(common))}, [rules] or one of [lags], [arrivals], "
                   "[distributed]")
         kind = SETTINGS[settings[0]] if settings else LagsSetting
-        setting = _build(kind, tree.get(settings[0], {}) if settings else {}, settings[0] if settings else "lags")
+        name = settings[0] if settings else "lags"
+        setting = _build(kind, tree.get(name, {}), name)
         rules = _build(RuleOptions, tree.get("rules", {}), "rules")
         return cls(**{k: v for k, v in tree.items() if k in common}, rules=rules, setting=setting)
 
@@ -267,7 +273,8 @@ class SimulateConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The tree: common fields, ``rules`` and the setting's table under its name (JSON/TOML-ready)."""
-        common = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("rules", "setting")}
+        common = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name not in ("rules", "setting")}
         return {**_lists(common), "rules": _lists(dataclasses.asdict(self.rules)),
                 self.setting.NAME: _lists(dataclasses.asdict(self.setting))}
 
@@ -393,8 +400,10 @@ class SimulateConfig:
         check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"use {' or '.join(OPTIMIZERS)}")
         check(isinstance(self.steps, int) and 0 < self.steps <= MAX_STEPS, "steps", self.steps,
               f"use a positive int up to {MAX_STEPS:,}, e.g. 150")
-        check(isinstance(self.seeds, int) and self.seeds > 0, "seeds", self.seeds, "use a positive int, e.g. 3")
-        check(len(self.lr) > 0 and all(isinstance(v, int | float) and v > 0 and math.isfinite(v) for v in self.lr),
+        check(isinstance(self.seeds, int) and self.seeds > 0, "seeds", self.seeds,
+              "use a positive int, e.g. 3")
+        check(len(self.lr) > 0
+              and all(isinstance(v, int | float) and v > 0 and math.isfinite(v) for v in self.lr),
               "lr", self.lr, "use finite values > 0, e.g. 1e-3 or 3e-4,1e-3,3e-3")
         check(len(set(self.lr)) == len(self.lr), "lr", self.lr, "lists a learning rate twice")
         check(isinstance(self.batch_size, int) and self.batch_size > 0, "batch_size", self.batch_size,
@@ -406,7 +415,8 @@ class SimulateConfig:
         check(isinstance(self.data_bytes, int) and self.data_bytes > 0, "data_bytes", self.data_bytes,
               "use a positive int, e.g. 2000000")
         check(self.data is None or isinstance(self.data, str), "data", self.data, "use a file path")
-        check(self.log_dir is None or isinstance(self.log_dir, str), "log_dir", self.log_dir, "use a folder path")
+        check(self.log_dir is None or isinstance(self.log_dir, str), "log_dir", self.log_dir,
+              "use a folder path")
 
     def _check_strategies(self) -> None:
         check(len(self.strategies) > 0, "strategies", self.strategies, "is empty; use e.g. naig,hogwild")
@@ -414,7 +424,8 @@ class SimulateConfig:
             check(name in STRATEGIES or name in LOCAL_METHODS, "strategies", name,
                   f"unknown strategy; use a comma list of {', '.join((*STRATEGIES, *LOCAL_METHODS))}")
         dupes = sorted({n for n in self.strategies if self.strategies.count(n) > 1})
-        check(not dupes, "strategies", self.strategies, f"{', '.join(dupes)} listed more than once; name each "
+        check(not dupes, "strategies", self.strategies,
+              f"{', '.join(dupes)} listed more than once; name each "
               "strategy once")
 
     def _check_setting(self) -> None:
@@ -438,17 +449,17 @@ def _wrong_setting(name: str, value: object, section: str, chosen: str) -> None:
         return
     if section == "setting":
         if chosen == "lags":
-            raise UsageError("needs `arrivals` or `engine` distributed; fixed lags have no window", field=name,
-                             value=value)
+            raise UsageError("needs `arrivals` or `engine` distributed; fixed lags have no window",
+                             field=name, value=value)
         return
     if section == "lags":
-        why = {"arrivals": "staleness emerges from worker speeds", "distributed": "staleness emerges from the "
-               "processes' speeds"}[chosen]
+        why = {"arrivals": "staleness emerges from worker speeds",
+               "distributed": "staleness emerges from the processes' speeds"}[chosen]
         raise UsageError(f"belongs to fixed lags, and {_CHOSEN_BY[chosen]} chose {_SETTING_NAMES[chosen]} "
                          f"({why}); drop one of them", field=name, value=value)
     if section == "arrivals" and chosen == "distributed":
-        raise UsageError("is not available with `engine` distributed (real processes measure their own speeds; "
-                         "skew them with `slowdown`)", field=name, value=value)
+        raise UsageError("is not available with `engine` distributed (real processes measure their own "
+                         "speeds; skew them with `slowdown`)", field=name, value=value)
     need = {"arrivals": "`arrivals` (worker compute times, e.g. exp:1,exp:2)",
             "distributed": "`engine` distributed"}[section]
     raise UsageError(f"needs {need}", field=name, value=value)

@@ -104,8 +104,8 @@ class _CsvLog:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.fh = path.open("w", newline="")
             except OSError as exc:
-                raise DataError(f"cannot write {path.name} there ({exc.strerror or exc}); pass a directory you "
-                                "can write to", field="log_dir", value=str(path.parent)) from None
+                raise DataError(f"cannot write {path.name} there ({exc.strerror or exc}); pass a directory "
+                                "you can write to", field="log_dir", value=str(path.parent)) from None
             self.writer = csv.writer(self.fh)
         self.header = False
 
@@ -265,7 +265,8 @@ def run_experiment(config: SimulateConfig,
     untrained: list[float] = []
     saved: list[str] = []
     interrupted = False
-    planned = [(seed, name, lr) for seed in range(config.seeds) for name in config.strategies for lr in config.lr]
+    planned = [(seed, name, lr) for seed in range(config.seeds) for name in config.strategies
+               for lr in config.lr]
     try:
         with session:
             try:

@@ -22,7 +22,8 @@ Process faults exist only where workers are processes (``--engine distributed``)
 ============  ==============================================================
 
 Each engine declares the kinds it applies (``FAULT_KINDS`` of its module) and
-``check_faults`` refuses the others with a one-line error. Several faults may name one worker; they apply in the order given. Randomness comes
+``check_faults`` refuses the others with a one-line error. Several faults may name one worker;
+they apply in the order given. Randomness comes
 from an explicit ``torch.Generator`` (one draw of n values per noisy or random row, in
 row order, then fault order).
 

@@ -49,10 +49,10 @@ MAX_TIMEOUT = 30.0  # distributed: the longest a message may take, seconds
 
 
 def check_writable_dir(path: str, name: str) -> None:
-    """The folder ``path`` is, or would be created in, a writable directory (``UsageError`` naming ``name``)."""
+    """The folder ``path`` is, or would be created in, a writable directory (else ``UsageError``)."""
     p = Path(path)
-    check(not p.exists() or p.is_dir(), name, path, "is a file, so it is not a directory; pass a directory (it is "
-          "created if missing)")
+    check(not p.exists() or p.is_dir(), name, path,
+          "is a file, so it is not a directory; pass a directory (it is created if missing)")
     existing = next(q for q in (p, *p.parents) if q.exists() or q == q.parent)
     check(existing.is_dir(), name, path, f"{existing} is not a directory; pass a directory (it is created if "
           "missing)")
@@ -150,7 +150,8 @@ class LagsSetting:
         late = [w for w, t in enumerate(self.lags) if t >= steps and not self.warmup_theta0]
         if not late:
             return ()
-        return (f"worker(s) {','.join(map(str, late))} never join: their `lags` reach `steps` ({steps}); a lag-τ "
+        return (f"worker(s) {','.join(map(str, late))} never join: their `lags` reach `steps` ({steps}); "
+                "a lag-τ "
                 "worker sends its first gradient at step τ (`warmup_theta0` starts them at θ_0)",)
 
 
@@ -178,7 +179,8 @@ class LocalUpdates:
         check(lr is None or (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0), "outer_lr", lr,
               "use a finite value > 0, e.g. 0.7")
         m = self.outer_momentum
-        check(m is None or (isinstance(m, int | float) and math.isfinite(m) and 0 <= m < 1), "outer_momentum", m,
+        check(m is None or (isinstance(m, int | float) and math.isfinite(m) and 0 <= m < 1),
+              "outer_momentum", m,
               "use a value in [0, 1), e.g. 0.9 (0: no momentum)")
 
     def given(self) -> dict[str, object]:
@@ -261,7 +263,8 @@ class ArrivalsSetting:
                  "outer_momentum": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc")}
         for name, value in self.local.given().items():
             check(any(n in users[name] for n in strategies), name, value,
-                  f"applies to local-update strategies only ({', '.join(users[name])}); list one in `strategies`")
+                  f"applies to local-update strategies only ({', '.join(users[name])}); "
+                  "list one in `strategies`")
 
     def inner_steps(self) -> tuple[int, ...]:
         """H_i of every worker (K values): ``local.steps`` spread to K, or the default 10 each."""
@@ -309,7 +312,8 @@ class DistributedSetting:
 
     def describe(self) -> str:
         """One phrase for headers and plot titles."""
-        return f"{self.nproc} processes, window {self.window}" + (", sketch-first" if self.sketch_first else "")
+        first = ", sketch-first" if self.sketch_first else ""
+        return f"{self.nproc} processes, window {self.window}{first}"
 
     def notes(self, steps: int) -> tuple[str, ...]:
         """Nothing to note."""
@@ -320,8 +324,8 @@ class DistributedSetting:
         check(not self.sketch_first or set(strategies) == {"naig"}, "sketch_first", True,
               "screens gradients with naig's weights; use `strategies` naig")
         local = [n for n in strategies if n in LOCAL_METHODS]
-        check(not local, "strategies", ",".join(local), "local-update methods run on the simulated clock only; "
-              "drop them or use `arrivals` instead of `engine` distributed")
+        check(not local, "strategies", ",".join(local), "local-update methods run on the simulated clock "
+              "only; drop them or use `arrivals` instead of `engine` distributed")
 
 
 Setting = LagsSetting | ArrivalsSetting | DistributedSetting

@@ -56,7 +56,8 @@ class LagsRun(OnServer):
     clocked: ClassVar[bool] = False
 
     def __init__(self, workload: Workload, rule: Strategy, seed: int, lr: float, lags: tuple[int, ...],
-                 steps: int, warmup: bool = False, save: tuple[str | None, tuple[int, ...]] = (None, ())) -> None:
+                 steps: int, warmup: bool = False,
+                 save: tuple[str | None, tuple[int, ...]] = (None, ())) -> None:
         c, k = workload.config, len(lags)
         self.workload, self.rule, self.name, self.seed, self.lr = workload, rule, rule.name, seed, lr
         self.steps, self.warmup, (self.save_dir, self.save_at) = steps, warmup, save
@@ -66,7 +67,8 @@ class LagsRun(OnServer):
         theta = self.state.theta.detach()
         self.ring = allocate_ring(theta, ring_rows(lags, steps))
         self.ring[0] = theta
-        self.lags = torch.tensor(lags if rule.uses_lags else (0,) * k, dtype=torch.long, device=workload.device)
+        effective = lags if rule.uses_lags else (0,) * k
+        self.lags = torch.tensor(effective, dtype=torch.long, device=workload.device)
         self.workers = torch.arange(k, device=workload.device)
         self.gens = workload.worker_streams(seed, k)
         self.grads = theta.new_empty(k, theta.numel())

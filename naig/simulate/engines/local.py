@@ -467,7 +467,7 @@ class RoundRun(OnServer, LocalRun):
             self.diverged_at = self.t - 1
 
     def _communicate(self, compute: float) -> None:
-        """Round time (slowest worker + all-reduce) and bytes (all-reduce; diloco-naig: + sketch all-gather)."""
+        """Round time (slowest worker + all-reduce), bytes (all-reduce; diloco-naig: + sketch all-gather)."""
         k = len(self.replicas)
         self.bytes_sent += ring_allreduce_bytes(self.workload.n_params, k)
         if self.gibbs:

@@ -1,4 +1,4 @@
-"""The distributed engine: ``naig simulate`` on real processes with ``torch.distributed`` (docs/design.md §14).
+"""The distributed engine: ``naig simulate`` on real processes, ``torch.distributed`` (docs/design.md §14).
 
 An asynchronous parameter server (rank 0 holds θ, its version and the optimizer, and makes
 every update through ``naig.simulate.server.ServerState``) and K worker processes, spawned

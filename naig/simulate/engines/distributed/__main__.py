@@ -1,4 +1,4 @@
-"""``python -m naig.simulate.engines.distributed CONFIG.json``: one rank of the parameter server (docs/design.md §14).
+"""``python -m naig.simulate.engines.distributed CONFIG.json``: one rank of the parameter server (§14).
 
 The processes ``naig simulate`` spawns on one machine run this, and so can ``torchrun``
 on several: every rank reads the same config (a JSON object of ``SimulateConfig``

@@ -539,7 +539,8 @@ class _ServerRun:
                          ms_per_step=1000 * wall / max(self.t, 1), diverged_at=self.diverged_at, lr=self.lr,
                          final_test_loss=test, curve_seconds=tuple(self.seconds), updates=self.t,
                          staleness=staleness, distributed=self._details(wall, interrupted),
-                         correction=self.state.corrections.mean, complete=complete or self.diverged_at is not None,
+                         correction=self.state.corrections.mean,
+                         complete=complete or self.diverged_at is not None,
                          **pi_stats(self.state.history.rows()))
 
     def _pad_curve(self, wall: float) -> None:

@@ -144,7 +144,8 @@ class DistributedSession:
             cfg = tmp / "config.json"
             cfg.write_text(config_to_json(c))
             argv = [sys.executable, "-m", "naig.simulate.engines.distributed", str(cfg)]
-            self.cluster = self._stack.enter_context(LocalCluster(argv, c.setting.nproc, c.setting.timeout, tmp))
+            cluster = LocalCluster(argv, c.setting.nproc, c.setting.timeout, tmp)
+            self.cluster = self._stack.enter_context(cluster)
             torch.set_num_threads(self.cluster.threads)
         init(0, c.setting.nproc, backend_for(self.workload.device), c.setting.timeout,
              store=None if self.cluster is None else self.cluster.store)
@@ -176,7 +177,8 @@ class DistributedSession:
                  exit_code=cluster.exit_code(rec["rank"]) if cluster else None) for rec in server.lost]
         return {"engine": "distributed", "launcher": "local" if self.spawn else "torchrun",
                 "backend": backend_for(self.workload.device), "nproc": c.setting.nproc, "workers": c.workers,
-                "window": c.window, "sketch_first": c.setting.sketch_first, "slowdown": list(c.setting.slowdown) or None,
+                "window": c.window, "sketch_first": c.setting.sketch_first,
+                "slowdown": list(c.setting.slowdown) or None,
                 "timeout_seconds": c.setting.timeout, "faults": list(c.faults),
                 "threads_per_process": self._threads_used, "lost": lost,
                 "live_at_end": [] if server is None else sorted(server.live), "deterministic": False,
