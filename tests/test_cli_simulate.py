@@ -190,7 +190,9 @@ def test_huge_lag_needs_no_huge_ring() -> None:
     r = run_naig("simulate", "--steps", "2", "--seeds", "1", "--data-bytes", "200000",
                  "--eval-every", "0", "--strategies", "hogwild", "--lags", "0,100000000")
     assert r.returncode == 0, r.stderr
-    assert all(ln.startswith("hogwild seed 0") for ln in r.stderr.splitlines())  # progress only
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("warning: worker(s) 1 never join")  # a lag beyond --steps is noted
+    assert all(ln.startswith("hogwild seed 0") for ln in lines[1:])  # then progress only
     assert "hogwild" in r.stdout and "± —" in r.stdout
 
 
@@ -436,3 +438,13 @@ def test_nan_losses_are_divergences_with_their_steps_in_every_setting() -> None:
         doc = json.loads(r.stdout)
         assert all(isinstance(run["diverged_at"], int) for run in doc["runs"]), doc["runs"]
         assert "at step None" not in r.stderr and "at step ;" not in r.stderr
+
+
+def test_diverged_runs_show_a_dash_at_the_points_they_never_reached() -> None:
+    r = RUNNER.invoke(app, ["simulate", "--arrivals", "exp:1,exp:1", "--strategies", "hogwild", "--optimizer",
+                            "sgd", "--lr", "1e8", "--steps", "4", "--seeds", "1", "--eval-every", "2",
+                            "--data-bytes", "200000"], env={"COLUMNS": "200"})
+    assert r.exit_code == 1
+    row = next(line for line in r.stdout.splitlines() if line.startswith("hogwild") and "@0u" in line)
+    assert row.split()[-2:] == ["—", "—"] and len(row.split()) == 5  # name, the untrained point (2 words),
+    #                                                                       then — for #1 and #2

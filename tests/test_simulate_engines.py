@@ -184,3 +184,19 @@ def test_one_worker_distributed_runs_several_rules_and_reports_them(tmp_path) ->
     for run in doc["runs"]:
         assert run["complete"] and run["staleness"]["mean"] == 0.0
         assert run["staleness"]["predicted"]["mean"] == 0
+
+
+def test_a_message_timeout_under_a_second_still_lets_the_processes_meet() -> None:
+    """--timeout bounds each message; the rendezvous waits for slow starts (torch imports) anyway."""
+    from tests.conftest import run_naig
+
+    r = run_naig("simulate", "--engine", "distributed", "--nproc", "3", "--timeout", "0.5", "--strategies",
+                 "hogwild", "--steps", "2", "--seeds", "1", "--data-bytes", "60000", "--eval-every", "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_lags_that_never_join_are_noted() -> None:
+    cfg = SimulateConfig.from_options(lags=(0, 5, 9), steps=5, strategies=("hogwild",))
+    (note,) = cfg.ignored_options()
+    assert "worker(s) 1,2 never join" in note
+    assert cfg.with_options(warmup_theta0=True).ignored_options() == ()  # they start at θ_0 then

@@ -109,3 +109,26 @@ def test_launcher_variables_without_a_master_are_one_line(monkeypatch: pytest.Mo
     r = run_naig("simulate", "--engine", "distributed", "--nproc", "3", "--steps", "2", "--seeds", "1",
                  "--data-bytes", "60000", timeout=120)
     assert_one_line_error(r, 2, "MASTER_ADDR", "torchrun")
+
+
+def test_a_busy_master_port_is_one_line() -> None:
+    """Under a launcher's variables with MASTER_PORT taken: one line naming the port, exit 1."""
+    import os
+    import socket
+
+    from tests.conftest import assert_one_line_error, run_naig
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            r = run_naig("simulate", "--engine", "distributed", "--nproc", "3", "--steps", "2", "--seeds",
+                         "1", "--data-bytes", "60000", timeout=120)
+        finally:
+            for k, v in old.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    assert_one_line_error(r, 1, "could not join the process group", "MASTER_PORT")

@@ -36,11 +36,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from naig.choices import DEVICES, ENGINES, LOCAL_METHODS, OPTIMIZERS, REFERENCES
 from naig.errors import UsageError
@@ -60,6 +59,11 @@ from naig.simulate.settings import (
 from naig.simulate.strategies import STRATEGIES, StrategyOptions, parse_clip
 from naig.sketch.core import check_seed
 from naig.sketch.torch_sketch import TorchSketch
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI (a dependency there only)
+    import tomli as tomllib
 
 __all__ = [
     "SimulateConfig",
