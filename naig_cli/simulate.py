@@ -196,22 +196,27 @@ def _options(**given: Any) -> dict[str, Any]:
     nproc = g["nproc"]
     if g["engine"] is Engine.distributed and nproc is None and "WORLD_SIZE" in os.environ:
         nproc = int(os.environ["WORLD_SIZE"])
+    def floats(name: str) -> tuple[float, ...] | None:  # an empty value is given (and refused), not absent
+        return None if g[name] is None else parse_float_list(g[name], name)
+
+    def ints(name: str) -> tuple[int, ...] | None:
+        return None if g[name] is None else parse_int_list(g[name], name)
+
     return dict(
-        strategies=_split(g["strategies"]) or None, steps=g["steps"], seeds=g["seeds"],
-        lr=parse_float_list(g["lr"], "lr") if g["lr"] else None, optimizer=_value(g["optimizer"]),
+        strategies=None if g["strategies"] is None else _split(g["strategies"]) or ("",), steps=g["steps"],
+        seeds=g["seeds"], lr=floats("lr"), optimizer=_value(g["optimizer"]),
         batch_size=g["batch_size"], eval_every=g["eval_every"], device=_value(g["device"]),
         model=_value(g["model"]), data=g["data"], data_bytes=g["data_bytes"], sketch_seed=g["sketch_seed"],
         faults=faults or None, log_dir=g["log_dir"], beta=g["beta"], dc_lambda=g["dc_lambda"],
         byzantine=g["byzantine"], max_staleness=g["max_staleness"], clip=g["clip"],
-        reference=_value(g["reference"]), lags=parse_int_list(g["lags"], "lags") if g["lags"] else None,
-        warmup_theta0=g["warmup_theta0"] or None, save_grads=g["save_grads"],
-        save_at=parse_int_list(g["save_at"], "save_at") if g["save_at"] else None, arrivals=g["arrivals"],
+        reference=_value(g["reference"]), lags=ints("lags"), warmup_theta0=g["warmup_theta0"] or None,
+        save_grads=g["save_grads"], save_at=ints("save_at"), arrivals=g["arrivals"],
         uplink=g["uplink"], downlink=g["downlink"], mode=_value(g["mode"]), window=g["window"],
-        bandwidth=parse_float_list(g["bandwidth"], "bandwidth") if g["bandwidth"] else None,
+        bandwidth=floats("bandwidth"),
         local_steps=_positive_ints(g["local_steps"]), outer_lr=g["outer_lr"],
         outer_momentum=g["outer_momentum"],
         engine=_value(g["engine"]), nproc=nproc,
-        slowdown=parse_float_list(g["slowdown"], "slowdown") if g["slowdown"] else None,
+        slowdown=floats("slowdown"),
         sketch_first=g["sketch_first"] or None, timeout=g["timeout"],
     )
 

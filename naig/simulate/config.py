@@ -77,6 +77,8 @@ __all__ = [
 ]
 
 MAX_STEPS = 10**9  # server steps per run
+MAX_CONFIG_BYTES = 64 * 2**20  # a --json result of many runs fits; a device or a runaway file does not
+MAX_SEEDS = 10**6  # a run takes seconds at the least: more seeds than any experiment can finish is a typo
 DEFAULT_STRATEGIES = {  # naig, its content-blind ablation, an oracle (lockstep), baselines, the ideal
     "lags": ("naig", "naig-blind", "fresh-only", "hogwild", "staleness", "sync"),
     "arrivals": ("naig", "naig-blind", "hogwild", "staleness", "sync"),
@@ -193,6 +195,8 @@ class SimulateConfig:
         check_seed(self.sketch_seed, "sketch_seed")
         get_preset(self.model)
         if self.log_dir is not None:
+            check(isinstance(self.log_dir, str) and self.log_dir.strip() != "", "log_dir", self.log_dir,
+                  "give a folder for the per-step CSV files, e.g. runs/logs")
             check_writable_dir(self.log_dir, "log_dir")
         self._check_setting()
         self._check_faults()
@@ -260,11 +264,17 @@ class SimulateConfig:
             UsageError: field ``config``: the file is missing, unreadable or not TOML/JSON.
         """
         p = Path(path)
+        check(p.exists(), "config", str(path), "cannot read it (no such file); give a .toml or .json file")
+        check(p.is_file(), "config", str(path),
+              "is not a regular file (a folder, a pipe or a device); give a .toml or .json file")
+        check(p.stat().st_size <= MAX_CONFIG_BYTES, "config", str(path),
+              f"is {p.stat().st_size:,} bytes; a config (or a JSON result) is at most {MAX_CONFIG_BYTES:,}")
         try:
             text = p.read_text()
-        except OSError as exc:
-            raise UsageError(f"cannot read it ({exc.strerror or exc}); give a .toml or .json file",
-                             field="config", value=str(path)) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            raise UsageError(f"cannot read it ({why}); give a .toml or .json file", field="config",
+                             value=str(path)) from None
         try:
             tree = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
         except (ValueError, tomllib.TOMLDecodeError) as exc:
@@ -404,8 +414,8 @@ class SimulateConfig:
         check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"use {' or '.join(OPTIMIZERS)}")
         check(isinstance(self.steps, int) and 0 < self.steps <= MAX_STEPS, "steps", self.steps,
               f"use a positive int up to {MAX_STEPS:,}, e.g. 150")
-        check(isinstance(self.seeds, int) and self.seeds > 0, "seeds", self.seeds,
-              "use a positive int, e.g. 3")
+        check(isinstance(self.seeds, int) and 0 < self.seeds <= MAX_SEEDS, "seeds", self.seeds,
+              f"use a positive int up to {MAX_SEEDS:,}, e.g. 3")
         check(len(self.lr) > 0
               and all(isinstance(v, int | float) and v > 0 and math.isfinite(v) for v in self.lr),
               "lr", self.lr, "use finite values > 0, e.g. 1e-3 or 3e-4,1e-3,3e-3")

@@ -99,9 +99,9 @@ def _check_memory(size: int) -> None:
 
     need, free = BYTES_PER_BYTE * size, available_bytes()
     if free is not None and need > free:
-        raise DataError(f"the text of {size:,} bytes needs {need / 2**30:,.1f} GiB as tensors, more than the "
-                        f"{free / 2**30:,.1f} GiB available; use a smaller `data_bytes`", field="data_bytes",
-                        value=size)
+        raise UsageError(f"the text of {size:,} bytes needs {need / 2**30:,.1f} GiB as tensors, more than "
+                         f"the {free / 2**30:,.1f} GiB available; use a smaller `data_bytes`",
+                         field="data_bytes", value=size)
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,10 @@ class SimulatedSession:
     """The simulated engines in this process: one workload, each rule on its engine."""
 
     def __init__(self, config: SimulateConfig) -> None:
+        from naig.simulate.engines import buffer_rows
+
         self.workload = Workload(config)
+        self.workload.check_memory(*buffer_rows(config))  # before any run: refused, not attempted
 
     def run(self, rule: str, seed: int, lr: float, ctx: RunContext) -> RunResult:
         """Start the rule's run on its engine (``engines.select``) and drive it."""

@@ -127,7 +127,11 @@ class LagsSetting:
         return f"lags {','.join(map(str, self.lags))}" + (" (warm-up at θ_0)" if self.warmup_theta0 else "")
 
     def check_rules(self, strategies: tuple[str, ...], steps: int) -> None:
-        """No local-update method (they run on the arrivals clock); ``save_at`` in 0..steps−1."""
+        """No local-update method (they run on the arrivals clock); ``save_at`` in 0..steps−1; at least
+        one worker joins within ``steps`` (else no update is ever made)."""
+        check(self.warmup_theta0 or min(self.lags) < steps, "lags", self.lags,
+              f"no worker joins within `steps` ({steps}): a lag-τ worker sends its first gradient at step τ; "
+              "use smaller lags, more `steps`, or `warmup_theta0`")
         local = [n for n in strategies if n in LOCAL_METHODS]
         check(not local, "strategies", ",".join(local), "runs on the simulated clock and needs `arrivals` "
               "(compute seconds per inner step, e.g. exp:1,exp:1,exp:2,exp:4)")

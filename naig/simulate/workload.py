@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from naig.errors import UsageError
 from naig.simulate.data import ByteData, load_bytes
 from naig.simulate.model import GPT, get_preset, lm_loss
 from naig.sketch.torch_sketch import TorchSketch
@@ -112,6 +113,45 @@ class Workload:
     def n_params(self) -> int:
         """n, the number of scalar parameters."""
         return sum(self.sizes)
+
+    def batch_bytes(self) -> int:
+        """Memory of the minibatches and the activations of one step, bytes (an estimate).
+
+        The evaluation batches of a seed (``eval_batches`` × 2 of (2B, T) int64, twice with a test
+        split), and one training step on B sequences of T tokens: per layer and token
+        2h(34 + 5aT/h) bytes of float32 activations kept for the backward pass (Korthikanti et al.
+        2022, "Reducing Activation Recomputation in Large Transformer Models", eq. 1, at 4-byte
+        elements), plus 3 copies of the (B, T, vocab) logits.
+        """
+        c, g = self.config, self.model.config
+        batches = c.eval_batches * 2 * (2 * c.batch_size * g.context) * 8 * (2 if c.tuning else 1)
+        tokens = c.batch_size * g.context
+        per_layer = 2 * g.d_model * (34 + 5 * g.heads * g.context / g.d_model)
+        return int(batches + tokens * (g.layers * per_layer + 3 * 4 * g.vocab))
+
+    def check_memory(self, rows: int, option: str) -> None:
+        """Refuse, before any run, what would not fit: ``rows`` parameter-sized buffers plus the batches.
+
+        Args:
+            rows: (n,)-sized float32 buffers the engine keeps (gradients, versions, replicas, states),
+                on the workload's device (host memory, or the GPU's free memory).
+            option: the option that sets ``rows`` (named when the buffers dominate).
+
+        Raises:
+            UsageError: naming ``batch_size`` or ``option`` and the GiB it would take (as ``naig
+                staleness`` refuses a run that would not fit: a size this machine cannot hold).
+        """
+        from naig.arrivals.engine import available_bytes
+
+        buffers, batches = 4 * rows * self.n_params, self.batch_bytes()
+        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else available_bytes()
+        if free is None or buffers + batches <= free:
+            return
+        name = "batch_size" if batches >= buffers else option
+        raise UsageError(f"the run needs about {(buffers + batches) / 2**30:,.1f} GiB ({rows:,} parameter-sized "
+                        f"buffers, {batches / 2**30:,.1f} GiB of batches and activations), more than the "
+                        f"{free / 2**30:,.1f} GiB available; use a smaller `{name}`", field=name,
+                        value=getattr(self.config, name, None))
 
     def make_optimizer(self, theta: nn.Parameter, lr: float) -> torch.optim.Optimizer:
         """The configured server optimizer over θ at ``lr`` (torch defaults otherwise)."""

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from naig.simulate.experiment import Session
     from naig.simulate.workload import Workload
 
-__all__ = ["select", "start", "open_session"]
+__all__ = ["select", "start", "open_session", "buffer_rows"]
 
 
 def select(config: SimulateConfig, rule: str) -> Engine:
@@ -43,6 +43,20 @@ def select(config: SimulateConfig, rule: str) -> Engine:
     from naig.simulate.engines.arrivals import ArrivalsEngine
 
     return ArrivalsEngine
+
+
+def buffer_rows(config: SimulateConfig) -> tuple[int, str]:
+    """The most (n,)-sized float32 buffers any run of ``config`` keeps, and the option that sets them.
+
+    Fixed lags: K gradients, K stale parameter rows and the ring of min(max τ, steps − 1) + 1
+    versions; arrivals: 2B window rows and at most K + 1 versions; local updates: per worker a
+    replica, a gradient, a pseudo-gradient and AdamW's two moments; plus θ and its optimizer (3).
+    """
+    s, k = config.setting, config.workers
+    if s.NAME == "lags":
+        return 2 * k + min(max(s.lags), config.steps - 1) + 1 + 3, "lags"
+    local = 5 * k + 3 if any(r in LOCAL_METHODS for r in config.strategies) else 0
+    return max(2 * config.window + k + 1 + 3, local), "arrivals" if s.NAME == "arrivals" else "nproc"
 
 
 def start(workload: Workload, rule: str, seed: int, lr: float | None = None) -> Run:

@@ -127,6 +127,7 @@ class DistributedSession:
         self._threads = self._threads_used = torch.get_num_threads()
         _device(config)
         self.workload = Workload(config)  # before the processes: a bad corpus is refused at once
+        self.workload.check_memory(2 * config.window + config.workers + 4, "nproc")  # the server's buffers
 
     def __enter__(self) -> DistributedSession:
         try:
