@@ -148,10 +148,11 @@ class Workload:
         if free is None or buffers + batches <= free:
             return
         name = "batch_size" if batches >= buffers else option
-        raise UsageError(f"the run needs about {(buffers + batches) / 2**30:,.1f} GiB ({rows:,} parameter-sized "
-                        f"buffers, {batches / 2**30:,.1f} GiB of batches and activations), more than the "
-                        f"{free / 2**30:,.1f} GiB available; use a smaller `{name}`", field=name,
-                        value=getattr(self.config, name, None))
+        need = (buffers + batches) / 2**30
+        raise UsageError(f"the run needs about {need:,.1f} GiB ({rows:,} parameter-sized buffers, "
+                         f"{batches / 2**30:,.1f} GiB of batches and activations), more than the "
+                         f"{free / 2**30:,.1f} GiB available; use a smaller `{name}`", field=name,
+                         value=getattr(self.config, name, getattr(self.config.setting, name, None)))
 
     def make_optimizer(self, theta: nn.Parameter, lr: float) -> torch.optim.Optimizer:
         """The configured server optimizer over θ at ``lr`` (torch defaults otherwise)."""
