@@ -1,0 +1,464 @@
+"""Per-rank gradient signals from one small all-gather: the monitor's framework-free core.
+
+Every rank k of a data-parallel group of K ranks holds its own gradient g_k ∈ Rⁿ before the
+reduction. It contributes a payload of m + 2 float64 values (``pack``):
+
+    [ S g_k (m = 14·R floats) | ‖g_k‖² | number of non-finite entries of g_k ]
+
+(128 B per rank for R = 1). After an all-gather every rank holds the same (K, m + 2) array and
+``rank_signals`` derives, identically on every rank, for each rank k:
+
+- ``energy``  E_k = (1/R) Σ_r (d_k⁽ʳ⁾)ᵀ Ψ_ℓ d_k⁽ʳ⁾, the Fano–Fisher energy (docs/design.md §4) of
+  its sketched drift from the mean sketch, d_k = S g_k − mean_j S g_j, block by block (always a
+  sketch quantity);
+- ``cos``     cos(g_k, ḡ) and ``sq_dist`` ‖g_k − ḡ‖², ḡ = (1/K) Σ_j g_j the reduced mean: exact
+  when the framework hands over the exact ⟨g_k, ḡ⟩ and ‖g_k − ḡ‖², sketch estimates otherwise;
+- ``rel_norm`` ‖g_k‖ / median_j ‖g_j‖ (exact; the median over the reference ranks, k included);
+- the gradient noise scale B_simple of the step (McCandlish et al. 2018), one value per step.
+
+**The sketch and its scale.** S is R independent blocks of the project's CountSketch with 14
+buckets (docs/design.md §5), block r with seed ``seed + r`` (as the audit's several sketches).
+Each block is unbiased with unit scale, E[⟨S_r x, S_r y⟩] = ⟨x, y⟩ (no 1/14 factor), so
+⟨x, y⟩ ≈ ⟨S x, S y⟩ / R. For a difference spread over many coordinates the 14 coordinates of
+one block behave like independent N(0, ‖Δ‖²/14) variables, so ‖S Δ‖²/R ≈ ‖Δ‖² χ²_m / m: its
+relative standard deviation is √(2/m): 0.38 for m = 14, 0.19 for m = 56, 0.13 for m = 112
+(measured over 300 seeds in tests/test_monitor_signals.py: 0.35, 0.18, 0.13). E_k has relative
+spread √(1/2)/√R (§5.1).
+
+**Sketch estimates** (when no exact statistics are given). With s̄ the mean sketch of the ranks
+of the reference (S is linear, so S g_k − s̄ = S(g_k − ḡ) exactly):
+
+    sq_dist_k = ‖S g_k − s̄‖² / R                           (unbiased: E = ‖g_k − ḡ‖²)
+    ‖ḡ‖²      = mean_k ‖g_k‖² − mean_k sq_dist_k            (unbiased, from the identity
+                 mean_k ‖g_k‖² = ‖ḡ‖² + mean_k ‖g_k − ḡ‖² with the exact norms)
+    cos_k     = ⟨S g_k, s̄⟩ / (‖S g_k‖ ‖s̄‖)                  (the sketched vectors' cosine)
+
+The spread and ‖ḡ‖² carry sketch noise proportional to ‖g_k − ḡ‖², not to ‖g_k‖² (which is what
+makes the noise scale usable). The cosine is the sketched vectors' own, always in [−1, 1]: a
+law-of-cosines estimate (‖g_k‖² + ‖ḡ‖² − sq_dist_k)/(2‖g_k‖‖ḡ‖) is better conditioned when the
+ranks agree but divides by a difference of large numbers when ‖ḡ‖² ≪ mean ‖g_k‖² (noise-dominated
+gradients, the common case for small per-rank batches) and then swings between −1 and 1.
+
+**Exact statistics.** Given ⟨g_k, ḡ⟩ and ‖g_k − ḡ‖² for every rank (all finite), then
+‖ḡ‖² = (1/K) Σ_k ⟨g_k, ḡ⟩ exactly, cos_k = ⟨g_k, ḡ⟩ / (‖g_k‖ ‖ḡ‖) (clipped to [−1, 1]) and
+sq_dist_k is the given value.
+
+**Non-finite ranks and the reference.** A rank is usable when its count is 0 and its norm and
+sketch are finite. ḡ is the mean of the *reference* ranks: every usable rank by default, fewer
+when the detectors leave a flagged rank out (``RankSignals.with_reference``). The mean sketch,
+the median norm and the noise scale use the reference ranks; every usable rank is measured
+against their mean; an unusable rank's values are NaN. The exact statistics are used only when
+the reference holds all K ranks (a non-finite rank makes the reduced mean non-finite),
+otherwise the sketch estimates.
+
+**Gradient noise scale** (McCandlish, Kaplan, Amodei et al., "An Empirical Model of Large-Batch
+Training", 2018, Appendix A). With b examples per rank, g_k the mean-loss gradient of rank k's
+batch (|G_small|² at B_small = b: the mean over ranks of ‖g_k‖²) and ḡ that of the global batch
+(|G_big|² = ‖ḡ‖² at B_big = K·b), the unbiased estimates (eqs. A.2, A.3) are
+
+    |G|²   = (B_big |G_big|² − B_small |G_small|²) / (B_big − B_small) = (K ‖ḡ‖² − mean_k ‖g_k‖²)/(K − 1)
+    tr(Σ)  = (|G_small|² − |G_big|²) / (1/B_small − 1/B_big)           = b K (mean_k ‖g_k‖² − ‖ḡ‖²)/(K − 1)
+    B_simple = tr(Σ) / |G|²
+
+|G|² is a squared gradient norm (loss units² per parameter unit²), tr(Σ) the trace of the
+per-example gradient covariance (the same units times examples) and B_simple is in examples
+(the unit ``batch`` counts: sequences, tokens, …; with ``batch=1`` it is in per-rank batches).
+A single step is noisy (|G|² may come out ≤ 0: B_simple is then NaN); the paper averages |G|²
+and tr(Σ) over steps before the ratio, as ``NoiseScaleAverage`` does.
+
+Example:
+    >>> import numpy as np
+    >>> g = np.array([[3.0, 0.0], [1.0, 0.0], [2.0, 1.0]])          # 3 ranks, n = 2
+    >>> mean = g.mean(0)
+    >>> sig = rank_signals(np.zeros((3, 14)), (g * g).sum(1), np.zeros(3),
+    ...                    dots=g @ mean, sq_dists=((g - mean) ** 2).sum(1))
+    >>> sig.kind("cos"), sig.kind("energy"), sig.cos.round(4).tolist()
+    ('exact', 'sketch', [0.9864, 0.9864, 0.9558])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from naig.energy import energy
+from naig.errors import UsageError
+from naig.metric import DEFAULT_LINE, fano_fisher_metric, parse_line
+from naig.sketch.core import SKETCH_DIM, check_seed
+from naig.sketch.torch_sketch import TorchSketch
+
+__all__ = ["EXACT_ALWAYS", "MonitorSketch", "NoiseScale", "NoiseScaleAverage", "RankSignals", "check_batch",
+           "check_blocks", "noise_scale", "pack", "payload_size", "rank_signals", "unpack"]
+
+EXACT_ALWAYS = frozenset({"sq_norm", "rel_norm"})
+"""Quantities that are exact whatever the statistics given (full-dimension float64 norms)."""
+_FROM_MEAN = ("cos", "sq_dist", "mean_sq_norm", "noise")  # exact only with the exact statistics
+
+
+@dataclass(frozen=True)
+class MonitorSketch:
+    """S : Rⁿ → R^{14R}: R blocks of the project's 14-bucket sketch, block r with seed ``seed + r``.
+
+    Attributes:
+        sketches: the R ``TorchSketch`` blocks, all for the same flat layout.
+    """
+
+    sketches: tuple[TorchSketch, ...]
+
+    @classmethod
+    def build(cls, named_sizes: Sequence[tuple[str, int]], seed: int = 0, blocks: int = 1,
+              device: str | torch.device = "cpu") -> MonitorSketch:
+        """Hash arrays for a flat layout of named tensors.
+
+        Args:
+            named_sizes: ``(name, numel)`` per tensor, in flat-layout order (names key the hashes).
+            seed: the first block's seed; block r uses ``seed + r`` (all uint64).
+            blocks: R ≥ 1, the number of 14-bucket blocks (m = 14·R).
+            device: where the hash arrays live.
+
+        Raises:
+            UsageError: for ``blocks`` < 1 or a seed (``seed + blocks − 1`` included) outside uint64.
+        """
+        r = check_blocks(blocks)
+        check_seed(seed)
+        check_seed(seed + r - 1, field="seed")
+        return cls(tuple(TorchSketch.build(named_sizes, seed + i, device) for i in range(r)))
+
+    @property
+    def dim(self) -> int:
+        """m = 14·R, the sketch length."""
+        return SKETCH_DIM * len(self.sketches)
+
+    @property
+    def numel(self) -> int:
+        """n, the flat length the sketch accepts."""
+        return self.sketches[0].numel
+
+    def __call__(self, flat: Tensor) -> Tensor:
+        """S x for x (n,) of any float dtype → (m,) float64 on x's device."""
+        return torch.cat([s(flat) for s in self.sketches])
+
+
+def check_blocks(blocks: object) -> int:
+    """Validate R, the number of sketch blocks (an int ≥ 1).
+
+    Raises:
+        UsageError: anything else, naming ``blocks``.
+    """
+    if isinstance(blocks, bool) or not isinstance(blocks, int | np.integer) or blocks < 1:
+        raise UsageError("must be an int >= 1 (the sketch has 14 floats per block)", field="blocks",
+                         value=blocks)
+    return int(blocks)
+
+
+def payload_size(blocks: int = 1) -> int:
+    """Floats each rank sends per step: m + 2 = 14·R + 2 (float64: 8 bytes each)."""
+    return SKETCH_DIM * check_blocks(blocks) + 2
+
+
+def pack(flat: Tensor, sketch: MonitorSketch) -> Tensor:
+    """This rank's payload [S g | ‖g‖² | non-finite count]: (m + 2,) float64 on ``flat``'s device.
+
+    Args:
+        flat: (n,) this rank's gradient, any float dtype; ‖g‖² is accumulated in float64.
+        sketch: the sketch of the flat layout.
+    """
+    x = flat.detach().reshape(-1)
+    x64 = x.to(torch.float64)
+    sq = torch.dot(x64, x64).reshape(1)
+    bad = (~torch.isfinite(x)).sum().to(torch.float64).reshape(1)
+    return torch.cat([sketch(x), sq, bad])
+
+
+def unpack(gathered: Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split gathered payloads (K, m + 2) into sketches (K, m), ‖g_k‖² (K,) and counts (K,) int64.
+
+    Raises:
+        UsageError: when ``gathered`` is not 2-D with m + 2 columns, m a positive multiple of 14.
+    """
+    a = gathered.detach().cpu().numpy() if isinstance(gathered, Tensor) else np.asarray(gathered)
+    a = a.astype(np.float64, copy=False)
+    if a.ndim != 2 or a.shape[1] < SKETCH_DIM + 2 or (a.shape[1] - 2) % SKETCH_DIM:
+        raise UsageError(f"expected shape (K, 14*R + 2), got {a.shape}", field="gathered")
+    counts = np.where(np.isfinite(a[:, -1]), a[:, -1], 1.0).astype(np.int64)
+    return a[:, :-2], a[:, -2], counts
+
+
+@dataclass(frozen=True)
+class NoiseScale:
+    """The gradient noise scale of one step (McCandlish et al. 2018, Appendix A; see the module).
+
+    Attributes:
+        sq_grad: |G|², the estimate of the true gradient's squared norm (may be ≤ 0 by noise).
+        trace: tr(Σ), the estimate of the per-example gradient covariance's trace (≥ 0).
+        b_simple: tr(Σ)/|G|² in examples (NaN when |G|² ≤ 0 or fewer than 2 usable ranks).
+        batch: b, examples per rank, the unit of ``b_simple``.
+    """
+
+    sq_grad: float
+    trace: float
+    b_simple: float
+    batch: float
+
+
+def noise_scale(sq_norms: np.ndarray, mean_sq_norm: float, batch: float = 1.0) -> NoiseScale:
+    """B_simple from the ranks' ‖g_k‖² (|G_small|² at b) and ‖ḡ‖² (|G_big|² at K·b).
+
+    Args:
+        sq_norms: (K,) float64 ‖g_k‖² of the usable ranks.
+        mean_sq_norm: ‖ḡ‖² of their mean.
+        batch: b > 0, examples per rank.
+
+    Returns:
+        A ``NoiseScale``; all NaN for K < 2.
+
+    Raises:
+        UsageError: for a ``batch`` that is not finite and > 0.
+    """
+    b = check_batch(batch)
+    k = len(sq_norms)
+    if k < 2 or not math.isfinite(mean_sq_norm):
+        return NoiseScale(math.nan, math.nan, math.nan, b)
+    small = float(np.mean(sq_norms))
+    g2 = (k * mean_sq_norm - small) / (k - 1)
+    trace = b * k * (small - mean_sq_norm) / (k - 1)
+    return NoiseScale(g2, trace, trace / g2 if g2 > 0 else math.nan, b)
+
+
+def check_batch(batch: object) -> float:
+    """Validate b, examples per rank (a finite number > 0).
+
+    Raises:
+        UsageError: anything else, naming ``batch``.
+    """
+    if isinstance(batch, bool) or not isinstance(batch, int | float | np.number) or not (
+            math.isfinite(batch) and batch > 0):
+        raise UsageError("must be a finite number > 0 (examples per rank)", field="batch", value=batch)
+    return float(batch)
+
+
+@dataclass
+class NoiseScaleAverage:
+    """Exponential averages of |G|² and tr(Σ) over steps, then their ratio (as the paper advises).
+
+    Args:
+        decay: weight of the past, in [0, 1); the averages are bias-corrected (as Adam's moments).
+    """
+
+    decay: float = 0.9
+    _g2: float = field(default=0.0, repr=False)
+    _trace: float = field(default=0.0, repr=False)
+    _weight: float = field(default=0.0, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.decay, bool) or not isinstance(self.decay, int | float) or not 0 <= self.decay < 1:
+            raise UsageError("must be a float in [0, 1)", field="decay", value=self.decay)
+
+    def update(self, noise: NoiseScale) -> float:
+        """Fold one step in (non-finite steps are skipped); returns the averaged B_simple."""
+        if math.isfinite(noise.sq_grad) and math.isfinite(noise.trace):
+            d = self.decay
+            self._g2 = d * self._g2 + (1 - d) * noise.sq_grad
+            self._trace = d * self._trace + (1 - d) * noise.trace
+            self._weight = d * self._weight + (1 - d)
+        return self.b_simple
+
+    @property
+    def b_simple(self) -> float:
+        """tr(Σ)/|G|² of the averages (NaN before any step or while the averaged |G|² ≤ 0)."""
+        return self._trace / self._g2 if self._weight > 0 and self._g2 > 0 else math.nan
+
+
+@dataclass(frozen=True, eq=False)
+class RankSignals:
+    """What ``rank_signals`` derives for one step, the same on every rank.
+
+    Arrays are (K,) float64 indexed by rank; an unusable (non-finite) rank's entries are NaN.
+
+    Attributes:
+        world: K, the number of ranks.
+        blocks: R, the sketch blocks (m = 14·R).
+        nonfinite: (K,) int64, non-finite entries of each g_k (as reported by the rank).
+        usable: (K,) bool, count 0 and finite norm and sketch.
+        reference: (K,) bool, the ranks whose mean is ḡ (usable ones; see ``with_reference``).
+        sq_norm: ‖g_k‖² (exact; non-finite as reported).
+        rel_norm: ‖g_k‖ / median_j ‖g_j‖ over the usable ranks (exact).
+        energy: E_k of the sketched drift from the mean sketch (sketch).
+        cos: cos(g_k, ḡ) (``kind("cos")``).
+        sq_dist: ‖g_k − ḡ‖² (``kind("sq_dist")``).
+        mean_sq_norm: ‖ḡ‖² of the usable ranks' mean.
+        noise: the step's ``NoiseScale``.
+        exact: names of the exact quantities; every other one is a sketch estimate.
+    """
+
+    world: int
+    blocks: int
+    nonfinite: np.ndarray
+    usable: np.ndarray
+    reference: np.ndarray
+    sq_norm: np.ndarray
+    rel_norm: np.ndarray
+    energy: np.ndarray
+    cos: np.ndarray
+    sq_dist: np.ndarray
+    mean_sq_norm: float
+    noise: NoiseScale
+    exact: frozenset[str]
+    inputs: _Inputs = field(repr=False)
+
+    def with_reference(self, reference: np.ndarray) -> RankSignals:
+        """The same step measured against the mean of the ``reference`` ranks (a (K,) bool mask).
+
+        Used to leave flagged ranks out of the mean the others are measured against.
+        """
+        ref = np.asarray(reference, dtype=bool)
+        if ref.shape != (self.world,):
+            raise UsageError(f"expected a ({self.world},) bool mask", field="reference")
+        return _signals(self.inputs, self.usable, ref & self.usable)
+
+    def kind(self, name: str) -> str:
+        """``"exact"`` or ``"sketch"`` for a quantity (``energy``, ``cos``, ``sq_dist``, …).
+
+        Raises:
+            UsageError: for an unknown name.
+        """
+        known = EXACT_ALWAYS | set(_FROM_MEAN) | {"energy"}
+        if name not in known:
+            raise UsageError(f"use one of {', '.join(sorted(known))}", field="name", value=name)
+        return "exact" if name in self.exact else "sketch"
+
+    def to_dict(self) -> dict:
+        """Plain lists and floats (NaN kept as float NaN) with each quantity's kind."""
+        arrays = ("nonfinite", "usable", "reference", "sq_norm", "rel_norm", "energy", "cos", "sq_dist")
+        out: dict = {a: getattr(self, a).tolist() for a in arrays}
+        out.update(world=self.world, blocks=self.blocks, mean_sq_norm=self.mean_sq_norm,
+                   noise={"sq_grad": self.noise.sq_grad, "trace": self.noise.trace,
+                          "b_simple": self.noise.b_simple, "batch": self.noise.batch},
+                   kinds={n: self.kind(n) for n in sorted(EXACT_ALWAYS | set(_FROM_MEAN) | {"energy"})})
+        return out
+
+
+@lru_cache(maxsize=21)
+def _psi(line: tuple[int, int, int]) -> np.ndarray:
+    return fano_fisher_metric(line)
+
+
+def rank_signals(sketches: np.ndarray, sq_norms: np.ndarray, nonfinite: np.ndarray, *,
+                 dots: np.ndarray | None = None, sq_dists: np.ndarray | None = None,
+                 batch: float = 1.0, line: Sequence[int] = DEFAULT_LINE,
+                 reference: np.ndarray | None = None) -> RankSignals:
+    """Every rank's signals from the gathered statistics (see the module for the formulas).
+
+    Args:
+        sketches: (K, m) float64, row k = S g_k, m = 14·R (R blocks as ``MonitorSketch``).
+        sq_norms: (K,) float64 ‖g_k‖².
+        nonfinite: (K,) non-finite entry counts (integers ≥ 0).
+        dots: (K,) exact ⟨g_k, ḡ⟩ with ḡ = (1/K) Σ g_j, or None.
+        sq_dists: (K,) exact ‖g_k − ḡ‖², or None (give both or neither).
+        batch: b > 0, examples per rank (the unit of B_simple).
+        line: the Fano line ℓ of Ψ_ℓ.
+        reference: (K,) bool, the ranks whose mean is ḡ (default: every usable rank); unusable
+            ranks are dropped from it. Every usable rank is measured against that mean. The exact
+            statistics are used only when it holds all K ranks.
+
+    Returns:
+        ``RankSignals``.
+
+    Raises:
+        UsageError: shapes that disagree, m not a positive multiple of 14, only one of ``dots``
+            and ``sq_dists``, a bad ``batch``, ``line`` or ``reference``.
+    """
+    s, sq, bad = _check_inputs(sketches, sq_norms, nonfinite)
+    k = s.shape[0]
+    inputs = _Inputs(s, sq, bad, *_check_exact(dots, sq_dists, k), check_batch(batch),
+                     parse_line(tuple(line) if not isinstance(line, str) else line))
+    usable = (bad == 0) & np.isfinite(sq) & np.isfinite(s).all(axis=1)
+    if reference is None:
+        ref = usable
+    else:
+        ref = np.asarray(reference)
+        if ref.shape != (k,) or ref.dtype != np.bool_:
+            raise UsageError(f"expected a ({k},) bool mask", field="reference")
+        ref = ref & usable
+    return _signals(inputs, usable, ref)
+
+
+@dataclass(frozen=True, eq=False)
+class _Inputs:
+    """The gathered statistics behind a ``RankSignals`` (checked), to recompute it for another mean."""
+
+    sketches: np.ndarray
+    sq_norms: np.ndarray
+    nonfinite: np.ndarray
+    dots: np.ndarray | None
+    sq_dists: np.ndarray | None
+    batch: float
+    line: tuple[int, int, int]
+
+
+def _signals(inp: _Inputs, usable: np.ndarray, ref: np.ndarray) -> RankSignals:
+    s, sq, bad = inp.sketches, inp.sq_norms, inp.nonfinite
+    k, r = s.shape[0], s.shape[1] // SKETCH_DIM
+    nan = np.full(k, np.nan)
+    if not ref.any():
+        return RankSignals(k, r, bad, usable, ref, sq, nan, nan.copy(), nan.copy(), nan.copy(), math.nan,
+                           noise_scale(sq[ref], math.nan, inp.batch), EXACT_ALWAYS, inp)
+    drift = s - s[ref].mean(axis=0)
+    e = np.where(usable, energy(drift.reshape(k, r, SKETCH_DIM), _psi(inp.line)).mean(axis=1), np.nan)
+    norms = np.sqrt(np.where(usable, sq, np.nan))
+    med = float(np.median(norms[ref]))
+    rel = norms / med if med > 0 else nan.copy()  # NaN for unusable ranks (norms is NaN there)
+    exact_ok = inp.dots is not None and bool(ref.all()) and bool(
+        np.isfinite(inp.dots).all() and np.isfinite(inp.sq_dists).all())
+    if exact_ok:
+        mean_sq = float(np.mean(inp.dots))
+        dist, exact = inp.sq_dists, EXACT_ALWAYS | set(_FROM_MEAN)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cos = inp.dots / (norms * math.sqrt(mean_sq)) if mean_sq > 0 else nan.copy()
+    else:
+        dist = np.where(usable, np.einsum("ka,ka->k", drift, drift) / r, np.nan)
+        mean_sq = float(np.mean(sq[ref]) - np.mean(dist[ref]))
+        sbar = s[ref].mean(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cos = (s @ sbar) / (np.linalg.norm(s, axis=1) * np.linalg.norm(sbar))
+        exact = EXACT_ALWAYS
+    cos = np.where(usable & (norms > 0), np.clip(cos, -1.0, 1.0), np.nan)
+    return RankSignals(k, r, bad, usable, ref, sq, rel, e, cos, np.where(usable, dist, np.nan), mean_sq,
+                       noise_scale(sq[ref], mean_sq, inp.batch), frozenset(exact), inp)
+
+
+def _check_inputs(sketches: object, sq_norms: object, nonfinite: object
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    s = np.asarray(sketches, dtype=np.float64)
+    if s.ndim != 2 or s.shape[0] < 1 or s.shape[1] < SKETCH_DIM or s.shape[1] % SKETCH_DIM:
+        raise UsageError(f"expected shape (K, 14*R) with K >= 1, R >= 1; got {s.shape}", field="sketches")
+    k = s.shape[0]
+    sq = np.asarray(sq_norms, dtype=np.float64)
+    if sq.shape != (k,):
+        raise UsageError(f"expected shape ({k},), got {sq.shape}", field="sq_norms")
+    raw = np.asarray(nonfinite, dtype=np.float64)
+    if raw.shape != (k,):
+        raise UsageError(f"expected shape ({k},), got {raw.shape}", field="nonfinite")
+    bad = np.where(np.isfinite(raw) & (raw >= 0), raw, 1.0).astype(np.int64)  # a garbled count is "bad"
+    return s, sq, bad
+
+
+def _check_exact(dots: object, sq_dists: object, k: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The exact statistics as (K,) float64 arrays, or (None, None)."""
+    if (dots is None) != (sq_dists is None):
+        raise UsageError("give both dots and `sq_dists` (exact statistics) or neither", field="dots")
+    if dots is None:
+        return None, None
+    out = []
+    for name, v in (("dots", dots), ("sq_dists", sq_dists)):
+        a = np.asarray(v, dtype=np.float64)
+        if a.shape != (k,):
+            raise UsageError(f"expected shape ({k},), got {a.shape}", field=name)
+        out.append(a)
+    return out[0], out[1]
