@@ -1,0 +1,36 @@
+"""The monitor: per-rank gradient signals before the data-parallel reduction, naming a bad rank.
+
+Per-rank gradients exist only before the reduction; the monitor reads them there, shares one
+small payload per rank (a 14-float sketch, ‖g‖², a non-finite count) and derives, identically on
+every rank, each rank's Fano–Fisher energy, cosine and distance to the mean (exact where the
+framework hands them over, sketched otherwise), norm relative to the others and the step's
+gradient noise scale (``signals``); robust detectors score each rank against the others and
+against its own history and name the bad rank (``detectors``); ``Monitor.observe`` does both
+in a custom loop (``observe``).
+
+Importing this package loads neither scipy nor the simulator.
+"""
+
+from naig.monitor.detectors import (
+    ACTIONS,
+    SCORES,
+    SIGNALS,
+    BadRankError,
+    Decision,
+    Detector,
+    Flag,
+    robust_threshold,
+)
+from naig.monitor.observe import Monitor
+from naig.monitor.signals import (
+    MonitorSketch,
+    NoiseScale,
+    NoiseScaleAverage,
+    RankSignals,
+    noise_scale,
+    rank_signals,
+)
+
+__all__ = ["ACTIONS", "SCORES", "SIGNALS", "BadRankError", "Decision", "Detector", "Flag", "Monitor",
+           "MonitorSketch", "NoiseScale", "NoiseScaleAverage", "RankSignals", "noise_scale", "rank_signals",
+           "robust_threshold"]

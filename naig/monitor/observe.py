@@ -1,0 +1,214 @@
+"""``Monitor.observe``: the monitor in a custom training loop, before the user's own all-reduce.
+
+Call it on every rank, every step, with this rank's gradients, before reducing them::
+
+    monitor = Monitor(action="raise")
+    for x, y in loader:
+        loss_fn(model(x), y).backward()
+        decision = monitor.observe({n: p.grad for n, p in model.named_parameters()})
+        for p in model.parameters():                       # the user's own all-reduce
+            dist.all_reduce(p.grad); p.grad /= dist.get_world_size()
+        opt.step(); opt.zero_grad()
+
+Each call sketches the gradient (``naig.monitor.signals.MonitorSketch``; the tensors' names key
+the hashes, so every rank must pass the same names), all-gathers one float64 payload per rank
+[S g | ‖g‖² | non-finite count] (m + 2 floats: 128 B with the default 14-float sketch), derives
+the signals and runs the detectors. Every rank gets the same ``Decision``; ``observe`` applies
+no action itself except ``raise`` (``BadRankError`` on every rank, before the user's update), so
+the user's loop decides what ``skip`` or ``exclude`` means; ``warn`` writes one line (rank, host,
+signal) through ``warnings`` on rank 0. The host names are all-gathered once, at the first call
+(64 bytes per rank). Each collective waits at most ``timeout`` seconds (a rank that never calls
+``observe`` gives a ``DataError`` instead of a hang).
+
+Without an initialised process group ``observe`` works for one process (K = 1: the non-finite
+check and the rank's own norm history; nothing to compare with).
+
+Example:
+    >>> import torch
+    >>> mon = Monitor()
+    >>> mon.observe({"w": torch.ones(3), "b": torch.tensor([float("nan")])}).ranks
+    (0,)
+"""
+
+from __future__ import annotations
+
+import socket
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from naig.distributed.launch import MAX_TIMEOUT
+from naig.errors import DataError, UsageError
+from naig.metric import DEFAULT_LINE, parse_line
+from naig.monitor.detectors import SCORES, SIGNALS, Decision, Detector, check_action
+from naig.monitor.signals import (
+    MonitorSketch,
+    RankSignals,
+    check_batch,
+    check_blocks,
+    pack,
+    rank_signals,
+    unpack,
+)
+from naig.sketch.core import check_seed
+
+__all__ = ["HOST_BYTES", "Monitor"]
+
+HOST_BYTES = 64  # a host name is sent once, UTF-8, cut or padded to this many bytes
+
+
+class Monitor:
+    """Per-rank gradient signals and bad-rank decisions for a custom data-parallel loop.
+
+    Args:
+        process_group: the group whose ranks are compared (None: the default group, or one
+            process when none is initialised).
+        blocks: R, 14-float sketch blocks per rank (m = 14·R; more blocks, less sketch noise).
+        seed: the sketch seed (block r uses ``seed + r``).
+        line: the Fano line ℓ of the energy's Ψ_ℓ.
+        batch: examples per rank (the unit of the noise scale B_simple).
+        false_alarm: the probability that a clean step flags any rank.
+        window: the individual-history length of the detectors.
+        signals: the signals scored (a subset of ``SIGNALS``).
+        scores: the scores used (a subset of ``SCORES``).
+        action: one of ``ACTIONS``.
+        timeout: seconds each collective may take, in (0, 30].
+        callback: called on every rank with each step's (``RankSignals``, ``Decision``).
+
+    Raises:
+        UsageError: for a bad argument, naming it.
+
+    Attributes:
+        signals: the latest ``RankSignals`` (None before the first call).
+        decision: the latest ``Decision``.
+        gathered: the latest gathered payloads, (K, m + 2) float64.
+        hosts: each rank's host name (after the first call).
+    """
+
+    def __init__(self, *, process_group: dist.ProcessGroup | None = None, blocks: int = 1, seed: int = 0,
+                 line: Sequence[int] = DEFAULT_LINE, batch: float = 1.0, false_alarm: float = 1e-3,
+                 window: int = 32, signals: Sequence[str] = SIGNALS, scores: Sequence[str] = SCORES,
+                 action: str = "log", timeout: float = MAX_TIMEOUT,
+                 callback: Callable[[RankSignals, Decision], None] | None = None) -> None:
+        self.group, self.blocks, self.seed = process_group, check_blocks(blocks), check_seed(seed)
+        check_seed(self.seed + self.blocks - 1, field="seed")
+        self.line, self.batch, self.action = parse_line(line), check_batch(batch), check_action(action)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
+                0 < timeout <= MAX_TIMEOUT):
+            raise UsageError(f"must be in (0, {MAX_TIMEOUT:g}] seconds", field="timeout", value=timeout)
+        self.timeout, self.callback = float(timeout), callback
+        self._detector_args = dict(false_alarm=false_alarm, window=window, signals=signals, scores=scores,
+                                   action=action)
+        Detector(1, **self._detector_args)  # check the detector's arguments now
+        self.detector: Detector | None = None
+        self.signals: RankSignals | None = None
+        self.decision: Decision | None = None
+        self.gathered: np.ndarray | None = None
+        self.hosts: tuple[str, ...] = ()
+        self._sketches: dict[tuple, MonitorSketch] = {}
+
+    def _world_rank(self) -> tuple[int, int]:
+        """(K, this rank) in the group; (1, 0) without an initialised process group."""
+        if not dist.is_available() or not dist.is_initialized():
+            return 1, 0
+        group = self.group if self.group is not None else dist.group.WORLD
+        return dist.get_world_size(group), dist.get_rank(group)
+
+    def observe(self, grads: Mapping[str, Tensor | None] | Tensor) -> Decision:
+        """One step: sketch, all-gather, signals, decision (the same on every rank).
+
+        Args:
+            grads: {name: gradient} (None entries count as zero: they are skipped) or one flat
+                tensor (named ``"grad"``); float tensors of any dtype and device. Every rank
+                passes the same names and shapes.
+
+        Returns:
+            The step's ``Decision``.
+
+        Raises:
+            UsageError: ``grads`` empty, not float tensors, or not a mapping or tensor.
+            DataError: a collective that did not finish within ``timeout`` seconds.
+            BadRankError: a rank was flagged and the action is ``raise`` (on every rank).
+        """
+        layout, flat = _flatten(grads)
+        world, rank = self._world_rank()
+        sketch = self._sketch(layout, flat.device)
+        mine = pack(flat, sketch)
+        if world > 1 and not self.hosts:
+            self.hosts = self._gather_hosts(world, mine.device)
+        elif not self.hosts:
+            self.hosts = (socket.gethostname(),)
+        gathered = self._gather(mine, world) if world > 1 else mine.reshape(1, -1)
+        if self.detector is None:
+            self.detector = Detector(world, **self._detector_args)
+        s, sq, bad = unpack(gathered)
+        sig = rank_signals(s, sq, bad, batch=self.batch, line=self.line)
+        decision = replace(self.detector.update(sig), hosts=self.hosts)
+        self.gathered, self.signals, self.decision = gathered.detach().cpu().numpy(), sig, decision
+        if self.callback is not None:
+            self.callback(sig, decision)
+        if decision.flagged and self.action == "warn" and rank == 0:
+            warnings.warn(decision.describe(), UserWarning, stacklevel=2)
+        if decision.flagged and self.action == "raise":
+            raise decision.error()
+        return decision
+
+    def _sketch(self, layout: tuple[tuple[str, int], ...], device: torch.device) -> MonitorSketch:
+        key = (layout, str(device))
+        if key not in self._sketches:
+            self._sketches.clear()  # one layout at a time
+            self._sketches[key] = MonitorSketch.build(layout, self.seed, self.blocks, device)
+        return self._sketches[key]
+
+    def _group(self) -> dist.ProcessGroup:
+        return self.group if self.group is not None else dist.group.WORLD
+
+    def _gather(self, mine: Tensor, world: int) -> Tensor:
+        """All-gather one tensor per rank (K, ...) on the CPU, waiting at most ``timeout``."""
+        out = [torch.empty_like(mine) for _ in range(world)]
+        work = dist.all_gather(out, mine, group=self._group(), async_op=True)
+        try:
+            work.wait(timeout=timedelta(seconds=self.timeout))
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise DataError(f"the monitor's all-gather did not finish within {self.timeout:g} s ({first}); "
+                            "every rank must call observe at every step") from None
+        return torch.stack(out).cpu()
+
+    def _gather_hosts(self, world: int, device: torch.device) -> tuple[str, ...]:
+        name = socket.gethostname().encode()[:HOST_BYTES]
+        buf = torch.zeros(HOST_BYTES, dtype=torch.uint8)
+        buf[:len(name)] = torch.tensor(list(name), dtype=torch.uint8)
+        rows = self._gather(buf.to(device), world)
+        return tuple(bytes(r.tolist()).rstrip(b"\0").decode(errors="replace") for r in rows)
+
+
+def _flatten(grads: Mapping[str, Tensor | None] | Tensor) -> tuple[tuple[tuple[str, int], ...], Tensor]:
+    """The (name, numel) layout and the flat concatenation of the given gradients.
+
+    Raises:
+        UsageError: for anything but a non-empty mapping of float tensors or one float tensor.
+    """
+    if isinstance(grads, Tensor):
+        items = [("grad", grads)]
+    elif isinstance(grads, Mapping):
+        items = [(str(n), g) for n, g in grads.items() if g is not None]
+    else:
+        raise UsageError(f"got a {type(grads).__name__}; pass {{name: gradient}} or one tensor",
+                         field="grads")
+    if not items:
+        raise UsageError("no gradient to observe (empty, or every entry None)", field="grads")
+    bad = [n for n, g in items if not isinstance(g, Tensor) or not g.is_floating_point()]
+    if bad:
+        raise UsageError(f"not a float tensor: {', '.join(bad[:3])}", field="grads")
+    if len({g.device for _, g in items}) != 1:
+        raise UsageError("gradients on several devices; pass one device's", field="grads")
+    layout = tuple((n, g.numel()) for n, g in items)
+    return layout, torch.cat([g.detach().reshape(-1) for _, g in items])
+
