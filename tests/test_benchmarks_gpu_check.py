@@ -1,0 +1,156 @@
+"""benchmarks/gpu_check.py on the CPU: its plumbing with a tiny model (the real run needs a lent GPU)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+TINY = ["--device", "cpu", "--model", "gpt-nano", "--sketch-model", "gpt-nano", "--sketch-vocab", "256",
+        "--sketch-repeats", "3"]
+
+
+def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env.pop("OUT", None)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def _errors(stderr: str) -> list[str]:
+    """stderr lines that are not Python warnings."""
+    return [ln for ln in stderr.splitlines() if ln.strip() and "Warning" not in ln and not ln.startswith(" ")]
+
+
+def test_plumbing_on_cpu_writes_every_part(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = _run(*TINY, "--steps", "3", "--strategies", "naig,hogwild", "--lags", "0,2", "--out", str(out))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    doc = json.loads((out / "gpu_check.json").read_text())
+    assert doc["exit_code"] == 0 and doc["reason"] is None
+    assert {"date", "command", "options", "environment", "budget_seconds", "elapsed_s"} <= set(doc)
+    assert "--lags 0,2" in doc["command"]
+    env = doc["environment"]
+    assert env["torch"] == torch.__version__ and env["device"] == "cpu"
+
+    sk = doc["sketch"]
+    assert sk["status"] == "finished" and sk["finished"]
+    assert sk["layout"]["n_params"] > 0 and sk["layout"]["vocab"] == 256
+    assert set(sk["dtypes"]) == {"fp32", "bf16"}
+    for r_dtype in sk["dtypes"].values():
+        assert r_dtype["passed"]
+        for check in ("full_vs_numpy", "prefix_vs_python_loop"):
+            assert r_dtype[check]["passed"] and r_dtype[check]["max_err_over_bound"] <= 1.0
+        assert r_dtype["prefix_vs_python_loop"]["scalars"] > 0
+        assert r_dtype["ms_per_gradient"] > 0 and r_dtype["k_rows"] == 2
+
+    sim = doc["simulate"]
+    assert sim["status"] == "finished" and sim["finished"] and sim["steps"] == 3
+    assert "autocast" in sim["precision"]
+    assert list(sim["per_strategy"]) == ["naig", "hogwild"]
+    for row in sim["per_strategy"].values():
+        assert row["finished"] and row["runs_finished"] == 1
+        assert len(row["final_val_loss"]) == 1 and math.isfinite(row["final_val_loss"][0])
+        assert row["updates"] == [3] and row["steps_per_s"] > 0
+        assert row["peak_gib"] is None  # CPU: no GPU memory to report
+    overhead = sim["routing_overhead"]
+    assert overhead["ratio"] == pytest.approx(overhead["naig_ms_per_step"] / overhead["hogwild_ms_per_step"])
+    assert sim["config"]["lags"]["lags"] == [0, 2]
+
+    result = json.loads((out / sim["result_file"]).read_text())
+    assert {r["strategy"] for r in result["runs"]} == {"naig", "hogwild"}
+    with tarfile.open(out / "simulate-csv.tar.gz") as tar:
+        assert len([m for m in tar.getnames() if m.endswith(".csv")]) == 2
+    assert (out / "gpu_check.log").read_text().strip()
+    last = r.stdout.strip().splitlines()
+    assert last[-1].strip().startswith("routing overhead") and any(ln.startswith("gpu_check:") for ln in last)
+
+
+def test_budget_stops_a_run_and_never_reports_it_finished(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = _run(*TINY, "--skip-sketch", "--steps", "1000000", "--strategies", "naig,hogwild", "--lags", "0,2",
+             "--budget-seconds", "2", "--out", str(out))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = _errors(r.stderr)
+    assert len(lines) == 1 and "budget" in lines[0], r.stderr
+    doc = json.loads((out / "gpu_check.json").read_text())
+    assert doc["sketch"]["status"] == "skipped"
+    assert doc["simulate"]["status"] == "stopped" and not doc["simulate"]["finished"]
+    assert not any(row["finished"] for row in doc["simulate"]["per_strategy"].values())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: --device cuda is valid here")
+def test_cuda_without_a_gpu_is_a_one_line_usage_error(tmp_path: Path) -> None:
+    r = _run("--device", "cuda", "--out", str(tmp_path / "out"), timeout=60)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "cuda" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_usage_errors_are_one_line(tmp_path: Path) -> None:
+    r = _run(*TINY, "--lags", "0,x", "--out", str(tmp_path / "out"), timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def _module() -> object:
+    """The script as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docstring_examples() -> None:
+    module = _module()
+    failed, attempted = doctest.testmod(module)
+    assert attempted > 0 and failed == 0
+
+
+def test_the_comparison_fails_beyond_the_float64_bound() -> None:
+    module = _module()
+    gen = np.random.default_rng(0)
+    x = gen.standard_normal(10_000)
+    buckets = gen.integers(0, 14, x.size)
+    ref = np.bincount(buckets, weights=x, minlength=14)
+    shuffled = gen.permutation(x.size)  # the same terms summed in another order
+    got = np.bincount(buckets[shuffled], weights=x[shuffled], minlength=14)
+    counts = np.bincount(buckets, minlength=14)
+    abs_sums = np.bincount(buckets, weights=np.abs(x), minlength=14)
+    assert module.compare_sketches(got, ref, counts, abs_sums)["passed"]
+    bound = module.summation_bound(counts, abs_sums)
+    wrong = got.copy()
+    wrong[3] += 2 * bound[3]
+    out = module.compare_sketches(wrong, ref, counts, abs_sums)
+    assert not out["passed"] and out["max_err_over_bound"] > 1
+
+
+def test_steps_are_sized_from_a_probe_to_the_budget(tmp_path: Path) -> None:
+    out, budget = tmp_path / "out", 8.0
+    r = _run(*TINY, "--skip-sketch", "--strategies", "naig,hogwild", "--lags", "0,2", "--probe-steps", "2",
+             "--budget-seconds", str(budget), "--out", str(out))
+    doc = json.loads((out / "gpu_check.json").read_text())
+    sim = doc["simulate"]
+    sizing = sim["sizing"]
+    assert sizing["strategies"] == ["naig", "hogwild"] and sizing["grad_s"] > 0
+    assert sizing["steps"] >= 1 and sim["steps"] == sizing["steps"]
+    # a slow machine may stop the last run at the budget: then it says so and reports it unfinished
+    assert r.returncode in (0, 1), (r.stdout, r.stderr)
+    if r.returncode == 1:
+        assert sim["status"] == "stopped" and "budget" in sim["reason"]
+    else:
+        assert all(row["finished"] for row in sim["per_strategy"].values())
+    assert doc["elapsed_s"] <= budget + 5
