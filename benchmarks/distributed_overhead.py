@@ -5,7 +5,7 @@ docs/design.md §9 and §12. For each strategy (default ``hogwild`` and ``naig``
 - baseline: the single-process arrival-mode update at B = 1 of the same strategy and
   model, timed alone: ``strategy.combine`` on one real gradient, the optimizer step at the
   update's lr scale and the version snapshot (what ``ArrivalRun`` does per update);
-- distributed: ``run_distributed`` with K workers (``--workers``, default 4) on this
+- distributed: ``run_experiment`` on the distributed engine with K workers (``--workers``, default 4) on this
   machine; the server's own time per update from the run's records: receiving the
   sketch and gradient once the head is in (receive) and combine + step + snapshot
   (route + apply); waiting for workers is excluded.
@@ -31,11 +31,9 @@ import sys
 import time
 
 import torch
-from torch import nn
 
-from naig.distributed import run_distributed
-from naig.simulate import SimulateConfig, Workload
-from naig.simulate.strategies import Batch
+from naig.simulate import ServerState, SimulateConfig, Workload, run_experiment
+from naig.simulate.strategies import Batch, make_strategy
 
 __all__ = ["main"]
 
@@ -45,26 +43,20 @@ TARGET = 1.1
 def _baseline_ms(cfg: SimulateConfig, name: str, updates: int) -> list[float]:
     """ms of each arrival-mode B = 1 update (combine + step + snapshot) on real gradients."""
     sim = Workload(cfg)
-    strategy = sim.strategy(name)
-    theta = nn.Parameter(sim.init_params(0))
-    opt = sim.make_optimizer(theta, cfg.lr[0])
+    k = cfg.workers
+    rule = make_strategy(name, cfg.strategy_options(sim.sketch))
+    state = ServerState(sim.init_params(0), rule, cfg.optimizer, cfg.lr[0], k)  # every engine's update path
     gen = sim.generator(1)
     grads = torch.empty(8, sim.n_params)
     for g in grads:
-        sim.worker_grad(theta.detach(), gen, g)
-    stale, times = theta.detach().clone(), []
-    k = cfg.workers
+        sim.worker_grad(state.theta.detach(), gen, g)
+    stale, times = state.theta.detach().clone(), []
     for u in range(updates):
         t0 = time.perf_counter()
-        batch = Batch(grads[u % 8].unsqueeze(0), torch.tensor([k - 1]), torch.tensor([u % k]), theta.detach(),
-                      stale.unsqueeze(0))
-        update = strategy.combine(batch)
-        if update.lr_scale != 0.0:
-            theta.grad = update.grad
-            for group in opt.param_groups:
-                group["lr"] = cfg.lr[0] * update.lr_scale
-            opt.step()
-            stale = theta.detach().clone()  # the new version's snapshot
+        batch = Batch(grads[u % 8].unsqueeze(0), torch.tensor([k - 1]), torch.tensor([u % k]),
+                      state.theta.detach(), stale.unsqueeze(0))
+        if state.apply(batch, step=u).lr_scale != 0.0:
+            stale = state.theta.detach().clone()  # the new version's snapshot
         times.append(1000 * (time.perf_counter() - t0))
     return times
 
@@ -90,7 +82,7 @@ def _transfer_ms(n: int, repeats: int = 200) -> float:
 
 
 def _distributed(cfg: SimulateConfig) -> dict:
-    result = run_distributed(cfg)
+    result = run_experiment(cfg)
     (run,) = result.runs
     return run.distributed
 

@@ -48,9 +48,10 @@ def _combine_ms(cfg: SimulateConfig, name: str, calls: int = 300) -> float:
     named = [(n, p.numel()) for n, p in GPT(get_preset(cfg.model)).named_parameters()]
     strategy = make_strategy(name, StrategyOptions(sketch=TorchSketch.build(named)))
     gen = torch.Generator().manual_seed(0)
-    n, k = sum(s for _, s in named), len(cfg.lags)
+    lags = cfg.setting.lags
+    n, k = sum(s for _, s in named), len(lags)
     grads, stale = torch.randn(k, n, generator=gen), torch.randn(k, n, generator=gen)
-    batch = Batch(grads, torch.tensor(cfg.lags), torch.arange(k), torch.randn(n, generator=gen), stale)
+    batch = Batch(grads, torch.tensor(lags), torch.arange(k), torch.randn(n, generator=gen), stale)
     times = []
     for _ in range(calls):
         t0 = time.perf_counter()
@@ -69,7 +70,7 @@ def main() -> None:
     times = _lockstep_times(cfg, max(1, args.repeats))
     naig, hog = statistics.median(times["naig"]), statistics.median(times["hogwild"])
     print(
-        f"workload: {cfg.model}, lags {cfg.lags}, batch {cfg.batch_size}/worker, "
+        f"workload: {cfg.model}, lags {cfg.setting.lags}, batch {cfg.batch_size}/worker, "
         f"{len(times['naig'])} lockstep steps each ({args.repeats} seeds x {args.steps} steps)"
     )
     print(f"hogwild median {hog:.2f} ms/step; naig median {naig:.2f} ms/step")
