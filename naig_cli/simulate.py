@@ -125,9 +125,11 @@ def simulate(
         "shifted-exp:MEAN:SHIFT, gamma:MEAN:SHAPE, lognormal:MEAN:SIGMA), e.g. exp:1,exp:1,exp:2,exp:4.",
         ARRIVALS)] = None,
     uplink: Annotated[str | None, _o(
-        "--uplink", "Latency of a gradient message, seconds (one, or one per worker).", ARRIVALS)] = None,
+        "--uplink", "Latency of a gradient message, seconds, as a law (one, or one per worker), e.g. "
+        "const:0.1 or exp:0.05.", ARRIVALS)] = None,
     downlink: Annotated[str | None, _o(
-        "--downlink", "Latency of a parameter message, seconds (one, or one per worker).", ARRIVALS)] = None,
+        "--downlink", "Latency of a parameter message, seconds, as a law (one, or one per worker), e.g. "
+        "const:0.1.", ARRIVALS)] = None,
     mode: Annotated[ArrivalMode | None, _o(
         "--mode", "blocking: wait for fresh parameters; non-blocking: compute back to back; shared-memory: "
         "blocking without messages.", ARRIVALS, "blocking")] = None,
@@ -352,7 +354,8 @@ def _check_plot(plot: str | None, data: str | None) -> None:
     if plot is None:
         return
     if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("needs matplotlib; install it with pip install 'naig[plot]'", field="plot")
+        raise UsageError("needs matplotlib; install it with pip install matplotlib (in a checkout: pip "
+                         "install -e '.[plot]')", field="plot")
     p = Path(plot)
     if p.suffix.lower() not in _PLOT_SUFFIXES:
         raise UsageError("use a .png, .pdf or .svg file name, e.g. curves.png", field="plot", value=plot)
@@ -440,7 +443,7 @@ def _render(r: SimulateResult) -> None:
               f"{r.gradient_bytes:,} B (n/14 = {r.n_params / 14:,.0f}×)")
     for path in r.saved_files[:1]:
         out.print(f"gradients saved ({len(r.saved_files)} files), e.g. {path}", markup=False)
-    if c.asynchronous:
+    if c.asynchronous and r.summaries:  # no summary when no run finished (every worker lost)
         _render_curves(r)
     _render_communication(r)
     if r.distributed is not None:  # distributed engine

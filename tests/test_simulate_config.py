@@ -104,11 +104,22 @@ def test_with_options_keeps_or_switches_the_setting() -> None:
     assert base.with_options(seeds=5).setting == base.setting
     lags = base.with_options(arrivals=None, strategies=("naig",))
     assert isinstance(lags.setting, LagsSetting) and lags.rules == base.rules  # rule options stay
+    assert base.with_options(lags=(0, 1), strategies=("naig",)).setting == LagsSetting(lags=(0, 1))  # chosen
+    assert base.with_options(engine="simulated").setting == base.setting  # not another setting
     with pytest.raises(UsageError) as info:
-        base.with_options(lags=(0, 1))  # an option of another setting, without choosing it
+        base.with_options(lags=(0, 1), arrivals="exp:1,exp:1")  # two settings in one change
     assert info.value.field == "lags"
+    with pytest.raises(UsageError) as info:
+        base.with_options(nproc=3)  # an option of another setting, without choosing it
+    assert info.value.field == "nproc"
     switched = base.with_options(engine="distributed", nproc=3, strategies=("naig",))
     assert switched.setting.NAME == "distributed"
+
+
+def test_two_setting_tables_are_one_line_naming_both() -> None:
+    with pytest.raises(UsageError) as info:
+        SimulateConfig.from_dict({"lags": {"lags": [0, 1]}, "arrivals": {"compute": "exp:1"}})
+    assert info.value.field == "config" and "[lags] and [arrivals]" in info.value.message
 
 
 def test_a_simulate_json_result_loads_as_its_config(tmp_path: Path) -> None:

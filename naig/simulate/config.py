@@ -71,6 +71,7 @@ __all__ = [
     "OPTIONS",
     "DEFAULT_STRATEGIES",
     "MAX_STEPS",
+    "config_tree",
     "parse_int_list",
     "parse_float_list",
     "resolve_device",
@@ -183,12 +184,12 @@ class SimulateConfig:
         for name in ("strategies", "faults"):  # text: one name, or a comma list
             value = getattr(self, name)
             text = isinstance(value, str)
-            example = "'naig', 'hogwild'" if name == "strategies" else "'1:nan@5',"
+            example = "'naig', 'hogwild'" if name == "strategies" else "'1:nan@5'"
             object.__setattr__(self, name, tuple(v.strip() for v in value.split(",")) if text else
                                as_tuple(value, name, example))
             check(all(isinstance(v, str) for v in getattr(self, name)), name, value,
                   "use names, e.g. naig,hogwild" if name == "strategies" else "use fault texts, e.g. 1:nan@5")
-        object.__setattr__(self, "lr", as_tuple(self.lr, "lr", "1e-3,"))
+        object.__setattr__(self, "lr", as_tuple(self.lr, "lr", "1e-3"))
         object.__setattr__(self, "line", parse_line(self.line))
         self._check_numbers()
         self._check_strategies()
@@ -241,8 +242,10 @@ class SimulateConfig:
         """
         tree = _tuples(dict(tree))
         settings = [name for name in SETTINGS if name in tree]
-        check(len(settings) <= 1, settings[-1] if settings else "setting", ",".join(settings),
-              "give one setting: fixed lags, arrivals or distributed")
+        if len(settings) > 1:
+            tables = " and ".join(f"[{s}]" for s in settings)
+            raise UsageError(f"has {tables}: give one setting table, [lags], [arrivals] or [distributed]",
+                             field="config")
         common = {f.name for f in dataclasses.fields(cls)} - {"rules", "setting"}
         for key in tree:
             check(key in common or key == "rules" or key in SETTINGS, key, tree[key],
@@ -281,9 +284,7 @@ class SimulateConfig:
             raise UsageError(f"is not valid {'JSON' if p.suffix.lower() == '.json' else 'TOML'}: "
                              f"{str(exc).splitlines()[0]}", field="config", value=str(path)) from None
         check(isinstance(tree, dict), "config", str(path), "must hold a table (TOML) or an object (JSON)")
-        if "schema_version" in tree and isinstance(tree.get("config"), dict):
-            tree = tree["config"]  # a simulate --json result
-        return cls.from_dict(tree)
+        return cls.from_dict(config_tree(tree))
 
     def to_dict(self) -> dict[str, Any]:
         """The tree: common fields, ``rules`` and the setting's table under its name (JSON/TOML-ready)."""
@@ -310,18 +311,20 @@ class SimulateConfig:
     def with_options(self, **changes: Any) -> SimulateConfig:
         """A copy with some options changed (None: not given), checked again.
 
-        The setting stays unless ``changes`` name ``arrivals`` or ``engine`` (None included:
-        ``arrivals=None`` goes back to fixed lags): then the old setting's options are dropped.
-        An option of another setting is refused, as in ``from_options``.
+        The setting stays unless ``changes`` choose another (``_chosen_by``: ``engine`` distributed,
+        ``arrivals``, ``lags``, or ``arrivals=None`` for fixed lags): then the old setting's options
+        are dropped, as a command line overrides a config file. Options of two settings in
+        ``changes`` are refused, as in ``from_options``.
 
         Example:
             >>> base = SimulateConfig.from_options(steps=4)
             >>> base.with_options(arrivals="exp:1,exp:2").setting.NAME, base.with_options(seeds=2).setting
             ('arrivals', LagsSetting(lags=(0, 10, 20, 35), warmup_theta0=False, save_grads=None, save_at=()))
         """
-        options = self.to_options()
-        if "arrivals" in changes or "engine" in changes:
-            options = {n: v for n, v in options.items() if n == "engine" or OPTIONS[n][0] in ("", "rules")}
+        options, current = self.to_options(), self.setting.NAME
+        chosen = _chosen_by(changes, current)
+        if chosen != current:  # the changes choose another setting: the old one's options go
+            options = {n: v for n, v in options.items() if OPTIONS.get(n, ("", ""))[0] in ("", "rules")}
         return SimulateConfig.from_options(**{**options, **changes})
 
     # -- what the engines read -----------------------------------------------------------------
@@ -457,6 +460,26 @@ class SimulateConfig:
               "gasloc has no server to receive a faulty message; drop gasloc or the faults")
 
 
+def config_tree(doc: dict[str, Any]) -> dict[str, Any]:
+    """The config tree of a document: itself, or the ``config`` block of a simulate JSON result."""
+    if "schema_version" in doc and isinstance(doc.get("config"), dict):
+        return doc["config"]
+    return doc
+
+
+def _chosen_by(changes: dict[str, Any], current: str) -> str:
+    """The setting ``changes`` choose over ``current``: ``engine`` distributed, then ``arrivals``, then
+    ``lags`` (or ``arrivals=None``, or ``engine`` simulated leaving the distributed setting)."""
+    if changes.get("engine") == "distributed":
+        return "distributed"
+    if changes.get("arrivals") is not None:
+        return "arrivals"
+    leaving = changes.get("engine") == "simulated" and current == "distributed"
+    if changes.get("lags") is not None or ("arrivals" in changes and current == "arrivals") or leaving:
+        return "lags"
+    return current
+
+
 def _wrong_setting(name: str, value: object, section: str, chosen: str) -> None:
     """One line for an option of another setting than the chosen one (the one table of such errors)."""
     if section in ("", "rules") or section == chosen:
@@ -472,8 +495,9 @@ def _wrong_setting(name: str, value: object, section: str, chosen: str) -> None:
         raise UsageError(f"belongs to fixed lags, and {_CHOSEN_BY[chosen]} chose {_SETTING_NAMES[chosen]} "
                          f"({why}); drop one of them", field=name, value=value)
     if section == "arrivals" and chosen == "distributed":
-        raise UsageError("is not available with `engine` distributed (real processes measure their own "
-                         "speeds; skew them with `slowdown`)", field=name, value=value)
+        why = (" (real processes measure their own speeds; skew them with `slowdown`)" if name == "arrivals"
+               else "")
+        raise UsageError(f"is not available with `engine` distributed{why}", field=name, value=value)
     need = {"arrivals": "`arrivals` (worker compute times, e.g. exp:1,exp:2)",
             "distributed": "`engine` distributed"}[section]
     raise UsageError(f"needs {need}", field=name, value=value)

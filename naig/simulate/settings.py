@@ -67,13 +67,13 @@ def as_tuple(value: object, name: str, example: str) -> tuple:
         UsageError: naming ``name`` for text or anything else that is not a list of values.
 
     Example:
-        >>> as_tuple([0, 1], "lags", "0,10"), as_tuple(5, "local_steps", "10")
+        >>> as_tuple([0, 1], "lags", "0, 10"), as_tuple(5, "local_steps", "10")
         ((0, 1), (5,))
     """
     if isinstance(value, int | float) and not isinstance(value, bool):
         return (value,)
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
-        raise UsageError(f"use a list of values, e.g. ({example})", field=name, value=value)
+        raise UsageError(f"use a list of values, e.g. [{example}]", field=name, value=value)
     return tuple(value)
 
 
@@ -219,7 +219,7 @@ class ArrivalsSetting:
     local: LocalUpdates = field(default_factory=LocalUpdates)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "bandwidth", as_tuple(self.bandwidth, "bandwidth", "1e6,"))
+        object.__setattr__(self, "bandwidth", as_tuple(self.bandwidth, "bandwidth", "1e6"))
         for name in ("compute", "uplink", "downlink"):
             value = getattr(self, name)
             check(value is None or isinstance(value, str), "arrivals" if name == "compute" else name, value,
@@ -299,6 +299,8 @@ class DistributedSetting:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "slowdown", as_tuple(self.slowdown, "slowdown", "1, 1, 2, 4"))
+        check(self.nproc is not None, "nproc", None,
+              "is needed with `engine` distributed: the server plus K workers, e.g. 5")
         check(isinstance(self.nproc, int) and self.nproc >= 2, "nproc", self.nproc,
               "use an int >= 2: the server plus at least one worker, e.g. 5")
         k = self.workers

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from naig.distributed.launch import LocalCluster, backend_for, init, under_launcher, watch_parent
 from naig.errors import UsageError
-from naig.simulate.config import SimulateConfig
+from naig.simulate.config import SimulateConfig, config_tree
 from naig.simulate.engines.base import NoWorkerLeft
 from naig.simulate.engines.distributed.server import ParameterServer
 from naig.simulate.engines.distributed.transport import Link, pair_groups
@@ -62,7 +62,7 @@ def config_from_json(text: str) -> SimulateConfig:
         >>> config_from_json(config_to_json(c)) == c
         True
     """
-    return SimulateConfig.from_dict(json.loads(text))
+    return SimulateConfig.from_dict(config_tree(json.loads(text)))  # a whole simulate result works too
 
 
 def _device(config: SimulateConfig) -> None:
