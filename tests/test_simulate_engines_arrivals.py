@@ -66,7 +66,7 @@ def test_same_seed_same_json_and_every_strategy_sees_the_same_arrivals() -> None
 
 
 @pytest.mark.parametrize(("change", "field"), [
-    ({"lags": (0, 1)}, "lags"),
+    ({"lags": (0, 1), "arrivals": "exp:1,exp:2"}, "lags"),  # lags alone would choose fixed lags
     ({"window": 5}, "window"),
     ({"window": 0}, "window"),
     ({"arrivals": "exp:-1"}, "arrivals"),
