@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,20 @@ def leftover_processes(marker: str) -> list[str]:
         if marker in cmd:
             found.append(f"{proc.name}: {cmd}")
     return found
+
+
+def run_ranks(module: str, tmp: Path, timeout: float) -> dict:
+    """Run ``python -m module OUT.json`` (a script that starts its own ranks) with its temporary files
+    in ``tmp``; assert it succeeded and left no process; return the JSON rank 0 wrote."""
+    out = tmp / "out.json"
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    try:
+        r = subprocess.run([sys.executable, "-m", module, str(out)], capture_output=True, text=True,
+                           timeout=timeout, env=env)
+    finally:
+        deadline = time.monotonic() + 10
+        while leftover_processes(str(tmp)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not leftover_processes(str(tmp))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(out.read_text())

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
-import os
 import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Iterator
 
@@ -27,26 +24,14 @@ from naig import Router
 from naig.distributed.ddp import TWO_RANKS, NaigCommHook, energies_to_mean
 from naig.errors import UsageError
 from naig.metric import fano_fisher_metric
-from tests.conftest import leftover_processes
+from tests.conftest import run_ranks
 
 WORLD = 3
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("ddp")
-    out = tmp / "out.json"
-    env = {**os.environ, "TMPDIR": str(tmp)}
-    try:
-        cmd = [sys.executable, "-m", "tests.ddp_ranks", str(out)]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    finally:
-        deadline = time.monotonic() + 10
-        while leftover_processes(str(tmp)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not leftover_processes(str(tmp))
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(out.read_text())
+    return run_ranks("tests.ddp_ranks", tmp_path_factory.mktemp("ddp"), timeout=240)
 
 
 def _bucket(grads: list, step: int, names: list[str]) -> list[dict[str, torch.Tensor]]:

@@ -9,12 +9,9 @@ step is inside the sketch's noise); no rank is flagged at any earlier step.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import subprocess
 import sys
-import time
 import warnings
 
 import numpy as np
@@ -24,24 +21,12 @@ import torch
 from naig.errors import UsageError
 from naig.monitor import BadRankError, Monitor, rank_signals
 from naig.sketch import sketch_state_dict
-from tests.conftest import leftover_processes
+from tests.conftest import run_ranks
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("monitor")
-    out = tmp / "out.json"
-    env = {**os.environ, "TMPDIR": str(tmp)}
-    try:
-        cmd = [sys.executable, "-m", "tests.monitor_ranks", str(out)]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    finally:
-        deadline = time.monotonic() + 10
-        while leftover_processes(str(tmp)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not leftover_processes(str(tmp))
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(out.read_text())
+    return run_ranks("tests.monitor_ranks", tmp_path_factory.mktemp("monitor"), timeout=180)
 
 
 def _flagged_steps(run: dict) -> dict[int, list[list[float]]]:

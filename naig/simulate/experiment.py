@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from naig.simulate.engines.base import Run
 
 __all__ = ["run_experiment", "drive", "Session", "StepEvent", "RunContext", "ROUTING_BYTES", "environment",
-           "evaluation_points"]
+           "evaluation_points", "evaluates"]
 
 ROUTING_BYTES = SKETCH_DIM * 4  # a worker's routing signal: 14 float32 values
 
@@ -140,7 +140,7 @@ def _timed(device: torch.device, fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _evaluates(c: SimulateConfig, progress: int, before: int) -> bool:
+def evaluates(c: SimulateConfig, progress: int, before: int) -> bool:
     """True when progress (in steps) reached the end or crossed a multiple of ``eval_every``."""
     return progress >= c.steps or bool(c.eval_every and progress // c.eval_every > before // c.eval_every)
 
@@ -172,7 +172,7 @@ def drive(workload: Workload, run: Run, ctx: RunContext) -> RunResult:
             if run.diverged_at is not None:
                 break
             loss = None
-            if run.progress > done and _evaluates(c, run.progress, done):
+            if run.progress > done and evaluates(c, run.progress, done):
                 loss = workload.evaluate(run.theta, ctx.val)
                 if not math.isfinite(loss):  # θ finite but its loss is not (logits overflowed): diverged
                     nan_at = run.t - 1

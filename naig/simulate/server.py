@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -36,9 +36,6 @@ from torch import Tensor, nn
 from naig.simulate.faults import Fault, apply_faults
 from naig.simulate.strategies.base import Batch, Update
 from naig.simulate.workload import make_optimizer
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["Rule", "ServerState", "WeightHistory", "Corrections", "record_weights", "finite"]
 

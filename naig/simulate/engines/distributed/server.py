@@ -49,7 +49,7 @@ from naig.simulate.engines.distributed.transport import (
     Head,
     Link,
 )
-from naig.simulate.experiment import RunContext, StepEvent, evaluation_points
+from naig.simulate.experiment import RunContext, StepEvent, evaluates, evaluation_points
 from naig.simulate.results import RunResult, pi_stats
 from naig.simulate.server import ServerState
 from naig.simulate.strategies import Batch, Strategy, Update
@@ -500,9 +500,8 @@ class _ServerRun:
         progress = self.gradients // self.k
         if progress <= self.progress_done:
             return
-        every = c.eval_every
-        due = progress >= c.steps or bool(every and progress // every > self.progress_done // every)
-        loss = self._evaluate() if due and self.diverged_at is None else None
+        due = evaluates(c, progress, self.progress_done) and self.diverged_at is None
+        loss = self._evaluate() if due else None
         self.progress_done = progress
         event = StepEvent(self.strategy.name, self.seed, self.lr, progress, c.steps, loss, self.wall())
         self.ctx.progress(event)
