@@ -1,0 +1,777 @@
+"""The monitor's records: JSONL, CSV, TensorBoard or any logger, written by rank 0 only.
+
+A writer is the ``Monitor``'s callback; ``attach`` installs it and reads the settings it needs
+(the thresholds behind the scores)::
+
+    records = Records(JsonlRecords("monitor.jsonl"), TensorBoardRecords("runs/monitor"))
+    monitor = records.attach(Monitor(action="warn"))     # every rank; only rank 0 writes
+    ...                                                  # train (observe, or a DDP/FSDP hook)
+    records.close()
+
+Every rank calls the callback with the same data (the decision is made from gathered data); rank
+0 of the monitor's group writes, the other ranks do nothing.
+
+**Scores.** The detectors score each signal of each rank with a robust z against the other
+ranks (``relative``) and against its own history (``individual``), each against its own
+threshold t (``naig.monitor.detectors``). A record's *score* of a signal is the larger of z/t over
+the two (|z|/t for the two-sided ``norm``): a test fires when its score exceeds 1, so scores of
+different tests and ranks compare. The thresholds come from the monitor's detector (false-alarm
+rate, window, world) and the number of ranks scored at the step. A non-finite rank scores +inf
+(signal ``nonfinite``). The z behind the scores are the detector's first pass, against the mean
+of every usable rank; the flags are its decision (after a bad rank is left out of the mean, so
+their z may differ).
+
+**Step summary** (every writer): ``max_score`` (over ranks and signals), ``max_rank``,
+``max_signal``, ``flagged`` (the flagged ranks), ``k_eff`` = 1/Σ_k π_k², the effective number of
+ranks of the Gibbs weights π of the Fano–Fisher energies E_k (``naig.gibbs.naig_weights``, β
+``"auto"``: K when the ranks agree, towards 1 when one dominates) and ``b_simple`` (the step's
+gradient noise scale).
+
+**JSONL** (``JsonlRecords``, schema ``SCHEMA_VERSION``): one JSON object per line, flushed per
+step. The first line of a run is a header ``{"type": "header", "schema", "naig", "created",
+"world", "hosts", "monitor", "step_offset"}`` (``monitor``: its settings: blocks, seed, line,
+batch, action, false_alarm, window, signals, scores, timeout). Then one line per step:
+``{"type": "step", "step", "action", "flagged", "flags", "summary", "scores", "weights",
+"relative", "individual", "signals"}`` with ``flags`` a list of ``{"rank", "signal", "score", "z",
+"threshold"}``, ``scores`` and ``relative``/``individual`` signal → (K,) lists, ``weights`` the
+(K,) π, and ``signals`` ``RankSignals.to_dict()`` (per rank: nonfinite, usable, reference,
+sq_norm, rel_norm, energy, cos, sq_dist; ``kinds``: which are exact and which sketch estimates;
+the noise scale). Non-finite floats are written as the strings ``"NaN"``, ``"Infinity"``,
+``"-Infinity"`` (Python's names; ``float()`` reads them back), so every line is strict JSON.
+``append=True`` continues an existing file: a new header line, steps numbered after its last.
+
+**CSV** (``CsvRecords``): one row per rank per step, columns ``CSV_COLUMNS``; non-finite values as
+``nan``/``inf``.
+
+**TensorBoard** (``TensorBoardRecords``, the optional extra ``naig[tensorboard]``): scalars under
+``naig_monitor/`` at global step = the step: ``max_score``, ``max_rank``, ``k_eff``,
+``flagged_ranks`` (count), ``b_simple``; with ``per_rank=True`` also ``rank{k}/score_{signal}``,
+``rank{k}/weight``, ``rank{k}/rel_norm``, ``rank{k}/cos``, ``rank{k}/energy``.
+
+**Any logger** (``LoggerRecords(fn)``): ``fn(dict)`` once per step with flat keys
+``naig_monitor/step``, the summary scalars and (``per_rank=True``) the per-rank ones as above,
+e.g. ``LoggerRecords(wandb.log)``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from naig.errors import DataError, UsageError
+from naig.gibbs import naig_weights
+from naig.monitor.detectors import SCORES, SIDES, SIGNALS, Decision, robust_threshold
+from naig.monitor.signals import RankSignals
+
+__all__ = ["CSV_COLUMNS", "PREFIX", "SCHEMA_VERSION", "CsvRecords", "JsonlRecords", "LoggerRecords",
+           "MonitorLog", "Records", "RecordWriter", "TensorBoardRecords", "decode", "encode", "flat_scalars",
+           "k_eff", "read_log", "step_record"]
+
+SCHEMA_VERSION = 1
+PREFIX = "naig_monitor/"
+_ENCODED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_PER_RANK = ("nonfinite", "usable", "sq_norm", "rel_norm", "energy", "cos", "sq_dist")
+CSV_COLUMNS = ("step", "rank", "host", "flagged", "flags", *_PER_RANK, "cos_kind", "sq_dist_kind", "weight",
+               *(f"score_{s}" for s in SIGNALS), *(f"{c}_{s}" for s in SIGNALS for c in SCORES),
+               "max_score", "k_eff", "b_simple")
+"""The CSV header: one row per rank per step."""
+
+
+def encode(obj: Any) -> Any:
+    """``obj`` with every NaN/±inf float (nested too) as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
+
+    Example:
+        >>> encode({"z": [1.5, float("inf"), float("nan")]})
+        {'z': [1.5, 'Infinity', 'NaN']}
+    """
+    if isinstance(obj, float | np.floating):
+        f = float(obj)
+        return f if math.isfinite(f) else ("NaN" if math.isnan(f) else ("Infinity" if f > 0 else "-Infinity"))
+    if isinstance(obj, Mapping):
+        return {str(k): encode(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [encode(v) for v in obj]
+    if isinstance(obj, np.integer | np.bool_):
+        return obj.item()
+    return obj
+
+
+def decode(obj: Any) -> Any:
+    """The inverse of ``encode``: the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` back to floats.
+
+    Example:
+        >>> decode({"z": [1.5, "Infinity", "NaN"]})["z"][:2]
+        [1.5, inf]
+    """
+    if isinstance(obj, str):
+        return _ENCODED.get(obj, obj)
+    if isinstance(obj, dict):
+        return {k: decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode(v) for v in obj]
+    return obj
+
+
+def k_eff(energies: np.ndarray) -> tuple[float, np.ndarray]:
+    """K_eff = 1/Σ π_k² of the Gibbs weights π of the energies (β ``"auto"``), and π.
+
+    Args:
+        energies: (K,) float64 Fano–Fisher energies; non-finite ones get π = 0.
+
+    Returns:
+        (K_eff in [1, K], π (K,) float64 summing to 1); uniform π (K_eff = K) when no energy is finite.
+
+    Example:
+        >>> k_eff(np.array([0.0, 0.0, np.nan]))[0]
+        2.0
+    """
+    pi = naig_weights(np.asarray(energies, dtype=np.float64), "auto")
+    return float(1.0 / np.sum(pi * pi)), pi
+
+
+def _thresholds(alpha: float, window: int, decision: Decision) -> dict[tuple[str, str], float]:
+    """(signal, score) → the threshold of the decision's first-pass z (NaN where unscored)."""
+    out = {}
+    for name, z in decision.relative.items():
+        n = int(np.isfinite(np.asarray(z, dtype=np.float64)).sum()) - 1  # the ranks scored, less one
+        out[(name, "relative")] = robust_threshold(alpha, n, SIDES[name]) if n >= 2 else math.nan
+    for name in decision.individual:
+        out[(name, "individual")] = robust_threshold(alpha, window, SIDES[name])
+    return out
+
+
+def _scores(sig: RankSignals, decision: Decision, alpha: float, window: int) -> dict[str, list[float]]:
+    """signal → (K,) the larger z/t of its two tests (|z|/t for two-sided); +inf for a non-finite rank."""
+    t = _thresholds(alpha, window, decision)
+    out = {}
+    for name in decision.relative.keys() | decision.individual.keys():
+        best = np.full(decision.world, np.nan)
+        for score in SCORES:
+            zs = (decision.relative if score == "relative" else decision.individual).get(name)
+            if zs is None or not math.isfinite(t.get((name, score), math.nan)):
+                continue
+            z = np.asarray(zs, dtype=np.float64)
+            ratio = (np.abs(z) if SIDES[name] == "both" else z) / t[(name, score)]
+            best = np.where(np.isnan(best) | (ratio > best), ratio, best)
+        best[~np.asarray(sig.usable, dtype=bool)] = math.inf
+        out[name] = best.tolist()
+    return {name: out[name] for name in SIGNALS if name in out}
+
+
+def step_record(sig: RankSignals, decision: Decision, *, alpha: float, window: int, step: int | None = None
+                ) -> dict:
+    """One step's record (not encoded; NaN/inf as floats): see the module for the fields.
+
+    Args:
+        sig: the step's signals.
+        decision: the step's decision (the same step).
+        alpha: the detector's per-test false-alarm probability (``Detector.alpha``).
+        window: the detector's individual window.
+        step: the step number written (default ``decision.step``).
+
+    Raises:
+        UsageError: when ``sig`` and ``decision`` are for different numbers of ranks.
+    """
+    if sig.world != decision.world:
+        raise UsageError(f"signals of {sig.world} ranks with a decision of {decision.world}", field="world",
+                         value=sig.world)
+    scores = _scores(sig, decision, alpha, window)
+    keff, pi = k_eff(sig.energy)
+    cands = [(math.inf, -k, "nonfinite") for k in range(sig.world) if not sig.usable[k]]
+    cands += [(vals[k], -k, name) for name, vals in scores.items() for k in range(sig.world)
+              if sig.usable[k] and math.isfinite(vals[k])]
+    best = max(cands, default=None)  # ties: the lowest rank, then the signal name
+    summary = {"max_score": best[0] if best else math.nan, "max_rank": -best[1] if best else None,
+               "max_signal": best[2] if best else None, "flagged": list(decision.ranks), "k_eff": keff,
+               "b_simple": sig.noise.b_simple}
+    return {"type": "step", "step": decision.step if step is None else step, "action": decision.action,
+            "flagged": list(decision.ranks),
+            "flags": [{"rank": f.rank, "signal": f.signal, "score": f.score, "z": f.z,
+                       "threshold": f.threshold} for f in decision.flags],
+            "summary": summary, "scores": scores, "weights": pi.tolist(),
+            "relative": {k: list(v) for k, v in decision.relative.items()},
+            "individual": {k: list(v) for k, v in decision.individual.items()}, "signals": sig.to_dict()}
+
+
+def flat_scalars(record: dict, per_rank: bool = False) -> dict[str, float]:
+    """A step record as flat scalar keys under ``PREFIX`` (the TensorBoard and logger view).
+
+    Args:
+        record: a ``step_record``.
+        per_rank: add ``rank{k}/...`` series (scores per signal, weight, rel_norm, cos, energy).
+    """
+    s = record["summary"]
+    out = {f"{PREFIX}step": float(record["step"]), f"{PREFIX}max_score": float(s["max_score"]),
+           f"{PREFIX}max_rank": math.nan if s["max_rank"] is None else float(s["max_rank"]),
+           f"{PREFIX}k_eff": float(s["k_eff"]), f"{PREFIX}flagged_ranks": float(len(s["flagged"])),
+           f"{PREFIX}b_simple": float(s["b_simple"])}
+    if per_rank:
+        sig = record["signals"]
+        for k in range(sig["world"]):
+            for name, vals in record["scores"].items():
+                out[f"{PREFIX}rank{k}/score_{name}"] = float(vals[k])
+            out[f"{PREFIX}rank{k}/weight"] = float(record["weights"][k])
+            for q in ("rel_norm", "cos", "energy"):
+                out[f"{PREFIX}rank{k}/{q}"] = float(sig[q][k])
+    return out
+
+
+class RecordWriter:
+    """A monitor callback that writes each step's record on rank 0 (base class of the writers).
+
+    Subclasses implement ``_open`` (rank 0, first step: the header), ``_write`` (a record) and
+    ``_close``. Use ``attach(monitor)`` to install the writer; calling it before that raises.
+
+    Args:
+        per_rank: per-rank series besides the step summary (where the format has a choice).
+    """
+
+    def __init__(self, per_rank: bool = False) -> None:
+        if not isinstance(per_rank, bool):
+            raise UsageError("must be True or False", field="per_rank", value=per_rank)
+        self.per_rank = per_rank
+        self.monitor: Any = None
+        self._opened = False
+        self._closed = False
+        self._offset = 0
+
+    def attach(self, monitor: Any) -> Any:
+        """Make this writer ``monitor``'s callback (after any callback it has); returns ``monitor``.
+
+        Args:
+            monitor: a ``naig.monitor.Monitor`` (its settings go into the header and its detector's
+                thresholds into the scores).
+        """
+        previous = monitor.callback
+        self.monitor = monitor
+
+        def callback(sig: RankSignals, decision: Decision) -> None:
+            if previous is not None:
+                previous(sig, decision)
+            self(sig, decision)
+
+        monitor.callback = callback
+        return monitor
+
+    def __call__(self, sig: RankSignals, decision: Decision) -> None:
+        """Write one step (rank 0 of the monitor's group only).
+
+        Raises:
+            UsageError: before ``attach``, or after ``close``.
+        """
+        if self.monitor is None or self.monitor.detector is None:
+            raise UsageError("not attached to a monitor; install it with records.attach(monitor)",
+                             field="callback")
+        if self._closed:
+            raise UsageError("is closed; make a new writer to write more steps", field="callback")
+        if not self._rank_zero():
+            return
+        if not self._opened:
+            self._opened = True
+            self._open(self._header(decision))
+        det = self.monitor.detector
+        self._write(step_record(sig, decision, alpha=det.alpha, window=det.window,
+                                step=self._offset + decision.step))
+
+    def close(self) -> None:
+        """Flush and close (idempotent)."""
+        if self._opened and not self._closed:
+            self._close()
+        self._closed = True
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _rank_zero(self) -> bool:
+        return _group_rank(getattr(self.monitor, "group", None)) in (None, 0)
+
+    def _header(self, decision: Decision) -> dict:
+        from naig import __version__
+
+        m, det = self.monitor, self.monitor.detector
+        settings = {"blocks": m.blocks, "seed": m.seed, "line": list(m.line), "batch": m.batch,
+                    "action": m.action, "false_alarm": det.false_alarm, "window": det.window,
+                    "signals": list(det.signals), "scores": list(det.scores), "timeout": m.timeout}
+        return {"type": "header", "schema": SCHEMA_VERSION, "naig": __version__,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "world": decision.world,
+                "hosts": list(decision.hosts), "monitor": settings, "step_offset": self._offset}
+
+    def _open(self, header: dict) -> None:
+        raise NotImplementedError
+
+    def _write(self, record: dict) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        pass
+
+
+def _group_rank(group: Any) -> int | None:
+    """This process's rank in ``group`` (None: no process group, one process)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.get_rank(group if group is not None else dist.group.WORLD)
+
+
+def _rank_known_nonzero() -> bool:
+    """Whether this process is known (group or launcher environment) not to be rank 0."""
+    rank = _group_rank(None)
+    if rank is None:
+        env = os.environ.get("RANK")
+        rank = int(env) if env is not None and env.isdigit() else None
+    return rank not in (None, 0)
+
+
+def _check_path(path: str | os.PathLike, field: str, append: bool) -> Path:
+    """Check a record file before training: its directory exists, it is not a directory, and it does
+    not exist unless ``append`` (``naig.distributed.ddp``'s rule for its CSV).
+
+    Raises:
+        UsageError: naming ``field``.
+    """
+    if not isinstance(path, str | os.PathLike) or not str(path):
+        raise UsageError("must be a file path", field=field, value=path)
+    p = Path(path)
+    if not p.absolute().parent.is_dir():
+        raise UsageError(f"directory {p.absolute().parent} does not exist; create it or pass another path",
+                         field=field, value=str(p))
+    if p.is_dir():
+        raise UsageError("is a directory; pass a file name", field=field, value=str(p))
+    if not append and p.exists() and p.stat().st_size > 0:
+        raise UsageError("exists; pass append=True to continue it, or another path", field=field,
+                         value=str(p))
+    return p
+
+
+class JsonlRecords(RecordWriter):
+    """Rank 0 writes one JSON object per line (a header, then one per step); see the module.
+
+    Args:
+        path: the file; its directory must exist.
+        append: continue an existing file of this schema (steps numbered after its last).
+
+    Raises:
+        UsageError: a missing directory, a directory, an existing file without ``append``, or (with
+            it) a file that is not a naig monitor JSONL (checked on rank 0 at the first step).
+    """
+
+    def __init__(self, path: str | os.PathLike, append: bool = False) -> None:
+        super().__init__(per_rank=True)
+        self.append = bool(append)
+        self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append)
+        self._fh: IO[str] | None = None
+
+    def _open(self, header: dict) -> None:
+        _check_path(self.path, "path", self.append)
+        if self.append and self.path.exists() and self.path.stat().st_size > 0:
+            self._offset = _last_jsonl_step(self.path, header["world"])
+            header["step_offset"] = self._offset
+        self._fh = self.path.open("a" if self.append else "w", encoding="utf-8")
+        self._line(header)
+
+    def _line(self, obj: dict) -> None:
+        self._fh.write(json.dumps(encode(obj), allow_nan=False) + "\n")
+        self._fh.flush()
+
+    def _write(self, record: dict) -> None:
+        self._line(record)
+
+    def _close(self) -> None:
+        self._fh.close()
+
+
+def _last_jsonl_step(path: Path, world: int) -> int:
+    """The last step of an existing monitor JSONL of ``world`` ranks (UsageError otherwise)."""
+    last, seen = 0, False
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for line in fh:
+                obj = json.loads(line)
+                if obj.get("type") == "header":
+                    if obj.get("schema") != SCHEMA_VERSION or obj.get("world") != world:
+                        raise ValueError("header")
+                    seen = True
+                elif obj.get("type") == "step":
+                    last = max(last, int(obj["step"]))
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"is not a naig monitor JSONL of schema {SCHEMA_VERSION} and {world} ranks "
+                         f"({type(exc).__name__}); pass another path", field="path",
+                         value=str(path)) from None
+    if not seen:
+        raise UsageError("has no naig monitor header; pass another path", field="path", value=str(path))
+    return last
+
+
+class CsvRecords(RecordWriter):
+    """Rank 0 writes one CSV row per rank per step (``CSV_COLUMNS``); see the module.
+
+    Args:
+        path: the file; its directory must exist.
+        append: continue an existing file with the same header (steps numbered after its last).
+
+    Raises:
+        UsageError: as ``JsonlRecords``.
+    """
+
+    def __init__(self, path: str | os.PathLike, append: bool = False) -> None:
+        super().__init__(per_rank=True)
+        self.append = bool(append)
+        self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append)
+        self._fh: IO[str] | None = None
+        self._csv: Any = None
+
+    def _open(self, header: dict) -> None:
+        _check_path(self.path, "path", self.append)
+        self._hosts = header["hosts"]
+        old = self.append and self.path.exists() and self.path.stat().st_size > 0
+        if old:
+            self._offset = _last_csv_step(self.path)
+        self._fh = self.path.open("a" if self.append else "w", newline="", encoding="utf-8")
+        self._csv = csv.writer(self._fh)
+        if not old:
+            self._csv.writerow(CSV_COLUMNS)
+
+    def _write(self, record: dict) -> None:
+        sig, s = record["signals"], record["summary"]
+        for k in range(sig["world"]):
+            flags = [f"{f['signal']}/{f['score']}" for f in record["flags"] if f["rank"] == k]
+            row = [record["step"], k, self._hosts[k] if k < len(self._hosts) else "", int(k in s["flagged"]),
+                   ";".join(flags), *(_cell(sig[q][k]) for q in _PER_RANK), sig["kinds"]["cos"],
+                   sig["kinds"]["sq_dist"], _cell(record["weights"][k]),
+                   *(_cell(record["scores"].get(n, [math.nan] * sig["world"])[k]) for n in SIGNALS),
+                   *(_cell(record[c].get(n, [math.nan] * sig["world"])[k]) for n in SIGNALS for c in SCORES),
+                   _cell(s["max_score"]), _cell(s["k_eff"]), _cell(s["b_simple"])]
+            self._csv.writerow(row)
+        self._fh.flush()
+
+    def _close(self) -> None:
+        self._fh.close()
+
+
+def _cell(v: Any) -> Any:
+    """A CSV cell: bools as 0/1, floats with repr (nan, inf as Python writes them)."""
+    if isinstance(v, bool):
+        return int(v)
+    return repr(float(v)) if isinstance(v, float) else v
+
+
+def _last_csv_step(path: Path) -> int:
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            rows = csv.reader(fh)
+            if tuple(next(rows, ())) != CSV_COLUMNS:
+                raise ValueError("header")
+            return max((int(row[0]) for row in rows if row), default=0)
+    except (ValueError, IndexError, UnicodeDecodeError) as exc:
+        raise UsageError(f"is not a naig monitor CSV ({type(exc).__name__}); pass another path", field="path",
+                         value=str(path)) from None
+
+
+class TensorBoardRecords(RecordWriter):
+    """Rank 0 writes scalars with ``torch.utils.tensorboard.SummaryWriter``; see the module.
+
+    Args:
+        log_dir: the run's directory (created at the first step; its parent must exist). TensorBoard
+            adds an event file per writer, so an existing directory is fine.
+        per_rank: add the ``rank{k}/...`` series.
+
+    Raises:
+        UsageError: when the tensorboard package is missing (``pip install naig[tensorboard]``), the
+            parent of ``log_dir`` does not exist or ``log_dir`` is a file.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike, per_rank: bool = False) -> None:
+        super().__init__(per_rank)
+        self._writer_cls = _summary_writer()
+        p = Path(log_dir) if isinstance(log_dir, str | os.PathLike) and str(log_dir) else None
+        if p is None or not p.absolute().parent.is_dir():
+            where = p.absolute().parent if p is not None else None
+            raise UsageError(f"directory {where} does not exist; create it or pass another log_dir" if where
+                             else "must be a directory path", field="log_dir", value=log_dir)
+        if p.exists() and not p.is_dir():
+            raise UsageError("is a file; pass a directory", field="log_dir", value=str(p))
+        self.log_dir, self._tb = p, None
+
+    def _open(self, header: dict) -> None:
+        self._tb = self._writer_cls(log_dir=str(self.log_dir))
+        self._tb.add_text(f"{PREFIX}header", json.dumps(encode(header)), 0)
+
+    def _write(self, record: dict) -> None:
+        step = int(record["step"])
+        for key, value in flat_scalars(record, self.per_rank).items():
+            if key != f"{PREFIX}step":
+                self._tb.add_scalar(key, value, step)
+
+    def _close(self) -> None:
+        self._tb.flush()
+        self._tb.close()
+
+
+def _summary_writer() -> type:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise UsageError("TensorBoard records need the tensorboard package: pip install naig[tensorboard]",
+                         field="log_dir") from None
+    return SummaryWriter
+
+
+class LoggerRecords(RecordWriter):
+    """Rank 0 calls ``fn(dict)`` once per step with flat scalar keys (``flat_scalars``).
+
+    Args:
+        fn: any logger's "log a dict" function, e.g. ``wandb.log`` or ``mlflow.log_metrics``.
+        per_rank: add the ``rank{k}/...`` keys.
+
+    Raises:
+        UsageError: when ``fn`` is not callable.
+    """
+
+    def __init__(self, fn: Callable[[dict[str, float]], Any], per_rank: bool = False) -> None:
+        super().__init__(per_rank)
+        if not callable(fn):
+            raise UsageError("must be a function taking a dict", field="fn", value=fn)
+        self.fn = fn
+
+    def _open(self, header: dict) -> None:
+        pass
+
+    def _write(self, record: dict) -> None:
+        self.fn(flat_scalars(record, self.per_rank))
+
+
+class Records(RecordWriter):
+    """Several writers behind one callback: the record is built once and handed to each.
+
+    Args:
+        writers: ``RecordWriter``s (each keeps its own ``per_rank``).
+
+    Raises:
+        UsageError: no writer, or something that is not a ``RecordWriter``.
+    """
+
+    def __init__(self, *writers: RecordWriter) -> None:
+        super().__init__()
+        bad = [type(w).__name__ for w in writers if not isinstance(w, RecordWriter)]
+        if not writers or bad:
+            got = f" (got {', '.join(bad)})" if bad else ""
+            raise UsageError(f"pass one or more record writers{got}", field="writers")
+        self.writers = tuple(writers)
+
+    def attach(self, monitor: Any) -> Any:
+        """Install on ``monitor`` (see ``RecordWriter.attach``); the writers share its settings."""
+        for w in self.writers:
+            w.monitor = monitor
+        return super().attach(monitor)
+
+    def _open(self, header: dict) -> None:
+        for w in self.writers:
+            w._opened = True
+            w._open(dict(header))
+        self._offset = max((w._offset for w in self.writers), default=0)
+
+    def _write(self, record: dict) -> None:
+        for w in self.writers:
+            w._write(dict(record, step=record["step"] - self._offset + w._offset))
+
+    def close(self) -> None:
+        """Close every writer."""
+        for w in self.writers:
+            w.close()
+        self._closed = True
+
+
+
+@dataclass(frozen=True)
+class MonitorLog:
+    """A monitor record file read back (``read_log``).
+
+    Attributes:
+        path: the file.
+        format: ``jsonl`` or ``csv``.
+        world: K.
+        hosts: each rank's host (the last header's; empty strings when unknown).
+        steps: (S,) int64 step numbers, in file order.
+        scores: signal → (S, K) float64 scores (z/threshold; +inf for a non-finite rank, NaN unscored).
+        flagged: (S, K) bool, the ranks the decision named.
+        flags: per step, the ``(rank, signal, score)`` of every test that fired.
+        k_eff: (S,) float64 K_eff of each step.
+    """
+
+    path: Path
+    format: str
+    world: int
+    hosts: tuple[str, ...]
+    steps: np.ndarray
+    scores: dict[str, np.ndarray]
+    flagged: np.ndarray
+    flags: tuple[tuple[tuple[int, str, str], ...], ...]
+    k_eff: np.ndarray
+
+    def rank_rows(self) -> list[dict]:
+        """One dict per rank: rank, host, steps, flagged_steps, flags (``signal/score`` → count),
+        max_score (signal → max over steps, NaN when never scored), last_flagged (step or None)."""
+        rows = []
+        for k in range(self.world):
+            counts: dict[str, int] = {}
+            for step_flags in self.flags:
+                for rank, signal, score in step_flags:
+                    if rank == k:
+                        key = signal if signal == "nonfinite" else f"{signal}/{score}"
+                        counts[key] = counts.get(key, 0) + 1
+            hit = np.flatnonzero(self.flagged[:, k])
+            rows.append({"rank": k, "host": self.hosts[k] if k < len(self.hosts) else "",
+                         "steps": int(len(self.steps)), "flagged_steps": int(len(hit)), "flags": counts,
+                         "max_score": {s: _nanmax(v[:, k]) for s, v in self.scores.items()},
+                         "last_flagged": int(self.steps[hit[-1]]) if len(hit) else None})
+        return rows
+
+
+def _nanmax(x: np.ndarray) -> float:
+    x = x[~np.isnan(x)]
+    return float(x.max()) if len(x) else math.nan
+
+
+def read_log(path: str | os.PathLike) -> MonitorLog:
+    """Read a monitor JSONL (``JsonlRecords``) or CSV (``CsvRecords``) file, told apart by its first byte.
+
+    Raises:
+        DataError: a missing, empty, truncated or corrupt file, naming the file and line.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError("no such file" if not p.exists() else "is not a file", field="log", value=str(p))
+    with p.open("rb") as fh:
+        first = fh.read(1)
+    if not first:
+        raise DataError("is empty", field="log", value=str(p))
+    return _read_jsonl(p) if first == b"{" else _read_csv(p)
+
+
+def _bad(p: Path, line: int, what: str) -> DataError:
+    return DataError(f"{p}, line {line}: {what}")
+
+
+def _read_jsonl(p: Path) -> MonitorLog:
+    world, hosts, rows = None, (), []
+    try:
+        with p.open(encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                try:
+                    obj = decode(json.loads(line))
+                except ValueError as exc:
+                    cut = "" if line.endswith("\n") else " (truncated: the line has no end)"
+                    raise _bad(p, i, f"not JSON{cut}: {str(exc).splitlines()[0][:80]}") from None
+                kind = obj.get("type") if isinstance(obj, dict) else None
+                if kind == "header":
+                    world, hosts = _check_header(p, i, obj, world)
+                elif kind == "step" and world is not None:
+                    rows.append(_step_row(p, i, obj, world))
+                else:
+                    raise _bad(p, i, "expected a naig monitor header first" if world is None
+                               else "not a naig monitor header or step")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{p}: not UTF-8 text ({exc.reason}); is it a monitor record?") from None
+    if world is None:
+        raise DataError(f"{p}: no naig monitor header")
+    return _log(p, "jsonl", world, hosts, rows)
+
+
+def _check_header(p: Path, i: int, obj: dict, world: int | None) -> tuple[int, tuple[str, ...]]:
+    if obj.get("schema") != SCHEMA_VERSION:
+        raise _bad(p, i, f"schema {obj.get('schema')!r}; this naig reads schema {SCHEMA_VERSION}")
+    k, hosts = obj.get("world"), obj.get("hosts", [])
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not isinstance(hosts, list):
+        raise _bad(p, i, "a header without a valid world (ranks) or hosts")
+    if world is not None and k != world:
+        raise _bad(p, i, f"a run of {k} ranks appended to one of {world}")
+    return k, tuple(str(h) for h in hosts)
+
+
+def _step_row(p: Path, i: int, obj: dict, world: int) -> tuple:
+    try:
+        step, flagged = int(obj["step"]), [int(r) for r in obj["flagged"]]
+        flags = tuple((int(f["rank"]), str(f["signal"]), str(f["score"])) for f in obj["flags"])
+        scores = {str(s): np.asarray(v, dtype=np.float64) for s, v in obj["scores"].items()}
+        keff = float(obj["summary"]["k_eff"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _bad(p, i, f"a step record without a valid {exc}") from None
+    if any(v.shape != (world,) for v in scores.values()) or any(not 0 <= r < world for r in flagged):
+        raise _bad(p, i, f"a step record that is not for {world} ranks")
+    return step, flagged, flags, scores, keff
+
+
+def _read_csv(p: Path) -> MonitorLog:
+    by_step: dict[int, dict] = {}
+    hosts: dict[int, str] = {}
+    try:
+        with p.open(newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            if tuple(next(reader, ())) != CSV_COLUMNS:
+                raise _bad(p, 1, "not a naig monitor CSV header (nor JSONL)")
+            col = {c: j for j, c in enumerate(CSV_COLUMNS)}
+            for row in reader:
+                _csv_row(p, reader.line_num, row, col, by_step, hosts)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{p}: not UTF-8 text ({exc.reason}); is it a monitor record?") from None
+    except csv.Error as exc:
+        raise DataError(f"{p}: not CSV ({exc})") from None
+    if not by_step:
+        raise DataError(f"{p}: a monitor CSV header without rows")
+    world = max(hosts) + 1
+    rows = []
+    for step, d in by_step.items():
+        if sorted(d["ranks"]) != list(range(world)):
+            raise DataError(f"{p}: step {step} has rows for ranks {sorted(d['ranks'])}, not 0..{world - 1}")
+        scores = {s: np.array([d["scores"][k][s] for k in range(world)]) for s in SIGNALS}
+        rows.append((step, d["flagged"], tuple(d["flags"]), scores, d["k_eff"]))
+    return _log(p, "csv", world, tuple(hosts[k] for k in range(world)), rows)
+
+
+def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], by_step: dict, hosts: dict) -> None:
+    if len(row) != len(CSV_COLUMNS):
+        raise _bad(p, line, f"{len(row)} fields, expected {len(CSV_COLUMNS)} (truncated?)")
+    try:
+        step, rank = int(row[col["step"]]), int(row[col["rank"]])
+        flagged = row[col["flagged"]] == "1"
+        scores = {s: float(row[col[f"score_{s}"]]) for s in SIGNALS}
+        keff = float(row[col["k_eff"]])
+        if rank < 0:
+            raise ValueError(f"rank {rank}")
+    except ValueError as exc:
+        raise _bad(p, line, f"not a monitor row ({exc})") from None
+    d = by_step.setdefault(step, {"ranks": [], "flagged": [], "flags": [], "scores": {}, "k_eff": keff})
+    if rank in d["ranks"]:
+        raise _bad(p, line, f"a second row for step {step}, rank {rank}")
+    d["ranks"].append(rank)
+    d["scores"][rank] = scores
+    if flagged:
+        d["flagged"].append(rank)
+    d["flags"] += [(rank, *f.split("/", 1)) if "/" in f else (rank, f, f)
+                   for f in row[col["flags"]].split(";") if f]
+    hosts[rank] = row[col["host"]]
+
+
+def _log(p: Path, fmt: str, world: int, hosts: tuple[str, ...], rows: list[tuple]) -> MonitorLog:
+    names = [s for s in SIGNALS if any(s in r[3] for r in rows)]
+    scores = {s: np.array([r[3].get(s, np.full(world, np.nan)) for r in rows]).reshape(len(rows), world)
+              for s in names}
+    flagged = np.zeros((len(rows), world), dtype=bool)
+    for i, r in enumerate(rows):
+        flagged[i, r[1]] = True
+    return MonitorLog(p, fmt, world, hosts, np.array([r[0] for r in rows], dtype=np.int64), scores, flagged,
+                      tuple(r[2] for r in rows), np.array([r[4] for r in rows], dtype=np.float64))
