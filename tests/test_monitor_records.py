@@ -1,0 +1,264 @@
+"""naig.monitor.records: the JSONL, CSV, TensorBoard and logger writers, and reading a log back."""
+
+import csv
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+
+from naig.errors import DataError, UsageError
+from naig.gibbs import naig_weights
+from naig.monitor import Detector, Monitor, rank_signals
+from naig.monitor.records import (
+    CSV_COLUMNS,
+    PREFIX,
+    SCHEMA_VERSION,
+    CsvRecords,
+    JsonlRecords,
+    LoggerRecords,
+    Records,
+    TensorBoardRecords,
+    decode,
+    encode,
+    k_eff,
+    read_log,
+)
+
+WORLD, WINDOW, BAD_RANK, SCALE_STEP, NAN_STEP, STEPS = 4, 6, 2, 10, 12, 12
+
+
+def _stream(seed: int = 0):
+    """(signals, gradients) per step for 4 ranks of a synthetic run: rank 2 ×1000 at step 10 and a NaN
+    entry on rank 1 at step 12 (sketches are exact projections of the gradients, n = 200)."""
+    rng = np.random.default_rng(seed)
+    proj = rng.standard_normal((200, 14)) / math.sqrt(14)
+    for step in range(1, STEPS + 1):
+        g = 1.0 + rng.standard_normal((WORLD, 200))
+        if step == SCALE_STEP:
+            g[BAD_RANK] *= 1000.0
+        if step == NAN_STEP:
+            g[1, 3] = np.nan
+        bad = (~np.isfinite(g)).sum(1)
+        yield rank_signals(np.nan_to_num(g) @ proj, (g * g).sum(1), bad)
+
+
+def _run(writer, seed: int = 0, monitor: Monitor | None = None) -> list:
+    """Feed the stream through a monitor's detector with ``writer`` attached; the decisions."""
+    mon = monitor or Monitor(window=WINDOW)
+    writer.attach(mon)
+    mon.detector = Detector(WORLD, window=WINDOW)  # what Monitor.observe builds at its first step
+    out = []
+    for sig in _stream(seed):
+        d = mon.detector.update(sig)
+        mon.callback(sig, d)
+        out.append(d)
+    writer.close()
+    return out
+
+
+def _strict(line: str) -> dict:
+    def refuse(token: str) -> None:
+        raise ValueError(f"non-standard JSON token {token}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_encode_decode_round_trip_non_finite() -> None:
+    obj = {"a": [1.5, math.inf, -math.inf], "b": (math.nan, 2), "c": np.float64(3.0)}
+    text = json.dumps(encode(obj), allow_nan=False)
+    back = decode(json.loads(text))
+    assert back["a"] == [1.5, math.inf, -math.inf] and math.isnan(back["b"][0]) and back["c"] == 3.0
+
+
+def test_k_eff_of_the_gibbs_weights() -> None:
+    assert k_eff(np.array([2.0, 2.0, 2.0]))[0] == pytest.approx(3.0, abs=1e-12)
+    # β auto = 1/median of the positive energies (100): π ∝ (1, e⁻¹, e⁻¹, e⁻¹)
+    w = np.array([1.0, math.exp(-1), math.exp(-1), math.exp(-1)])
+    w /= w.sum()
+    keff, pi = k_eff(np.array([0.0, 100.0, 100.0, 100.0]))
+    assert pi == pytest.approx(w, abs=1e-12) and keff == pytest.approx(1 / (w * w).sum(), abs=1e-12)
+    assert k_eff(np.array([np.nan, np.nan]))[0] == pytest.approx(2.0)  # no finite energy: uniform
+
+
+def test_jsonl_records_every_step_with_header_and_strict_json(tmp_path) -> None:
+    path = tmp_path / "m.jsonl"
+    decisions = _run(JsonlRecords(path))
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 + STEPS
+    header = _strict(lines[0])
+    assert header["type"] == "header" and header["schema"] == SCHEMA_VERSION and header["world"] == WORLD
+    assert header["monitor"]["window"] == WINDOW and header["monitor"]["false_alarm"] == 1e-3
+    sigs = list(_stream())
+    for line, d, sig in zip(lines[1:], decisions, sigs, strict=True):
+        rec = decode(_strict(line))
+        assert rec["step"] == d.step and rec["flagged"] == list(d.ranks)
+        assert [(f["rank"], f["signal"], f["score"]) for f in rec["flags"]] == [
+            (f.rank, f.signal, f.score) for f in d.flags]
+        assert rec["signals"]["kinds"]["cos"] == "sketch" and rec["signals"]["kinds"]["rel_norm"] == "exact"
+        np.testing.assert_allclose(rec["signals"]["energy"], sig.energy, rtol=0, atol=0, equal_nan=True)
+        np.testing.assert_allclose(rec["weights"], naig_weights(sig.energy, "auto"), rtol=0, atol=1e-15)
+        scores = np.array([rec["scores"][s] for s in rec["scores"]])
+        # a test fires when its score exceeds 1: a step with a score > 1 has flags, one without none
+        assert (np.nanmax(scores) > 1) == d.flagged
+    nan_step = decode(_strict(lines[NAN_STEP]))
+    assert nan_step["summary"]["max_score"] == math.inf and nan_step["summary"]["max_rank"] == 1
+    assert nan_step["summary"]["max_signal"] == "nonfinite" and 1 in nan_step["flagged"]
+    assert math.isnan(nan_step["signals"]["energy"][1])  # written as "NaN", read back as NaN
+
+
+def test_the_bad_rank_has_the_max_score_at_its_step(tmp_path) -> None:
+    decisions = _run(JsonlRecords(tmp_path / "m.jsonl"))
+    assert decisions[SCALE_STEP - 1].ranks == (BAD_RANK,)
+    rec = decode(_strict((tmp_path / "m.jsonl").read_text().splitlines()[SCALE_STEP]))
+    assert rec["summary"]["max_rank"] == BAD_RANK and rec["summary"]["max_score"] > 1
+
+
+def test_csv_has_a_row_per_rank_per_step_and_reads_back_like_the_jsonl(tmp_path) -> None:
+    _run(Records(JsonlRecords(tmp_path / "m.jsonl"), CsvRecords(tmp_path / "m.csv")))
+    with (tmp_path / "m.csv").open(newline="") as fh:
+        rows = list(csv.reader(fh))
+    assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == 1 + STEPS * WORLD
+    a, b = read_log(tmp_path / "m.jsonl"), read_log(tmp_path / "m.csv")
+    assert (a.format, b.format) == ("jsonl", "csv") and a.world == b.world == WORLD
+    np.testing.assert_array_equal(a.steps, b.steps)
+    np.testing.assert_array_equal(a.flagged, b.flagged)
+    assert a.flags == b.flags
+    for s in a.scores:
+        np.testing.assert_array_equal(a.scores[s], b.scores[s])  # repr round-trips float64
+    rows_a = a.rank_rows()
+    assert rows_a == b.rank_rows()
+    assert rows_a[BAD_RANK]["last_flagged"] == SCALE_STEP and rows_a[1]["flags"]["nonfinite"] == 1
+
+
+def test_existing_file_refused_unless_append_which_continues_the_steps(tmp_path) -> None:
+    path = tmp_path / "m.jsonl"
+    _run(JsonlRecords(path))
+    with pytest.raises(UsageError, match="exists; pass append=True"):
+        JsonlRecords(path)
+    with pytest.raises(UsageError, match="exists"):
+        CsvRecords(path)
+    _run(JsonlRecords(path, append=True), seed=1)
+    log = read_log(path)
+    np.testing.assert_array_equal(log.steps, np.arange(1, 2 * STEPS + 1))
+    headers = [_strict(x) for x in path.read_text().splitlines() if '"header"' in x]
+    assert [h["step_offset"] for h in headers] == [0, STEPS]
+
+
+def test_append_to_a_file_that_is_not_a_monitor_log_is_refused(tmp_path) -> None:
+    (tmp_path / "x.jsonl").write_text('{"type": "other"}\n')
+    with pytest.raises(UsageError, match="no naig monitor header"):
+        _run(JsonlRecords(tmp_path / "x.jsonl", append=True))
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(UsageError, match="not a naig monitor CSV"):
+        _run(CsvRecords(tmp_path / "x.csv", append=True))
+
+
+def test_paths_checked_before_training(tmp_path) -> None:
+    with pytest.raises(UsageError, match="does not exist"):
+        JsonlRecords(tmp_path / "nope" / "m.jsonl")
+    with pytest.raises(UsageError, match="is a directory"):
+        CsvRecords(tmp_path)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UsageError, match="is a file"):
+        TensorBoardRecords(tmp_path / "f")
+    with pytest.raises(UsageError, match="does not exist"):
+        TensorBoardRecords(tmp_path / "nope" / "tb")
+    with pytest.raises(UsageError, match="function"):
+        LoggerRecords("wandb")
+    with pytest.raises(UsageError, match="record writers"):
+        Records(print)
+
+
+def test_a_writer_not_attached_says_how(tmp_path) -> None:
+    sig = next(_stream())
+    d = Detector(WORLD).update(sig)
+    with pytest.raises(UsageError, match=r"records\.attach\(monitor\)"):
+        JsonlRecords(tmp_path / "m.jsonl")(sig, d)
+
+
+def test_attach_keeps_an_existing_callback(tmp_path) -> None:
+    seen = []
+    mon = Monitor(window=WINDOW, callback=lambda s, d: seen.append(d.step))
+    _run(JsonlRecords(tmp_path / "m.jsonl"), monitor=mon)
+    assert seen == list(range(1, STEPS + 1)) and len(read_log(tmp_path / "m.jsonl").steps) == STEPS
+
+
+def test_logger_gets_flat_scalars_summary_by_default_per_rank_on_request() -> None:
+    got, per = [], []
+    _run(Records(LoggerRecords(got.append), LoggerRecords(per.append, per_rank=True)))
+    assert len(got) == STEPS and all(isinstance(v, float) for d in got for v in d.values())
+    assert set(got[0]) == {f"{PREFIX}{k}" for k in ("step", "max_score", "max_rank", "k_eff", "flagged_ranks",
+                                                    "b_simple")}
+    assert f"{PREFIX}rank3/score_energy" in per[0] and f"{PREFIX}rank0/weight" in per[0]
+    assert got[SCALE_STEP - 1][f"{PREFIX}max_rank"] == BAD_RANK
+    assert sum(per[0][f"{PREFIX}rank{k}/weight"] for k in range(WORLD)) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_tensorboard_writes_event_files_that_read_back(tmp_path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    got = []
+    _run(Records(TensorBoardRecords(tmp_path / "tb", per_rank=True), LoggerRecords(got.append)))
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert f"{PREFIX}k_eff" in tags and f"{PREFIX}rank{BAD_RANK}/score_norm" in tags
+    events = acc.Scalars(f"{PREFIX}k_eff")
+    assert [e.step for e in events] == list(range(1, STEPS + 1))
+    np.testing.assert_allclose([e.value for e in events], [d[f"{PREFIX}k_eff"] for d in got], rtol=1e-6)
+    ranks = acc.Scalars(f"{PREFIX}max_rank")
+    assert ranks[SCALE_STEP - 1].value == BAD_RANK
+
+
+def test_tensorboard_missing_is_one_line_naming_the_extra(monkeypatch, tmp_path) -> None:
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
+    with pytest.raises(UsageError, match=r"pip install naig\[tensorboard\]") as err:
+        TensorBoardRecords(tmp_path / "tb")
+    assert "\n" not in str(err.value)
+
+
+def _lines(path) -> list[str]:
+    return path.read_text().splitlines(keepends=True)
+
+
+def test_read_log_names_file_and_line_of_a_truncated_or_corrupt_log(tmp_path) -> None:
+    path = tmp_path / "m.jsonl"
+    _run(JsonlRecords(path))
+    lines = _lines(path)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(lines[:5]) + lines[5][:40])
+    with pytest.raises(DataError, match=r"cut\.jsonl, line 6: not JSON \(truncated"):
+        read_log(cut)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(lines[:3]) + '{"type": "step", "step": 3}\n' + "".join(lines[4:]))
+    with pytest.raises(DataError, match=r"bad\.jsonl, line 4: a step record without"):
+        read_log(bad)
+    old = tmp_path / "old.jsonl"
+    old.write_text(lines[0].replace(f'"schema": {SCHEMA_VERSION}', '"schema": 99') + "".join(lines[1:]))
+    with pytest.raises(DataError, match="line 1: schema 99"):
+        read_log(old)
+    headless = tmp_path / "headless.jsonl"
+    headless.write_text("".join(lines[1:]))
+    with pytest.raises(DataError, match="line 1: expected a naig monitor header"):
+        read_log(headless)
+
+
+def test_read_log_csv_errors_and_missing_files(tmp_path) -> None:
+    path = tmp_path / "m.csv"
+    _run(CsvRecords(path))
+    lines = _lines(path)
+    cut = tmp_path / "cut.csv"
+    cut.write_text("".join(lines[:7]) + lines[7][:30])
+    with pytest.raises(DataError, match=r"cut\.csv, line 8: .* fields, expected"):
+        read_log(cut)
+    with pytest.raises(DataError, match="no such file"):
+        read_log(tmp_path / "none.jsonl")
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match="is empty"):
+        read_log(tmp_path / "empty.jsonl")
+    (tmp_path / "other.csv").write_text("x,y\n")
+    with pytest.raises(DataError, match="line 1: not a naig monitor CSV"):
+        read_log(tmp_path / "other.csv")
