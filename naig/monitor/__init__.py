@@ -6,11 +6,14 @@ every rank, each rank's Fano–Fisher energy, cosine and distance to the mean (e
 framework hands them over, sketched otherwise), norm relative to the others and the step's
 gradient noise scale (``signals``); robust detectors score each rank against the others and
 against its own history and name the bad rank (``detectors``); ``Monitor.observe`` does both
-in a custom loop (``observe``).
+in a custom loop (``observe``); ``MonitorHook`` with ``monitor_comm_hook`` does it inside
+``DistributedDataParallel`` (``ddp``); ``fully_shard_monitor`` inside FSDP2 (``fsdp``).
+``NaigCommHook`` (``routing``) is the older DDP hook that routes the all-reduce by π.
 
 Importing this package loads neither scipy nor the simulator.
 """
 
+from naig.monitor.ddp import GradientMonitor, MonitorHook, monitor_comm_hook
 from naig.monitor.detectors import (
     ACTIONS,
     SCORES,
@@ -22,6 +25,7 @@ from naig.monitor.detectors import (
     robust_threshold,
 )
 from naig.monitor.observe import Monitor
+from naig.monitor.routing import HookRecord, NaigCommHook, naig_comm_hook
 from naig.monitor.signals import (
     MonitorSketch,
     NoiseScale,
@@ -31,6 +35,7 @@ from naig.monitor.signals import (
     rank_signals,
 )
 
-__all__ = ["ACTIONS", "SCORES", "SIGNALS", "BadRankError", "Decision", "Detector", "Flag", "Monitor",
-           "MonitorSketch", "NoiseScale", "NoiseScaleAverage", "RankSignals", "noise_scale", "rank_signals",
-           "robust_threshold"]
+__all__ = ["ACTIONS", "SCORES", "SIGNALS", "BadRankError", "Decision", "Detector", "Flag", "GradientMonitor",
+           "HookRecord", "Monitor", "MonitorHook", "MonitorSketch", "NaigCommHook", "NoiseScale",
+           "NoiseScaleAverage", "RankSignals", "monitor_comm_hook", "naig_comm_hook", "noise_scale",
+           "rank_signals", "robust_threshold"]

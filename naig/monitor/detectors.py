@@ -269,6 +269,8 @@ class Decision:
         relative: signal → (K,) relative z per rank (NaN where not scored).
         individual: signal → (K,) individual z per rank (NaN where not scored).
         hosts: each rank's host name, when the integration knows them (else empty).
+        where: rank → where its gradient departs most (e.g. a DDP bucket and its parameters),
+            when the integration knows it (else empty).
     """
 
     step: int
@@ -278,6 +280,7 @@ class Decision:
     relative: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     individual: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     hosts: tuple[str, ...] = ()
+    where: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -290,12 +293,13 @@ class Decision:
         return bool(self.flags)
 
     def describe(self) -> str:
-        """One line: the step, then each flagged rank (and host) with the tests that fired."""
+        """One line: the step, then each flagged rank (host, where) with the tests that fired."""
         if not self.flags:
             return f"step {self.step}: no rank flagged"
         parts = []
         for r in self.ranks:
             host = f" on {self.hosts[r]}" if r < len(self.hosts) and self.hosts[r] else ""
+            host += f" in {self.where[r]}" if r in self.where else ""
             tests = ", ".join("non-finite gradient" if f.signal == "nonfinite" else
                               f"{f.signal} {f.score} z={f.z:+.3g} (threshold {f.threshold:.3g})"
                               for f in self.flags if f.rank == r)

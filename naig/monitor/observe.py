@@ -137,26 +137,91 @@ class Monitor:
             BadRankError: a rank was flagged and the action is ``raise`` (on every rank).
         """
         layout, flat = _flatten(grads)
-        world, rank = self._world_rank()
         sketch = self._sketch(layout, flat.device)
-        mine = pack(flat, sketch)
-        if world > 1 and not self.hosts:
-            self.hosts = self._gather_hosts(world, mine.device)
-        elif not self.hosts:
-            self.hosts = (socket.gethostname(),)
-        gathered = self._gather(mine, world) if world > 1 else mine.reshape(1, -1)
-        if self.detector is None:
-            self.detector = Detector(world, **self._detector_args)
-        s, sq, bad = unpack(gathered)
-        sig = rank_signals(s, sq, bad, batch=self.batch, line=self.line)
-        decision = replace(self.detector.update(sig), hosts=self.hosts)
-        self.gathered, self.signals, self.decision = gathered.detach().cpu().numpy(), sig, decision
-        if self.callback is not None:
-            self.callback(sig, decision)
-        if decision.flagged and self.action == "warn" and rank == 0:
-            warnings.warn(decision.describe(), UserWarning, stacklevel=2)
+        decision = self.decide(self.all_gather(pack(flat, sketch)))
         if decision.flagged and self.action == "raise":
             raise decision.error()
+        return decision
+
+    @property
+    def world(self) -> int:
+        """K, the ranks of the group (1 without an initialised process group)."""
+        return self._world_rank()[0]
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group (0 without an initialised process group)."""
+        return self._world_rank()[1]
+
+    def all_gather(self, mine: Tensor) -> Tensor:
+        """Every rank's ``mine`` (K, ...) on the CPU, waiting at most ``timeout`` seconds.
+
+        The first call also all-gathers the host names (``HOST_BYTES`` per rank). Without a
+        process group it returns ``mine`` as one row.
+
+        Args:
+            mine: this rank's tensor (the same shape and dtype on every rank).
+
+        Raises:
+            DataError: a collective that did not finish within ``timeout`` seconds.
+        """
+        world = self.world
+        if not self.hosts:
+            self.hosts = self._gather_hosts(world, mine.device) if world > 1 else (socket.gethostname(),)
+        return self._gather(mine, world) if world > 1 else mine.detach().cpu().reshape(1, *mine.shape)
+
+    def start_gather(self, mine: Tensor) -> Callable[[], Tensor]:
+        """Start an all-gather of ``mine`` now; the returned function waits for it (``all_gather``'s result).
+
+        Integrations start one per bucket and wait at the step's last one, so the backward pass
+        is not held up. Host names are gathered (synchronously) at the first call.
+
+        Raises:
+            DataError: from the returned function, when the gather did not finish within ``timeout``.
+        """
+        world = self.world
+        if not self.hosts:
+            self.hosts = self._gather_hosts(world, mine.device) if world > 1 else (socket.gethostname(),)
+        if world == 1:
+            row = mine.detach().cpu().reshape(1, *mine.shape)
+            return lambda: row
+        out = [torch.empty_like(mine) for _ in range(world)]
+        work = dist.all_gather(out, mine, group=self._group(), async_op=True)
+        return lambda: self._wait(work, out)
+
+    def decide(self, gathered: Tensor | np.ndarray, *, dots: np.ndarray | None = None,
+               sq_dists: np.ndarray | None = None,
+               where: Callable[[Decision], Mapping[int, str]] | None = None) -> Decision:
+        """Signals and the decision of one step from every rank's payload (the same on every rank).
+
+        Calls the callback, and for ``warn`` writes the decision's line on rank 0; applies no
+        other action (``observe`` and the integrations do).
+
+        Args:
+            gathered: (K, m + 2) float64 payloads ``[S g_k | ‖g_k‖² | non-finite count]``.
+            dots: (K,) exact ⟨g_k, ḡ⟩ (with ``sq_dists``), or None: sketch estimates.
+            sq_dists: (K,) exact ‖g_k − ḡ‖², or None.
+            where: given the decision, rank → where its gradient departs most (for the line).
+
+        Returns:
+            The step's ``Decision`` (hosts and ``where`` filled in).
+
+        Raises:
+            UsageError: payloads of the wrong shape.
+        """
+        rows = gathered if isinstance(gathered, np.ndarray) else gathered.detach().cpu().numpy()
+        if self.detector is None:
+            self.detector = Detector(rows.shape[0], **self._detector_args)
+        s, sq, bad = unpack(rows)
+        sig = rank_signals(s, sq, bad, dots=dots, sq_dists=sq_dists, batch=self.batch, line=self.line)
+        decision = replace(self.detector.update(sig), hosts=self.hosts)
+        if decision.flagged and where is not None:
+            decision = replace(decision, where=dict(where(decision)))
+        self.gathered, self.signals, self.decision = np.array(rows, dtype=np.float64), sig, decision
+        if self.callback is not None:
+            self.callback(sig, decision)
+        if decision.flagged and self.action == "warn" and self.rank == 0:
+            warnings.warn(decision.describe(), UserWarning, stacklevel=3)
         return decision
 
     def _sketch(self, layout: tuple[tuple[str, int], ...], device: torch.device) -> MonitorSketch:
@@ -172,14 +237,24 @@ class Monitor:
     def _gather(self, mine: Tensor, world: int) -> Tensor:
         """All-gather one tensor per rank (K, ...) on the CPU, waiting at most ``timeout``."""
         out = [torch.empty_like(mine) for _ in range(world)]
-        work = dist.all_gather(out, mine, group=self._group(), async_op=True)
+        return self._wait(dist.all_gather(out, mine, group=self._group(), async_op=True), out)
+
+    def _wait(self, work: dist.Work, out: list[Tensor]) -> Tensor:
+        self.wait_work(work, "all-gather")
+        return torch.stack(out).cpu()
+
+    def wait_work(self, work: dist.Work, what: str = "collective") -> None:
+        """Wait for a collective started with ``async_op=True``, at most ``timeout`` seconds.
+
+        Raises:
+            DataError: it did not finish in time (a rank that never reached it), naming ``what``.
+        """
         try:
             work.wait(timeout=timedelta(seconds=self.timeout))
         except RuntimeError as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise DataError(f"the monitor's all-gather did not finish within {self.timeout:g} s ({first}); "
-                            "every rank must call observe at every step") from None
-        return torch.stack(out).cpu()
+            raise DataError(f"the monitor's {what} did not finish within {self.timeout:g} s ({first}); "
+                            "every rank must reach the monitor at every step") from None
 
     def _gather_hosts(self, world: int, device: torch.device) -> tuple[str, ...]:
         name = socket.gethostname().encode()[:HOST_BYTES]

@@ -1,4 +1,8 @@
-"""NAIG inside ``DistributedDataParallel``: a communication hook (docs/design.md §14).
+"""NAIG routing inside ``DistributedDataParallel``: a communication hook (docs/design.md §14).
+
+(Moved here from ``naig.distributed.ddp``, which re-exports it. For per-rank signals, a bad
+rank's name and actions, use ``naig.monitor.MonitorHook``; this hook computes E, π and cos per
+bucket and can route the all-reduce by π.)
 
 Register it with ``NaigCommHook(model).register(ddp)`` (that is,
 ``ddp.register_comm_hook(NaigCommHook(model), naig_comm_hook)``). For each bucket of

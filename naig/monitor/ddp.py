@@ -1,0 +1,394 @@
+"""The monitor inside ``DistributedDataParallel``: a communication hook and an optimizer step pre-hook.
+
+Register it on the DDP model and attach it to the optimizer::
+
+    hook = MonitorHook(model, monitor=Monitor(action="skip"))
+    hook.register(ddp)          # ddp.register_comm_hook(hook, monitor_comm_hook)
+    hook.attach(optimizer)      # applies skip / raise before optimizer.step()
+
+(Lightning: ``DDPStrategy(ddp_comm_state=hook, ddp_comm_hook=monitor_comm_hook)``, and
+``hook.attach(optimizer)`` once the optimizer exists.)
+
+**Per bucket** (DDP hands each bucket of this rank's gradient to the hook before reducing it) the
+hook packs [S g_b | ‖g_b‖² | non-finite count of g_b] (``naig.monitor.signals.pack``: the
+``MonitorSketch`` keyed by the parameters' names, so the buckets' sketches sum to the sketch of
+the whole gradient, the one ``Monitor.observe`` would compute) and starts an all-gather of it
+without waiting (``per_bucket=True``: m + 2 float64 per bucket, 128 B with the default sketch);
+with ``per_bucket=False`` it keeps the payloads and all-gathers their sum once, at the last
+bucket (128 B per step, but a flag can then not name a bucket).
+
+**At the last bucket** (``bucket.is_last()``) it waits for the gathers, sums every rank's
+buckets into its step payload, derives the signals and runs the detectors
+(``Monitor.decide``): every rank holds the same gathered data, so every rank reaches the same
+``Decision`` with no further collective. A flagged rank is named with the bucket where its
+gradient departs most (``Decision.where``: the buckets with non-finite entries; else, for a
+norm flag, the bucket whose ‖g_b‖ is furthest from the other ranks' in log ratio; else the
+bucket whose sketched distance to the unflagged ranks' mean is largest relative to theirs).
+
+**Exact statistics** (``exact=True``): each bucket is copied before the all-reduce; at the last
+bucket the hook waits for every bucket's all-reduce (the mean ḡ DDP will use), computes this
+rank's ⟨g_k, ḡ⟩ and ‖g_k − ḡ‖² in float64 over all buckets and all-gathers those 2 floats
+(16 B); cos and distance are then exact (``RankSignals.exact``), otherwise sketch estimates.
+The price: a gradient-sized copy, and the hook waits for the last bucket's all-reduce.
+
+**Actions** (``Monitor(action=...)``):
+
+- ``log``: records only. Each bucket is multiplied by 1/K and all-reduced (sum) at once, as
+  DDP does without a hook: the all-reduce gets exactly DDP's bytes (training is bit-identical).
+- ``warn``: as ``log``, and rank 0 writes one line (``warnings``): step, rank, host, bucket and
+  parameters, the tests that fired.
+- ``skip``: as ``log``; then the optimizer step pre-hook (``attach``) sets every ``p.grad`` of
+  the optimizer's parameters to None, so ``optimizer.step()`` changes neither the parameters
+  nor the optimizer's state (torch's optimizers skip parameters without a gradient; a
+  learning-rate scheduler the user steps still steps). On every rank alike.
+- ``exclude``: the flagged ranks' contributions are weighted 0 and the others 1/(K − F) before
+  the sum (the mean of the unflagged ranks; 1/K, DDP's own bytes, when none is flagged). The
+  decision needs the whole step's gradient, so this mode holds every bucket's all-reduce back
+  until the last bucket (no overlap of communication with the backward pass): the hook returns
+  a pending future per bucket and completes them all at the last bucket. With every rank
+  flagged, every weight is 0 and the step's gradient is zero. DDP only.
+- ``raise``: the step pre-hook raises ``BadRankError`` on every rank before
+  ``optimizer.step()`` changes anything (all the step's collectives have finished: no rank is
+  left waiting). Calling ``step()`` again for the same decision raises again.
+
+``skip`` and ``raise`` need ``attach(optimizer)``; a hook without an attached optimizer refuses
+them at the first bucket (``UsageError``). A closure passed to ``optimizer.step(closure)``
+(Lightning passes one: the backward pass runs inside ``step``) is wrapped, so the action is
+applied after the closure's backward and before the update.
+
+**Bytes beyond DDP's own**, per rank and step: (m + 2)·8·B with B buckets (``per_bucket``), or
+(m + 2)·8 (``per_bucket=False``); + 16 with ``exact``; + 64 once for the host names
+(``MonitorHook.extra_bytes``).
+
+Example (not run here; see examples/monitor_ddp.py)::
+
+    ddp = DistributedDataParallel(model)
+    hook = MonitorHook(model, monitor=Monitor(action="warn")).register(ddp)
+"""
+
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from naig.errors import UsageError
+from naig.monitor.detectors import Decision
+from naig.monitor.observe import HOST_BYTES, Monitor
+from naig.monitor.signals import MonitorSketch, pack
+
+__all__ = ["GradientMonitor", "MonitorHook", "monitor_comm_hook"]
+
+_NEED_OPTIMIZER = ("skip", "raise")
+
+
+@dataclass
+class _Part:
+    """One bucket (DDP) or one reduce-scatter (FSDP2) of this rank's step."""
+
+    index: int
+    names: tuple[str, ...]
+    payload: Tensor
+    wait: Callable[[], Tensor] | None = None  # the started all-gather (per-bucket mode)
+    buffer: Tensor | None = None  # held back (exclude) or copied (exact)
+    local: Tensor | None = None  # this rank's gradient before the all-reduce (exact)
+    work: Any = None  # the all-reduce in flight
+    future: Any = None  # the pending future handed to DDP (exclude)
+    extra: dict = field(default_factory=dict)
+
+
+class GradientMonitor:
+    """What the DDP and FSDP2 integrations share: parts of a step, one decision, the optimizer hook.
+
+    Args:
+        module: the model (un-wrapped or wrapped): its parameter names key the sketch.
+        monitor: the ``Monitor`` (gather group, sketch, detectors, action, callback).
+        per_bucket: all-gather each part's payload as it comes (names the part) or their sum once.
+
+    Raises:
+        UsageError: ``module`` not an ``nn.Module`` or ``monitor`` not a ``Monitor``.
+    """
+
+    part_kind = "bucket"  # what a part is called in ``Decision.where``
+
+    def __init__(self, module: nn.Module, monitor: Monitor | None = None, *, per_bucket: bool = True) -> None:
+        if not isinstance(module, nn.Module):
+            raise UsageError(f"got a {type(module).__name__}; pass the model", field="module")
+        if monitor is not None and not isinstance(monitor, Monitor):
+            raise UsageError(f"got a {type(monitor).__name__}; pass naig.monitor.Monitor(...)",
+                             field="monitor")
+        if not isinstance(per_bucket, bool):
+            raise UsageError("must be True or False", field="per_bucket", value=per_bucket)
+        inner = getattr(module, "module", module) if isinstance(module, nn.parallel.DistributedDataParallel) \
+            else module
+        self.names = {id(p): name for name, p in inner.named_parameters()}
+        self.monitor = monitor if monitor is not None else Monitor()
+        self.action, self.per_bucket = self.monitor.action, per_bucket
+        self.step = 0
+        self.decision: Decision | None = None
+        self.parts: list[_Part] = []
+        self.extra_bytes = 0  # bytes this rank sent beyond the framework's own in the latest step
+        self._sketches: dict[tuple, MonitorSketch] = {}
+        self._optimizers: list[tuple[weakref.ref, Any]] = []
+        self._applied: dict[int, int] = {}
+
+    # ---------------------------------------------------------------- the optimizer side
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> "GradientMonitor":
+        """Apply ``skip`` / ``raise`` before ``optimizer.step()`` (a step pre-hook); returns self.
+
+        Raises:
+            UsageError: not a ``torch.optim.Optimizer``.
+        """
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise UsageError(f"got a {type(optimizer).__name__}; pass a torch.optim.Optimizer",
+                             field="optimizer")
+        handle = optimizer.register_step_pre_hook(self._pre_step)
+        self._optimizers.append((weakref.ref(optimizer), handle))
+        return self
+
+    def _pre_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple | None:
+        """Apply the action now, or after the closure's backward when ``step`` is given one.
+
+        ``args`` holds the optimizer itself first (torch passes ``step``'s own arguments).
+        """
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
+            self._apply(optimizer)
+            return None
+
+        def wrapped() -> Any:
+            loss = closure()
+            self._apply(optimizer)
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": wrapped}
+        return (args[0], wrapped, *args[2:]), kwargs
+
+    def _apply(self, optimizer: torch.optim.Optimizer) -> None:
+        """The latest decision's action on this optimizer (once per decision for ``skip``)."""
+        d = self.decision
+        if d is None or not d.flagged:
+            return
+        if self.action == "raise":
+            raise d.error()
+        if self.action == "skip" and self._applied.get(id(optimizer)) != d.step:
+            self._applied[id(optimizer)] = d.step
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+
+    def _check_attached(self) -> None:
+        if self.action in _NEED_OPTIMIZER and not any(ref() is not None for ref, _ in self._optimizers):
+            raise UsageError(f"needs the optimizer: call hook.attach(optimizer) before training "
+                             f"(the {self.action} action is applied before optimizer.step())",
+                             field="action", value=self.action)
+
+    # ---------------------------------------------------------------- the step's parts
+
+    def _begin_step(self) -> None:
+        self._check_attached()
+        self.step, self.parts, self.extra_bytes = self.step + 1, [], 0
+        if not self.monitor.hosts and self.monitor.world > 1:
+            self.extra_bytes += HOST_BYTES
+
+    def _names(self, params: list[Tensor]) -> tuple[str, ...]:
+        return tuple(self.names.get(id(p), f"param{i}") for i, p in enumerate(params))
+
+    def _sketch(self, key: tuple, layout: tuple[tuple[str, int], ...], device: torch.device) -> MonitorSketch:
+        """The part's sketch, built once per (parameters, device); names key the hashes."""
+        if key not in self._sketches:
+            if len({n for n, _ in layout}) != len(layout):
+                raise UsageError("parameter names repeat in a bucket; pass the module the framework wraps",
+                                 field="module")
+            m = self.monitor
+            self._sketches[key] = MonitorSketch.build(layout, m.seed, m.blocks, device)
+        return self._sketches[key]
+
+    def _add_part(self, index: int, names: tuple[str, ...], payload: Tensor) -> _Part:
+        part = _Part(index, names, payload)
+        if self.per_bucket:
+            part.wait = self.monitor.start_gather(payload)
+            self.extra_bytes += payload.numel() * payload.element_size()
+        self.parts.append(part)
+        return part
+
+    def _finish(self, exact: tuple[float, float] | None = None) -> Decision:
+        """Gather (what is left), decide, keep the decision for the optimizer hook."""
+        if self.per_bucket:
+            rows = torch.stack([p.wait() for p in self.parts], dim=1)  # (K, B, m + 2)
+        else:
+            total = torch.stack([p.payload for p in self.parts]).sum(dim=0)
+            self.extra_bytes += total.numel() * total.element_size()
+            rows = self.monitor.all_gather(total).unsqueeze(1)  # (K, 1, m + 2)
+        per_part = rows.to(torch.float64).numpy()
+        dots = dists = None
+        if exact is not None:
+            mine = torch.tensor(exact, dtype=torch.float64)
+            self.extra_bytes += 16
+            both = self.monitor.all_gather(mine).numpy()
+            dots, dists = both[:, 0], both[:, 1]
+        names = [p.names for p in self.parts] if self.per_bucket else None
+        self.decision = self.monitor.decide(per_part.sum(axis=1), dots=dots, sq_dists=dists,
+                                            where=lambda d: _where(d, per_part, names, self._label))
+        return self.decision
+
+    def _label(self, part: int) -> str:
+        p = self.parts[part]
+        shown = ", ".join(p.names[:2]) + (", …" if len(p.names) > 2 else "")
+        return f"{self.part_kind} {p.index} ({shown}; {len(p.names)} parameters)"
+
+
+def _where(decision: Decision, per_part: np.ndarray, names: list[tuple[str, ...]] | None,
+           label: Callable[[int], str]) -> Mapping[int, str]:
+    """For each flagged rank, the part where its gradient departs most (see the module).
+
+    Args:
+        decision: the step's decision.
+        per_part: (K, B, m + 2) every rank's per-part payloads.
+        names: the parts' parameter names (None: one summed part, nothing to name).
+        label: part index → its description.
+    """
+    if names is None or per_part.shape[1] < 1:
+        return {}
+    sk, sq, bad = per_part[:, :, :-2], per_part[:, :, -2], per_part[:, :, -1]
+    flagged = set(decision.ranks)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        finite = np.isfinite(sk).all(axis=2) & np.isfinite(sq) & (bad == 0)  # (K, B)
+        clean = np.array([r not in flagged for r in range(per_part.shape[0])]) & finite.all(axis=1)
+        out = {}
+        for r in decision.ranks:
+            signals = {f.signal for f in decision.flags if f.rank == r}
+            if not finite[r].all():
+                parts = np.flatnonzero(~finite[r])
+                out[r] = "; ".join(label(int(b)) for b in parts[:2]) + ("; …" if len(parts) > 2 else "")
+                continue
+            others = clean.copy()
+            others[r] = False
+            if not others.any():
+                continue
+            if "norm" in signals:
+                logs = np.log(np.maximum(sq, 1e-300))
+                score = np.abs(logs[r] - np.median(logs[others], axis=0))
+            else:
+                mean = sk[others].mean(axis=0)  # (B, m)
+                d = ((sk - mean) ** 2).sum(axis=2)  # (K, B)
+                score = d[r] / np.maximum(np.median(d[others], axis=0), 1e-300)
+            if np.isfinite(score).any():
+                out[r] = label(int(np.nanargmax(score)))
+    return out
+
+
+class MonitorHook(GradientMonitor):
+    """DDP communication-hook state: per-rank signals per bucket, one decision per step, actions.
+
+    Args:
+        module: the model DDP wraps (or the DDP module): parameter names key the sketch.
+        monitor: a ``Monitor`` (default ``Monitor()``: log only); its ``process_group`` must be
+            the group DDP reduces over (None: the default group).
+        exact: exact ⟨g_k, ḡ⟩ and ‖g_k − ḡ‖² from the all-reduced buckets (see the module).
+        per_bucket: one all-gather per bucket (names the bucket) or one per step (128 B).
+
+    Raises:
+        UsageError: a bad argument, naming it; ``exact`` with ``exclude`` (the mean is not DDP's).
+    """
+
+    def __init__(self, module: nn.Module, monitor: Monitor | None = None, *, exact: bool = False,
+                 per_bucket: bool = True) -> None:
+        super().__init__(module, monitor, per_bucket=per_bucket)
+        if not isinstance(exact, bool):
+            raise UsageError("must be True or False", field="exact", value=exact)
+        if exact and self.action == "exclude":
+            raise UsageError("exact statistics need DDP's own mean; exclude changes it (use exact=False)",
+                             field="exact", value=exact)
+        self.exact = exact
+
+    def register(self, ddp: nn.parallel.DistributedDataParallel) -> "MonitorHook":
+        """``ddp.register_comm_hook(self, monitor_comm_hook)``; returns self.
+
+        Raises:
+            UsageError: not a ``DistributedDataParallel``.
+        """
+        if not isinstance(ddp, nn.parallel.DistributedDataParallel):
+            raise UsageError(f"got a {type(ddp).__name__}; pass the DistributedDataParallel model",
+                             field="ddp")
+        ddp.register_comm_hook(self, monitor_comm_hook)
+        return self
+
+    def _group(self) -> dist.ProcessGroup:
+        return self.monitor.group if self.monitor.group is not None else dist.group.WORLD
+
+    def reduce(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """One bucket: payload (and its gather), the all-reduce (or hold it back), decide at the last."""
+        if bucket.index() == 0:
+            self._begin_step()
+        group = self._group()
+        world = dist.get_world_size(group)
+        buf = bucket.buffer()
+        params = bucket.parameters()
+        names = self._names(params)
+        sketch = self._sketch(tuple(id(p) for p in params), tuple(zip(names, (p.numel() for p in params),
+                                                                       strict=True)), buf.device)
+        flat = buf if buf.numel() == sketch.numel else torch.cat([g.reshape(-1) for g in bucket.gradients()])
+        part = self._add_part(bucket.index(), names, pack(flat, sketch))
+        if self.action == "exclude":
+            part.buffer = buf
+            part.future = _future(buf)
+            fut = part.future
+        else:
+            part.local = buf.clone() if self.exact else None
+            part.buffer = buf
+            buf.mul_(1.0 / world)  # what DDP itself does before its sum all-reduce
+            part.work = dist.all_reduce(buf, group=group, async_op=True)
+            fut = part.work.get_future().then(lambda f: f.value()[0])
+        if bucket.is_last():
+            self._last(world, dist.get_rank(group))
+        return fut
+
+    def _last(self, world: int, rank: int) -> None:
+        exact = self._exact() if self.exact else None
+        decision = self._finish(exact)
+        if self.action == "exclude":
+            self._reduce_excluding(decision, world, rank)
+
+    def _exact(self) -> tuple[float, float]:
+        """This rank's ⟨g_k, ḡ⟩ and ‖g_k − ḡ‖² over every bucket (waits for the all-reduces)."""
+        dot = sq = 0.0
+        for p in self.parts:
+            self.monitor.wait_work(p.work)
+            g, mean = p.local.to(torch.float64), p.buffer.to(torch.float64)
+            dot += float(torch.dot(g, mean))
+            sq += float(torch.dot(g - mean, g - mean))
+            p.local = None
+        return dot, sq
+
+    def _reduce_excluding(self, decision: Decision, world: int, rank: int) -> None:
+        """Weight flagged ranks 0 and the others 1/(K − F), all-reduce every held bucket, complete them."""
+        flagged = set(decision.ranks)
+        kept = world - len(flagged)
+        group = self._group()
+        for p in self.parts:
+            if rank in flagged or kept == 0:
+                p.buffer.zero_()
+            else:
+                p.buffer.mul_(1.0 / kept)
+            self.monitor.wait_work(dist.all_reduce(p.buffer, group=group, async_op=True))
+            p.future.set_result(p.buffer)
+
+
+def _future(buf: Tensor) -> torch.futures.Future:
+    return torch.futures.Future(devices=[buf.device] if buf.device.type == "cuda" else None)
+
+
+def monitor_comm_hook(state: MonitorHook, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The DDP communication hook: ``ddp.register_comm_hook(MonitorHook(model), monitor_comm_hook)``.
+
+    (No postponed annotations in this module: DDP checks these two at registration.)
+    """
+    return state.reduce(bucket)
+
