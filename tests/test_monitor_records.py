@@ -257,7 +257,7 @@ def test_read_log_csv_errors_and_missing_files(tmp_path) -> None:
     with pytest.raises(DataError, match="no such file"):
         read_log(tmp_path / "none.jsonl")
     (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(DataError, match="is empty"):
+    with pytest.raises(DataError, match="the file is empty"):
         read_log(tmp_path / "empty.jsonl")
     (tmp_path / "other.csv").write_text("x,y\n")
     with pytest.raises(DataError, match="line 1: not a naig monitor CSV"):

@@ -654,11 +654,11 @@ def read_log(path: str | os.PathLike) -> MonitorLog:
     """
     p = Path(path)
     if not p.is_file():
-        raise DataError("no such file" if not p.exists() else "is not a file", field="log", value=str(p))
+        raise DataError(f"{p}: {'no such file' if not p.exists() else 'not a file'}")
     with p.open("rb") as fh:
         first = fh.read(1)
     if not first:
-        raise DataError("is empty", field="log", value=str(p))
+        raise DataError(f"{p}: the file is empty")
     return _read_jsonl(p) if first == b"{" else _read_csv(p)
 
 

@@ -1,0 +1,153 @@
+"""``naig monitor``: read the records the monitor wrote (``naig.monitor.records``).
+
+``naig monitor report LOG`` reads a monitor JSONL or CSV file and prints one row per rank: steps
+seen, steps flagged, the tests that fired, each signal's largest score (z/threshold: a test
+fires above 1; ∞ for a non-finite gradient), the last flagged step and the host. ``--plot``
+draws each rank's scores over the steps with its flagged steps marked; ``--json`` prints the
+same table as one document. The library is imported inside the command (torch comes with it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from naig.errors import UsageError
+from naig_cli._common import JsonOpt, fmt_num, handle_errors, opt, print_json, printable, stdout
+
+if TYPE_CHECKING:
+    from naig.monitor.records import MonitorLog
+
+__all__ = ["app", "report", "EXAMPLES", "REPORT_SCHEMA"]
+
+REPORT_SCHEMA = 1  # of the `naig monitor report --json` document
+EXAMPLES = """**Examples**
+
+```
+naig monitor report monitor.jsonl                 # a row per rank
+naig monitor report monitor.csv --plot ranks.png  # scores over steps
+naig monitor report monitor.jsonl --json          # one JSON document
+```
+"""
+
+app = typer.Typer(name="monitor", help="Read the records of naig.monitor (per-rank gradient signals).",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode="markdown")
+
+
+@app.command("report", epilog=EXAMPLES)
+@handle_errors
+def report(
+    log: Annotated[Path, typer.Argument(help="A monitor record: JSONL (JsonlRecords) or CSV (CsvRecords).",
+                                        show_default=False)],
+    plot: Annotated[str | None, opt("--plot", "Write each rank's scores over the steps, flags marked, to "
+                                    "PATH (.png, .pdf, .svg).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Per-rank table of a monitor log: steps, flags, max score per signal, last flagged step, host.
+
+    A score is a test's robust z over its threshold (a test fires above 1; ∞: a non-finite
+    gradient); the max is over the log's steps and the two scores (relative to the other ranks,
+    individual against the rank's own history). A truncated or corrupt log is a one-line error
+    naming the file and line. In --json, non-finite scores are the strings "Infinity" and "NaN",
+    as in the log.
+    """
+    _check_plot(plot, log)
+    from naig.monitor.records import encode, read_log
+
+    data = read_log(log)
+    rows = data.rank_rows()
+    if json_out:
+        print_json({"schema_version": REPORT_SCHEMA, "log": printable(str(data.path)), "format": data.format,
+                    "world": data.world, "steps": len(data.steps),
+                    "first_step": int(data.steps[0]) if len(data.steps) else None,
+                    "last_step": int(data.steps[-1]) if len(data.steps) else None,
+                    "signals": list(data.scores), "ranks": encode(printable(rows))})
+    else:
+        _table(data, rows)
+    if plot is not None:
+        _plot(data, plot)
+        if not json_out:
+            stdout.print(f"plot: {escape(printable(plot))}")
+
+
+def _check_plot(plot: str | None, log: Path) -> None:
+    """Refuse a --plot target before reading the log (matplotlib missing, suffix, folder, the log itself)."""
+    if plot is None:
+        return
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("needs matplotlib; install it with pip install naig[plot]", field="plot")
+    p = Path(plot)
+    if p.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise UsageError("use a .png, .pdf or .svg file name, e.g. ranks.png", field="plot", value=plot)
+    if not p.absolute().parent.is_dir() or p.is_dir():
+        raise UsageError("its folder must exist and it must not be a directory", field="plot", value=plot)
+    if p.exists() and log.exists() and p.resolve() == log.resolve():
+        raise UsageError("would overwrite the log; choose another path", field="plot", value=plot)
+
+
+def _score(v: float) -> str:
+    return "∞" if v == math.inf else fmt_num(v, ".3g")
+
+
+def _table(data: MonitorLog, rows: list[dict]) -> None:
+    first, last = (int(data.steps[0]), int(data.steps[-1])) if len(data.steps) else (None, None)
+    title = (f"{escape(printable(str(data.path)))}: {data.format}, K = {data.world} ranks, "
+             f"{len(data.steps)} steps ({first}..{last})")
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for c in ("rank", "host", "steps", "flagged", "flags"):
+        t.add_column(c, justify="right" if c in ("rank", "steps", "flagged") else "left")
+    for s in data.scores:
+        t.add_column(f"max {s}", justify="right")
+    t.add_column("last flagged", justify="right")
+    for r in rows:
+        flags = ", ".join(f"{k} ×{n}" for k, n in sorted(r["flags"].items())) or "—"
+        style = "red" if r["flagged_steps"] else None
+        t.add_row(str(r["rank"]), escape(printable(r["host"])) or "—", str(r["steps"]),
+                  str(r["flagged_steps"]), escape(flags), *(_score(r["max_score"][s]) for s in data.scores),
+                  str(r["last_flagged"]) if r["last_flagged"] is not None else "—", style=style)
+    stdout.print(t)
+    stdout.print("score = robust z / its threshold (a test fires above 1; ∞: a non-finite gradient); "
+                 "flags: signal/score ×steps")
+
+
+def _plot(data: MonitorLog, path: str) -> None:
+    """One panel per signal: each rank's score over the steps (symlog), × where that signal (or a
+    non-finite gradient) flagged the rank."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = list(data.scores)
+    fig, axes = plt.subplots(len(names), 1, figsize=(8, 2.4 * len(names) + 0.6), sharex=True, squeeze=False)
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        y = data.scores[name]
+        finite = y[np.isfinite(y)]
+        top = max(float(finite.max()) if len(finite) else 1.0, 1.0) * 2
+        for k in range(data.world):
+            col = f"C{k % 10}"
+            shown = np.where(np.isinf(y[:, k]), top, y[:, k])  # a non-finite gradient at the top edge
+            host = f" ({data.hosts[k]})" if k < len(data.hosts) and data.hosts[k] else ""
+            ax.plot(data.steps, shown, color=col, lw=1, label=f"rank {k}{host}")
+            hit = np.array([any(r == k and sig in (name, "nonfinite") for r, sig, _ in f)
+                            for f in data.flags], dtype=bool)
+            ax.plot(data.steps[hit], shown[hit], "x", color=col, ms=8, mew=2)
+        ax.axhline(1.0, color="k", ls="--", lw=0.8)
+        ax.set_yscale("symlog", linthresh=1.0, linscale=2.0)
+        ax.set_ylabel(f"{name} score")
+    axes[0, 0].legend(fontsize=7, ncol=min(data.world, 4), loc="upper left")
+    axes[-1, 0].set_xlabel("step")
+    fig.suptitle(f"{data.path.name}: score = z/threshold (fires above the dashed line), × flagged, "
+                 "non-finite at the top edge", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

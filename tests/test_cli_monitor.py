@@ -1,0 +1,87 @@
+"""`naig monitor report` end to end: real subprocesses on logs the record writers wrote."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from naig.monitor import Detector, Monitor, rank_signals
+from naig.monitor.records import CsvRecords, JsonlRecords, Records, read_log
+from tests.conftest import assert_one_line_error, run_naig
+
+WORLD, BAD_RANK, BAD_STEP, NAN_RANK, NAN_STEP, STEPS = 3, 2, 9, 0, 11, 12
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory) -> tuple:
+    """A JSONL and a CSV of 12 steps of 3 ranks: rank 2 ×1000 at step 9, a NaN on rank 0 at step 11."""
+    d = tmp_path_factory.mktemp("logs")
+    rng = np.random.default_rng(3)
+    proj = rng.standard_normal((100, 14)) / math.sqrt(14)
+    mon = Monitor(window=4)
+    Records(JsonlRecords(d / "m.jsonl"), CsvRecords(d / "m.csv")).attach(mon)
+    mon.detector = Detector(WORLD, window=4)  # what Monitor.observe builds at its first step
+    for step in range(1, STEPS + 1):
+        g = 1.0 + 0.1 * rng.standard_normal((WORLD, 100))
+        g[BAD_RANK] *= 1000.0 if step == BAD_STEP else 1.0
+        g[NAN_RANK, 0] = np.nan if step == NAN_STEP else g[NAN_RANK, 0]
+        sig = rank_signals(np.nan_to_num(g) @ proj, (g * g).sum(1), (~np.isfinite(g)).sum(1))
+        mon.callback(sig, mon.detector.update(sig))
+    mon.callback = None
+    return d / "m.jsonl", d / "m.csv"
+
+
+def test_report_json_names_the_bad_ranks(logs) -> None:
+    jsonl, csv_path = logs
+    docs = []
+    for path in logs:
+        r = run_naig("monitor", "report", path, "--json")
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        docs.append(json.loads(r.stdout))
+    a, b = docs
+    assert (a["format"], b["format"]) == ("jsonl", "csv") and a["ranks"] == b["ranks"]
+    assert a["world"] == WORLD and a["steps"] == STEPS and a["schema_version"] == 1
+    rows = {r["rank"]: r for r in a["ranks"]}
+    expected = read_log(jsonl).rank_rows()  # the library's table, which the command prints
+    assert [r["flagged_steps"] for r in rows.values()] == [r["flagged_steps"] for r in expected]
+    assert rows[BAD_RANK]["last_flagged"] == BAD_STEP and rows[BAD_RANK]["flagged_steps"] >= 1
+    assert rows[NAN_RANK]["flags"]["nonfinite"] == 1 and rows[NAN_RANK]["max_score"]["norm"] == "Infinity"
+    assert rows[1]["flagged_steps"] == 0 and all(v < 1 for v in rows[1]["max_score"].values())
+
+
+def test_report_table_and_plot(logs, tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "ranks.png"
+    r = run_naig("monitor", "report", logs[0], "--plot", png)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    for needle in ("K = 3 ranks, 12 steps (1..12)", "max energy", "last flagged", "nonfinite ×1", "∞",
+                   f"plot: {png}"):
+        assert needle in r.stdout, needle
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_truncated_and_corrupt_logs_are_one_line_data_errors(logs, tmp_path) -> None:
+    lines = logs[0].read_text().splitlines(keepends=True)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(lines[:4]) + lines[4][:50])
+    assert_one_line_error(run_naig("monitor", "report", cut), 1, "cut.jsonl, line 5", "truncated")
+    rows = logs[1].read_text().splitlines(keepends=True)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("".join(rows[:3]) + "x,1" + rows[3][3:] + "".join(rows[4:]))
+    assert_one_line_error(run_naig("monitor", "report", bad), 1, "bad.csv, line 4", "not a monitor row")
+    assert_one_line_error(run_naig("monitor", "report", tmp_path / "none.jsonl"), 1, "no such file")
+
+
+def test_usage_errors(logs, tmp_path) -> None:
+    assert_one_line_error(run_naig("monitor", "report", logs[0], "--plot", tmp_path / "x.gif"), 2, "--plot",
+                          ".png")
+    assert_one_line_error(run_naig("monitor", "report", logs[0], "--plot", tmp_path / "no" / "x.png"), 2,
+                          "--plot", "folder must exist")
+    assert_one_line_error(run_naig("monitor", "report"), 2, "Missing argument", "naig monitor report --help")
+
+
+def test_help_has_examples() -> None:
+    r = run_naig("monitor", "report", "--help")
+    assert r.returncode == 0 and "naig monitor report monitor.csv --plot ranks.png" in r.stdout
+    assert "monitor" in run_naig("--help").stdout
