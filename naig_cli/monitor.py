@@ -2,7 +2,8 @@
 
 ``naig monitor report LOG`` reads a monitor JSONL or CSV file and prints one row per rank: steps
 seen, steps flagged, the tests that fired, each signal's largest score (z/threshold: a test
-fires above 1; ∞ for a non-finite gradient), the last flagged step and the host. ``--plot``
+fires above 1; ∞ for a non-finite gradient), the last flagged step, the host and (when the
+integration placed it) the bucket and parameters of the last flag. ``--plot``
 draws each rank's scores over the steps with its flagged steps marked; ``--json`` prints the
 same table as one document. The library is imported inside the command (torch comes with it).
 """
@@ -107,12 +108,16 @@ def _table(data: MonitorLog, rows: list[dict]) -> None:
     for s in data.scores:
         t.add_column(f"max {s}", justify="right")
     t.add_column("last flagged", justify="right")
+    placed = any(r["where"] for r in rows)
+    if placed:
+        t.add_column("where (last flag)", overflow="fold")
     for r in rows:
         flags = ", ".join(f"{k} ×{n}" for k, n in sorted(r["flags"].items())) or "—"
         style = "red" if r["flagged_steps"] else None
         t.add_row(str(r["rank"]), escape(printable(r["host"])) or "—", str(r["steps"]),
                   str(r["flagged_steps"]), escape(flags), *(_score(r["max_score"][s]) for s in data.scores),
-                  str(r["last_flagged"]) if r["last_flagged"] is not None else "—", style=style)
+                  str(r["last_flagged"]) if r["last_flagged"] is not None else "—",
+                  *([escape(printable(r["where"])) or "—"] if placed else []), style=style)
     stdout.print(t)
     stdout.print("score = robust z / its threshold (a test fires above 1; ∞: a non-finite gradient); "
                  "flags: signal/score ×steps")

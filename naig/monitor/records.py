@@ -30,15 +30,17 @@ gradient noise scale).
 **JSONL** (``JsonlRecords``, schema ``SCHEMA_VERSION``): one JSON object per line, flushed per
 step. The first line of a run is a header ``{"type": "header", "schema", "naig", "created",
 "world", "hosts", "monitor", "step_offset"}`` (``monitor``: its settings: blocks, seed, line,
-batch, action, false_alarm, window, signals, scores, timeout). Then one line per step:
-``{"type": "step", "step", "action", "flagged", "flags", "summary", "scores", "weights",
-"relative", "individual", "signals"}`` with ``flags`` a list of ``{"rank", "signal", "score", "z",
-"threshold"}``, ``scores`` and ``relative``/``individual`` signal → (K,) lists, ``weights`` the
-(K,) π, and ``signals`` ``RankSignals.to_dict()`` (per rank: nonfinite, usable, reference,
-sq_norm, rel_norm, energy, cos, sq_dist; ``kinds``: which are exact and which sketch estimates;
-the noise scale). Non-finite floats are written as the strings ``"NaN"``, ``"Infinity"``,
-``"-Infinity"`` (Python's names; ``float()`` reads them back), so every line is strict JSON.
-``append=True`` continues an existing file: a new header line, steps numbered after its last.
+batch, action, false_alarm, window, signals, scores, timeout). Then one line per step: ``{"type":
+"step", "step", "action", "flagged", "flags", "where", "summary", "scores", "weights", "relative",
+"individual", "signals"}`` with ``flags`` a list of ``{"rank", "signal", "score", "z",
+"threshold"}``, ``where`` rank → where the integration places a flagged rank's departure (a DDP
+bucket and its parameters; ``{}`` when not placed), ``scores`` and ``relative``/``individual``
+signal → (K,) lists, ``weights`` the (K,) π, and ``signals`` ``RankSignals.to_dict()`` (per rank:
+nonfinite, usable, reference, sq_norm, rel_norm, energy, cos, sq_dist; ``kinds``: which are exact
+and which sketch estimates; the noise scale). Non-finite floats are written as the strings
+``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (Python's names; ``float()`` reads them back), so every
+line is strict JSON. ``append=True`` continues an existing file: a new header line, steps numbered
+after its last.
 
 **CSV** (``CsvRecords``): one row per rank per step, columns ``CSV_COLUMNS``; non-finite values as
 ``nan``/``inf``.
@@ -80,8 +82,8 @@ SCHEMA_VERSION = 1
 PREFIX = "naig_monitor/"
 _ENCODED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _PER_RANK = ("nonfinite", "usable", "sq_norm", "rel_norm", "energy", "cos", "sq_dist")
-CSV_COLUMNS = ("step", "rank", "host", "flagged", "flags", *_PER_RANK, "cos_kind", "sq_dist_kind", "weight",
-               *(f"score_{s}" for s in SIGNALS), *(f"{c}_{s}" for s in SIGNALS for c in SCORES),
+CSV_COLUMNS = ("step", "rank", "host", "flagged", "flags", "where", *_PER_RANK, "cos_kind", "sq_dist_kind",
+               "weight", *(f"score_{s}" for s in SIGNALS), *(f"{c}_{s}" for s in SIGNALS for c in SCORES),
                "max_score", "k_eff", "b_simple")
 """The CSV header: one row per rank per step."""
 
@@ -197,6 +199,7 @@ def step_record(sig: RankSignals, decision: Decision, *, alpha: float, window: i
             "flagged": list(decision.ranks),
             "flags": [{"rank": f.rank, "signal": f.signal, "score": f.score, "z": f.z,
                        "threshold": f.threshold} for f in decision.flags],
+            "where": {str(r): text for r, text in decision.where.items()},
             "summary": summary, "scores": scores, "weights": pi.tolist(),
             "relative": {k: list(v) for k, v in decision.relative.items()},
             "individual": {k: list(v) for k, v in decision.individual.items()}, "signals": sig.to_dict()}
@@ -450,8 +453,8 @@ class CsvRecords(RecordWriter):
         for k in range(sig["world"]):
             flags = [f"{f['signal']}/{f['score']}" for f in record["flags"] if f["rank"] == k]
             row = [record["step"], k, self._hosts[k] if k < len(self._hosts) else "", int(k in s["flagged"]),
-                   ";".join(flags), *(_cell(sig[q][k]) for q in _PER_RANK), sig["kinds"]["cos"],
-                   sig["kinds"]["sq_dist"], _cell(record["weights"][k]),
+                   ";".join(flags), record["where"].get(str(k), ""), *(_cell(sig[q][k]) for q in _PER_RANK),
+                   sig["kinds"]["cos"], sig["kinds"]["sq_dist"], _cell(record["weights"][k]),
                    *(_cell(record["scores"].get(n, [math.nan] * sig["world"])[k]) for n in SIGNALS),
                    *(_cell(record[c].get(n, [math.nan] * sig["world"])[k]) for n in SIGNALS for c in SCORES),
                    _cell(s["max_score"]), _cell(s["k_eff"]), _cell(s["b_simple"])]
@@ -609,6 +612,8 @@ class MonitorLog:
         scores: signal → (S, K) float64 scores (z/threshold; +inf for a non-finite rank, NaN unscored).
         flagged: (S, K) bool, the ranks the decision named.
         flags: per step, the ``(rank, signal, score)`` of every test that fired.
+        where: per step, rank → where its gradient departs most (a bucket and its parameters),
+            for the flagged ranks the integration could place.
         k_eff: (S,) float64 K_eff of each step.
     """
 
@@ -620,11 +625,13 @@ class MonitorLog:
     scores: dict[str, np.ndarray]
     flagged: np.ndarray
     flags: tuple[tuple[tuple[int, str, str], ...], ...]
+    where: tuple[dict[int, str], ...]
     k_eff: np.ndarray
 
     def rank_rows(self) -> list[dict]:
         """One dict per rank: rank, host, steps, flagged_steps, flags (``signal/score`` → count),
-        max_score (signal → max over steps, NaN when never scored), last_flagged (step or None)."""
+        max_score (signal → max over steps, NaN when never scored), last_flagged (step or None),
+        where (at the last flagged step, "" when not placed)."""
         rows = []
         for k in range(self.world):
             counts: dict[str, int] = {}
@@ -637,7 +644,8 @@ class MonitorLog:
             rows.append({"rank": k, "host": self.hosts[k] if k < len(self.hosts) else "",
                          "steps": int(len(self.steps)), "flagged_steps": int(len(hit)), "flags": counts,
                          "max_score": {s: _nanmax(v[:, k]) for s, v in self.scores.items()},
-                         "last_flagged": int(self.steps[hit[-1]]) if len(hit) else None})
+                         "last_flagged": int(self.steps[hit[-1]]) if len(hit) else None,
+                         "where": self.where[hit[-1]].get(k, "") if len(hit) else ""})
         return rows
 
 
@@ -708,11 +716,12 @@ def _step_row(p: Path, i: int, obj: dict, world: int) -> tuple:
         flags = tuple((int(f["rank"]), str(f["signal"]), str(f["score"])) for f in obj["flags"])
         scores = {str(s): np.asarray(v, dtype=np.float64) for s, v in obj["scores"].items()}
         keff = float(obj["summary"]["k_eff"])
+        where = {int(r): str(text) for r, text in obj.get("where", {}).items()}
     except (KeyError, TypeError, ValueError) as exc:
         raise _bad(p, i, f"a step record without a valid {exc}") from None
     if any(v.shape != (world,) for v in scores.values()) or any(not 0 <= r < world for r in flagged):
         raise _bad(p, i, f"a step record that is not for {world} ranks")
-    return step, flagged, flags, scores, keff
+    return step, flagged, flags, scores, keff, where
 
 
 def _read_csv(p: Path) -> MonitorLog:
@@ -738,7 +747,7 @@ def _read_csv(p: Path) -> MonitorLog:
         if sorted(d["ranks"]) != list(range(world)):
             raise DataError(f"{p}: step {step} has rows for ranks {sorted(d['ranks'])}, not 0..{world - 1}")
         scores = {s: np.array([d["scores"][k][s] for k in range(world)]) for s in SIGNALS}
-        rows.append((step, d["flagged"], tuple(d["flags"]), scores, d["k_eff"]))
+        rows.append((step, d["flagged"], tuple(d["flags"]), scores, d["k_eff"], d["where"]))
     return _log(p, "csv", world, tuple(hosts[k] for k in range(world)), rows)
 
 
@@ -754,10 +763,13 @@ def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], by_step: d
             raise ValueError(f"rank {rank}")
     except ValueError as exc:
         raise _bad(p, line, f"not a monitor row ({exc})") from None
-    d = by_step.setdefault(step, {"ranks": [], "flagged": [], "flags": [], "scores": {}, "k_eff": keff})
+    d = by_step.setdefault(step, {"ranks": [], "flagged": [], "flags": [], "scores": {}, "k_eff": keff,
+                                  "where": {}})
     if rank in d["ranks"]:
         raise _bad(p, line, f"a second row for step {step}, rank {rank}")
     d["ranks"].append(rank)
+    if row[col["where"]]:
+        d["where"][rank] = row[col["where"]]
     d["scores"][rank] = scores
     if flagged:
         d["flagged"].append(rank)
@@ -774,4 +786,5 @@ def _log(p: Path, fmt: str, world: int, hosts: tuple[str, ...], rows: list[tuple
     for i, r in enumerate(rows):
         flagged[i, r[1]] = True
     return MonitorLog(p, fmt, world, hosts, np.array([r[0] for r in rows], dtype=np.int64), scores, flagged,
-                      tuple(r[2] for r in rows), np.array([r[4] for r in rows], dtype=np.float64))
+                      tuple(r[2] for r in rows), tuple(r[5] for r in rows),
+                      np.array([r[4] for r in rows], dtype=np.float64))
