@@ -1,0 +1,162 @@
+"""Ranks for tests/test_monitor_ddp.py: ``MonitorHook`` inside DistributedDataParallel on real processes.
+
+``python -m tests.monitor_ddp_ranks OUT.json`` makes this process rank 0 of 3 and starts ranks 1
+and 2 (the same module). Every rank trains a small MLP (8 → 64 → 64 → 4, small DDP buckets: several
+buckets per step) with Adam on its own random batches for ``STEPS`` steps, in these runs:
+
+- ``plain``: DDP without a hook; ``log``: the hook (per bucket, sketch estimates);
+  ``log_exact``: the hook (one gather per step, exact dots); both must end bit-identical to plain;
+- ``nan`` / ``scale`` / ``flip``: at step ``BAD_STEP`` rank ``BAD_RANK``'s gradient gets a NaN,
+  ×1000 or its sign flipped (a tensor hook on the parameters, before DDP sees it); ``flip`` uses
+  1024 examples per rank so that the ranks' gradients agree;
+- ``skip`` / ``raise`` / ``exclude`` / ``warn``: the NaN (×1000 for exclude) with that action.
+
+The detectors' window is ``WINDOW`` (the individual scores start at step WINDOW + 1). Every
+collective of the script waits at most ``TIMEOUT`` seconds. Rank 0 writes what each rank saw.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from naig.distributed.launch import process_group
+from naig.monitor import BadRankError, Monitor, MonitorHook
+
+WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 12, 12, 8, 30.0
+BUCKET_MB = 0.005  # 5 kB buckets: 4 or 5 buckets per step
+
+
+def _wait(work: dist.Work) -> None:
+    work.wait(timeout=timedelta(seconds=TIMEOUT))
+
+
+def _gather(x: torch.Tensor) -> list[list]:
+    out = [torch.empty_like(x) for _ in range(WORLD)]
+    _wait(dist.all_gather(out, x, async_op=True))
+    return torch.stack(out).tolist()
+
+
+def _batch(rank: int, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(10_000 * rank + step)
+    x = torch.randn(size, 8, generator=g)
+    return x, (x[:, :4].sum(1) > 0).long() + 2 * (x[:, 4:].sum(1) > 0).long()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4))
+
+
+def _flat(ts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in ts])
+
+
+def _run(rank: int, kind: str, action: str | None = None, size: int = 16, **hook_args: object) -> dict:
+    model = _model()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_MB)
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
+    records: list = []
+    hook = None
+    if action is not None:
+        mon = Monitor(window=WINDOW, action=action, timeout=TIMEOUT,
+                      callback=lambda s, d: records.append((s, d)))
+        hook = MonitorHook(model, monitor=mon, **hook_args).register(ddp)
+        hook.attach(opt)
+    local: dict[str, torch.Tensor] = {}
+    state = {"step": 0}
+
+    def grad_hook(name: str, index: int):
+        def fn(g: torch.Tensor) -> torch.Tensor:
+            if rank == BAD_RANK and state["step"] == BAD_STEP:
+                g = g.clone()
+                if kind == "nan" and index == 0:
+                    g.view(-1)[3] = float("nan")
+                elif kind == "scale":
+                    g = g * 1000.0
+                elif kind == "flip":
+                    g = -g
+            local[name] = g.detach().clone()
+            return g
+        return fn
+
+    for i, (n, p) in enumerate(model.named_parameters()):
+        p.register_hook(grad_hook(n, i))
+    out: dict = {"flagged": [], "describe": [], "grads": [], "payloads": [], "signals": [], "where": []}
+    for step in range(1, STEPS + 1):
+        state["step"] = step
+        x, y = _batch(rank, step, size)
+        opt.zero_grad()
+        err = None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            before = _flat(list(model.parameters())).clone()
+            synced = _flat([p.grad for p in model.parameters()]).clone()
+            try:
+                opt.step()
+            except BadRankError as exc:
+                err = str(exc)
+        after = _flat(list(model.parameters()))
+        out["grads"].append(_gather(_flat([local[n] for n, _ in model.named_parameters()])))
+        if hook is not None:
+            mask = torch.zeros(WORLD)
+            mask[list(hook.decision.ranks)] = 1.0
+            out["flagged"].append(_gather(mask))
+            out["describe"].append(hook.decision.describe())
+            out["payloads"].append(hook.monitor.gathered.tolist())
+            out["signals"].append(hook.monitor.signals.to_dict())
+            out["where"].append({str(k): v for k, v in hook.decision.where.items()})
+        if step == BAD_STEP:
+            out["unchanged"] = _gather(torch.tensor([float(torch.equal(before, after))]))
+            out["adam_steps"] = _gather(torch.tensor([float(max(
+                int(s["step"]) for s in opt.state.values()))]))
+            out["error"] = _gather(torch.tensor([float(err is not None)]))
+            out["error_text"] = err
+            out["warnings"] = [str(w.message) for w in caught if w.category is UserWarning]
+            out["synced"] = synced.tolist()
+    out["params"] = _flat(list(model.parameters())).tolist()
+    out["names"] = [n for n, _ in model.named_parameters()]
+    out["shapes"] = {n: list(p.shape) for n, p in model.named_parameters()}
+    if hook is not None:
+        out["hosts"] = list(hook.monitor.hosts)
+        out["buckets"] = [list(p.names) for p in hook.parts]
+        out["extra_bytes"] = hook.extra_bytes
+        out["exact"] = sorted(hook.monitor.signals.exact)
+        out["n_records"] = len(records)
+    return out
+
+
+RUNS = {
+    "plain": dict(kind="none"),
+    "log": dict(kind="none", action="log"),
+    "log_exact": dict(kind="none", action="log", exact=True, per_bucket=False),
+    "nan": dict(kind="nan", action="log"),
+    "scale": dict(kind="scale", action="log"),
+    "flip": dict(kind="flip", action="log", size=1024),
+    "skip": dict(kind="nan", action="skip"),
+    "raise": dict(kind="nan", action="raise"),
+    "exclude": dict(kind="scale", action="exclude"),
+    "warn": dict(kind="scale", action="warn"),
+}
+
+
+def main(out: str) -> None:
+    argv = [sys.executable, "-m", "tests.monitor_ddp_ranks", out]
+    with process_group(WORLD, argv, timeout=TIMEOUT) as (rank, _):
+        runs = {name: _run(rank, **args) for name, args in RUNS.items()}
+        if rank == 0:
+            doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "window": WINDOW, "runs": runs}
+            with open(out, "w") as fh:
+                json.dump(doc, fh)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

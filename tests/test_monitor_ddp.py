@@ -1,0 +1,203 @@
+"""naig.monitor.ddp: ``MonitorHook`` inside DistributedDataParallel, on 3 real gloo processes and alone.
+
+tests/monitor_ddp_ranks.py trains a small MLP (2 DDP buckets per step) for 12 steps per run; the
+detectors' window is 8; rank 2 corrupts its gradient at step 12. Measured there: NaN and ×1000
+are named alone at step 12 on every rank (×1000 by the individual norm and energy scores: with
+K = 3 the relative score has 2 references and a threshold of thousands); a sign flip is named by
+the individual cos score (z ≈ 35 > 22) when the ranks' gradients agree (1024 examples per rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from naig.errors import UsageError
+from naig.monitor import Monitor, MonitorHook, monitor_comm_hook, rank_signals
+from naig.sketch import sketch_state_dict
+from tests.conftest import run_ranks
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> dict:
+    return run_ranks("tests.monitor_ddp_ranks", tmp_path_factory.mktemp("monitor_ddp"), timeout=240)
+
+
+def _flagged_steps(run: dict) -> dict[int, list[list[float]]]:
+    return {i + 1: views for i, views in enumerate(run["flagged"]) if any(any(v) for v in views)}
+
+
+def test_log_mode_is_bit_identical_to_plain_ddp(ranks: dict) -> None:
+    runs = ranks["runs"]
+    assert runs["log"]["params"] == runs["plain"]["params"]
+    assert runs["log_exact"]["params"] == runs["plain"]["params"]
+    assert not _flagged_steps(runs["log"]) and not _flagged_steps(runs["log_exact"])
+
+
+@pytest.mark.parametrize("kind", ["nan", "scale", "flip", "skip", "raise", "exclude", "warn"])
+def test_every_rank_names_the_bad_rank_at_its_step_and_none_before(ranks: dict, kind: str) -> None:
+    run, bad, step, world = ranks["runs"][kind], ranks["bad_rank"], ranks["bad_step"], ranks["world"]
+    expected = [1.0 if r == bad else 0.0 for r in range(world)]
+    assert _flagged_steps(run) == {step: [expected] * world}, run["describe"][-1]
+    line = run["describe"][step - 1]
+    assert f"rank {bad} on {run['hosts'][bad]} in bucket " in line and "parameters)" in line
+
+
+def test_nan_is_located_in_its_bucket(ranks: dict) -> None:
+    run = ranks["runs"]["nan"]
+    where = run["where"][ranks["bad_step"] - 1][str(ranks["bad_rank"])]
+    bucket = next(b for b in run["buckets"] if "0.weight" in b)  # the NaN is in the first parameter
+    assert where.startswith(f"bucket {run['buckets'].index(bucket)} (")
+    assert "non-finite" in run["describe"][-1]
+
+
+def test_skip_leaves_parameters_and_optimizer_state_unchanged_on_every_rank(ranks: dict) -> None:
+    run, step = ranks["runs"]["skip"], ranks["bad_step"]
+    assert run["unchanged"] == [[1.0]] * ranks["world"]
+    assert run["adam_steps"] == [[float(step - 1)]] * ranks["world"]  # Adam's state skipped the step too
+    assert ranks["runs"]["log"]["unchanged"] == [[0.0]] * ranks["world"]  # a normal step does change them
+
+
+def test_raise_raises_on_every_rank_before_the_update(ranks: dict) -> None:
+    run = ranks["runs"]["raise"]
+    assert run["error"] == [[1.0]] * ranks["world"] and run["unchanged"] == [[1.0]] * ranks["world"]
+    assert run["error_text"].startswith(f"step {ranks['bad_step']}: rank {ranks['bad_rank']} on ")
+    assert "no update was applied" in run["error_text"]
+
+
+def test_exclude_all_reduces_the_mean_of_the_other_ranks(ranks: dict) -> None:
+    run, step, bad = ranks["runs"]["exclude"], ranks["bad_step"], ranks["bad_rank"]
+    grads = np.array(run["grads"][step - 1], dtype=np.float64)  # (K, n) every rank's own gradient
+    others = [r for r in range(ranks["world"]) if r != bad]
+    want = grads[others].mean(axis=0)
+    np.testing.assert_allclose(run["synced"], want, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(grads.mean(axis=0), want, rtol=1e-2)  # the plain mean would differ
+
+
+def test_warn_writes_one_line_on_rank_zero(ranks: dict) -> None:
+    run = ranks["runs"]["warn"]
+    assert len(run["warnings"]) == 1 and "\n" not in run["warnings"][0]
+    assert run["warnings"][0] == run["describe"][ranks["bad_step"] - 1]
+    assert all(not r["warnings"] for k, r in ranks["runs"].items() if k not in ("warn", "plain"))
+
+
+def test_bytes_beyond_ddps_own(ranks: dict) -> None:
+    runs = ranks["runs"]
+    buckets = len(runs["log"]["buckets"])
+    assert runs["log"]["extra_bytes"] == 128 * buckets and buckets >= 2
+    assert runs["log_exact"]["extra_bytes"] == 128 + 16
+
+
+@pytest.mark.parametrize("kind", ["log", "log_exact", "nan", "scale", "flip"])
+def test_signals_equal_a_single_process_float64_computation(ranks: dict, kind: str) -> None:
+    run = ranks["runs"][kind]
+    exact = kind == "log_exact"
+    assert ("cos" in run["exact"]) == exact
+    for grads, payload, recorded in zip(run["grads"], run["payloads"], run["signals"], strict=True):
+        g = np.array(grads, dtype=np.float64)  # (K, n): every rank's float32 gradient, exactly
+        states = [_split(row, run["shapes"]) for row in g]
+        sketches = np.stack([sketch_state_dict(s, 0, impl="numpy") for s in states])
+        with np.errstate(invalid="ignore", over="ignore"):
+            sq = (g * g).sum(1)
+        bad = (~np.isfinite(g)).sum(1)
+        p = np.array(payload)
+        # summed over buckets: agreement to float64 summation order
+        np.testing.assert_allclose(p[:, :14], sketches, rtol=1e-9, atol=1e-12 * np.nanmax(np.abs(sketches)))
+        np.testing.assert_allclose(p[:, 14], sq, rtol=1e-12)
+        np.testing.assert_array_equal(p[:, 15], bad)
+        if exact:
+            mean = g.mean(axis=0)  # DDP's all-reduced float32 mean, here in float64
+            mine = rank_signals(sketches, sq, bad, dots=g @ mean, sq_dists=((g - mean) ** 2).sum(1)).to_dict()
+            tol = 1e-5  # the float32 all-reduce against a float64 mean
+        else:
+            mine, tol = rank_signals(sketches, sq, bad).to_dict(), 1e-9
+        for key in ("sq_norm", "rel_norm", "energy", "cos", "sq_dist"):
+            np.testing.assert_allclose(recorded[key], mine[key], rtol=tol, atol=1e-12, err_msg=key)
+
+
+def _split(flat: np.ndarray, shapes: dict) -> dict[str, np.ndarray]:
+    out, i = {}, 0
+    for name, shape in shapes.items():
+        n = math.prod(shape)
+        out[name] = flat[i:i + n].reshape(shape)
+        i += n
+    return out
+
+
+# ----------------------------------------------------------------- one process (gloo, world 1)
+
+
+@contextlib.contextmanager
+def _group() -> Iterator[None]:
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _setup(action: str) -> tuple[torch.nn.Module, DistributedDataParallel, torch.optim.Optimizer,
+                                 MonitorHook]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    ddp = DistributedDataParallel(model)
+    hook = MonitorHook(model, Monitor(action=action, window=3))
+    ddp.register_comm_hook(state=hook, hook=monitor_comm_hook)  # what Lightning's DDPStrategy does
+    return model, ddp, torch.optim.Adam(ddp.parameters(), lr=0.1), hook
+
+
+def test_skip_applies_inside_a_closure_as_lightning_calls_step() -> None:
+    with _group():
+        model, ddp, opt, hook = _setup("skip")
+        hook.attach(opt)
+
+        def closure(scale: float) -> torch.Tensor:
+            opt.zero_grad()
+            loss = ddp(torch.ones(4, 3)).square().sum() * scale
+            loss.backward()
+            return loss
+
+        opt.step(lambda: closure(1.0))
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.step(lambda: closure(float("nan")))  # the backward runs inside step: skip after it
+        assert hook.decision.flagged and hook.decision.ranks == (0,)
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        opt.step(closure=lambda: closure(1.0))
+        assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("action", ["skip", "raise"])
+def test_skip_and_raise_without_an_attached_optimizer_are_refused(action: str) -> None:
+    with _group():
+        _, ddp, _, _ = _setup(action)
+        with pytest.raises(UsageError, match="attach") as err:
+            ddp(torch.ones(2, 3)).sum().backward()
+        assert err.value.field == "action"
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"module": "model"}, "module"), ({"monitor": "log"}, "monitor"), ({"exact": 1}, "exact"),
+    ({"per_bucket": "yes"}, "per_bucket"), ({"monitor": Monitor(action="exclude"), "exact": True}, "exact"),
+])
+def test_bad_arguments_are_usage_errors(kwargs: dict, field: str) -> None:
+    args = {"module": torch.nn.Linear(3, 2)} | kwargs
+    with pytest.raises(UsageError) as err:
+        MonitorHook(args.pop("module"), **args)
+    assert err.value.field == field
+
+
+def test_register_and_attach_refuse_other_objects() -> None:
+    hook = MonitorHook(torch.nn.Linear(3, 2))
+    with pytest.raises(UsageError) as err:
+        hook.register(torch.nn.Linear(3, 2))
+    assert err.value.field == "ddp"
+    with pytest.raises(UsageError) as err:
+        hook.attach("sgd")
+    assert err.value.field == "optimizer"
