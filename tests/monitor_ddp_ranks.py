@@ -6,10 +6,10 @@ buckets per step) with Adam on its own random batches for ``STEPS`` steps, in th
 
 - ``plain``: DDP without a hook; ``log``: the hook (per bucket, sketch estimates);
   ``log_exact``: the hook (one gather per step, exact dots); both must end bit-identical to plain;
-- ``nan`` / ``scale`` / ``flip``: at step ``BAD_STEP`` rank ``BAD_RANK``'s gradient gets a NaN,
-  ×1000 or its sign flipped (a tensor hook on the parameters, before DDP sees it); ``flip`` uses
-  1024 examples per rank so that the ranks' gradients agree;
-- ``skip`` / ``raise`` / ``exclude`` / ``warn``: the NaN (×1000 for exclude) with that action.
+- ``flip``: at step ``BAD_STEP`` rank ``BAD_RANK``'s gradient has its sign flipped (a tensor hook
+  on the parameters, before DDP sees it), with 1024 examples per rank so that the ranks agree;
+- ``skip`` / ``raise``: a NaN in one entry of its first parameter, with that action;
+- ``exclude`` / ``warn``: its gradient ×1000, with that action.
 
 The detectors' window is ``WINDOW`` (the individual scores start at step WINDOW + 1). Every
 collective of the script waits at most ``TIMEOUT`` seconds. Rank 0 writes what each rank saw.
@@ -138,8 +138,6 @@ RUNS = {
     "plain": dict(kind="none"),
     "log": dict(kind="none", action="log"),
     "log_exact": dict(kind="none", action="log", exact=True, per_bucket=False),
-    "nan": dict(kind="nan", action="log"),
-    "scale": dict(kind="scale", action="log"),
     "flip": dict(kind="flip", action="log", size=1024),
     "skip": dict(kind="nan", action="skip"),
     "raise": dict(kind="nan", action="raise"),

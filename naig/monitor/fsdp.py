@@ -1,0 +1,225 @@
+"""The monitor inside FSDP2 (``torch.distributed.fsdp.fully_shard``): a custom reduce-scatter.
+
+Call it on the root module after ``fully_shard``, then attach the optimizer::
+
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    watch = fully_shard_monitor(model, Monitor(action="skip"))
+    watch.attach(optimizer)
+
+FSDP2 reduces each FSDP module's gradients with one reduce-scatter per backward pass; its input
+is this rank's *unsharded* gradient of the module's parameters (each parameter cut into K row
+chunks, padded, chunk i of every parameter in row i: FSDP's ``chunk_cat`` layout). Through
+``FSDPModule.set_custom_reduce_scatter`` the monitor sees that input before the collective:
+
+1. it packs [S g | ‖g‖² | non-finite count] of this rank's part (the ``MonitorSketch`` of the
+   module's parameters, keyed by their names, its hash arrays permuted into the reduce-scatter
+   layout and zero-weighted on the padding: the sum over modules is the sketch of the whole
+   gradient, as ``Monitor.observe`` and ``MonitorHook`` compute it) and starts an all-gather
+   (``per_bucket=True``; ``False``: one all-gather of the sum per step);
+2. it calls the module's own reduce-scatter with the same tensors (FSDP's bytes, unchanged:
+   in ``log`` mode training is bit-identical);
+3. at the step's last reduce-scatter (every FSDP module with trainable parameters has reduced
+   once) it decides (``naig.monitor.ddp.GradientMonitor``), the same on every rank.
+
+**Actions**: ``log``, ``warn``, ``skip`` and ``raise`` as for DDP (``skip`` and ``raise`` through
+``attach(optimizer)``). ``exclude`` is refused: the decision needs the whole step's gradient,
+and FSDP has already reduce-scattered the earlier modules by then (holding them back would
+keep every unsharded gradient alive, FSDP's memory saving gone).
+
+**Sketched, not exact**: after the reduce-scatter a rank holds only its shard of ḡ; the exact
+⟨g_k, ḡ⟩ would need another gradient-sized collective (an all-gather of ḡ, or an all-to-all of
+the inputs with the same bytes as the reduce-scatter), so cos and distance are sketch
+estimates (``RankSignals.exact``).
+
+**HSDP** (a 2-D mesh: reduce-scatter within a shard group, then an all-reduce across
+replicas): every rank still reduce-scatters its own whole gradient first, so the custom
+reduce-scatter sees every rank's input; the monitor's all-gather runs over its own
+``Monitor(process_group=...)`` (default: every rank), so all ranks of all replicas are
+compared. ``set_all_reduce_hook`` is not used: it sees only the reduced output.
+
+**Requirements**: every FSDP module with trainable parameters reduces at every step (a module
+whose parameters got no gradient skips its reduce-scatter: set
+``set_reduce_scatter_unused_params(True)`` on it, else the step's decision waits); parameters
+sharded on dim 0 (the default ``Shard(0)``); one parameter group per module.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
+
+from naig.errors import DataError, UsageError
+from naig.monitor.ddp import GradientMonitor
+from naig.monitor.observe import Monitor
+from naig.monitor.signals import MonitorSketch, pack
+from naig.sketch.torch_sketch import TorchSketch
+
+__all__ = ["FSDPMonitor", "MonitorReduceScatter", "fully_shard_monitor"]
+
+
+def fully_shard_monitor(module: nn.Module, monitor: Monitor | None = None, *,
+                        per_bucket: bool = True) -> FSDPMonitor:
+    """Monitor every FSDP module under ``module`` (the root, after ``fully_shard``).
+
+    Args:
+        module: the root module; it and/or its submodules are ``FSDPModule``s.
+        monitor: the ``Monitor`` (default ``Monitor()``: log only).
+        per_bucket: one all-gather per FSDP module (names it) or one per step.
+
+    Returns:
+        The ``FSDPMonitor`` (``attach(optimizer)`` it for ``skip`` / ``raise``).
+
+    Raises:
+        UsageError: no FSDP module, ``exclude``, a parameter not sharded on dim 0, several
+            parameter groups in one module.
+    """
+    return FSDPMonitor(module, monitor, per_bucket=per_bucket)
+
+
+class FSDPMonitor(GradientMonitor):
+    """The monitor's state for FSDP2: one ``MonitorReduceScatter`` per FSDP module (see the module).
+
+    Attributes:
+        comms: the custom reduce-scatters, one per FSDP module with trainable parameters.
+    """
+
+    part_kind = "module"
+
+    def __init__(self, module: nn.Module, monitor: Monitor | None = None, *, per_bucket: bool = True) -> None:
+        super().__init__(module, monitor, per_bucket=per_bucket)
+        if self.action == "exclude":
+            raise UsageError("exclude needs the whole step's gradient before any reduction; FSDP2 reduce-"
+                             "scatters module by module (use skip or raise)", field="action", value="exclude")
+        self.comms: list[MonitorReduceScatter] = []
+        fqns = {id(m): n for n, m in module.named_modules()}
+        for sub in module.modules():
+            if not isinstance(sub, FSDPModule):
+                continue
+            groups = sub._get_fsdp_state()._fsdp_param_groups
+            if len(groups) > 1:
+                raise UsageError("an FSDP module with several parameter groups (shard_placement_fn "
+                                 "meshes) is not supported", field="module", value=fqns[id(sub)] or "root")
+            params = [fp for g in groups for fp in g.fsdp_params if fp.sharded_param.requires_grad]
+            if not params:
+                continue
+            comm = MonitorReduceScatter(self, len(self.comms), fqns[id(sub)] or "root", params,
+                                        groups[0]._reduce_scatter_comm)
+            sub.set_custom_reduce_scatter(comm)
+            self.comms.append(comm)
+        if not self.comms:
+            raise UsageError("no FSDP module with trainable parameters: call fully_shard first",
+                             field="module")
+        self._calls: set[int] = set()
+
+    def reduce(self, comm: MonitorReduceScatter, output: Tensor, input: Tensor, group: dist.ProcessGroup,
+               op: Any, async_op: bool) -> Any:
+        """One module: payload (and its gather), FSDP's own reduce-scatter, decide after the last."""
+        if not self._calls:
+            self._begin_step()
+        if comm.index in self._calls:
+            raise DataError(f"FSDP module {comm.fqn} reduced twice before every module reduced once: "
+                            "a module got no gradient this step; call set_reduce_scatter_unused_params(True) "
+                            "on it")
+        self._calls.add(comm.index)
+        world = group.size() if group is not None else 1
+        self._add_part(comm.index, comm.names, pack(input, comm.sketch(world, input)))
+        work = comm.inner(output, input, group, op, async_op)
+        if len(self._calls) == len(self.comms):
+            self._calls = set()
+            self._finish()
+        return work
+
+    def _label(self, part: int) -> str:
+        p = self.parts[part]
+        shown = ", ".join(p.names[:2]) + (", …" if len(p.names) > 2 else "")
+        return f"module {self.comms[p.index].fqn} ({shown}; {len(p.names)} parameters)"
+
+
+class MonitorReduceScatter:
+    """A ``torch.distributed.fsdp.ReduceScatter``: the monitor's payload, then the module's own one.
+
+    Args:
+        owner: the ``FSDPMonitor``.
+        index: this module's index among the monitored ones.
+        fqn: the module's name in the root (``root`` for the root).
+        params: the module's ``FSDPParam``s, in FSDP's order.
+        inner: the reduce-scatter FSDP would have used (called with the same tensors).
+
+    Raises:
+        UsageError: a parameter sharded on another dim than 0.
+    """
+
+    def __init__(self, owner: FSDPMonitor, index: int, fqn: str, params: list, inner: Any) -> None:
+        self.owner, self.index, self.fqn, self.inner = owner, index, fqn, inner
+        bad = [fp for fp in params if fp.fsdp_placement.dim != 0]
+        if bad:
+            dim = bad[0].fsdp_placement.dim
+            raise UsageError(f"parameters of {fqn} are sharded on dim {dim}; the monitor reads FSDP's "
+                             "Shard(0) layout only", field="module", value=fqn)
+        self.names = tuple(owner.names.get(id(fp.sharded_param), f"param{i}") for i, fp in enumerate(params))
+        self.sizes = tuple(tuple(fp._orig_size) for fp in params)
+        self._sketch: MonitorSketch | None = None
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """FSDP's own allocation (the module's reduce-scatter's)."""
+        return self.inner.allocate(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: Tensor, input_tensor: Tensor, group: dist.ProcessGroup, op: Any,
+                 async_op: bool = False) -> Any:
+        return self.owner.reduce(self, output_tensor, input_tensor, group, op, async_op)
+
+    def sketch(self, world: int, flat: Tensor) -> MonitorSketch:
+        """The module's sketch permuted into the reduce-scatter layout of ``world`` ranks (built once).
+
+        Raises:
+            DataError: the input's length is not that of every parameter's padded gradient.
+        """
+        if self._sketch is None or self._sketch.numel != flat.numel():
+            perm = layout_permutation(self.sizes, world)
+            if perm.size != flat.numel():
+                raise DataError(f"FSDP module {self.fqn} reduce-scattered {flat.numel()} values, its "
+                                f"parameters make {perm.size}: a parameter got no gradient; call "
+                                "set_reduce_scatter_unused_params(True) on it")
+            m = self.owner.monitor
+            layout = tuple(zip(self.names, (math.prod(s) for s in self.sizes), strict=True))
+            base = MonitorSketch.build(layout, m.seed, m.blocks, flat.device)
+            idx = torch.from_numpy(np.maximum(perm, 0)).to(flat.device)
+            keep = torch.from_numpy(perm >= 0).to(flat.device)
+            self._sketch = MonitorSketch(tuple(
+                TorchSketch(torch.where(keep, s.buckets[idx], 0), torch.where(keep, s.signs[idx], 0.0))
+                for s in base.sketches))
+        return self._sketch
+
+
+def layout_permutation(sizes: tuple[tuple[int, ...], ...], world: int) -> np.ndarray:
+    """Where each entry of FSDP's reduce-scatter input comes from in the parameters' flat layout.
+
+    FSDP pads each parameter's dim 0 to a multiple of ``world``, cuts it into ``world`` row
+    chunks and lays chunk i of every parameter in row i of the input (``chunk_cat``).
+
+    Args:
+        sizes: each parameter's unsharded shape, in FSDP's order.
+        world: K, the ranks of the reduce-scatter.
+
+    Returns:
+        (input length,) int64: the flat index of the entry, −1 for padding.
+    """
+    offsets = np.cumsum([0, *(math.prod(s) for s in sizes)])
+    rows = []
+    for i in range(world):
+        for s, off in zip(sizes, offsets[:-1], strict=False):
+            d0 = s[0] if s else 1
+            width = math.prod(s[1:]) if len(s) > 1 else 1
+            chunk = math.ceil(d0 / world)
+            r = np.arange(i * chunk, (i + 1) * chunk)
+            idx = off + r[:, None] * width + np.arange(width)[None, :]
+            rows.append(np.where((r < d0)[:, None], idx, -1).reshape(-1))
+    return np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, dtype=np.int64)

@@ -1,0 +1,131 @@
+"""Ranks for tests/test_monitor_fsdp.py: ``fully_shard_monitor`` inside FSDP2 on real processes (gloo, CPU).
+
+``python -m tests.monitor_fsdp_ranks OUT.json`` makes this process rank 0 of 3 and starts ranks 1
+and 2. Every rank trains a small MLP (8 → 64 → 64 → 5; ``fully_shard`` on each Linear and on the
+root; the last layer's 5 rows are padded to 6 for 3 ranks) with Adam on its own random batches
+for ``STEPS`` steps, in these runs:
+
+- ``plain``: FSDP2 without the monitor; ``log``: with it; ``log`` must end bit-identical;
+- ``scale`` / ``flip``: at step ``BAD_STEP`` rank ``BAD_RANK``'s loss is multiplied by 1000 or
+  −1 (its whole gradient); ``flip`` with 1024 examples per rank (the ranks agree);
+- ``skip`` / ``raise``: its loss multiplied by NaN, with that action.
+
+Each rank also computes its own gradient on an unsharded twin of the model at the same
+parameters (for the float64 comparison). Every collective of the script waits at most
+``TIMEOUT`` seconds. Rank 0 writes what each rank saw.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+from naig.distributed.launch import process_group
+from naig.monitor import BadRankError, Monitor
+from naig.monitor.fsdp import fully_shard_monitor
+
+WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 12, 12, 8, 30.0
+FACTOR = {"nan": float("nan"), "scale": 1000.0, "flip": -1.0}
+
+
+def _wait(work: dist.Work) -> None:
+    work.wait(timeout=timedelta(seconds=TIMEOUT))
+
+
+def _gather(x: torch.Tensor) -> list[list]:
+    out = [torch.empty_like(x) for _ in range(WORLD)]
+    _wait(dist.all_gather(out, x, async_op=True))
+    return torch.stack(out).tolist()
+
+
+def _batch(rank: int, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(10_000 * rank + step)
+    x = torch.randn(size, 8, generator=g)
+    return x, (x[:, :4].sum(1) > 0).long() + 2 * (x[:, 4:].sum(1) > 0).long()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 5))
+
+
+def _full(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+
+
+def _run(rank: int, kind: str, action: str | None = None, size: int = 16) -> dict:
+    model = _model()
+    for i in (0, 2, 4):
+        fully_shard(model[i])
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    watch = None
+    if action is not None:
+        watch = fully_shard_monitor(model, Monitor(window=WINDOW, action=action, timeout=TIMEOUT))
+        watch.attach(opt)
+    twin = _model()
+    out: dict = {"flagged": [], "describe": [], "grads": [], "payloads": [], "signals": []}
+    for step in range(1, STEPS + 1):
+        x, y = _batch(rank, step, size)
+        factor = FACTOR.get(kind, 1.0) if rank == BAD_RANK and step == BAD_STEP else 1.0
+        twin.load_state_dict(_full(model))
+        twin.zero_grad()
+        (nn.functional.cross_entropy(twin(x), y) * factor).backward()
+        out["grads"].append(_gather(torch.cat([p.grad.reshape(-1) for p in twin.parameters()])))
+        opt.zero_grad()
+        (nn.functional.cross_entropy(model(x), y) * factor).backward()
+        before = torch.cat([v.reshape(-1) for v in _full(model).values()])
+        err = None
+        try:
+            opt.step()
+        except BadRankError as exc:
+            err = str(exc)
+        after = torch.cat([v.reshape(-1) for v in _full(model).values()])
+        if watch is not None:
+            mask = torch.zeros(WORLD)
+            mask[list(watch.decision.ranks)] = 1.0
+            out["flagged"].append(_gather(mask))
+            out["describe"].append(watch.decision.describe())
+            out["payloads"].append(watch.monitor.gathered.tolist())
+            out["signals"].append(watch.monitor.signals.to_dict())
+        if step == BAD_STEP:
+            out["unchanged"] = _gather(torch.tensor([float(torch.equal(before, after))]))
+            out["error"] = _gather(torch.tensor([float(err is not None)]))
+            out["error_text"] = err
+    out["params"] = torch.cat([v.reshape(-1) for v in _full(model).values()]).tolist()
+    out["shapes"] = {n: list(p.shape) for n, p in twin.named_parameters()}
+    if watch is not None:
+        out["hosts"] = list(watch.monitor.hosts)
+        out["modules"] = [c.fqn for c in watch.comms]
+        out["extra_bytes"] = watch.extra_bytes
+    return out
+
+
+RUNS = {
+    "plain": dict(kind="none"),
+    "log": dict(kind="none", action="log"),
+    "scale": dict(kind="scale", action="log"),
+    "flip": dict(kind="flip", action="log", size=1024),
+    "skip": dict(kind="nan", action="skip"),
+    "raise": dict(kind="nan", action="raise"),
+}
+
+
+def main(out: str) -> None:
+    argv = [sys.executable, "-m", "tests.monitor_fsdp_ranks", out]
+    with process_group(WORLD, argv, timeout=TIMEOUT) as (rank, _):
+        runs = {name: _run(rank, **args) for name, args in RUNS.items()}
+        if rank == 0:
+            doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "runs": runs}
+            with open(out, "w") as fh:
+                json.dump(doc, fh)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

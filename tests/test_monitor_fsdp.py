@@ -1,0 +1,117 @@
+"""naig.monitor.fsdp: the monitor inside FSDP2 ``fully_shard`` on 3 real gloo processes (CPU), and alone.
+
+FSDP2 runs on CPU with gloo in torch 2.13 (reduce-scatter included). tests/monitor_fsdp_ranks.py
+trains a small MLP sharded per Linear for 12 steps per run (detectors' window 8); rank 2 corrupts
+its loss at step 12 (NaN, ×1000, or −1 with 1024 examples per rank). Measured there: all three
+named alone at step 12 on every rank (×1000 by the individual norm and energy scores, the flip by
+the individual cos score, z ≈ 29 > 22); the payloads' sketches equal the float64 sketch of each
+rank's unsharded gradient exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.fsdp  # noqa: F401  (registers torch.ops.fsdp.chunk_cat)
+from torch import nn
+
+from naig.errors import UsageError
+from naig.monitor import Monitor, rank_signals
+from naig.monitor.fsdp import fully_shard_monitor, layout_permutation
+from naig.sketch import sketch_state_dict
+from tests.conftest import run_ranks
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> dict:
+    return run_ranks("tests.monitor_fsdp_ranks", tmp_path_factory.mktemp("monitor_fsdp"), timeout=240)
+
+
+def _flagged_steps(run: dict) -> dict[int, list[list[float]]]:
+    return {i + 1: views for i, views in enumerate(run["flagged"]) if any(any(v) for v in views)}
+
+
+def test_log_mode_is_bit_identical_to_plain_fsdp(ranks: dict) -> None:
+    runs = ranks["runs"]
+    assert runs["log"]["params"] == runs["plain"]["params"]
+    assert not _flagged_steps(runs["log"]) and runs["log"]["modules"] == ["0", "2", "4"]
+    assert runs["log"]["extra_bytes"] == 128 * 3  # one 16-float payload per FSDP module
+
+
+@pytest.mark.parametrize("kind", ["scale", "flip", "skip", "raise"])
+def test_every_rank_names_the_bad_rank_at_its_step_and_none_before(ranks: dict, kind: str) -> None:
+    run, bad, step, world = ranks["runs"][kind], ranks["bad_rank"], ranks["bad_step"], ranks["world"]
+    expected = [1.0 if r == bad else 0.0 for r in range(world)]
+    assert _flagged_steps(run) == {step: [expected] * world}, run["describe"][-1]
+    assert f"rank {bad} on {run['hosts'][bad]} in module " in run["describe"][step - 1]
+
+
+def test_skip_leaves_parameters_unchanged_and_raise_raises_on_every_rank(ranks: dict) -> None:
+    world = ranks["world"]
+    assert ranks["runs"]["skip"]["unchanged"] == [[1.0]] * world
+    assert ranks["runs"]["skip"]["error"] == [[0.0]] * world
+    assert ranks["runs"]["raise"]["error"] == [[1.0]] * world
+    assert ranks["runs"]["raise"]["unchanged"] == [[1.0]] * world
+    assert ranks["runs"]["log"]["unchanged"] == [[0.0]] * world
+    assert "no update was applied" in ranks["runs"]["raise"]["error_text"]
+
+
+@pytest.mark.parametrize("kind", ["log", "skip", "scale", "flip"])
+def test_signals_equal_a_single_process_float64_computation(ranks: dict, kind: str) -> None:
+    run = ranks["runs"][kind]
+    for grads, payload, recorded in zip(run["grads"], run["payloads"], run["signals"], strict=True):
+        g = np.array(grads, dtype=np.float64)  # (K, n): each rank's gradient from an unsharded twin
+        states = [_split(row, run["shapes"]) for row in g]
+        sketches = np.stack([sketch_state_dict(s, 0, impl="numpy") for s in states])
+        with np.errstate(invalid="ignore", over="ignore"):
+            sq = (g * g).sum(1)
+        bad = (~np.isfinite(g)).sum(1)
+        p = np.array(payload)
+        np.testing.assert_allclose(p[:, :14], sketches, rtol=1e-9, atol=1e-12 * np.nanmax(np.abs(sketches)))
+        np.testing.assert_allclose(p[:, 14], sq, rtol=1e-12)
+        np.testing.assert_array_equal(p[:, 15], bad)
+        mine = rank_signals(sketches, sq, bad).to_dict()
+        for key in ("sq_norm", "rel_norm", "energy", "cos", "sq_dist"):
+            np.testing.assert_allclose(recorded[key], mine[key], rtol=1e-9, atol=1e-12, err_msg=key)
+
+
+def _split(flat: np.ndarray, shapes: dict) -> dict[str, np.ndarray]:
+    out, i = {}, 0
+    for name, shape in shapes.items():
+        n = math.prod(shape)
+        out[name] = flat[i:i + n].reshape(shape)
+        i += n
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_layout_permutation_is_fsdps_chunk_cat(world: int) -> None:
+    sizes = ((5, 3), (7,), (2, 2, 2), (1,))
+    flat = torch.arange(sum(math.prod(s) for s in sizes), dtype=torch.float32) + 1
+    grads, i = [], 0
+    for s in sizes:
+        grads.append(flat[i:i + math.prod(s)].reshape(s))
+        i += math.prod(s)
+    perm = layout_permutation(sizes, world)
+    out = torch.full((world, perm.size // world), -7.0)
+    torch.ops.fsdp.chunk_cat(grads, dim=0, num_chunks=world, out=out)
+    want = np.where(perm >= 0, flat.numpy()[np.maximum(perm, 0)], 0.0)
+    np.testing.assert_array_equal(out.reshape(-1).numpy(), want)  # padding is written as 0
+
+
+def test_refusals() -> None:
+    with pytest.raises(UsageError, match="fully_shard first") as err:
+        fully_shard_monitor(nn.Linear(3, 2))
+    assert err.value.field == "module"
+    with pytest.raises(UsageError, match="skip or raise") as err:
+        fully_shard_monitor(nn.Linear(3, 2), Monitor(action="exclude"))
+    assert err.value.field == "action"
+    with pytest.raises(UsageError) as err:
+        fully_shard_monitor(nn.Linear(3, 2), per_bucket=1)
+    assert err.value.field == "per_bucket"
+    with pytest.raises(UsageError) as err:
+        fully_shard_monitor("model")
+    assert err.value.field == "module"
