@@ -151,7 +151,9 @@ class Router:
         """Gibbs weights π: (K,) float64 numpy array, non-negative, summing to 1.
 
         Args:
-            grads, reference, staleness: as ``energies``.
+            grads: as ``energies``.
+            reference: as ``energies``.
+            staleness: as ``energies``.
 
         Raises:
             UsageError: as ``energies``.

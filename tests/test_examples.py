@@ -79,7 +79,8 @@ def _readme_snippets() -> list[str]:
 
 
 def test_readme_has_python_snippets():
-    assert len(_readme_snippets()) >= 3
+    """The README keeps one (the Router); the others moved to docs/, where tests/test_docs.py runs them."""
+    assert len(_readme_snippets()) >= 1
 
 
 @pytest.mark.parametrize("index", range(len(_readme_snippets())))
