@@ -1,0 +1,129 @@
+"""naig's monitor in a Hugging Face Accelerate loop: the DDP hook on the prepared model.
+
+``accelerator.prepare(model)`` wraps the model in ``DistributedDataParallel`` when there are
+several processes; register the hook on that model (``MonitorHook(model).register(model)``)
+and attach it to the optimizer underneath Accelerate's wrapper (``optimizer.optimizer``), which
+applies ``skip`` and ``raise`` before the update. The loop itself is Accelerate's usual one.
+
+A small MLP on random 8-feature, 4-class data; each process gets its own shard (the prepared
+DataLoader). At step ``--bad-step`` rank ``--bad-rank`` corrupts its gradient (``--fault``
+scale: ×1000, nan: one NaN entry, flip: the sign) through a tensor hook on every parameter,
+before DDP's bucket sees it. Rank 0 writes the monitor's JSONL and CSV (``OUT/monitor.jsonl``,
+``OUT/monitor.csv``) and saves the final parameters (``OUT/params.pt``); every rank writes the
+ranks it saw flagged per step (``OUT/ranks/rank{k}.json``).
+
+On CPU (gloo), several processes on one machine (torchrun; Accelerate reads its environment):
+
+    torchrun --standalone --nproc-per-node 3 examples/monitor_accelerate.py OUT
+    naig monitor report OUT/monitor.jsonl
+
+On GPUs, Accelerate's own launcher: ``accelerate launch --multi_gpu --num_processes 4
+examples/monitor_accelerate.py OUT`` (drop ``cpu=True`` below). ``accelerate launch --cpu
+--num_processes N`` starts one process unless mpirun is set up (accelerate 1.15's simple launcher),
+so there is nothing to compare; the script says so.
+
+``--no-monitor`` trains the same run without the hook (to compare parameters with ``log``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from naig.monitor import Monitor, MonitorHook
+from naig.monitor.records import CsvRecords, JsonlRecords, Records
+
+TIMEOUT = 30.0  # seconds, every collective (the process group's and the monitor's; 30 is the most)
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("out", type=Path, help="an existing directory for the records")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=16, help="examples per process per step")
+    p.add_argument("--bad-rank", type=int, default=1)
+    p.add_argument("--bad-step", type=int, default=24, help="1-based; after the detectors' window fills")
+    p.add_argument("--fault", choices=("scale", "nan", "flip", "none"), default="scale")
+    p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="warn")
+    p.add_argument("--window", type=int, default=16, help="the detectors' individual history")
+    p.add_argument("--no-monitor", action="store_true", help="train without the hook")
+    return p.parse_args(argv)
+
+
+def _fault(args: argparse.Namespace, rank: int, step: list[int]):
+    """A tensor hook: rank ``bad_rank`` corrupts its gradient at step ``bad_step`` (step[0] is current)."""
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        if args.fault == "none" or rank != args.bad_rank or step[0] != args.bad_step:
+            return grad
+        if args.fault == "scale":
+            return grad * 1000.0
+        if args.fault == "flip":
+            return -grad
+        bad = grad.clone()
+        bad.view(-1)[0] = float("nan")
+        return bad
+
+    return hook
+
+
+def main(argv: list[str]) -> None:
+    args = _args(argv)
+    acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=TIMEOUT))])
+    if acc.num_processes < 2:  # nothing to compare, and no DDP model to hook
+        sys.exit("error: the monitor compares ranks: start 2 or more processes, e.g. torchrun --standalone "
+                 "--nproc-per-node 3 (accelerate launch --cpu starts one process unless mpirun is set up)")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(args.steps * args.batch_size * acc.num_processes, 8, generator=g)
+    y = (x[:, :4].sum(1) > 0).long() + 2 * (x[:, 4:].sum(1) > 0).long()
+    loader = DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=True,
+                        generator=torch.Generator().manual_seed(1))
+    model, opt, loader = acc.prepare(model, opt, loader)
+    step = [0]
+    for p in model.parameters():
+        p.register_hook(_fault(args, acc.process_index, step))
+    seen: list[list[int]] = []
+    records = None
+    if not args.no_monitor:
+        monitor = Monitor(action=args.action, window=args.window, timeout=TIMEOUT,
+                          callback=lambda sig, d: seen.append(list(d.ranks)))
+        records = Records(JsonlRecords(args.out / "monitor.jsonl"), CsvRecords(args.out / "monitor.csv"))
+        records.attach(monitor)  # rank 0 writes; the other ranks' records do nothing
+        hook = MonitorHook(model, monitor=monitor).register(model)  # model: the prepared DDP model
+        hook.attach(opt.optimizer)  # Accelerate's optimizer wraps the torch one
+    for xb, yb in loader:
+        step[0] += 1
+        loss = nn.functional.cross_entropy(model(xb), yb)
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        if step[0] == args.steps:
+            break
+    if records is not None:
+        records.close()
+        (args.out / "ranks").mkdir(exist_ok=True)
+        (args.out / "ranks" / f"rank{acc.process_index}.json").write_text(json.dumps(
+            {"rank": acc.process_index, "flagged": seen, "hosts": list(monitor.hosts)}))
+    if acc.is_main_process:
+        state = acc.unwrap_model(model).state_dict()
+        torch.save({k: v.detach().clone() for k, v in state.items()}, args.out / "params.pt")
+        flagged = {i + 1: r for i, r in enumerate(seen) if r}
+        print(f"{acc.num_processes} processes, {step[0]} steps; flagged steps: {flagged or 'none'}")
+    acc.wait_for_everyone()  # no process leaves while another still talks to it
+    acc.end_training()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,153 @@
+"""naig's monitor in a Lightning run: the DDP communication hook through ``DDPStrategy``.
+
+On GPUs Lightning hands the hook to DDP itself:
+``DDPStrategy(ddp_comm_state=hook, ddp_comm_hook=monitor_comm_hook)``. On CPU it does not:
+Lightning 2.6 registers DDP communication hooks only when the root device is CUDA
+(``DDPStrategy._register_ddp_hooks``) and ignores them silently otherwise, so the module
+registers the hook on the DDP model itself in ``on_train_start`` (``hook.register(strategy.model)``)
+when the device is not CUDA. Either way the monitor sees every rank's gradient before the
+all-reduce, bucket by bucket, and decides the same thing on every rank at the last bucket.
+``hook.attach(optimizer)`` (also in ``on_train_start``) applies ``skip`` and ``raise`` before
+Lightning's ``optimizer.step``.
+
+A small MLP on random 8-feature, 4-class data; each rank gets its own shard (Lightning's
+``DistributedSampler``). At step ``--bad-step`` rank ``--bad-rank`` corrupts its gradient
+(``--fault scale``: ×1000, ``nan``: one NaN entry, ``flip``: the sign) through a tensor hook on
+every parameter, i.e. before DDP's bucket sees it, as a faulty device would. Rank 0 writes the
+monitor's JSONL (``OUT/monitor.jsonl``; ``naig monitor report OUT/monitor.jsonl`` reads it) and,
+with ``--tensorboard``, TensorBoard scalars; every rank writes the ranks it saw flagged per step
+(``OUT/ranks/rank{k}.json``) so that one can check they agree; rank 0 saves the final
+parameters (``OUT/params.pt``).
+
+On CPU (gloo; Lightning starts the other ranks):
+
+    python examples/monitor_lightning.py OUT --devices 3 --steps 30 --bad-step 24
+    naig monitor report OUT/monitor.jsonl
+
+``--no-monitor`` trains the same run without the hook (to compare parameters with ``log``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from naig.monitor import Monitor, MonitorHook, monitor_comm_hook
+from naig.monitor.records import JsonlRecords, Records, TensorBoardRecords
+
+TIMEOUT = 30.0  # seconds, every collective (Lightning's group and the monitor's gathers; 30 at most)
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("out", type=Path, help="an existing directory for the records")
+    p.add_argument("--devices", type=int, default=3, help="CPU processes (ranks)")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=16, help="examples per rank per step")
+    p.add_argument("--bad-rank", type=int, default=2)
+    p.add_argument("--bad-step", type=int, default=24, help="1-based; after the detectors' window fills")
+    p.add_argument("--fault", choices=("scale", "nan", "flip", "none"), default="scale")
+    p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="warn")
+    p.add_argument("--window", type=int, default=16, help="the detectors' individual history")
+    p.add_argument("--tensorboard", type=Path, default=None, help="also write TensorBoard scalars here")
+    p.add_argument("--no-monitor", action="store_true", help="train without the hook")
+    return p.parse_args(argv)
+
+
+class Net(L.LightningModule):
+    """An MLP whose rank ``bad_rank`` corrupts its gradient at step ``bad_step``."""
+
+    def __init__(self, args: argparse.Namespace, hook: MonitorHook | None) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4))
+        self.args, self.hook = args, hook
+
+    def on_fit_start(self) -> None:
+        for p in self.parameters():
+            p.register_hook(self._fault)  # runs before the gradient reaches DDP's bucket
+
+    def on_train_start(self) -> None:
+        if self.hook is None:
+            return
+        strategy = self.trainer.strategy
+        if strategy.root_device.type != "cuda":  # Lightning registers DDP comm hooks on CUDA only
+            self.hook.register(strategy.model)
+        self.hook.attach(strategy.optimizers[0])  # skip / raise before the update
+
+    def _fault(self, grad: torch.Tensor) -> torch.Tensor:
+        a = self.args
+        if a.fault == "none" or self.global_rank != a.bad_rank or self.global_step + 1 != a.bad_step:
+            return grad
+        if a.fault == "scale":
+            return grad * 1000.0
+        if a.fault == "flip":
+            return -grad
+        bad = grad.clone()
+        bad.view(-1)[0] = float("nan")
+        return bad
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _data(args: argparse.Namespace) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    n = args.steps * args.batch_size * args.devices
+    x = torch.randn(n, 8, generator=g)
+    y = (x[:, :4].sum(1) > 0).long() + 2 * (x[:, 4:].sum(1) > 0).long()
+    return DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=True,
+                      generator=torch.Generator().manual_seed(1))
+
+
+def main(argv: list[str]) -> None:
+    args = _args(argv)
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")  # Lightning's DataLoader advice
+    torch.manual_seed(0)
+    seen: list[list[int]] = []
+    monitor = hook = records = None
+    if not args.no_monitor:
+        monitor = Monitor(action=args.action, window=args.window, timeout=TIMEOUT,
+                          callback=lambda sig, d: seen.append(list(d.ranks)))
+        writers = [JsonlRecords(args.out / "monitor.jsonl")]
+        if args.tensorboard is not None:
+            writers.append(TensorBoardRecords(args.tensorboard, per_rank=True))
+        records = Records(*writers)
+        records.attach(monitor)  # rank 0 writes; the other ranks' records do nothing
+    model = Net(args, None)
+    if monitor is not None:
+        hook = model.hook = MonitorHook(model, monitor=monitor)
+    strategy = DDPStrategy(ddp_comm_state=hook, ddp_comm_hook=monitor_comm_hook if hook else None,
+                           process_group_backend="gloo", timeout=timedelta(seconds=TIMEOUT))
+    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=args.steps,
+                        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(model, _data(args))
+    if records is not None:
+        records.close()
+    rank = trainer.global_rank
+    if monitor is not None:
+        (args.out / "ranks").mkdir(exist_ok=True)
+        (args.out / "ranks" / f"rank{rank}.json").write_text(json.dumps(
+            {"rank": rank, "flagged": seen, "hosts": list(monitor.hosts)}))
+    if rank == 0:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out / "params.pt")
+        flagged = {i + 1: r for i, r in enumerate(seen) if r}
+        print(f"{args.devices} ranks, {args.steps} steps; flagged steps: {flagged or 'none'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,92 @@
+"""The monitor's recipes on real processes (gloo, 3 ranks): examples/monitor_lightning.py and
+examples/monitor_accelerate.py each run a few steps with a rank sending ×1000 gradients at step 24.
+
+Each recipe runs twice, with the monitor in ``log`` mode and without it: the bad rank is named
+(rank and host) at its step and at no earlier step, every rank saw the same flagged ranks at
+every step, and the final parameters are bit-identical (the monitor is invisible when it only
+watches). Skipped when the optional extra is not installed.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from naig.monitor.records import decode
+from tests.conftest import leftover_processes
+
+ROOT = Path(__file__).resolve().parents[1]
+WORLD, STEPS, BAD_STEP = 3, 30, 24
+
+
+def _run(cmd: list[str], tmp: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run a recipe (its output folder, inside ``tmp``, is on its command line: the process marker)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp)
+    finally:
+        deadline = time.monotonic() + 15
+        while leftover_processes(str(tmp)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not leftover_processes(str(tmp))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def _check(out: Path, bad_rank: int) -> None:
+    lines = [decode(json.loads(x)) for x in (out / "monitor.jsonl").read_text().splitlines()]
+    header, steps = lines[0], lines[1:]
+    assert header["type"] == "header" and header["world"] == WORLD and header["monitor"]["action"] == "log"
+    assert header["hosts"] == [socket.gethostname()] * WORLD
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    flagged = {s["step"]: s["flagged"] for s in steps if s["flagged"]}
+    assert min(flagged) == BAD_STEP and flagged[BAD_STEP] == [bad_rank], flagged
+    assert steps[BAD_STEP - 1]["summary"]["max_rank"] == bad_rank
+    assert "bucket" in steps[BAD_STEP - 1]["where"][str(bad_rank)]
+    views = [json.loads((out / "ranks" / f"rank{k}.json").read_text()) for k in range(WORLD)]
+    assert all(v["flagged"] == views[0]["flagged"] for v in views) and len(views[0]["flagged"]) == STEPS
+    assert views[0]["flagged"][BAD_STEP - 1] == [bad_rank]
+
+
+def _same_params(a: Path, b: Path) -> None:
+    pa, pb = torch.load(a / "params.pt"), torch.load(b / "params.pt")
+    assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_lightning_recipe_names_the_bad_rank_and_log_mode_is_invisible(tmp_path) -> None:
+    pytest.importorskip("lightning")
+    script = str(ROOT / "examples" / "monitor_lightning.py")
+    runs = {}
+    for name, extra in (("monitored", ["--action", "log"]), ("plain", ["--no-monitor"])):
+        out = tmp_path / name
+        out.mkdir()
+        r = _run([sys.executable, script, str(out), "--devices", str(WORLD), "--steps", str(STEPS),
+                  "--bad-step", str(BAD_STEP), "--bad-rank", "2", *extra], tmp_path)
+        runs[name] = (out, r)
+    out, r = runs["monitored"]
+    assert f"flagged steps: {{{BAD_STEP}: [2]" in r.stdout
+    _check(out, bad_rank=2)
+    _same_params(out, runs["plain"][0])
+
+
+def test_accelerate_recipe_under_torchrun_names_the_bad_rank_and_log_mode_is_invisible(tmp_path) -> None:
+    pytest.importorskip("accelerate")
+    script = str(ROOT / "examples" / "monitor_accelerate.py")
+    outs = {}
+    for name, extra in (("monitored", ["--action", "log"]), ("plain", ["--no-monitor"])):
+        out = tmp_path / name
+        out.mkdir()
+        _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+              script, str(out), "--steps", str(STEPS), "--bad-step", str(BAD_STEP), "--bad-rank", "1",
+              *extra], tmp_path)
+        outs[name] = out
+    _check(outs["monitored"], bad_rank=1)
+    csv_rows = (outs["monitored"] / "monitor.csv").read_text().splitlines()
+    assert len(csv_rows) == 1 + STEPS * WORLD
+    _same_params(outs["monitored"], outs["plain"])
