@@ -2,8 +2,8 @@
 
 ``naig monitor report LOG`` reads a monitor JSONL or CSV file and prints one row per rank: steps
 seen, steps flagged, the tests that fired, each signal's largest score (z/threshold: a test
-fires above 1; ∞ for a non-finite gradient), the last flagged step, the host and (when the
-integration placed it) the bucket and parameters of the last flag. ``--plot``
+fires above 1; ∞ for a non-finite gradient), the last flagged step and the host; below
+the table, where the integration placed each rank's last flag (a bucket and its parameters). ``--plot``
 draws each rank's scores over the steps with its flagged steps marked; ``--json`` prints the
 same table as one document. The library is imported inside the command (torch comes with it).
 """
@@ -101,26 +101,27 @@ def _score(v: float) -> str:
 def _table(data: MonitorLog, rows: list[dict]) -> None:
     first, last = (int(data.steps[0]), int(data.steps[-1])) if len(data.steps) else (None, None)
     title = (f"{escape(printable(str(data.path)))}: {data.format}, K = {data.world} ranks, "
-             f"{len(data.steps)} steps ({first}..{last})")
+             f"{len(data.steps)} steps ({first}..{last}); max score per signal")
     t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
     for c in ("rank", "host", "steps", "flagged", "flags"):
-        t.add_column(c, justify="right" if c in ("rank", "steps", "flagged") else "left")
+        t.add_column(c, justify="right" if c in ("rank", "steps", "flagged") else "left", overflow="fold",
+                     no_wrap=c == "flags")
     for s in data.scores:
-        t.add_column(f"max {s}", justify="right")
-    t.add_column("last flagged", justify="right")
-    placed = any(r["where"] for r in rows)
-    if placed:
-        t.add_column("where (last flag)", overflow="fold")
+        t.add_column(s, justify="right", min_width=len(s))
+    t.add_column("last flag", justify="right")
     for r in rows:
-        flags = ", ".join(f"{k} ×{n}" for k, n in sorted(r["flags"].items())) or "—"
+        flags = "\n".join(f"{k} ×{n}" for k, n in sorted(r["flags"].items())) or "—"
         style = "red" if r["flagged_steps"] else None
         t.add_row(str(r["rank"]), escape(printable(r["host"])) or "—", str(r["steps"]),
                   str(r["flagged_steps"]), escape(flags), *(_score(r["max_score"][s]) for s in data.scores),
-                  str(r["last_flagged"]) if r["last_flagged"] is not None else "—",
-                  *([escape(printable(r["where"])) or "—"] if placed else []), style=style)
+                  str(r["last_flagged"]) if r["last_flagged"] is not None else "—", style=style)
     stdout.print(t)
-    stdout.print("score = robust z / its threshold (a test fires above 1; ∞: a non-finite gradient); "
-                 "flags: signal/score ×steps")
+    for r in rows:
+        if r["where"]:
+            stdout.print(f"rank {r['rank']} at step {r['last_flagged']}: {escape(printable(r['where']))}")
+    stdout.print("score = robust z / its threshold (a test fires above 1; ∞: a non-finite gradient), against "
+                 "the mean of every usable rank: a bad rank pulls it, so at its step the others' scores rise "
+                 "too; the flags name the rank whose exclusion explains them. flags: signal/score ×steps")
 
 
 def _plot(data: MonitorLog, path: str) -> None:
@@ -151,8 +152,9 @@ def _plot(data: MonitorLog, path: str) -> None:
         ax.set_ylabel(f"{name} score")
     axes[0, 0].legend(fontsize=7, ncol=min(data.world, 4), loc="upper left")
     axes[-1, 0].set_xlabel("step")
-    fig.suptitle(f"{data.path.name}: score = z/threshold (fires above the dashed line), × flagged, "
-                 "non-finite at the top edge", fontsize=9)
+    fig.suptitle(f"{data.path.name}: score = z/threshold against the mean of every usable rank (a test fires "
+                 "above the dashed line);\n× the rank named by that signal; non-finite at the top edge",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -55,7 +55,7 @@ def test_report_table_and_plot(logs, tmp_path) -> None:
     png = tmp_path / "ranks.png"
     r = run_naig("monitor", "report", logs[0], "--plot", png)
     assert r.returncode == 0 and r.stderr == "", r.stderr
-    for needle in ("K = 3 ranks, 12 steps (1..12)", "max energy", "last flagged", "nonfinite ×1", "∞",
+    for needle in ("K = 3 ranks, 12 steps (1..12)", "energy", "last flag", "nonfinite ×1", "∞",
                    f"plot: {png}"):
         assert needle in r.stdout, needle
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
