@@ -262,3 +262,15 @@ def test_read_log_csv_errors_and_missing_files(tmp_path) -> None:
     (tmp_path / "other.csv").write_text("x,y\n")
     with pytest.raises(DataError, match="line 1: not a naig monitor CSV"):
         read_log(tmp_path / "other.csv")
+
+
+def test_a_rank_known_not_to_be_zero_checks_no_path(monkeypatch, tmp_path) -> None:
+    """Under a launcher (RANK set) only rank 0 checks paths: another node may lack the directory."""
+    (tmp_path / "m.jsonl").write_text("{}\n")
+    monkeypatch.setenv("RANK", "1")
+    JsonlRecords(tmp_path / "m.jsonl")
+    CsvRecords(tmp_path / "nope" / "m.csv")
+    TensorBoardRecords(tmp_path / "nope" / "tb")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(UsageError, match="exists"):
+        JsonlRecords(tmp_path / "m.jsonl")

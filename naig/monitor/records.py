@@ -489,7 +489,8 @@ class TensorBoardRecords(RecordWriter):
 
     Args:
         log_dir: the run's directory (created at the first step; its parent must exist). TensorBoard
-            adds an event file per writer, so an existing directory is fine.
+            adds an event file per writer, so an existing directory is fine. A rank known not to be
+            rank 0 (process group or ``RANK``) checks nothing: it never writes.
         per_rank: add the ``rank{k}/...`` series.
 
     Raises:
@@ -499,8 +500,11 @@ class TensorBoardRecords(RecordWriter):
 
     def __init__(self, log_dir: str | os.PathLike, per_rank: bool = False) -> None:
         super().__init__(per_rank)
-        self._writer_cls = _summary_writer()
         p = Path(log_dir) if isinstance(log_dir, str | os.PathLike) and str(log_dir) else None
+        if p is not None and _rank_known_nonzero():  # never writes: nothing to check on this rank
+            self.log_dir, self._tb, self._writer_cls = p, None, None
+            return
+        self._writer_cls = _summary_writer()
         if p is None or not p.absolute().parent.is_dir():
             where = p.absolute().parent if p is not None else None
             raise UsageError(f"directory {where} does not exist; create it or pass another log_dir" if where
