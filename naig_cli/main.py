@@ -9,7 +9,7 @@ import typer
 from typer.core import TyperGroup
 
 from naig import __version__
-from naig_cli import audit, monitor, simulate, spectrum, staleness
+from naig_cli import audit, detect, monitor, simulate, spectrum, staleness
 
 __all__ = ["app"]
 
@@ -74,3 +74,4 @@ app.command("audit")(audit.audit)
 app.command("simulate", epilog=simulate.EXAMPLES)(simulate.simulate)
 app.command("staleness")(staleness.staleness)
 app.add_typer(monitor.app, name="monitor")
+app.command("detect", epilog=detect.EXAMPLES)(detect.detect)

@@ -1,0 +1,231 @@
+"""``naig detect``: which per-rank score names a bad rank (issue 20), measured on real gradients.
+
+The library side is ``naig.detect``; torch is imported inside the command only. The command
+registers its own option names in the shared ``FLAGS`` table so library errors name its flags.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+from rich import box
+from rich.table import Table
+
+from naig.choices import MODELS
+from naig.errors import UsageError
+from naig_cli._common import FLAGS, JsonOpt, choice_enum, fmt_num, handle_errors, print_json, progress, stdout
+
+if TYPE_CHECKING:
+    from naig.detect import DetectResult
+
+__all__ = ["detect", "EXAMPLES"]
+
+for _field, _flag in (("ranks", "--ranks"), ("warmup", "--warmup"), ("calibration", "--calibration"),
+                      ("validation", "--validation"), ("test", "--test"), ("false_alarm", "--false-alarm"),
+                      ("context", "--context"), ("threads", "--threads")):
+    FLAGS.setdefault(_field, _flag)
+
+Model = choice_enum("Model", MODELS)
+EXAMPLES = """**Examples**
+
+```
+naig detect                                        # K=8, the whole catalogue; a few minutes on 2 cores
+naig detect --faults scale,noise,bitflip32 --test 5
+naig detect --json > detect.json                   # every figure, one document
+naig detect --plot detect.png                      # detection rate against magnitude per detector
+```
+"""
+
+
+def _o(flag: str, text: str, default: str | None = None, **kwargs: Any) -> Any:
+    import typer
+
+    return typer.Option(flag, help=text, show_default=default or False, **kwargs)
+
+
+@handle_errors
+def detect(
+    ranks: Annotated[int, _o("--ranks", "K, data-parallel ranks (>= 3).", "8")] = 8,
+    steps: Annotated[int, _o("--steps", "Scored steps per seed, after the warm-up.", "40")] = 40,
+    warmup: Annotated[int, _o("--warmup", "Training steps before scoring (>= --window and the largest stale "
+                              "τ, 20).", "20")] = 20,
+    calibration: Annotated[int, _o("--calibration", "Calibration seeds (clean steps set the thresholds).",
+                                   "6")] = 6,
+    validation: Annotated[int, _o("--validation", "Validation seeds (choose the default detector; 0: none).",
+                                  "2")] = 2,
+    test: Annotated[int, _o("--test", "Test seeds (the reported figures).", "3")] = 3,
+    faults: Annotated[str | None, _o(
+        "--faults", "Comma list of fault kinds: bitflip32, bitflip16, scale, signflip, noise, nan, inf, "
+        "layer, stale, data-random, data-text.", "all")] = None,
+    false_alarm: Annotated[float, _o("--false-alarm", "False-alarm rate per rank-step every threshold is "
+                                     "calibrated to.", "1e-3")] = 1e-3,
+    window: Annotated[int, _o("--window", "Clean steps in the individual histories.", "16")] = 16,
+    batch_size: Annotated[int, _o("--batch-size", "Sequences per rank minibatch.", "8")] = 8,
+    context: Annotated[int, _o("--context", "Bytes per sequence (<= the model's context).", "64")] = 64,
+    lr: Annotated[float, _o("--lr", "Adam learning rate of the clean training.", "1e-3")] = 1e-3,
+    model: Annotated[Model | None, _o("--model", "Model preset.", "gpt-nano")] = None,  # type: ignore
+    data: Annotated[str | None, _o("--data", "Text file.", "the stdlib's .py files")] = None,
+    data_bytes: Annotated[int, _o("--data-bytes", "Use the first N bytes of the text.",
+                                  "1000000")] = 1_000_000,
+    sketch_seed: Annotated[int, _o("--sketch-seed", "The monitor sketch's seed.", "0")] = 0,
+    threads: Annotated[int, _o("--threads", "torch CPU threads.", "1")] = 1,
+    plot: Annotated[str | None, _o("--plot", "Write detection rate against magnitude per detector to PATH "
+                                   "(.png, .pdf, .svg; needs matplotlib).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Detection power of per-rank scores on real gradients: norm, cosine, distance, sketch, Fano–Fisher
+    energy, NaN check and the monitor's combined rule, against a catalogue of faults with magnitudes.
+
+    K ranks of the small GPT train synchronously on the clean mean; at each scored step every fault
+    (kind × magnitude) is applied to one random rank on a copy of the clean gradients. Thresholds are
+    calibrated to --false-alarm per rank-step on the clean steps of the calibration seeds; the default
+    detector is the best on the validation seeds; the table is on the test seeds: detection rate,
+    top-1 localisation and AUC, mean over seeds [95% t-interval], and the false-alarm rate observed on
+    clean test steps. Exit 0, or 2 for a usage error, 1 for unusable data.
+    """
+    from naig.detect import DetectConfig
+
+    _check_plot(plot)
+    cfg = DetectConfig(ranks=ranks, steps=steps, warmup=warmup, calibration=calibration,
+                       validation=validation, test=test, faults=faults, false_alarm=false_alarm,
+                       window=window, batch_size=batch_size, context=context, lr=lr,
+                       model="gpt-nano" if model is None else model.value, data=data, data_bytes=data_bytes,
+                       sketch_seed=sketch_seed, threads=threads)
+    result = _run(cfg)
+    print_json(result.to_dict()) if json_out else _render(result)
+    if plot is not None:
+        _plot(result, plot)
+
+
+def _run(cfg: Any) -> DetectResult:
+    from naig.detect import evaluate, run_protocol
+
+    seeds = cfg.calibration + cfg.validation + cfg.test
+    start = time.perf_counter()
+    with progress("detect", seeds * (cfg.warmup + cfg.steps)) as advance:
+        runs = run_protocol(cfg, advance)
+    n = sum(p.numel() for p in _model(cfg.model).parameters())
+    return evaluate(cfg, runs, n, time.perf_counter() - start)
+
+
+def _model(name: str) -> Any:
+    import torch
+
+    from naig.simulate.model import GPT, get_preset
+
+    return GPT(get_preset(name), generator=torch.Generator().manual_seed(0))
+
+
+_PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def _check_plot(plot: str | None) -> None:
+    """Refuse a --plot target before any work (no matplotlib, wrong type, missing folder)."""
+    if plot is None:
+        return
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("needs matplotlib; install it with pip install matplotlib (in a checkout: pip "
+                         "install -e '.[plot]')", field="plot")
+    p = Path(plot)
+    if p.suffix.lower() not in _PLOT_SUFFIXES:
+        raise UsageError("use a .png, .pdf or .svg file name, e.g. detect.png", field="plot", value=plot)
+    if not p.absolute().parent.is_dir() or p.is_dir():
+        raise UsageError("its folder must exist and it must not be a directory", field="plot", value=plot)
+
+
+def _pct(v: float) -> str:
+    return fmt_num(100 * v if v is not None and math.isfinite(v) else None, ".0f")
+
+
+def _cell(m: list[float], auc: bool = False) -> str:
+    mean, low, high = m
+    if auc:
+        return f"{fmt_num(mean, '.2f')} [{fmt_num(low, '.2f')}–{fmt_num(high, '.2f')}]"
+    return f"{_pct(mean)} [{_pct(low)}–{_pct(high)}]"
+
+
+def _render(r: DetectResult) -> None:
+    """Header, the false-alarm table, the per-kind summary and one table per metric."""
+    from naig.detect import DETECTORS, KINDS
+
+    c = r.config
+    stdout.print(f"naig detect: {c.model} ({r.n_params:,} parameters), K={c.ranks} ranks, batch "
+                 f"{c.batch_size}×{c.context} bytes/rank, {c.steps} scored steps/seed after {c.warmup}; "
+                 f"seeds: {c.calibration} calibration, {c.validation} validation, {c.test} test; "
+                 f"false-alarm rate {c.false_alarm:g} per rank-step; {r.seconds:.0f} s",
+                 markup=False, soft_wrap=True)
+    t = Table(title="Thresholds (calibration seeds) and false alarms on clean test rank-steps",
+              box=box.SIMPLE)
+    for col in ("detector", "kind", "threshold", "flagged", "rate", "95% interval"):
+        t.add_column(col, justify="left" if col in ("detector", "kind") else "right")
+    for d in DETECTORS:
+        fa = r.false_alarms[d]
+        t.add_row(d, KINDS[d], fmt_num(r.thresholds[d], ".3g"), f"{fa['flagged']}/{fa['total']}",
+                  fmt_num(fa["rate"], ".2g"), f"{fmt_num(fa['low'], '.2g')}–{fmt_num(fa['high'], '.2g')}")
+    stdout.print(t)
+    k = Table(title="Mean detection rate (%) over each kind's magnitudes, test seeds", box=box.SIMPLE)
+    k.add_column("fault")
+    for d in DETECTORS:
+        k.add_column(d, justify="right")
+    for kind, row in r.kinds.items():
+        k.add_row(kind, *(_pct(row[d]) for d in DETECTORS))
+    if r.validation is not None:
+        k.add_row("validation", *(_pct(r.validation[d]) for d in DETECTORS), style="bold")
+    stdout.print(k)
+    titles = {"detection": "Detection rate (%) at the calibrated threshold", "top1": "Top-1 localisation (%)",
+              "auc": "AUC"}
+    for metric, title in titles.items():
+        m = Table(title=f"{title}, test seeds: mean [95% t-interval over {c.test} seeds]", box=box.SIMPLE)
+        for col in ("fault", "mag.", "‖Δ‖/‖g‖", *DETECTORS):
+            m.add_column(col, justify="left" if col == "fault" else "right")
+        for row in r.rows:
+            m.add_row(row["fault"], f"{row['magnitude']:g}", fmt_num(row["rel_change"], ".2g"),
+                      *(_cell(row["detectors"][d][metric], metric == "auc") for d in DETECTORS))
+        stdout.print(m)
+    if r.default is not None:
+        stdout.print(f"default detector (best mean detection rate over the fault kinds on the validation "
+                     f"seeds): {r.default}", markup=False)
+
+
+def _plot(r: DetectResult, path: str) -> None:
+    """Detection rate against magnitude, one panel per fault kind with several magnitudes, a line per detector
+    (mean over test seeds, bars: 95% t-interval)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from naig.detect import DETECTORS
+
+    kinds = [k for k in r.kinds if sum(row["fault"] == k for row in r.rows) > 1]
+    if not kinds:
+        kinds = list(r.kinds)
+    cols = min(4, len(kinds))
+    rows = math.ceil(len(kinds) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False, sharey=True)
+    for ax, kind in zip(axes.ravel(), kinds, strict=False):
+        mine = [row for row in r.rows if row["fault"] == kind]
+        x = list(range(len(mine)))
+        for d in DETECTORS:
+            y = [row["detectors"][d]["detection"] for row in mine]
+            mean = [v[0] for v in y]
+            err = [[max(0.0, v[0] - v[1]) if math.isfinite(v[1]) else 0.0 for v in y],
+                   [max(0.0, v[2] - v[0]) if math.isfinite(v[2]) else 0.0 for v in y]]
+            ax.errorbar(x, mean, yerr=err, label=d, marker="o", ms=3, lw=1, capsize=2)
+        ax.set_xticks(x, [f"{row['magnitude']:g}" for row in mine])
+        ax.set(title=kind, xlabel=mine[0]["unit"], ylim=(-0.05, 1.05))
+        ax.grid(alpha=0.3)
+    for ax in axes.ravel()[len(kinds):]:
+        ax.axis("off")
+    axes[0][0].set(ylabel="detection rate")
+    axes[0][0].legend(fontsize=6)
+    c = r.config
+    fig.suptitle(f"naig detect: {c.model}, K={c.ranks}, false-alarm rate {c.false_alarm:g} per rank-step "
+                 f"(calibrated on {c.calibration} seeds), {c.test} test seeds: mean, bars 95% t-interval",
+                 fontsize=9)
+    fig.savefig(path, dpi=200, bbox_inches="tight")
+    plt.close(fig)
