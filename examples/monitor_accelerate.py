@@ -47,7 +47,7 @@ TIMEOUT = 30.0  # seconds, every collective (the process group's and the monitor
 
 def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("out", type=Path, help="an existing directory for the records")
+    p.add_argument("out", type=Path, help="a directory for the records (created if missing)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=16, help="examples per process per step")
     p.add_argument("--bad-rank", type=int, default=1)
@@ -78,6 +78,7 @@ def _fault(args: argparse.Namespace, rank: int, step: list[int]):
 
 def main(argv: list[str]) -> None:
     args = _args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
     acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=TIMEOUT))])
     if acc.num_processes < 2:  # nothing to compare, and no DDP model to hook
         sys.exit("error: the monitor compares ranks: start 2 or more processes, e.g. torchrun --standalone "

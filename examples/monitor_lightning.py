@@ -50,7 +50,7 @@ TIMEOUT = 30.0  # seconds, every collective (Lightning's group and the monitor's
 
 def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("out", type=Path, help="an existing directory for the records")
+    p.add_argument("out", type=Path, help="a directory for the records (created if missing)")
     p.add_argument("--devices", type=int, default=3, help="CPU processes (ranks)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=16, help="examples per rank per step")
@@ -115,6 +115,7 @@ def _data(args: argparse.Namespace) -> DataLoader:
 
 def main(argv: list[str]) -> None:
     args = _args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")  # Lightning's DataLoader advice
     torch.manual_seed(0)
     seen: list[list[int]] = []
