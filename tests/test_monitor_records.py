@@ -274,3 +274,12 @@ def test_a_rank_known_not_to_be_zero_checks_no_path(monkeypatch, tmp_path) -> No
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(UsageError, match="exists"):
         JsonlRecords(tmp_path / "m.jsonl")
+
+
+def test_a_writer_attaches_once(tmp_path) -> None:
+    w = JsonlRecords(tmp_path / "m.jsonl")
+    w.attach(Monitor())
+    with pytest.raises(UsageError, match="already attached"):
+        w.attach(Monitor())
+    with pytest.raises(UsageError, match="already attached"):
+        Records(w).attach(Monitor())

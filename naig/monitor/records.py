@@ -253,7 +253,13 @@ class RecordWriter:
         Args:
             monitor: a ``naig.monitor.Monitor`` (its settings go into the header and its detector's
                 thresholds into the scores).
+
+        Raises:
+            UsageError: when this writer is already attached (it would write every step twice).
         """
+        if self.monitor is not None:
+            raise UsageError("is already attached to a monitor; make one writer per monitor",
+                             field="callback")
         previous = monitor.callback
         self.monitor = monitor
 
@@ -581,6 +587,9 @@ class Records(RecordWriter):
 
     def attach(self, monitor: Any) -> Any:
         """Install on ``monitor`` (see ``RecordWriter.attach``); the writers share its settings."""
+        if self.monitor is not None or any(w.monitor is not None for w in self.writers):
+            raise UsageError("a writer is already attached to a monitor; make one writer per monitor",
+                             field="callback")
         for w in self.writers:
             w.monitor = monitor
         return super().attach(monitor)
