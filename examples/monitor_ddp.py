@@ -1,0 +1,128 @@
+"""Find a bad rank in plain DistributedDataParallel training with ``naig.monitor.MonitorHook``.
+
+Every rank trains the small byte-level GPT (``gpt-nano``) on its own minibatches of the standard
+library's ``.py`` files under DDP (gloo, CPU). The hook reads each rank's gradient in DDP's
+communication hook, before the all-reduce, and every rank decides the same thing at every step.
+With ``--fault-rank R`` rank R corrupts its gradient at ``--fault-step`` (a NaN entry, ×1000, or
+its sign flipped) and rank 0 prints the step's decision: the rank, its host, the bucket and
+parameters, the test that fired; with the default action ``skip`` no rank applies that step.
+
+One machine (this process is rank 0 and starts the others):
+
+    python examples/monitor_ddp.py --nproc 4 --fault-rank 2 --fault nan
+
+Under torchrun (one or several machines; the same script):
+
+    torchrun --nproc-per-node 4 examples/monitor_ddp.py --fault-rank 2 --fault scale
+
+The detectors score each rank against the others (needs 4 ranks or more to see anything but
+enormous departures) and against its own last ``--window`` steps (from step window + 1 on), so
+the default fault step comes after the window. A sign flip is visible only when the ranks'
+gradients agree (large batches); with the small default batch it is inside the noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from naig.distributed.launch import process_group
+from naig.monitor import ACTIONS, BadRankError, Decision, Monitor, MonitorHook, RankSignals
+from naig.simulate.data import ByteData, load_bytes
+from naig.simulate.model import GPT, get_preset, lm_loss
+
+FAULTS = ("nan", "scale", "flip")
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nproc", type=int, default=4, help="ranks on this machine (without torchrun)")
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--window", type=int, default=8, help="the detectors' per-rank history")
+    p.add_argument("--action", choices=ACTIONS, default="skip",
+                   help="skip (default): no update from a flagged step; log lets a NaN poison the mean")
+    p.add_argument("--exact", action="store_true", help="exact cos and distance from the all-reduced mean")
+    p.add_argument("--fault-rank", type=int, default=None, help="this rank corrupts its gradient")
+    p.add_argument("--fault", choices=FAULTS, default="nan")
+    p.add_argument("--fault-step", type=int, default=None, help="default: window + 4")
+    p.add_argument("--data-bytes", type=int, default=300_000)
+    args = p.parse_args(argv)
+    if args.fault_step is None:
+        args.fault_step = args.window + 4
+    return args
+
+
+def main(argv: list[str]) -> None:
+    args = _args(argv)
+    with process_group(args.nproc, [sys.executable, __file__, *argv]) as (rank, world):
+        _train(args, rank, world)  # the DDP objects die with the function, before the group does
+
+
+def _corrupt(args: argparse.Namespace, rank: int, step: dict) -> object:
+    """A gradient hook that corrupts this rank's gradient at the fault step (before DDP sees it)."""
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        if rank != args.fault_rank or step["now"] != args.fault_step:
+            return g
+        if args.fault == "nan":
+            g = g.clone()
+            g.view(-1)[0] = float("nan")
+            return g
+        return g * 1000.0 if args.fault == "scale" else -g
+    return hook
+
+
+def _train(args: argparse.Namespace, rank: int, world: int) -> None:
+    torch.manual_seed(0)
+    cfg = get_preset("gpt-nano")
+    data = ByteData.from_bytes(load_bytes(None, args.data_bytes))
+    model = GPT(cfg, generator=torch.Generator().manual_seed(0))
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
+    flagged: list[Decision] = []
+
+    def report(sig: RankSignals, decision: Decision) -> None:
+        if rank == 0 and decision.flagged:
+            flagged.append(decision)
+            print(decision.describe(), flush=True)
+
+    monitor = Monitor(window=args.window, action=args.action, batch=args.batch_size, callback=report)
+    hook = MonitorHook(model, monitor=monitor, exact=args.exact).register(ddp)
+    hook.attach(opt)
+    step = {"now": 0}
+    if args.fault_rank is not None:
+        model.blocks[0].linear1.weight.register_hook(_corrupt(args, rank, step))
+    gen = torch.Generator().manual_seed(1_000 + rank)  # each rank its own minibatches
+    losses = []
+    for step["now"] in range(1, args.steps + 1):
+        x, y = data.batch("train", args.batch_size, cfg.context, gen)
+        opt.zero_grad()
+        loss = lm_loss(ddp(x), y)
+        loss.backward()
+        try:
+            opt.step()
+        except BadRankError as exc:
+            if rank == 0:
+                print(f"stopped: {exc}", flush=True)
+            break
+        mean_loss = loss.detach().clone()
+        dist.all_reduce(mean_loss)
+        losses.append(float(mean_loss) / world)
+    if rank == 0:
+        sig = monitor.signals
+        kinds = "exact" if "cos" in sig.exact else "sketched"
+        print(f"{world} ranks, {hook.step} steps, action {args.action}: {len(flagged)} flagged step(s); "
+              f"cos and distance {kinds}; {hook.extra_bytes} B per rank per step beyond DDP's "
+              f"({len(hook.parts)} bucket(s)); mean train loss {statistics.fmean(losses):.4f}")
+        for d in flagged:
+            print(f"bad rank: {', '.join(f'{r} ({d.hosts[r]})' for r in d.ranks)} at step {d.step}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,111 @@
+"""Find a bad rank in FSDP2 (``fully_shard``) training with ``naig.monitor.fsdp.fully_shard_monitor``.
+
+Every rank trains the small byte-level GPT (``gpt-nano``), each transformer block and the root
+sharded with ``fully_shard``, on its own minibatches (gloo on CPU, NCCL on GPUs). The monitor
+replaces each FSDP module's reduce-scatter with one that first sketches this rank's unsharded
+gradient, then calls FSDP's own; every rank decides the same thing after the step's last
+module. With ``--fault-rank R`` rank R multiplies its loss (so its whole gradient) by NaN, 1000
+or −1 at ``--fault-step``; rank 0 prints the decision (rank, host, FSDP module, test).
+
+Under torchrun (the intended launcher; one or several machines):
+
+    torchrun --nproc-per-node 4 examples/monitor_fsdp2.py --fault-rank 2 --fault scale
+
+One machine without torchrun (this process is rank 0 and starts the others):
+
+    python examples/monitor_fsdp2.py --nproc 4 --fault-rank 2 --fault nan
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+from naig.distributed.launch import backend_for, process_group
+from naig.monitor import BadRankError, Decision, Monitor, RankSignals
+from naig.monitor.fsdp import fully_shard_monitor
+from naig.simulate.data import ByteData, load_bytes
+from naig.simulate.model import GPT, get_preset, lm_loss
+
+FAULTS = {"nan": float("nan"), "scale": 1000.0, "flip": -1.0}
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nproc", type=int, default=4, help="ranks on this machine (without torchrun)")
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--window", type=int, default=8, help="the detectors' per-rank history")
+    p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="skip",
+                   help="skip (default): no update from a flagged step (exclude: DDP only)")
+    p.add_argument("--fault-rank", type=int, default=None, help="this rank corrupts its gradient")
+    p.add_argument("--fault", choices=tuple(FAULTS), default="nan")
+    p.add_argument("--fault-step", type=int, default=None, help="default: window + 4")
+    p.add_argument("--data-bytes", type=int, default=300_000)
+    args = p.parse_args(argv)
+    if args.fault_step is None:
+        args.fault_step = args.window + 4
+    return args
+
+
+def main(argv: list[str]) -> None:
+    args = _args(argv)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    argv_ranks = [sys.executable, __file__, *argv]
+    with process_group(args.nproc, argv_ranks, backend=backend_for(device)) as (rank, world):
+        if device.type == "cuda":
+            device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+        _train(args, rank, world, device)
+
+
+def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> None:
+    cfg = get_preset("gpt-nano")
+    data = ByteData.from_bytes(load_bytes(None, args.data_bytes))
+    model = GPT(cfg, generator=torch.Generator().manual_seed(0)).to(device)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    flagged: list[Decision] = []
+
+    def report(sig: RankSignals, decision: Decision) -> None:
+        if rank == 0 and decision.flagged:
+            flagged.append(decision)
+            print(decision.describe(), flush=True)
+
+    monitor = Monitor(window=args.window, action=args.action, batch=args.batch_size, callback=report)
+    watch = fully_shard_monitor(model, monitor).attach(opt)
+    gen = torch.Generator().manual_seed(1_000 + rank)  # each rank its own minibatches
+    losses = []
+    for step in range(1, args.steps + 1):
+        x, y = (t.to(device) for t in data.batch("train", args.batch_size, cfg.context, gen))
+        factor = FAULTS[args.fault] if rank == args.fault_rank and step == args.fault_step else 1.0
+        opt.zero_grad()
+        loss = lm_loss(model(x), y)
+        (loss * factor).backward()
+        try:
+            opt.step()
+        except BadRankError as exc:
+            if rank == 0:
+                print(f"stopped: {exc}", flush=True)
+            break
+        mean_loss = loss.detach().clone()
+        dist.all_reduce(mean_loss)
+        losses.append(float(mean_loss) / world)
+    if rank == 0:
+        print(f"{world} ranks, {watch.step} steps, action {args.action}: {len(flagged)} flagged step(s); "
+              f"cos and distance sketched; {watch.extra_bytes} B per rank per step beyond FSDP's "
+              f"({len(watch.comms)} FSDP modules); mean train loss {statistics.fmean(losses):.4f}")
+        for d in flagged:
+            print(f"bad rank: {', '.join(f'{r} ({d.hosts[r]})' for r in d.ranks)} at step {d.step}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

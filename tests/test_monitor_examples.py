@@ -1,0 +1,61 @@
+"""The monitor's recipes run: examples/monitor_ddp.py (spawning its ranks) and examples/monitor_fsdp2.py
+(under torchrun), a few steps each, and name the rank that sent a NaN gradient.
+
+Each example runs from a copy in the test's temporary folder, so every process it starts carries
+that folder in its command line and the test can check that none is left.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import leftover_processes
+
+ROOT = Path(__file__).resolve().parents[1]
+SHORT = ["--steps", "6", "--window", "3", "--fault-step", "5", "--data-bytes", "100000", "--batch-size", "4"]
+
+
+def _run(tmp: Path, script: str, launcher: list[str], args: list[str]) -> str:
+    copy = tmp / script
+    shutil.copy(ROOT / "examples" / script, copy)
+    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+    try:
+        r = subprocess.run([*launcher, str(copy), *args], capture_output=True, text=True, timeout=240,
+                           cwd=tmp, env=env)
+    finally:
+        deadline = time.monotonic() + 10
+        while leftover_processes(str(tmp)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not leftover_processes(str(tmp))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def _check(out: str, world: int, bad: int, where: str) -> None:
+    assert f"{world} ranks, 6 steps, action skip: 1 flagged step(s)" in out, out
+    lines = [ln for ln in out.splitlines() if ln.startswith("step 5: ")]
+    assert len(lines) == 1, out
+    assert re.match(rf"step 5: rank {bad} on \S+ in {where} .*: non-finite gradient$", lines[0]), out
+    assert re.search(rf"^bad rank: {bad} \(\S+\) at step 5$", out, flags=re.M), out
+    loss = float(out.split("mean train loss ")[1].split()[0])
+    assert math.isfinite(loss)  # the NaN step was skipped on every rank: nothing poisoned
+
+
+def test_monitor_ddp_names_the_nan_rank_and_skips_its_step(tmp_path: Path) -> None:
+    out = _run(tmp_path, "monitor_ddp.py", [sys.executable],
+               ["--nproc", "3", "--fault-rank", "1", "--fault", "nan", *SHORT])
+    _check(out, 3, 1, "bucket 0")
+
+
+def test_monitor_fsdp2_under_torchrun_names_the_nan_rank(tmp_path: Path) -> None:
+    out = _run(tmp_path, "monitor_fsdp2.py",
+               [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"],
+               ["--fault-rank", "1", "--fault", "nan", *SHORT])
+    _check(out, 2, 1, "module")
