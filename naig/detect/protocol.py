@@ -116,8 +116,8 @@ class DetectConfig:
     def _check_warmup(self) -> None:
         need = max(self.window, self.max_tau)
         if self.warmup < need:
-            why = f"the individual window ({self.window})" + (
-                f" and the largest stale τ ({self.max_tau})" if self.max_tau else "")
+            why = f"the individual `window` ({self.window})" + (
+                f" and the largest stale τ of `faults` ({self.max_tau})" if self.max_tau else "")
             raise UsageError(f"must be at least {need}: {why} needs that many steps of history",
                              field="warmup", value=self.warmup)
 
