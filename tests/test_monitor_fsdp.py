@@ -15,8 +15,9 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.distributed.fsdp  # noqa: F401  (registers torch.ops.fsdp.chunk_cat)
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import fully_shard  # (also registers torch.ops.fsdp.chunk_cat)
 
 from naig.errors import UsageError
 from naig.monitor import Monitor, rank_signals
@@ -115,3 +116,16 @@ def test_refusals() -> None:
     with pytest.raises(UsageError) as err:
         fully_shard_monitor("model")
     assert err.value.field == "module"
+
+
+def test_a_module_sharded_over_one_rank_is_refused() -> None:
+    """With one rank FSDP copies instead of reduce-scattering: nothing would be seen, so it is refused."""
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        model = nn.Sequential(nn.Linear(3, 2))
+        fully_shard(model)
+        with pytest.raises(UsageError, match="not sharded") as err:
+            fully_shard_monitor(model)
+        assert err.value.field == "module"
+    finally:
+        dist.destroy_process_group()

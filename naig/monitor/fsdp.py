@@ -42,7 +42,8 @@ compared. ``set_all_reduce_hook`` is not used: it sees only the reduced output.
 **Requirements**: every FSDP module with trainable parameters reduces at every step (a module
 whose parameters got no gradient skips its reduce-scatter: set
 ``set_reduce_scatter_unused_params(True)`` on it, else the step's decision waits); parameters
-sharded on dim 0 (the default ``Shard(0)``); one parameter group per module.
+sharded on dim 0 (the default ``Shard(0)``); one parameter group per module; 2 ranks or more
+in the shard group (with one, FSDP skips the reduce-scatter: refused).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def fully_shard_monitor(module: nn.Module, monitor: Monitor | None = None, *,
 
     Raises:
         UsageError: no FSDP module, ``exclude``, a parameter not sharded on dim 0, several
-            parameter groups in one module.
+            parameter groups in one module, a module sharded over 1 rank.
     """
     return FSDPMonitor(module, monitor, per_bucket=per_bucket)
 
@@ -110,6 +111,11 @@ class FSDPMonitor(GradientMonitor):
             params = [fp for g in groups for fp in g.fsdp_params if fp.sharded_param.requires_grad]
             if not params:
                 continue
+            if getattr(groups[0].mesh_info, "shard_mesh_size", 1) < 2:
+                raise UsageError("is not sharded (1 rank in its shard group): FSDP reduces it without "
+                                 "a reduce-scatter, which is where the monitor reads; shard over 2 ranks or "
+                                 "more, or use MonitorHook (DDP) or Monitor.observe", field="module",
+                                 value=fqns[id(sub)] or "root")
             comm = MonitorReduceScatter(self, len(self.comms), fqns[id(sub)] or "root", params,
                                         groups[0]._reduce_scatter_comm)
             sub.set_custom_reduce_scatter(comm)
