@@ -206,7 +206,8 @@ def _plot(r: DetectResult, path: str) -> None:
         kinds = list(r.kinds)
     cols = min(4, len(kinds))
     rows = math.ceil(len(kinds) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False, sharey=True,
+                             layout="constrained")
     for ax, kind in zip(axes.ravel(), kinds, strict=False):
         mine = [row for row in r.rows if row["fault"] == kind]
         x = list(range(len(mine)))
