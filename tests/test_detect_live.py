@@ -1,0 +1,36 @@
+"""naig.detect.live.compare: the benchmark's thresholds applied to the live scores, intervals side by side."""
+
+import math
+
+from naig.detect.live import SCORES, _overlap, compare
+
+
+def _bench(thr: float) -> dict:
+    cell = {m: [0.5, 0.3, 0.7] for m in ("detection", "top1")}
+    return {"detectors": {name: {"threshold": thr} for name in SCORES},
+            "rows": [{"fault": "scale", "magnitude": 10.0, "detectors": {name: cell for name in SCORES}}]}
+
+
+def _run(seed: int, own: float) -> dict:
+    # 4 steps, 3 ranks; the faulty rank scores `own`, the others 1.0
+    bad = [0, 1, 2, 0]
+    rows = [[own if r == b else 1.0 for r in range(3)] for b in bad]
+    return {"fault": "scale", "magnitude": 10.0, "seed": seed, "bad": bad,
+            "scores": {name: rows for name in SCORES}}
+
+
+def test_compare_applies_the_benchmark_threshold_per_seed() -> None:
+    live = {"runs": [_run(0, 5.0), _run(1, 0.5), _run(2, 5.0)]}
+    rows = compare(live, _bench(thr=2.0))
+    assert [r["detector"] for r in rows] == sorted(SCORES)
+    for r in rows:
+        mean, low, high = r["live"]["detection"]
+        assert mean == 2 / 3 and low < mean < high  # seeds: 1, 0, 1
+        assert r["live"]["top1"][0] == 2 / 3
+        assert r["agree"] == {"detection": True, "top1": True}
+
+
+def test_intervals_that_do_not_meet_disagree() -> None:
+    assert not _overlap([0.9, 0.85, 0.95], [0.5, 0.3, 0.7])
+    assert _overlap([1.0, math.nan, math.nan], [0.9, 0.8, 1.0])  # one seed: its mean
+    assert not _overlap([1.0, 1.0, 1.0], [0.5, 0.3, 0.7])
