@@ -13,9 +13,10 @@ variant has its own model and optimizer, built once:
 The variants are timed in interleaved blocks (``--repeats`` rounds; in each, every variant of the
 framework runs ``--steps`` steps after ``--warmup`` untimed ones), so load drifting on a shared
 machine hits them alike. A block's time is rank 0's wall time between two barriers, divided by
-its steps. Printed per variant: the median step time over the rounds (ms), the ratio to
-``plain``'s median (target ≤ 1.05), the ratio's range over the rounds (each round's variant over
-that round's plain), and the bytes each rank sends per step beyond the framework's own, next to
+its steps. Printed per variant: the median step time over the rounds (ms), its ratio to
+``plain``'s median (target ≤ 1.05), the median and the range of the paired ratios (each round's
+variant over that round's plain: less sensitive to load that changes between rounds), and the
+bytes each rank sends per step beyond the framework's own, next to
 the gradient bytes the framework itself reduces per step.
 
 Usage: python benchmarks/monitor_overhead.py [--repeats 15] [--steps 20] [--warmup 3] [--batch 8]
@@ -113,12 +114,13 @@ def _framework(name: str, variants: list[str], args: argparse.Namespace, rank: i
     grad_bytes = vs[0].n_params * 4
     out(f"{name.upper()} (2 ranks, gpt-nano {vs[0].n_params} parameters, batch {args.batch}; "
         f"the framework reduces {grad_bytes} B of float32 gradient per rank per step)")
-    out(f"  {'variant':<9} {'ms/step':>8} {'ratio':>6} {'round ratios':>14} {'extra B/step':>13}")
+    out(f"  {'variant':<9} {'ms/step':>8} {'ratio':>6} {'paired':>7} {'round ratios':>14} "
+        f"{'extra B/step':>13}")
     for v in vs:
         med = statistics.median(times[v.name])
         rounds = [t / p for t, p in zip(times[v.name], times["plain"], strict=True)]
-        out(f"  {v.name:<9} {med:8.1f} {med / base:6.3f} {min(rounds):6.3f}-{max(rounds):<7.3f} "
-            f"{v.extra_bytes:13d}")
+        out(f"  {v.name:<9} {med:8.1f} {med / base:6.3f} {statistics.median(rounds):7.3f} "
+            f"{min(rounds):6.3f}-{max(rounds):<7.3f} {v.extra_bytes:13d}")
     parts = {v.name: len(v.watch.parts) for v in vs if v.watch is not None}
     out(f"  parts gathered per step: {parts} (buckets for DDP, FSDP modules for FSDP2)")
 
