@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 import typer
@@ -32,7 +33,9 @@ _HEADER = (
 
 
 def render() -> str:
-    """The Markdown of the CLI reference (str, ending in one newline)."""
+    """The Markdown of the CLI reference (str, ending in one newline), from this checkout's app."""
+    if str(ROOT) not in sys.path:  # run as a script, sys.path[0] is scripts/: use this checkout's naig_cli
+        sys.path.insert(0, str(ROOT))
     from naig_cli.main import app
 
     command = typer.main.get_command(app)
