@@ -8,7 +8,8 @@ Example:
     (('sgd', 'adam'), ('simulated', 'distributed'))
 """
 
-__all__ = ["OPTIMIZERS", "DEVICES", "MODELS", "REFERENCES", "ENGINES", "ARRIVAL_MODES", "LOCAL_METHODS"]
+__all__ = ["OPTIMIZERS", "DEVICES", "MODELS", "REFERENCES", "ENGINES", "ARRIVAL_MODES", "LOCAL_METHODS",
+           "TOPOLOGIES", "GASLOC_FORMS"]
 
 OPTIMIZERS = ("sgd", "adam")  # the server optimizer: torch.optim.SGD / Adam, default settings otherwise
 DEVICES = ("cpu", "cuda", "auto")
@@ -17,4 +18,9 @@ REFERENCES = ("auto", "batch", "ema")  # naig's reference: by setting, the fresh
 ENGINES = ("simulated", "distributed")  # one process, or real processes on torch.distributed
 ARRIVAL_MODES = ("blocking", "non-blocking", "shared-memory")  # how a worker waits for parameters
 # the local-update methods of naig.simulate.engines.local (on the arrivals clock; not Batch → Update rules)
-LOCAL_METHODS = ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "local-sgd", "allreduce")
+LOCAL_METHODS = ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "gossip-adam", "local-sgd",
+                 "allreduce")
+# gasloc's communication graph of a round: a random perfect matching, the union of two, K − 1 peers, a ring
+TOPOLOGIES = ("one-peer", "two-peer", "complete", "ring")
+# where gasloc's momentum acts: on the mixed iterates (DiLoCo on a complete graph) or the un-mixed proposals
+GASLOC_FORMS = ("mixed", "summarised")

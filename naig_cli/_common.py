@@ -91,6 +91,9 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "local_steps": "--local-steps",  # local updates (docs/design.md §12)
     "outer_lr": "--outer-lr",
     "outer_momentum": "--outer-momentum",
+    "topology": "--topology",
+    "gossip_step": "--gossip-step",
+    "gasloc_form": "--gasloc-form",
     # naig staleness (naig.arrivals)
     "workers": "--workers",
     "compute": "--compute",

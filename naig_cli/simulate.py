@@ -20,7 +20,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from naig.choices import ARRIVAL_MODES, DEVICES, ENGINES, MODELS, OPTIMIZERS, REFERENCES
+from naig.choices import (
+    ARRIVAL_MODES,
+    DEVICES,
+    ENGINES,
+    GASLOC_FORMS,
+    MODELS,
+    OPTIMIZERS,
+    REFERENCES,
+    TOPOLOGIES,
+)
 from naig.errors import UsageError
 from naig_cli._common import (
     choice_enum,
@@ -43,6 +52,7 @@ Optimizer, Device, Model = choice_enum("Optimizer", OPTIMIZERS), choice_enum("De
     choice_enum("Model", MODELS)
 ArrivalMode, Reference, Engine = choice_enum("ArrivalMode", ARRIVAL_MODES), \
     choice_enum("Reference", REFERENCES), choice_enum("Engine", ENGINES)
+Topology, GaslocForm = choice_enum("Topology", TOPOLOGIES), choice_enum("GaslocForm", GASLOC_FORMS)
 
 COMMON, RULES, LAGS, ARRIVALS, LOCAL, DISTRIBUTED, OUTPUT = (
     "Common", "Rules", "Fixed lags (the default setting)", "Arrivals (--arrivals)",
@@ -77,7 +87,7 @@ def simulate(
         "--strategies", "Comma list of rules: sync, hogwild, naig, naig-exact, naig-blind, fresh-only, "
         "drop-stale, staleness, staleness-lr, dc-asgd, dc-asgd-a, gap-aware, median, trimmed-mean, krum, "
         "multi-krum, centered-clip; with --arrivals also the local-update methods diloco, diloco-naig, "
-        "diloco-naig-exact, gasloc, local-sgd, allreduce.", COMMON,
+        "diloco-naig-exact, gasloc, gossip-adam, local-sgd, allreduce.", COMMON,
         "naig,naig-blind,fresh-only,hogwild,staleness,sync (without fresh-only beside --arrivals or "
         "--engine distributed)")] = None,
     steps: Annotated[int | None, _o("--steps", "Server steps per run.", COMMON, "150")] = None,
@@ -143,11 +153,20 @@ def simulate(
         "--local-steps", "Inner steps H per round, one or one per worker, e.g. 10 or 10,10,5,2.", LOCAL,
         "10")] = None,
     outer_lr: Annotated[float | None, _o(
-        "--outer-lr", "Outer learning rate of diloco and diloco-naig (default 0.7) and gasloc (default: "
-        "--lr).", LOCAL)] = None,
+        "--outer-lr", "Outer learning rate: diloco's and diloco-naig's SGD, gasloc's η (default 0.7); "
+        "gossip-adam's Adam (default: --lr).", LOCAL)] = None,
     outer_momentum: Annotated[float | None, _o(
-        "--outer-momentum", "Outer Nesterov momentum of diloco and diloco-naig, Adam β1 of gasloc.", LOCAL,
-        "0.9")] = None,
+        "--outer-momentum", "Outer Nesterov momentum of diloco and diloco-naig, gasloc's γ (0: not "
+        "accelerated), Adam β1 of gossip-adam.", LOCAL, "0.9")] = None,
+    topology: Annotated[Topology | None, _o(
+        "--topology", "gasloc's graph each round: a random one-peer or two-peer matching, the complete "
+        "graph (with the default α: diloco), or a ring.", LOCAL, "one-peer")] = None,
+    gossip_step: Annotated[float | None, _o(
+        "--gossip-step", "gasloc's α in W = I - αΛ, at most 1/(largest degree).", LOCAL,
+        "1/(largest degree + 1)")] = None,
+    gasloc_form: Annotated[GaslocForm | None, _o(
+        "--gasloc-form", "gasloc's momentum on the mixed iterates (diloco on a complete graph) or on the "
+        "un-mixed proposals (the summarised update).", LOCAL, "mixed")] = None,
     engine: Annotated[Engine | None, _o(
         "--engine", "simulated: one process; distributed: a parameter server and --nproc - 1 worker "
         "processes (torch.distributed; spawned here, or started by torchrun).", DISTRIBUTED,
@@ -216,7 +235,8 @@ def _options(**given: Any) -> dict[str, Any]:
         uplink=g["uplink"], downlink=g["downlink"], mode=_value(g["mode"]), window=g["window"],
         bandwidth=floats("bandwidth"),
         local_steps=_positive_ints(g["local_steps"]), outer_lr=g["outer_lr"],
-        outer_momentum=g["outer_momentum"],
+        outer_momentum=g["outer_momentum"], topology=_value(g["topology"]), gossip_step=g["gossip_step"],
+        gasloc_form=_value(g["gasloc_form"]),
         engine=_value(g["engine"]), nproc=nproc,
         slowdown=floats("slowdown"),
         sketch_first=g["sketch_first"] or None, timeout=g["timeout"],
@@ -486,7 +506,8 @@ def _method(r: SimulateResult, name: str) -> str:
         return ""
     h = ",".join(map(str, m["local_steps"]))
     ref = f"; vs {m['reference']}" if m["reference"] else ""
-    return f" ({m['inner']} → {m['outer']} lr {m['outer_lr']:g} m {m['outer_momentum']:g}; H {h}{ref})"
+    outer = f"{m['form']} gossip on {m['topology']}" if m["outer"] == "gossip" else m["outer"]
+    return f" ({m['inner']} → {outer} lr {m['outer_lr']:g} m {m['outer_momentum']:g}; H {h}{ref})"
 
 
 

@@ -288,7 +288,7 @@ def test_lr_list_tunes_on_validation_and_reports_test(tmp_path: Path) -> None:
     rows = (tmp_path / "logs" / "naig-seed1-lr0.003.csv").read_text().splitlines()
     assert rows[0] == "step,time_s,train_loss,val_loss,pi_0,pi_1" and len(rows) == 7
     assert rows[3].split(",")[3] != "" and rows[1].split(",")[3] == ""  # val every 3 steps
-    assert doc["environment"]["torch"] == torch.__version__ and doc["schema_version"] == 3
+    assert doc["environment"]["torch"] == torch.__version__ and doc["schema_version"] == 4
 
 
 def test_progress_lines_without_a_terminal() -> None:
@@ -315,6 +315,16 @@ LOCAL = ["simulate", "--steps", "4", "--seeds", "1", "--data-bytes", "200000", "
     (["--arrivals", "exp:1,exp:2", "--strategies", "gasloc", "--outer-momentum", "1"],
      "--outer-momentum 1.0"),
     (["--arrivals", "exp:1,exp:2", "--bandwidth", "fast"], "--bandwidth 'fast'"),
+    (["--arrivals", "exp:1,exp:2", "--strategies", "diloco", "--topology", "ring"],
+     "--topology 'ring': applies to gasloc only"),
+    (["--arrivals", "exp:1,exp:2,exp:1", "--strategies", "gasloc", "--topology", "two-peer", "--gossip-step",
+      "0.75"], "--gossip-step 0.75: a two-peer graph of 3 workers has degree up to 2"),
+    (["--arrivals", "exp:1,exp:2", "--strategies", "diloco", "--gossip-step", "0.5"],
+     "--gossip-step 0.5: applies to gasloc only"),
+    (["--arrivals", "exp:1,exp:2", "--strategies", "gasloc", "--gasloc-form", "nesterov"],
+     "Invalid value for '--gasloc-form'"),
+    (["--arrivals", "exp:1,exp:2", "--strategies", "gossip-adam", "--faults", "0:nan"],
+     "--faults '0:nan': gossip-adam has no server"),
     (["--arrivals", "exp:1,exp:2", "--bandwidth", "1e6,-1"], "--bandwidth 1000000.0,-1.0"),
 ])
 def test_local_update_usage_errors(args: list[str], message: str) -> None:
@@ -325,9 +335,8 @@ def test_local_update_usage_errors(args: list[str], message: str) -> None:
 
 
 def test_local_updates_report_bytes_seconds_and_samples() -> None:
-    args = [*LOCAL, "--strategies", "diloco,gasloc,local-sgd,allreduce,diloco-naig,naig", "--local-steps",
-            "2",
-            "--bandwidth", "1e6"]
+    args = [*LOCAL, "--strategies", "diloco,gasloc,gossip-adam,local-sgd,allreduce,diloco-naig,naig",
+            "--local-steps", "2", "--bandwidth", "1e6", "--topology", "ring", "--gossip-step", "0.25"]
     doc = json.loads(RUNNER.invoke(app, [*args, "--json"]).stdout)
     arrivals = doc["config"]["arrivals"]
     assert arrivals["local"]["steps"] == [2] and arrivals["bandwidth"] == [1e6]
@@ -336,11 +345,15 @@ def test_local_updates_report_bytes_seconds_and_samples() -> None:
         assert len(s["bytes_per_worker"]) == 4 and s["curve_seconds"][-1] > 0
     runs = {r["strategy"]: r for r in doc["runs"]}
     assert runs["diloco-naig"]["local"]["weighting"] == "gibbs"
-    assert runs["gasloc"]["local"]["topology"] == "gossip"
+    assert runs["gasloc"]["local"]["topology"] == "ring" and runs["gasloc"]["local"]["gossip_step"] == 0.25
+    assert runs["gossip-adam"]["local"]["topology"] == "async-pairs"
+    assert runs["gasloc"]["bytes_per_worker"] == [2 * 2 * 4 * doc["n_params"]] * 4  # 2 rounds, 2 peers, 4n
     assert runs["naig"]["local"] is None and runs["naig"]["staleness"]["mean"] >= 0  # the gradient rule
     assert runs["diloco"]["local"]["outer"] == "sgd-nesterov" and runs["diloco"]["local"]["rounds"] == 2
     text = RUNNER.invoke(app, args, env={"COLUMNS": "200"}).stdout
-    assert "bytes sent per worker" in text and "  gasloc (adamw → adam lr 0.001 m 0.9; H 2,2,2,2): " in text
+    assert "bytes sent per worker" in text
+    assert "  gossip-adam (adamw → adam lr 0.001 m 0.9; H 2,2,2,2): " in text
+    assert "  gasloc (adamw → mixed gossip on ring lr 0.7 m 0.9; H 2,2,2,2): " in text
 
 
 def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid() -> None:

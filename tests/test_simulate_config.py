@@ -10,13 +10,15 @@ import pytest
 from naig.errors import UsageError
 from naig.simulate import SimulateConfig
 from naig.simulate.config import OPTIONS
-from naig.simulate.settings import ArrivalsSetting, DistributedSetting, LagsSetting
+from naig.simulate.results import SCHEMA_VERSION
+from naig.simulate.settings import ArrivalsSetting, DistributedSetting, LagsSetting, LocalUpdates
 
 TREES = {
     "lags": dict(lags=(0, 3), warmup_theta0=True, steps=7, faults=("1:noise:0.5@2",), beta=0.5),
     "arrivals": dict(arrivals="exp:1,gamma:2:3", uplink="const:0.1", mode="non-blocking", window=2,
-                     strategies=("naig", "diloco", "diloco-naig"), local_steps=(3, 2), outer_lr=0.5,
-                     bandwidth=(1e6,), clip=2.0),
+                     strategies=("naig", "diloco", "diloco-naig", "gasloc"), local_steps=(3, 2), outer_lr=0.5,
+                     bandwidth=(1e6,), clip=2.0, topology="complete", gossip_step=0.5,
+                     gasloc_form="summarised"),
     "distributed": dict(engine="distributed", nproc=4, window=3, slowdown=(1, 2, 3), timeout=5,
                         faults=("2:kill@4", "0:scale:3"), strategies=("naig", "hogwild")),
 }
@@ -48,7 +50,7 @@ def test_every_option_maps_to_one_path_of_the_tree() -> None:
               "rules": set(SimulateConfig().rules.__dataclass_fields__),
               "lags": set(LagsSetting.__dataclass_fields__),
               "arrivals": set(ArrivalsSetting.__dataclass_fields__),
-              "arrivals.local": {"steps", "outer_lr", "outer_momentum"},
+              "arrivals.local": set(LocalUpdates.__dataclass_fields__),
               "distributed": set(DistributedSetting.__dataclass_fields__),
               "setting": {"window"}}
     for option, (section, key) in OPTIONS.items():
@@ -126,3 +128,15 @@ def test_a_simulate_json_result_loads_as_its_config(tmp_path: Path) -> None:
     cfg = SimulateConfig.from_options(**TREES["lags"])
     (tmp_path / "r.json").write_text(json.dumps({"schema_version": 3, "config": cfg.to_dict(), "runs": []}))
     assert SimulateConfig.load(tmp_path / "r.json") == cfg
+
+
+def test_a_result_before_schema_4_names_naigs_gossip_gossip_adam(tmp_path: Path) -> None:
+    """Until schema 3, ``gasloc`` was naig's asynchronous gossip: such a result reloads as what it ran."""
+    cfg = SimulateConfig.from_options(arrivals="exp:1,exp:1", strategies=("gasloc", "diloco"), outer_lr=0.01)
+    for version, expected in ((3, ("gossip-adam", "diloco")), (SCHEMA_VERSION, ("gasloc", "diloco"))):
+        doc = {"schema_version": version, "config": cfg.to_dict(), "runs": []}
+        (tmp_path / "r.json").write_text(json.dumps(doc))
+        assert SimulateConfig.load(tmp_path / "r.json").strategies == expected
+    assert SCHEMA_VERSION == 4
+    (tmp_path / "c.json").write_text(json.dumps(cfg.to_dict()))  # a config file: the name's current meaning
+    assert SimulateConfig.load(tmp_path / "c.json").strategies == ("gasloc", "diloco")

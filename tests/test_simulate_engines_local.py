@@ -1,4 +1,5 @@
-"""Local updates and gossip on the simulated clock (naig.simulate.local_loop; docs/design.md §13)."""
+"""Local updates on the simulated clock (naig.simulate.engines.local; docs/design.md §13); the gossip
+methods are in test_simulate_engines_gossip.py."""
 
 import dataclasses
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from naig.gibbs import gibbs_weights
 from naig.simulate import SimulateConfig, Workload, run_experiment
 from naig.simulate.engines import start
 from naig.simulate.engines.arrivals import ArrivalRun
-from naig.simulate.engines.local import GossipRun, RoundRun, gossip_matrix, pseudo_gradients
+from naig.simulate.engines.local import RoundRun, pseudo_gradients
 
 BASE = dict(seeds=1, data_bytes=200_000, eval_every=0, eval_batches=1, batch_size=4)
 N_PARAMS = 120_576  # gpt-nano with the 256-byte vocabulary (checked below)
@@ -70,29 +71,6 @@ def test_local_sgd_h1_is_synchronous_averaging(float64: None) -> None:
         sync.step()
         torch.testing.assert_close(local.theta.detach(), sync.theta.detach(), rtol=0, atol=1e-12)
     assert local.done and sync.done and (local.theta.detach() - theta0).abs().max() > 1e-3
-
-
-def test_gossip_matrices_are_doubly_stochastic_and_preserve_the_mean() -> None:
-    rng = np.random.default_rng(0)
-    for k in range(2, 9):
-        for _ in range(20):
-            order = rng.permutation(k)
-            pairs = [(int(order[2 * i]), int(order[2 * i + 1])) for i in range(rng.integers(1, k // 2 + 1))]
-            w = gossip_matrix(k, pairs)
-            np.testing.assert_allclose(w, w.T, rtol=0, atol=0)
-            np.testing.assert_allclose(w.sum(0), 1.0, rtol=0, atol=1e-15)
-            np.testing.assert_allclose(w.sum(1), 1.0, rtol=0, atol=1e-15)
-            assert (w >= 0).all()
-            x = rng.normal(size=(k, 5))
-            np.testing.assert_allclose((w @ x).mean(0), x.mean(0), rtol=0, atol=1e-12)
-            i, j = pairs[0]  # a matching: α = 1/(1 + 1), the pair is averaged, the rest unchanged
-            np.testing.assert_allclose((w @ x)[[i, j]], np.tile((x[i] + x[j]) / 2, (2, 1)), atol=1e-15)
-    ring = gossip_matrix(4, [(0, 1), (1, 2), (2, 3), (3, 0)])  # degree 2: α = 1/3
-    np.testing.assert_allclose(ring[0], [1 / 3, 1 / 3, 0, 1 / 3], atol=1e-15)
-    np.testing.assert_allclose(ring.sum(0), 1.0, atol=1e-15)
-    np.testing.assert_array_equal(gossip_matrix(3, []), np.eye(3))
-    with pytest.raises(ValueError, match="two different workers"):
-        gossip_matrix(3, [(1, 1)])
 
 
 def test_pseudo_gradient_sign_moves_theta_toward_the_workers_mean() -> None:
@@ -154,40 +132,6 @@ def test_byte_counts_and_times_by_hand() -> None:
     np.testing.assert_array_equal(naig.bytes_sent, [2 * (4.0 * n + 56), 2 * (4.0 * n + 56)])  # + sketch
 
 
-def test_gasloc_exchanges_by_hand() -> None:
-    n = N_PARAMS
-    cfg = SimulateConfig.from_options(arrivals="const:1,const:1", uplink="const:0.5", bandwidth=(4.0 * n,),
-                         local_steps=(2,), steps=4, strategies=("gasloc",), **BASE)
-    run = start(Workload(cfg), "gasloc", seed=0)
-    assert isinstance(run, GossipRun)
-    times = []
-    while not run.done:
-        run.step()
-        times.append(run.time)
-    # both finish 2 steps at 2 s, exchange (0.5 + 4n/(4n) s), run 2 more steps, exchange again
-    assert times == pytest.approx([2.0, 2.0, 3.5, 5.5, 5.5, 7.0], abs=1e-12)
-    assert run.exchanges == 2 and run.gradients == 8 and run.t == 4
-    np.testing.assert_array_equal(run.bytes_sent, [8.0 * n, 8.0 * n])
-    torch.testing.assert_close(run.params[0].detach(), run.params[1].detach(), rtol=0, atol=0)  # averaged
-
-
-def test_gasloc_exchanges_preserve_the_workers_mean_and_slow_workers_gossip_less() -> None:
-    cfg = SimulateConfig.from_options(arrivals="const:1,const:1,const:1,const:4", local_steps=(2,), steps=12,
-                         strategies=("gasloc",), **BASE)
-    run = start(Workload(cfg), "gasloc", seed=0)
-    mixes = 0
-    while not run.done:
-        nxt = run.events[0]
-        before = run.theta.clone()
-        run.step()
-        if nxt[2] >= 0:  # an exchange ended: the pair was averaged
-            mixes += 1
-            torch.testing.assert_close(run.theta, before, rtol=0, atol=1e-6)
-    assert mixes == run.exchanges > 0 and run.gradients == run.budget == 48
-    assert run.bytes_sent.sum() == 2 * 4.0 * N_PARAMS * run.exchanges
-    assert run.bytes_sent[3] < run.bytes_sent[:3].min()  # the slow worker finishes fewer phases
-
-
 def test_naig_weights_pseudo_gradients_against_their_mean() -> None:
     cfg = SimulateConfig.from_options(arrivals="exp:1,exp:1,exp:2", local_steps=(2,), steps=4, beta=2.0,
                          strategies=("diloco-naig-exact",), **BASE)
@@ -204,7 +148,8 @@ def test_naig_weights_pseudo_gradients_against_their_mean() -> None:
 
 def test_every_strategy_gets_the_same_samples() -> None:
     cfg = SimulateConfig.from_options(arrivals="exp:1,exp:1,exp:2,exp:4", local_steps=(3, 2, 1, 1), steps=5,
-                         strategies=("diloco", "gasloc", "local-sgd", "allreduce", "naig", "hogwild"),
+                         strategies=("diloco", "gasloc", "gossip-adam", "local-sgd", "allreduce", "naig",
+                                     "hogwild"),
                          **{**BASE, "eval_every": 2})
     res = run_experiment(cfg)
     budget = cfg.steps * 4 * cfg.batch_size
@@ -249,7 +194,7 @@ def test_same_seed_same_numbers() -> None:
     (dict(arrivals="exp:1,exp:2", outer_momentum=0.5, strategies=("allreduce", "local-sgd")),
      "outer_momentum", "list one in `strategies`"),
     (dict(arrivals="exp:1,exp:2", local_steps=(5,), strategies=("hogwild", "allreduce")), "local_steps",
-     "diloco, diloco-naig, diloco-naig-exact, gasloc, local-sgd"),
+     "diloco, diloco-naig, diloco-naig-exact, gasloc, gossip-adam, local-sgd"),
     (dict(arrivals="exp:1,exp:2", strategies=("diloco",), local_steps=(1, 2, 3)), "local_steps",
      "one per worker"),
     (dict(arrivals="exp:1,exp:2", strategies=("diloco",), local_steps=(0,)), "local_steps", "int >= 1"),

@@ -9,7 +9,7 @@
     └── setting             exactly one of (naig.simulate.settings):
         ├── lags            LagsSetting: lags, warmup_theta0, save_grads, save_at
         ├── arrivals        ArrivalsSetting: compute, uplink, downlink, mode, window, bandwidth,
-        │   └── local       LocalUpdates: steps, outer_lr, outer_momentum
+        │   └── local       LocalUpdates: steps, outer_lr, outer_momentum, topology, gossip_step, form
         └── distributed     DistributedSetting: nproc, window, slowdown, sketch_first, timeout
 
 Each part validates its own fields on construction; ``SimulateConfig`` checks only what
@@ -136,6 +136,9 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "local_steps": ("arrivals.local", "steps"),
     "outer_lr": ("arrivals.local", "outer_lr"),
     "outer_momentum": ("arrivals.local", "outer_momentum"),
+    "topology": ("arrivals.local", "topology"),
+    "gossip_step": ("arrivals.local", "gossip_step"),
+    "gasloc_form": ("arrivals.local", "form"),
     "window": ("setting", "window"),  # arrivals and distributed both have one
     **{name: ("distributed", name) for name in ("nproc", "slowdown", "sketch_first", "timeout")},
 }
@@ -456,15 +459,31 @@ class SimulateConfig:
             check_faults(faults, self.workers, frozenset(FAULT_KINDS), "the distributed engine")
             return
         check_faults(faults, self.workers, GRADIENT_FAULTS, "the simulated engines")
-        check(not (faults and "gasloc" in self.strategies), "faults", self.faults[0] if faults else None,
-              "gasloc has no server to receive a faulty message; drop gasloc or the faults")
+        gossip = [n for n in self.strategies if n in _GOSSIP]
+        check(not (faults and gossip), "faults", self.faults[0] if faults else None,
+              f"{' and '.join(gossip)} {'have' if len(gossip) > 1 else 'has'} no server to receive a faulty "
+              "message; drop them or the faults")
+
+
+_GOSSIP = ("gasloc", "gossip-adam")  # the decentralised methods: no server, so no faults
+_RENAMED = {"gasloc": "gossip-adam"}  # results before schema 4: what their names mean now
 
 
 def config_tree(doc: dict[str, Any]) -> dict[str, Any]:
-    """The config tree of a document: itself, or the ``config`` block of a simulate JSON result."""
-    if "schema_version" in doc and isinstance(doc.get("config"), dict):
-        return doc["config"]
-    return doc
+    """The config tree of a document: itself, or the ``config`` block of a simulate JSON result.
+
+    A result of ``schema_version`` 3 or lower ran naig's asynchronous gossip under the name
+    ``gasloc``; its block names it ``gossip-adam`` (its name since schema 4), so the run it
+    describes is the run it reproduces. A config file has no version: ``gasloc`` there is
+    the paper's method (docs/design.md §13).
+    """
+    if "schema_version" not in doc or not isinstance(doc.get("config"), dict):
+        return doc
+    tree, version = doc["config"], doc["schema_version"]
+    names = tree.get("strategies")
+    if isinstance(version, int) and version <= 3 and isinstance(names, list | tuple):
+        tree = {**tree, "strategies": [_RENAMED.get(n, n) for n in names]}
+    return tree
 
 
 def _chosen_by(changes: dict[str, Any], current: str) -> str:

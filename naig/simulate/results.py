@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["SCHEMA_VERSION", "RunResult", "StrategySummary",
            "SimulateResult", "pi_stats", "summarise", "choose_lr"]
 
-SCHEMA_VERSION = 3  # of the simulate JSON document (3: RunResult.complete, not_run, one `faults`)
+SCHEMA_VERSION = 4  # of the simulate JSON document (3: RunResult.complete, not_run, one `faults`;
+#                     4: `gasloc` is GASLoC's accelerated gossip, 3's gasloc is `gossip-adam`)
 
 
 @dataclass(frozen=True)

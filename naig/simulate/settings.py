@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import ClassVar
 
 from naig.arrivals import ArrivalModel
-from naig.choices import ARRIVAL_MODES, LOCAL_METHODS
+from naig.choices import ARRIVAL_MODES, GASLOC_FORMS, LOCAL_METHODS, TOPOLOGIES
 from naig.errors import UsageError
 
 __all__ = ["LagsSetting", "ArrivalsSetting", "LocalUpdates", "DistributedSetting", "Setting", "SETTINGS",
-           "DEFAULT_LAGS", "MAX_LAG", "MAX_STEPS", "DEFAULT_LOCAL_STEPS", "MAX_TIMEOUT", "check",
-           "check_writable_dir", "as_tuple"]
+           "DEFAULT_LAGS", "MAX_LAG", "MAX_STEPS", "DEFAULT_LOCAL_STEPS", "MAX_TIMEOUT", "LOCAL_USERS",
+           "check", "check_writable_dir", "as_tuple"]
 
 DEFAULT_LAGS = (0, 10, 20, 35)  # the paper's Experiment B
 MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
@@ -165,13 +165,22 @@ class LocalUpdates:
 
     Attributes:
         steps: inner steps H per round, one value or one per worker (None: 10).
-        outer_lr: outer learning rate (None: diloco 0.7, gasloc the inner lr).
-        outer_momentum: diloco's Nesterov momentum, gasloc's Adam β1 (None: 0.9).
+        outer_lr: outer learning rate η (None: 0.7 for diloco and gasloc, the inner lr for
+            gossip-adam).
+        outer_momentum: diloco's Nesterov momentum, gasloc's γ, gossip-adam's Adam β1 (None: 0.9).
+        topology: gasloc's graph of a round, one of ``TOPOLOGIES`` (None: ``one-peer``).
+        gossip_step: gasloc's gossip step α of W = I − αΛ, in (0, 1/d] for the topology's largest
+            degree d (None: 1/(d_max + 1) of each round's graph, Xiao and Boyd 2004).
+        form: gasloc's momentum on the ``mixed`` iterates or the un-mixed proposals
+            (``summarised``), one of ``GASLOC_FORMS`` (None: ``mixed``).
     """
 
     steps: tuple[int, ...] | None = None
     outer_lr: float | None = None
     outer_momentum: float | None = None
+    topology: str | None = None
+    gossip_step: float | None = None
+    form: str | None = None
 
     def __post_init__(self) -> None:
         if self.steps is not None:
@@ -186,11 +195,29 @@ class LocalUpdates:
         check(m is None or (isinstance(m, int | float) and math.isfinite(m) and 0 <= m < 1),
               "outer_momentum", m,
               "use a value in [0, 1), e.g. 0.9 (0: no momentum)")
+        check(self.topology is None or self.topology in TOPOLOGIES, "topology", self.topology,
+              f"use one of {', '.join(TOPOLOGIES)}")
+        a = self.gossip_step
+        check(a is None or (isinstance(a, int | float) and math.isfinite(a) and 0 < a <= 1), "gossip_step", a,
+              "use a value in (0, 1/d] for the topology's largest degree d, e.g. 0.5 on a one-peer matching")
+        check(self.form is None or self.form in GASLOC_FORMS, "gasloc_form", self.form,
+              f"use one of {', '.join(GASLOC_FORMS)}")
 
     def given(self) -> dict[str, object]:
         """The options given (not None), by their option names."""
-        names = {"steps": "local_steps", "outer_lr": "outer_lr", "outer_momentum": "outer_momentum"}
-        return {names[k]: v for k, v in vars(self).items() if v is not None}
+        return {_LOCAL_OPTION.get(k, k): v for k, v in vars(self).items() if v is not None}
+
+    def max_degree(self, workers: int) -> int:
+        """The largest degree any round's graph of ``topology`` can have with ``workers`` workers."""
+        k, top = workers, self.topology or "one-peer"
+        return {"one-peer": 1, "two-peer": 2, "complete": k - 1, "ring": 2}[top] if k > 2 else min(k - 1, 1)
+
+
+_LOCAL_OPTION = {"steps": "local_steps", "form": "gasloc_form"}  # LocalUpdates field → option name
+# the local-update options and the methods that use them (the others refuse them)
+_OUTER = ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "gossip-adam")
+LOCAL_USERS = {"local_steps": (*_OUTER, "local-sgd"), "outer_lr": _OUTER, "outer_momentum": _OUTER,
+               "topology": ("gasloc",), "gossip_step": ("gasloc",), "gasloc_form": ("gasloc",)}
 
 
 @dataclass(frozen=True)
@@ -238,6 +265,10 @@ class ArrivalsSetting:
         h = self.local.steps
         check(h is None or len(h) in (1, k), "local_steps", h,
               f"use one int >= 1, or one per worker ({k}), e.g. 10 or 10,10,5,2")
+        d, a = self.local.max_degree(k), self.local.gossip_step
+        if a is not None and d > 0:
+            check(a <= 1 / d, "gossip_step", a, f"a {self.local.topology or 'one-peer'} graph of {k} workers "
+                  f"has degree up to {d}; use α in (0, {1 / d:.4g}] so that W = I − αΛ stays non-negative")
 
     @cached_property
     def workers(self) -> int:
@@ -262,13 +293,11 @@ class ArrivalsSetting:
 
     def check_rules(self, strategies: tuple[str, ...], steps: int) -> None:
         """The local block's options are used by a listed local-update method."""
-        users = {"local_steps": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "local-sgd"),
-                 "outer_lr": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc"),
-                 "outer_momentum": ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc")}
         for name, value in self.local.given().items():
-            check(any(n in users[name] for n in strategies), name, value,
-                  f"applies to local-update strategies only ({', '.join(users[name])}); "
-                  "list one in `strategies`")
+            users = LOCAL_USERS[name]
+            what = f"local-update strategies only ({', '.join(users)}); list one" if len(users) > 1 else \
+                f"{users[0]} only; list it"
+            check(any(n in users for n in strategies), name, value, f"applies to {what} in `strategies`")
 
     def inner_steps(self) -> tuple[int, ...]:
         """H_i of every worker (K values): ``local.steps`` spread to K, or the default 10 each."""

@@ -50,12 +50,15 @@ def buffer_rows(config: SimulateConfig) -> tuple[int, str]:
 
     Fixed lags: K gradients, K stale parameter rows and the ring of min(max τ, steps − 1) + 1
     versions; arrivals: 2B window rows and at most K + 1 versions; local updates: per worker a
-    replica, a gradient, a pseudo-gradient and AdamW's two moments; plus θ and its optimizer (3).
+    replica, a gradient, a pseudo-gradient and AdamW's two moments; plus θ and its optimizer (3);
+    gasloc and gossip-adam: at most 9 per worker (docs/design.md §13).
     """
     s, k = config.setting, config.workers
     if s.NAME == "lags":
         return 2 * k + min(max(s.lags), config.steps - 1) + 1 + 3, "lags"
     local = 5 * k + 3 if any(r in LOCAL_METHODS for r in config.strategies) else 0
+    if {"gasloc", "gossip-adam"} & set(config.strategies):  # + θ^i, previous, proposals (Adam's moments)
+        local = 9 * k + 3
     return max(2 * config.window + k + 1 + 3, local), "arrivals" if s.NAME == "arrivals" else "nproc"
 
 

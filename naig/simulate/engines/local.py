@@ -4,7 +4,8 @@ See docs/design.md §13.
 
 Every round-based method's outer step is a ``ServerState.apply`` on the batch of
 pseudo-gradients (faults act on what the workers send: Δ_k, or the gradient for
-``allreduce``); ``gasloc`` has no server and refuses faults.
+``allreduce``); the decentralised methods (``gasloc``, ``gossip-adam``:
+``naig.simulate.engines.gossip``) have no server and refuse faults.
 
 Every worker k keeps a replica θ_k and runs inner optimizer steps on its own minibatch
 stream; each inner step costs one compute-time draw of its ``arrivals`` distribution.
@@ -22,19 +23,22 @@ The pseudo-gradient of a phase is Δ_k = θ_start − θ_k (gradient-like: an ou
                 (H = 1 is synchronous SGD)                Stich 2019; Lin et al. 2020
 ``allreduce``   data-parallel: every step the ring all-reduce mean of K gradients at θ, one
                 AdamW step (the inner optimizer of diloco, at the inner lr)
-``gasloc``      decentralised and asynchronous: worker k runs H_k inner AdamW steps, applies
-                an outer Adam step to its own Δ_k (lr = the inner lr), then averages its
-                parameters with one random peer (W = I − αL of a one-edge matching, α = 1/2)
-                as soon as both are ready              Cagnasso, Belilovsky, Oyallon 2026
+``gasloc``      decentralised, synchronous rounds: inner AdamW phases, then accelerated
+                gossip of the proposals θ + ηg over a random matching (or a complete graph,
+                or a ring) with momentum γ; DiLoCo on a complete graph
+                                                       Cagnasso, Belilovsky, Oyallon 2026
+``gossip-adam`` naig's asynchronous variant: a local outer Adam step, then pairwise averaging
 ==============  ===========================================================================
 
-Budget: every method consumes the same ``steps × K`` minibatch gradients (equal samples);
-a synchronous round that would overshoot is shortened in proportion to H_k.
+Per-worker H_k, the shortened last round and torch's AdamW defaults are naig's choices, not
+the papers'. Budget: every method consumes the same ``steps × K`` minibatch gradients (equal
+samples); a synchronous round that would overshoot is shortened in proportion to H_k.
 
 Time: a round lasts max_k (compute of its H_k steps) plus the all-reduce; a ring all-reduce
 is 2(K − 1) steps, each max_i (latency_i + (4n/K) / min(bw_i, bw_{i+1})); a gossip exchange
-costs max(latency_i, latency_j) + 4n / min(bw_i, bw_j). Latencies are draws of ``uplink``.
-Bytes sent per worker: 2(K − 1)/K · 4n per all-reduce, 4n per gossip exchange, plus
+costs max(latency_i, latency_j) + 4n / min(bw_i, bw_j) (gasloc's rounds: ``engines.gossip``).
+Latencies are draws of ``uplink``. Bytes sent per worker: 2(K − 1)/K · 4n per all-reduce, 4n per
+peer and gossip round, plus
 (K − 1) · 56 for ``diloco-naig``'s all-gather of the 14-float sketches. The random streams are
 ``naig.arrivals.worker_stream(seed, worker, component, family=2)``: every local method of a
 seed sees the same compute and latency draws.
@@ -52,7 +56,6 @@ Example:
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -80,23 +83,28 @@ if TYPE_CHECKING:
 __all__ = [
     "LOCAL_METHODS",
     "LOCAL_FAMILY",
+    "DILOCO_OUTER",
+    "GASLOC_OUTER_LR",
     "LocalEngine",
     "LocalMethod",
     "resolve_method",
     "LocalClock",
     "LocalRun",
     "RoundRun",
-    "GossipRun",
     "PseudoMean",
     "PseudoGibbs",
-    "gossip_matrix",
+    "outer_options",
     "pseudo_gradients",
+    "round_steps",
 ]
 
 _GIBBS = {"diloco-naig": "naig", "diloco-naig-exact": "naig-exact"}  # the energy each one uses
 
 LOCAL_FAMILY = 2  # worker_stream family of local-update runs (0: arrivals, 1: synchronous rounds)
-_PEER = 4  # worker_stream component of a worker's random peer choices
+DILOCO_OUTER = (0.7, 0.9)  # diloco's outer SGD lr and Nesterov momentum (Douillard et al. 2023)
+# gasloc's η (γ: DiLoCo's momentum too), so that gasloc on a complete graph is diloco with its defaults
+# (the GASLoC paper's own values were not at hand: docs/design.md §13)
+GASLOC_OUTER_LR = DILOCO_OUTER[0]
 _SKETCH_BYTES = SKETCH_DIM * 4  # one 14-float32 sketch
 
 
@@ -107,12 +115,15 @@ class LocalMethod:
     Attributes:
         name: the method's name, one of ``LOCAL_METHODS``.
         inner: ``adamw``, ``sgd`` or ``none`` (``allreduce``: workers only compute gradients).
-        outer: ``sgd`` (Nesterov when ``momentum`` > 0), ``adam`` (``momentum`` is β1) or
-            ``adamw`` (``allreduce``: the data-parallel optimizer).
-        outer_lr: the outer learning rate.
-        momentum: outer momentum (SGD) or β1 (Adam); 0 for none.
-        topology: ``allreduce`` (synchronous rounds) or ``gossip`` (asynchronous pairs).
+        outer: ``sgd`` (Nesterov when ``momentum`` > 0), ``adam`` (``momentum`` is β1),
+            ``adamw`` (``allreduce``: the data-parallel optimizer) or ``gossip`` (gasloc).
+        outer_lr: the outer learning rate (gasloc's η).
+        momentum: outer momentum (SGD), β1 (Adam) or gasloc's γ; 0 for none.
+        topology: ``allreduce`` (synchronous rounds with a server), ``async-pairs``
+            (gossip-adam) or gasloc's graph (one of ``TOPOLOGIES``).
         weighting: ``mean`` or ``gibbs`` (diloco-naig: reference = the mean pseudo-gradient).
+        gossip_step: gasloc's α (None: 1/(d_max + 1) of each round's graph).
+        form: gasloc's ``mixed`` or ``summarised`` momentum (None for the other methods).
     """
 
     name: str
@@ -122,6 +133,8 @@ class LocalMethod:
     momentum: float
     topology: str = "allreduce"
     weighting: str = "mean"
+    gossip_step: float | None = None
+    form: str | None = None
 
 
 def resolve_method(name: str, config: SimulateConfig, lr: float) -> LocalMethod:
@@ -129,9 +142,10 @@ def resolve_method(name: str, config: SimulateConfig, lr: float) -> LocalMethod:
 
     Args:
         name: a name in ``LOCAL_METHODS``.
-        config: ``outer_lr`` / ``outer_momentum`` override diloco, diloco-naig and gasloc (local-sgd is
-            outer lr 1 without momentum by definition; allreduce has no outer step).
-        lr: the inner learning rate (gasloc's default outer lr).
+        config: ``outer_lr`` / ``outer_momentum`` override diloco, diloco-naig, gasloc and gossip-adam
+            (local-sgd is outer lr 1 without momentum by definition; allreduce has no outer step);
+            ``topology``, ``gossip_step`` and ``form`` are gasloc's.
+        lr: the inner learning rate (gossip-adam's default outer lr).
 
     Example:
         >>> from naig.simulate.config import SimulateConfig
@@ -141,15 +155,19 @@ def resolve_method(name: str, config: SimulateConfig, lr: float) -> LocalMethod:
         ('adamw', 'sgd', 0.7, 0.9)
     """
     local = config.setting.local
-    mom = 0.9 if local.outer_momentum is None else local.outer_momentum
+    mom = DILOCO_OUTER[1] if local.outer_momentum is None else local.outer_momentum
     if name == "gasloc":
-        return LocalMethod(name, "adamw", "adam", local.outer_lr or lr, mom, topology="gossip")
+        return LocalMethod(name, "adamw", "gossip", local.outer_lr or GASLOC_OUTER_LR, mom,
+                           topology=local.topology or "one-peer", gossip_step=local.gossip_step,
+                           form=local.form or "mixed")
+    if name == "gossip-adam":
+        return LocalMethod(name, "adamw", "adam", local.outer_lr or lr, mom, topology="async-pairs")
     if name == "local-sgd":
         return LocalMethod(name, "sgd", "sgd", 1.0, 0.0)
     if name == "allreduce":
         return LocalMethod(name, "none", "adamw", lr, 0.0)
     weighting = "gibbs" if name in _GIBBS else "mean"
-    return LocalMethod(name, "adamw", "sgd", local.outer_lr or 0.7, mom, weighting=weighting)
+    return LocalMethod(name, "adamw", "sgd", local.outer_lr or DILOCO_OUTER[0], mom, weighting=weighting)
 
 
 class PseudoMean:
@@ -208,41 +226,16 @@ class LocalEngine:
 
     @staticmethod
     def start(workload: Workload, rule: str, seed: int, lr: float) -> LocalRun:
-        """A local-update run at time 0 (``GossipRun`` for gasloc, ``RoundRun`` otherwise)."""
+        """A local-update run at time 0 (``engines.gossip``'s runs for gasloc and gossip-adam, else a
+        ``RoundRun``)."""
+        from naig.simulate.engines.gossip import GaslocRun, GossipAdamRun  # it builds on this module
+
         method = resolve_method(rule, workload.config, lr)
-        if method.topology == "gossip":
-            return GossipRun(workload, method, seed, lr)
+        if rule == "gasloc":
+            return GaslocRun(workload, method, seed, lr)
+        if rule == "gossip-adam":
+            return GossipAdamRun(workload, method, seed, lr)
         return RoundRun(workload, method, seed, lr, _pseudo_rule(workload, method, lr))
-
-
-def gossip_matrix(workers: int, edges: list[tuple[int, int]]) -> np.ndarray:
-    """The gossip matrix W = I − αL of a graph, α = 1/(d_max + 1) (docs/design.md §13).
-
-    L = Σ_{(i,j) ∈ edges} (e_i − e_j)(e_i − e_j)ᵀ is the graph Laplacian and d_max its
-    largest degree. W is symmetric with rows summing to 1, hence doubly stochastic, and
-    it preserves the mean of the rows it mixes; on a matching (d_max = 1) it averages
-    each matched pair.
-
-    Args:
-        workers: K.
-        edges: pairs (i, j), i ≠ j, in 0..K−1.
-
-    Returns:
-        (K, K) float64.
-
-    Example:
-        >>> gossip_matrix(3, [(0, 2)]).tolist()
-        [[0.5, 0.0, 0.5], [0.0, 1.0, 0.0], [0.5, 0.0, 0.5]]
-    """
-    lap = np.zeros((workers, workers))
-    for i, j in edges:
-        if i == j:
-            raise ValueError(f"an edge joins two different workers, got ({i}, {j})")
-        lap[[i, j], [i, j]] += 1.0
-        lap[i, j] -= 1.0
-        lap[j, i] -= 1.0
-    alpha = 1.0 / (float(np.diag(lap).max(initial=0.0)) + 1.0)
-    return np.eye(workers) - alpha * lap
 
 
 def pseudo_gradients(theta: Tensor, replicas: Tensor) -> Tensor:
@@ -278,7 +271,7 @@ class LocalClock:
         self.model, self.workers, self.message = model, k, 4.0 * n_params
         self._compute = [worker_stream(seed, w, COMPUTE, LOCAL_FAMILY) for w in range(k)]
         self._latency = [worker_stream(seed, w, UPLINK, LOCAL_FAMILY) for w in range(k)]
-        self._bw = np.asarray(model.bandwidth or (math.inf,) * k, dtype=np.float64)
+        self.bandwidth = np.asarray(model.bandwidth or (math.inf,) * k, dtype=np.float64)  # (K,) bytes/s
 
     def compute(self, worker: int, steps: int) -> float:
         """Seconds of ``steps`` inner steps of ``worker`` (one draw each)."""
@@ -292,12 +285,13 @@ class LocalClock:
 
     def exchange(self, i: int, j: int) -> float:
         """Seconds of a pairwise exchange of 4n bytes each way between workers i and j."""
-        return max(self.latency(i), self.latency(j)) + self.message / float(min(self._bw[i], self._bw[j]))
+        slower = float(min(self.bandwidth[i], self.bandwidth[j]))
+        return max(self.latency(i), self.latency(j)) + self.message / slower
 
     def allreduce(self) -> float:
         """Seconds of a ring all-reduce of 4n bytes: 2(K − 1) steps of 4n/K bytes per worker."""
         k = self.workers
-        link = np.minimum(self._bw, np.roll(self._bw, -1))  # worker i sends to i + 1
+        link = np.minimum(self.bandwidth, np.roll(self.bandwidth, -1))  # worker i sends to i + 1
         return float(sum(max(self.latency(i) + self.message / k / link[i] for i in range(k))
                          for _ in range(2 * (k - 1))))
 
@@ -309,11 +303,11 @@ class LocalRun:
         method: the ``LocalMethod`` (``name`` is the method's name).
         replicas: (K) ``nn.Parameter`` (n,) inner parameters of each worker.
         gradients: minibatch gradients consumed (the budget is ``steps × K``).
-        t: outer steps (rounds; for gasloc one per worker phase).
+        t: outer steps (rounds; for gossip-adam one per worker phase).
         time: simulated seconds.
         bytes_sent: (K,) float64 bytes each worker has sent.
         busy: (K,) float64 compute seconds of each worker.
-        history: π of each round (gasloc: none).
+        history: π of each round (gasloc, gossip-adam: none).
         diverged_at: outer step at which a gradient or parameter became non-finite.
     """
 
@@ -402,7 +396,7 @@ class LocalRun:
                 "reference": "mean pseudo-gradient" if m.weighting == "gibbs" else None}
 
 
-def _outer_options(m: LocalMethod) -> tuple[str, dict[str, Any]]:
+def outer_options(m: LocalMethod) -> tuple[str, dict[str, Any]]:
     """The outer optimizer on θ: SGD (Nesterov when momentum > 0), Adam (β1 = momentum) or AdamW."""
     if m.outer == "sgd":
         return "sgd", {"momentum": m.momentum, "nesterov": m.momentum > 0}
@@ -411,7 +405,7 @@ def _outer_options(m: LocalMethod) -> tuple[str, dict[str, Any]]:
     return "adamw", {}
 
 
-def _round_steps(h: tuple[int, ...], remaining: int) -> list[int]:
+def round_steps(h: tuple[int, ...], remaining: int) -> list[int]:
     """Inner steps per worker this round: H, or H scaled down to the ``remaining`` budget
     (largest remainders first, ties to the lower worker), so the total is exactly equal."""
     total = sum(h)
@@ -436,7 +430,7 @@ class RoundRun(OnServer, LocalRun):
     def __init__(self, workload: Workload, method: LocalMethod, seed: int, lr: float,
                  rule: PseudoMean | PseudoGibbs) -> None:
         super().__init__(workload, method, seed, lr)
-        kind, options = _outer_options(method)
+        kind, options = outer_options(method)
         c = workload.config
         self.state = ServerState(self.replicas[0].detach().clone(), rule, kind, method.outer_lr,
                                  len(self.replicas), c.fault_list, workload.fault_generator(seed), **options)
@@ -446,7 +440,7 @@ class RoundRun(OnServer, LocalRun):
 
     def step(self) -> None:
         """One round: inner phases, one ``ServerState.apply`` on the pseudo-gradients."""
-        steps = _round_steps(self.steps_per_phase, self.budget - self.gradients)
+        steps = round_steps(self.steps_per_phase, self.budget - self.gradients)
         start, compute = self.theta, [0.0]
         for w, h in enumerate(steps):
             seconds = self.inner_phase(w, start, h) if h else 0.0
@@ -477,110 +471,3 @@ class RoundRun(OnServer, LocalRun):
     def describe(self) -> dict[str, Any]:
         """See ``LocalRun.describe``; rounds are the outer steps."""
         return {**super().describe(), "rounds": self.t}
-
-
-class GossipRun(LocalRun):
-    """gasloc: asynchronous local phases, local outer Adam steps, pairwise gossip.
-
-    ``step()`` handles the next event: the end of a worker's phase (its outer step, then an
-    exchange when a peer is ready) or the end of an exchange (the pair's parameters are
-    averaged and both start their next phase). A worker whose phase ends first serves a
-    waiting worker that drew it as peer; otherwise it draws a peer uniformly among the
-    others and exchanges at once if that peer is waiting, else waits for it. No set of
-    workers can all wait at once, so every run spends its budget.
-
-    Attributes:
-        params: (K) ``nn.Parameter`` each worker's outer iterate (its outer Adam owns it).
-        theta: (n,) the consensus model mean_k params_k (what is evaluated).
-        exchanges: pairwise exchanges completed.
-    """
-
-    def __init__(self, workload: Workload, method: LocalMethod, seed: int, lr: float) -> None:
-        super().__init__(workload, method, seed, lr)
-        k = len(self.replicas)
-        self.params = [nn.Parameter(p.detach().clone()) for p in self.replicas]
-        kind, options = _outer_options(method)
-        self.outer = [make_optimizer(kind, [p], method.outer_lr, **options) for p in self.params]
-        self.peers = [worker_stream(seed, w, _PEER, LOCAL_FAMILY) for w in range(k)]
-        self.events: list[tuple[float, int, int]] = []  # (time, worker, peer; −1: end of a phase)
-        self.phase = [0] * k  # inner steps of each worker's current phase
-        self.waiting: dict[int, tuple[float, int]] = {}  # worker → (ready since, the peer it drew)
-        self.started = self.exchanges = 0
-        for w in range(k):
-            self._start(w, 0.0)
-
-    @property
-    def theta(self) -> Tensor:
-        """(n,) the consensus model: the mean of the workers' outer iterates."""
-        return torch.stack([p.detach() for p in self.params]).mean(0)
-
-    @property
-    def done(self) -> bool:
-        """True when nothing is running and nothing can start (budget spent), or on divergence."""
-        return not self.events or self.diverged_at is not None
-
-    def step(self) -> None:
-        """Handle the next event (ties: earlier worker first)."""
-        self.time, w, peer = heapq.heappop(self.events)
-        if peer >= 0:
-            self._mix(w, peer)
-            return
-        p = self.params[w]
-        p.grad = pseudo_gradients(p.detach(), self.replicas[w].detach().unsqueeze(0))[0]
-        self.outer[w].step()
-        self.gradients += self.phase[w]
-        self.t += 1
-        if not bool(torch.isfinite(p.detach().sum())):
-            self.diverged_at = self.t - 1
-            return
-        peer = self._match(w)
-        if peer is not None:  # the pair mixes when the exchange ends
-            heapq.heappush(self.events, (self.time + self.clock.exchange(w, peer), w, peer))
-        elif len(self.params) == 1:  # nobody to gossip with
-            self._start(w, self.time)
-
-    def _match(self, w: int) -> int | None:
-        """A peer ready for ``w`` now, or None (``w`` then waits for the peer it drew)."""
-        k = len(self.params)
-        asking = [v for v, (_, peer) in self.waiting.items() if peer == w]
-        if asking:
-            v = min(asking, key=lambda v: (self.waiting[v][0], v))
-            del self.waiting[v]
-            return v
-        if k == 1:
-            return None
-        j = int(self.peers[w].integers(k - 1))
-        j += j >= w  # uniform over the others
-        if j in self.waiting:
-            del self.waiting[j]
-            return j
-        self.waiting[w] = (self.time, j)
-        return None
-
-    def _mix(self, i: int, j: int) -> None:
-        """The exchange of i and j ended (4n bytes sent by each): W = I − αL of the edge on the
-        outer iterates; both restart."""
-        mixing = torch.as_tensor(gossip_matrix(len(self.params), [(i, j)]), dtype=self.grads.dtype,
-                                 device=self.grads.device)
-        with torch.no_grad():
-            stacked = mixing @ torch.stack([p.detach() for p in self.params])
-            for v in (i, j):
-                self.params[v].copy_(stacked[v])
-        self.bytes_sent[[i, j]] += self.clock.message
-        self.exchanges += 1
-        for v in (i, j):
-            self._start(v, self.time)
-
-    def _start(self, w: int, at: float) -> None:
-        """Start worker ``w``'s next phase at time ``at`` (nothing once the budget is spent)."""
-        h = min(self.steps_per_phase[w], self.budget - self.started)
-        seconds = self.inner_phase(w, self.params[w].detach(), h) if h else None
-        if seconds is None:
-            return
-        self.started += h
-        self.phase[w] = h
-        heapq.heappush(self.events, (at + seconds, w, -1))
-
-    def describe(self) -> dict[str, Any]:
-        """See ``LocalRun.describe``; plus the number of pairwise exchanges."""
-        return {**super().describe(), "exchanges": self.exchanges}
