@@ -90,8 +90,9 @@ import numpy as np
 from naig.errors import DataError, UsageError
 from naig.monitor.signals import RankSignals
 
-__all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "MAD_SCALE", "BadRankError", "Decision", "Detector",
-           "Flag", "check_action", "null_tail", "robust_threshold", "robust_z", "signal_values"]
+__all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "MAD_SCALE", "DEFAULT_DETECTOR", "DEFAULT_SIGNALS",
+           "DEFAULT_SCORES", "BadRankError", "Decision", "Detector", "Flag", "check_action", "null_tail",
+           "robust_threshold", "robust_z", "signal_values"]
 
 SIGNALS = ("norm", "cos", "distance", "energy")
 SCORES = ("relative", "individual")
@@ -100,6 +101,14 @@ SIDES = {"norm": "both", "cos": "upper", "distance": "upper", "energy": "upper"}
 MAD_SCALE = 1.482602218505602  # 1 / Φ⁻¹(3/4)
 TINY = 1e-300  # a squared norm of 0 before the log
 NULL_DRAWS, NULL_BUDGET, NULL_MAX_N, NULL_SEED = 400_000, 4_000_000, 256, 20180601
+DEFAULT_DETECTOR = "monitor"
+"""The per-rank score ``naig detect`` chose on its validation seeds (a name of
+``naig.detect.scores.DETECTORS``: the combined rule, every signal and both scores; docs/detect.md,
+"The default detector"). As ``Detector`` arguments: ``DEFAULT_SIGNALS`` and ``DEFAULT_SCORES``."""
+DEFAULT_SIGNALS = SIGNALS
+"""The signals of ``DEFAULT_DETECTOR`` (``Detector(signals=...)``)."""
+DEFAULT_SCORES = SCORES
+"""The scores of ``DEFAULT_DETECTOR`` (``Detector(scores=...)``)."""
 
 
 def check_action(action: object) -> str:
