@@ -11,15 +11,19 @@ variant has its own model and optimizer, built once:
   module), ``log-step``.
 
 The variants are timed in interleaved blocks (``--repeats`` rounds; in each, every variant of the
-framework runs ``--steps`` steps after ``--warmup`` untimed ones), so load drifting on a shared
+framework runs ``--steps`` steps; before the rounds each variant runs ``--warmup`` untimed steps,
+past the detectors' 32-step window: the first step with a full window calibrates the detectors'
+thresholds, a one-off of about a second per process, cached afterwards), so load drifting on a shared
 machine hits them alike. A block's time is rank 0's wall time between two barriers, divided by
 its steps. Printed per variant: the median step time over the rounds (ms), its ratio to
 ``plain``'s median (target ≤ 1.05), the median and the range of the paired ratios (each round's
-variant over that round's plain: less sensitive to load that changes between rounds), and the
+variant over that round's plain: less sensitive to load that changes between rounds), rank 0's
+main-thread CPU time per step and its ratio (waiting excluded: the monitor's own compute), and the
 bytes each rank sends per step beyond the framework's own, next to
 the gradient bytes the framework itself reduces per step.
 
-Usage: python benchmarks/monitor_overhead.py [--repeats 15] [--steps 20] [--warmup 3] [--batch 8]
+Usage: python benchmarks/monitor_overhead.py [--repeats 15] [--steps 20] [--warmup 40] [--batch 8]
+[--preset gpt-nano]
 """
 
 from __future__ import annotations
@@ -49,17 +53,20 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=40,
+                   help="untimed steps first: past the detectors' 32-step window, whose first full step "
+                        "calibrates the thresholds once per process (about 1 s)")
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--preset", default="gpt-nano", help="naig.simulate.model preset (gpt-micro: 7x larger)")
     return p.parse_args(argv)
 
 
 class Variant:
     """One model + optimizer (+ monitor) and a step function."""
 
-    def __init__(self, name: str, framework: str, rank: int, batch: int) -> None:
+    def __init__(self, name: str, framework: str, rank: int, batch: int, preset: str) -> None:
         self.name, self.framework = name, framework
-        cfg = get_preset("gpt-nano")
+        cfg = get_preset(preset)
         model = GPT(cfg, generator=torch.Generator().manual_seed(0))
         self.n_params = sum(p.numel() for p in model.parameters())
         self.watch = None
@@ -90,37 +97,46 @@ class Variant:
         return 0 if self.watch is None else self.watch.extra_bytes
 
 
-def _block(v: Variant, steps: int) -> float:
-    """ms per step of ``steps`` steps, rank 0's wall time between two barriers."""
+def _block(v: Variant, steps: int) -> tuple[float, float]:
+    """ms per step of ``steps`` steps: rank 0's wall time between two barriers, its main thread's CPU time.
+
+    (On the CPU the forward, the backward with the hooks and the optimizer step all run on the
+    calling thread; the CPU time leaves out waiting, so it is far less sensitive to other load.)
+    """
     dist.barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     for _ in range(steps):
         v.step()
+    c1 = time.thread_time()
     dist.barrier()
-    return 1000 * (time.perf_counter() - t0) / steps
+    return 1000 * (time.perf_counter() - t0) / steps, 1000 * (c1 - c0) / steps
 
 
 def _framework(name: str, variants: list[str], args: argparse.Namespace, rank: int,
                out: Callable[[str], None]) -> None:
-    vs = [Variant(v, name, rank, args.batch) for v in variants]
+    vs = [Variant(v, name, rank, args.batch, args.preset) for v in variants]
     for v in vs:
         for _ in range(args.warmup):
             v.step()
     times: dict[str, list[float]] = {v.name: [] for v in vs}
+    cpu: dict[str, list[float]] = {v.name: [] for v in vs}
     for _ in range(args.repeats):
         for v in vs:
-            times[v.name].append(_block(v, args.steps))
+            wall, used = _block(v, args.steps)
+            times[v.name].append(wall)
+            cpu[v.name].append(used)
     base = statistics.median(times["plain"])
     grad_bytes = vs[0].n_params * 4
-    out(f"{name.upper()} (2 ranks, gpt-nano {vs[0].n_params} parameters, batch {args.batch}; "
+    out(f"{name.upper()} (2 ranks, {args.preset} {vs[0].n_params} parameters, batch {args.batch}; "
         f"the framework reduces {grad_bytes} B of float32 gradient per rank per step)")
+    cpu_base = statistics.median(cpu["plain"])
     out(f"  {'variant':<9} {'ms/step':>8} {'ratio':>6} {'paired':>7} {'round ratios':>14} "
-        f"{'extra B/step':>13}")
+        f"{'cpu ms':>7} {'ratio':>6} {'extra B/step':>13}")
     for v in vs:
-        med = statistics.median(times[v.name])
+        med, used = statistics.median(times[v.name]), statistics.median(cpu[v.name])
         rounds = [t / p for t, p in zip(times[v.name], times["plain"], strict=True)]
         out(f"  {v.name:<9} {med:8.1f} {med / base:6.3f} {statistics.median(rounds):7.3f} "
-            f"{min(rounds):6.3f}-{max(rounds):<7.3f} {v.extra_bytes:13d}")
+            f"{min(rounds):6.3f}-{max(rounds):<7.3f} {used:7.1f} {used / cpu_base:6.3f} {v.extra_bytes:13d}")
     parts = {v.name: len(v.watch.parts) for v in vs if v.watch is not None}
     out(f"  parts gathered per step: {parts} (buckets for DDP, FSDP modules for FSDP2)")
 
