@@ -147,7 +147,7 @@ def test_stale_gradient_is_taken_at_theta_tau_steps_back() -> None:
     past = deque([torch.full((3,), float(t)) for t in range(21)], maxlen=21)  # θ_0 … θ_20 (current)
     for tau in DEFAULT_MAGNITUDES["stale"]:
         cell = FaultCell("stale", tau)
-        got = protocol._faulty_grad(Fake(), cell, torch.zeros(3), (None, None), past, _gen())
+        got = protocol.faulty_grad(Fake(), cell, torch.zeros(3), (None, None), past, _gen())
         assert got.tolist() == [20.0 - tau] * 3
 
 

@@ -2,7 +2,7 @@
 
 import math
 
-from naig.detect.live import SCORES, _overlap, compare
+from naig.detect.live import SCORES, compare, overlap
 
 
 def _bench(thr: float) -> dict:
@@ -31,6 +31,6 @@ def test_compare_applies_the_benchmark_threshold_per_seed() -> None:
 
 
 def test_intervals_that_do_not_meet_disagree() -> None:
-    assert not _overlap([0.9, 0.85, 0.95], [0.5, 0.3, 0.7])
-    assert _overlap([1.0, math.nan, math.nan], [0.9, 0.8, 1.0])  # one seed: its mean
-    assert not _overlap([1.0, 1.0, 1.0], [0.5, 0.3, 0.7])
+    assert not overlap([0.9, 0.85, 0.95], [0.5, 0.3, 0.7])
+    assert overlap([1.0, math.nan, math.nan], [0.9, 0.8, 1.0])  # one seed: its mean
+    assert not overlap([1.0, 1.0, 1.0], [0.5, 0.3, 0.7])

@@ -36,7 +36,7 @@ from naig.detect.protocol import DetectConfig, build_workload
 from naig.monitor import Monitor
 from naig.simulate.workload import fault_seed, make_optimizer, stream_seed
 
-__all__ = ["RANKS", "CELLS", "SEEDS", "WARMUP", "STEPS", "TIMEOUT", "run_cell", "compare", "main"]
+__all__ = ["RANKS", "CELLS", "SEEDS", "WARMUP", "STEPS", "TIMEOUT", "run_cell", "compare", "overlap", "main"]
 
 RANKS, WARMUP, STEPS, TIMEOUT = 4, 20, 40, 30.0
 CELLS = (FaultCell("scale", 10.0), FaultCell("noise", 3.0))
@@ -103,11 +103,11 @@ def compare(live: dict, bench: dict) -> list[dict]:
             theirs = {m: brow["detectors"][name][m] for m in ("detection", "top1")}
             rows.append({"fault": cell[0], "magnitude": cell[1], "detector": name, "threshold": thr,
                          "live": mine, "bench": theirs,
-                         "agree": {m: _overlap(mine[m], theirs[m]) for m in mine}})
+                         "agree": {m: overlap(mine[m], theirs[m]) for m in mine}})
     return sorted(rows, key=lambda r: (r["fault"], r["magnitude"], r["detector"]))
 
 
-def _overlap(a: list[float], b: list[float]) -> bool:
+def overlap(a: list[float], b: list[float]) -> bool:
     """Whether the intervals [a_low, a_high] and [b_low, b_high] meet (a degenerate one is its mean)."""
     lo_a, hi_a = (a[1], a[2]) if math.isfinite(a[1]) else (a[0], a[0])
     lo_b, hi_b = (b[1], b[2]) if b[1] is not None and math.isfinite(b[1]) else (b[0], b[0])

@@ -52,7 +52,7 @@ from naig.monitor.signals import MonitorSketch
 from naig.simulate.model import get_preset
 from naig.simulate.workload import Workload, fault_seed, make_optimizer
 
-__all__ = ["DetectConfig", "SeedRun", "ROLES", "run_protocol", "run_seed", "build_workload"]
+__all__ = ["DetectConfig", "SeedRun", "ROLES", "run_protocol", "run_seed", "build_workload", "faulty_grad"]
 
 ROLES = ("calibration", "validation", "test")
 MAX_SEEDS = 10_000
@@ -241,7 +241,7 @@ def run_seed(ctx: _Context, seed: int, role: str, advance: Callable[[int], None]
         i = t - cfg.warmup
         for c, cell in enumerate(cells if i >= 0 else ()):
             r = int(rng.integers(k))
-            bad = _faulty_grad(ctx, cell, grads[r], batches[r], past, gen)
+            bad = faulty_grad(ctx, cell, grads[r], batches[r], past, gen)
             ranks[c, i] = r
             change[c, i] = _rel_change(bad, grads[r])
             faulted[c, i] = scorer.scores(stats.with_row(r, bad, ctx.sketch))
@@ -255,9 +255,18 @@ def run_seed(ctx: _Context, seed: int, role: str, advance: Callable[[int], None]
     return SeedRun(seed, role, clean, faulted, ranks, change)
 
 
-def _faulty_grad(ctx: _Context, cell: FaultCell, grad: Tensor, batch: tuple[Tensor, Tensor],
+def faulty_grad(ctx: _Context, cell: FaultCell, grad: Tensor, batch: tuple[Tensor, Tensor],
                  past: deque[Tensor], gen: torch.Generator) -> Tensor:
-    """What the faulty rank sends at this step (``past[-1]`` is the current θ)."""
+    """What the faulty rank sends at this step instead of ``grad`` (n,).
+
+    Args:
+        ctx: the run's context (its ``grad(θ, x, y)`` and text).
+        cell: the fault.
+        grad: the rank's clean gradient at the current θ.
+        batch: the rank's (x, y) of this step.
+        past: θ of the last steps, ``past[-1]`` the current one (``stale`` reads ``past[-1 − τ]``).
+        gen: the generator of the fault's draws.
+    """
     if cell.kind == "stale":
         return ctx.grad(past[-1 - int(cell.magnitude)], *batch)
     if cell.kind.startswith("data-"):
