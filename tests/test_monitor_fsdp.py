@@ -5,7 +5,8 @@ trains a small MLP sharded per Linear for 12 steps per run (detectors' window 8)
 its loss at step 12 (NaN, ×1000, or −1 with 1024 examples per rank). Measured there: all three
 named alone at step 12 on every rank (×1000 by the individual norm and energy scores, the flip by
 the individual cos score, z ≈ 29 > 22); the payloads' sketches equal the float64 sketch of each
-rank's unsharded gradient exactly.
+rank's unsharded gradient exactly. HSDP (tests/monitor_hsdp_ranks.py: 4 ranks, a 2 × 2 replicate ×
+shard mesh): bit-identical in log mode, and a NaN rank named among all 4 ranks on every rank.
 """
 
 from __future__ import annotations
@@ -77,6 +78,26 @@ def test_signals_equal_a_single_process_float64_computation(ranks: dict, kind: s
         mine = rank_signals(sketches, sq, bad).to_dict()
         for key in ("sq_norm", "rel_norm", "energy", "cos", "sq_dist"):
             np.testing.assert_allclose(recorded[key], mine[key], rtol=1e-9, atol=1e-12, err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def hsdp(tmp_path_factory) -> dict:
+    return run_ranks("tests.monitor_hsdp_ranks", tmp_path_factory.mktemp("monitor_hsdp"), timeout=240)
+
+
+def test_hsdp_log_is_bit_identical_and_compares_the_ranks_of_both_replicas(hsdp: dict) -> None:
+    """A 2 × 2 (replicate × shard) mesh: the monitor's all-gather spans all 4 ranks."""
+    runs, world, bad = hsdp["runs"], hsdp["world"], hsdp["bad_rank"]
+    assert runs["log"]["params"] == runs["plain"]["params"]
+    expected = [1.0 if r == bad else 0.0 for r in range(world)]
+    flagged = {i + 1: v for i, v in enumerate(runs["log"]["flagged"]) if any(any(x) for x in v)}
+    assert flagged == {hsdp["steps"]: [expected] * world}, runs["log"]["describe"]
+    for grads, payload in zip(runs["log"]["grads"][:-1], runs["log"]["payloads"][:-1], strict=True):
+        g = np.array(grads, dtype=np.float64)
+        shapes = runs["log"]["shapes"]
+        sketches = np.stack([sketch_state_dict(_split(row, shapes), 0, impl="numpy") for row in g])
+        np.testing.assert_allclose(np.array(payload)[:, :14], sketches, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(np.array(payload)[:, 14], (g * g).sum(1), rtol=1e-12)
 
 
 def _split(flat: np.ndarray, shapes: dict) -> dict[str, np.ndarray]:

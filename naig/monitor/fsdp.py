@@ -37,7 +37,8 @@ estimates (``RankSignals.exact``).
 replicas): every rank still reduce-scatters its own whole gradient first, so the custom
 reduce-scatter sees every rank's input; the monitor's all-gather runs over its own
 ``Monitor(process_group=...)`` (default: every rank), so all ranks of all replicas are
-compared. ``set_all_reduce_hook`` is not used: it sees only the reduced output.
+compared (tested on a 2 × 2 mesh of 4 ranks). ``set_all_reduce_hook`` is not used: it sees only
+the reduced output.
 
 **Requirements**: every FSDP module with trainable parameters reduces at every step (a module
 whose parameters got no gradient skips its reduce-scatter: set
