@@ -2,6 +2,8 @@
 
 import math
 
+import numpy as np
+
 from naig.detect.live import SCORES, compare, overlap
 
 
@@ -34,3 +36,16 @@ def test_intervals_that_do_not_meet_disagree() -> None:
     assert not overlap([0.9, 0.85, 0.95], [0.5, 0.3, 0.7])
     assert overlap([1.0, math.nan, math.nan], [0.9, 0.8, 1.0])  # one seed: its mean
     assert not overlap([1.0, 1.0, 1.0], [0.5, 0.3, 0.7])
+
+
+def test_the_monitor_on_real_ranks_scores_as_the_benchmark(tmp_path) -> None:  # noqa: ANN001
+    """3 gloo processes: the monitor's own relative z of norm and distance (from its all-gather)
+    equal the benchmark's ``norm`` and ``sketch-14`` scores of the same gradients."""
+    from tests.conftest import run_ranks
+
+    run = run_ranks("tests.detect_ranks", tmp_path, timeout=180)
+    assert len(run["bad"]) == 4 and set(run["bad"]) <= {0, 1, 2}
+    for name in SCORES:
+        live, ref = np.array(run["scores"][name], float), np.array(run["reference"][name], float)
+        assert live.shape == (4, 3)
+        np.testing.assert_allclose(live, ref, rtol=1e-9, atol=1e-9, err_msg=name)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -33,7 +34,9 @@ import torch.distributed as dist
 from naig.detect.calibrate import t_interval
 from naig.detect.faults import FaultCell, apply_gradient_fault
 from naig.detect.protocol import DetectConfig, build_workload
+from naig.detect.scores import BLOCKS, DETECTORS, Scorer, StepStats
 from naig.monitor import Monitor
+from naig.monitor.signals import MonitorSketch
 from naig.simulate.workload import fault_seed, make_optimizer, stream_seed
 
 __all__ = ["RANKS", "CELLS", "SEEDS", "WARMUP", "STEPS", "TIMEOUT", "run_cell", "compare", "overlap", "main"]
@@ -44,33 +47,53 @@ SEEDS = (100, 101, 102)
 SCORES = {"norm": "norm", "sketch-14": "distance"}  # benchmark detector → the monitor's signal
 
 
-def run_cell(cfg: DetectConfig, wl: object, cell: FaultCell, seed: int, rank: int, world: int) -> dict:
-    """One live run (see the module); returns the faulty ranks and the scores per scored step."""
+def run_cell(cfg: DetectConfig, wl: object, cell: FaultCell, seed: int, rank: int, world: int, *,
+             warmup: int = WARMUP, steps: int = STEPS, reference: bool = False) -> dict:
+    """One live run (see the module); returns the faulty ranks and the scores per scored step.
+
+    Args:
+        cfg: the benchmark's settings (batch, context, lr, window, sketch seed).
+        wl: its workload (``build_workload``).
+        cell: the fault of the run.
+        seed: the run seed (initialisation, streams, fault draws).
+        rank: this process's rank; world: K.
+        warmup: clean steps first; steps: scored steps after them.
+        reference: also all-gather the observed gradients and compute the benchmark's ``Scorer``
+            scores from them (``reference`` in the result, the same layout as ``scores``; a check).
+    """
     theta = torch.nn.Parameter(wl.init_params(seed))
     opt = make_optimizer("adam", [theta], cfg.lr)
     stream = wl.generator(stream_seed(seed, rank))
     draws = np.random.default_rng(fault_seed(seed))  # the same on every rank
     gen = torch.Generator().manual_seed(fault_seed(seed, rank))
     monitor = Monitor(window=cfg.window, timeout=TIMEOUT, seed=cfg.sketch_seed)
-    bad, scores = [], {name: [] for name in SCORES}
-    for t in range(WARMUP + STEPS):
+    bad, scores, ref = [], {name: [] for name in SCORES}, {name: [] for name in SCORES}
+    scorer = Scorer(world, cfg.window) if reference else None
+    sketch = MonitorSketch.build(list(zip(wl.names, wl.sizes, strict=True)), cfg.sketch_seed, BLOCKS)
+    for t in range(warmup + steps):
         x, y = wl.data.batch("train", cfg.batch_size, cfg.context, stream)
         flat = theta.detach().clone().requires_grad_(True)
         (g,) = torch.autograd.grad(wl.loss(flat, x, y), flat)
-        who = int(draws.integers(world)) if t >= WARMUP else -1
+        who = int(draws.integers(world)) if t >= warmup else -1
         if rank == who:
             g = apply_gradient_fault(cell, g, gen, wl.sizes)
         decision = monitor.observe(wl.params(g))
-        if t >= WARMUP:
+        if scorer is not None:
+            every = [torch.empty_like(g) for _ in range(world)]
+            dist.all_gather(every, g, async_op=True).wait(timeout=timedelta(seconds=TIMEOUT))
+            mine = scorer.scores(StepStats.of(torch.stack(every), sketch), commit=t < warmup)
+        if t >= warmup:
             bad.append(who)
             for name, signal in SCORES.items():
                 z = np.asarray(decision.relative[signal], dtype=float)
                 scores[name].append((np.abs(z) if name == "norm" else z).tolist())
-        work = dist.all_reduce(g, async_op=True)
-        work.wait()
+                if scorer is not None:
+                    ref[name].append(mine[DETECTORS.index(name)].tolist())
+        dist.all_reduce(g, async_op=True).wait(timeout=timedelta(seconds=TIMEOUT))
         theta.grad = g / world
         opt.step()
-    return {"fault": cell.kind, "magnitude": cell.magnitude, "seed": seed, "bad": bad, "scores": scores}
+    out = {"fault": cell.kind, "magnitude": cell.magnitude, "seed": seed, "bad": bad, "scores": scores}
+    return {**out, "reference": ref} if reference else out
 
 
 def compare(live: dict, bench: dict) -> list[dict]:
