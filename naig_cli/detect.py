@@ -60,7 +60,8 @@ def detect(
     test: Annotated[int, _o("--test", "Test seeds (the reported figures).", "3")] = 3,
     faults: Annotated[str | None, _o(
         "--faults", "Comma list of fault kinds: bitflip32, bitflip16, scale, signflip, noise, nan, inf, "
-        "layer, stale, data-random, data-text.", "all")] = None,
+        "layer, stale, data-random, data-text, replica (DiLoCo: a replica at another initialisation).",
+        "all but replica")] = None,
     false_alarm: Annotated[float, _o("--false-alarm", "False-alarm rate per rank-step every threshold is "
                                      "calibrated to.", "1e-3")] = 1e-3,
     window: Annotated[int, _o("--window", "Clean steps in the individual histories.", "16")] = 16,

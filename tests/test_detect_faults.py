@@ -151,9 +151,28 @@ def test_stale_gradient_is_taken_at_theta_tau_steps_back() -> None:
         assert got.tolist() == [20.0 - tau] * 3
 
 
+def test_replica_gradient_is_taken_alpha_times_the_initialisation_offset_away() -> None:
+    from naig.detect import protocol
+
+    class Fake:
+        wl = None
+
+        @staticmethod
+        def grad(theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return theta.clone()
+
+    past = deque([torch.tensor([1.0, 2.0, 3.0])], maxlen=1)
+    offset = torch.tensor([10.0, -20.0, 0.5])
+    for alpha in DEFAULT_MAGNITUDES["replica"]:
+        got = protocol.faulty_grad(Fake(), FaultCell("replica", alpha), torch.zeros(3), (None, None), past,
+                                   _gen(), offset)
+        assert torch.allclose(got, past[-1] + alpha * offset, rtol=1e-6)
+
+
 def test_every_kind_has_magnitudes_and_parses() -> None:
     assert set(DEFAULT_MAGNITUDES) == set(FAULT_KINDS)
     assert parse_kinds("noise,scale") == ("scale", "noise")  # catalogue order
+    assert parse_kinds(None) == tuple(k for k in FAULT_KINDS if k != "replica")  # on request only
     assert len(catalogue(FAULT_KINDS)) == sum(len(v) for v in DEFAULT_MAGNITUDES.values())
 
 

@@ -26,7 +26,15 @@ kind            magnitude                    what the faulty rank sends
                                              replaced by uniform random bytes
 ``data-text``   fraction ρ ∈ (0, 1]          ... replaced by another text: windows of the
                                              training text read backwards
+``replica``     α > 0                        ∇L(θ_t + α(θ₀′ − θ₀); its own batch): a replica
+                                             whose parameters are off by α times the difference
+                                             of two initialisations (θ₀′ another seed's)
 ==============  ===========================  ==================================================
+
+``replica`` is the DiLoCo fault of a replica with a different initialisation, in its simplest
+form: with one local SGD step (H = 1) the pseudo-gradient θ − θ_local is the learning rate times
+the gradient, so the scores see exactly this gradient; several local steps (H > 1) are not
+measured. It is not in ``DEFAULT_KINDS``: name it in ``faults``.
 
 Bit flips and bad data are the faults silent-data-corruption studies report (arXiv 2502.12340);
 scaled, stale and sign-flipped gradients are the usual Byzantine and staleness models.
@@ -52,13 +60,16 @@ from torch import Tensor
 
 from naig.errors import UsageError
 
-__all__ = ["FAULT_KINDS", "GRADIENT_KINDS", "INPUT_KINDS", "DEFAULT_MAGNITUDES", "UNITS", "FaultCell",
-           "catalogue", "parse_kinds", "apply_gradient_fault", "corrupt_batch", "flip_bit32", "flip_bit16",
-           "replaced_rows"]
+__all__ = ["FAULT_KINDS", "DEFAULT_KINDS", "GRADIENT_KINDS", "INPUT_KINDS", "DEFAULT_MAGNITUDES", "UNITS",
+           "FaultCell", "catalogue", "parse_kinds", "apply_gradient_fault", "corrupt_batch", "flip_bit32",
+           "flip_bit16", "replaced_rows"]
 
 GRADIENT_KINDS = ("bitflip32", "bitflip16", "scale", "signflip", "noise", "nan", "inf", "layer")
-INPUT_KINDS = ("stale", "data-random", "data-text")
+INPUT_KINDS = ("stale", "data-random", "data-text", "replica")
 FAULT_KINDS = GRADIENT_KINDS + INPUT_KINDS
+DEFAULT_KINDS = tuple(k for k in FAULT_KINDS if k != "replica")
+"""The kinds run when none are named: every kind of data-parallel gradients; ``replica`` (local-update
+training's pseudo-gradients, not what a data-parallel monitor watches) runs on request."""
 DEFAULT_MAGNITUDES: dict[str, tuple[float, ...]] = {
     "bitflip32": (0, 16, 22, 23, 27, 30, 31),
     "bitflip16": (0, 6, 7, 11, 14, 15),
@@ -71,11 +82,12 @@ DEFAULT_MAGNITUDES: dict[str, tuple[float, ...]] = {
     "stale": (1, 2, 5, 10, 20),
     "data-random": (0.125, 0.25, 0.5, 1.0),
     "data-text": (0.25, 0.5, 1.0),
+    "replica": (0.001, 0.01, 0.1, 1.0),
 }
 """The magnitudes swept per kind (from invisible to obvious for most kinds)."""
 UNITS = {"bitflip32": "bit", "bitflip16": "bit", "scale": "×", "signflip": "fraction", "noise": "ε",
          "nan": "entries", "inf": "entries", "layer": "ε", "stale": "τ steps", "data-random": "fraction",
-         "data-text": "fraction"}
+         "data-text": "fraction", "replica": "α"}
 
 
 @dataclass(frozen=True)
@@ -95,13 +107,13 @@ class FaultCell:
 
 
 def parse_kinds(kinds: Sequence[str] | str | None) -> tuple[str, ...]:
-    """The fault kinds to run, in catalogue order (None: every kind).
+    """The fault kinds to run, in catalogue order (None: ``DEFAULT_KINDS``).
 
     Raises:
         UsageError: an unknown or repeated kind, or none, naming ``faults``.
     """
     if kinds is None:
-        return FAULT_KINDS
+        return DEFAULT_KINDS
     vals = tuple(k.strip() for k in kinds.split(",")) if isinstance(kinds, str) else tuple(kinds)
     bad = [k for k in vals if k not in FAULT_KINDS]
     if not vals or bad or len(set(vals)) != len(vals):
@@ -194,7 +206,7 @@ def _check_magnitude(cell: FaultCell) -> None:
     if k in _RANGES:
         lo, hi = _RANGES[k]
         ok = ok and lo <= m <= hi and (k.startswith("bit") or m > 0)
-    if k in ("noise", "layer"):
+    if k in ("noise", "layer", "replica"):
         ok = ok and m > 0
     if not ok:
         raise UsageError(f"magnitude out of range for {k}", field="faults", value=str(cell))

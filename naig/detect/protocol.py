@@ -57,6 +57,7 @@ __all__ = ["DetectConfig", "SeedRun", "ROLES", "run_protocol", "run_seed", "buil
 ROLES = ("calibration", "validation", "test")
 MAX_SEEDS = 10_000
 MAX_STEPS = 1_000_000
+REPLICA_SEED = 1_000_000  # the other initialisation of seed s (``replica``) is that of seed s + this
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class DetectConfig:
     calibration: int = 6  # calibration seeds (clean steps: the thresholds)
     validation: int = 2  # validation seeds (the default detector)
     test: int = 3  # test seeds (the reported figures)
-    faults: tuple[str, ...] | str | None = None  # fault kinds (None: the whole catalogue)
+    faults: tuple[str, ...] | str | None = None  # fault kinds (None: every kind but replica)
     false_alarm: float = 1e-3  # per rank-step, the rate every threshold is calibrated to
     window: int = 16  # clean steps in the individual histories
     batch_size: int = 8  # sequences per rank minibatch
@@ -228,6 +229,7 @@ def run_seed(ctx: _Context, seed: int, role: str, advance: Callable[[int], None]
     gen = torch.Generator().manual_seed(fault_seed(seed))
     rng = np.random.default_rng(fault_seed(seed))
     past: deque[Tensor] = deque(maxlen=cfg.max_tau + 1)
+    offset = wl.init_params(REPLICA_SEED + seed) - theta.detach() if "replica" in cfg.faults else None
     scorer = Scorer(k, cfg.window)
     clean = np.zeros((steps, len(DETECTORS), k))
     faulted = np.zeros((len(cells), steps, len(DETECTORS), k))
@@ -241,7 +243,7 @@ def run_seed(ctx: _Context, seed: int, role: str, advance: Callable[[int], None]
         i = t - cfg.warmup
         for c, cell in enumerate(cells if i >= 0 else ()):
             r = int(rng.integers(k))
-            bad = faulty_grad(ctx, cell, grads[r], batches[r], past, gen)
+            bad = faulty_grad(ctx, cell, grads[r], batches[r], past, gen, offset)
             ranks[c, i] = r
             change[c, i] = _rel_change(bad, grads[r])
             faulted[c, i] = scorer.scores(stats.with_row(r, bad, ctx.sketch))
@@ -256,7 +258,7 @@ def run_seed(ctx: _Context, seed: int, role: str, advance: Callable[[int], None]
 
 
 def faulty_grad(ctx: _Context, cell: FaultCell, grad: Tensor, batch: tuple[Tensor, Tensor],
-                 past: deque[Tensor], gen: torch.Generator) -> Tensor:
+                 past: deque[Tensor], gen: torch.Generator, offset: Tensor | None = None) -> Tensor:
     """What the faulty rank sends at this step instead of ``grad`` (n,).
 
     Args:
@@ -266,9 +268,12 @@ def faulty_grad(ctx: _Context, cell: FaultCell, grad: Tensor, batch: tuple[Tenso
         batch: the rank's (x, y) of this step.
         past: θ of the last steps, ``past[-1]`` the current one (``stale`` reads ``past[-1 − τ]``).
         gen: the generator of the fault's draws.
+        offset: θ₀′ − θ₀ (n,), another initialisation minus this seed's (``replica`` only).
     """
     if cell.kind == "stale":
         return ctx.grad(past[-1 - int(cell.magnitude)], *batch)
+    if cell.kind == "replica":
+        return ctx.grad(past[-1] + cell.magnitude * offset, *batch)
     if cell.kind.startswith("data-"):
         x, y = corrupt_batch(cell, *batch, ctx.wl.data.train, gen)
         return ctx.grad(past[-1], x, y)
