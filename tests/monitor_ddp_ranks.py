@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from naig.distributed.launch import process_group
 from naig.monitor import BadRankError, Monitor, MonitorHook
 
-WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 12, 12, 8, 30.0
+WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 10, 10, 8, 30.0
 BUCKET_MB = 0.005  # 5 kB buckets: 4 or 5 buckets per step
 
 

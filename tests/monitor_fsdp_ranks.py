@@ -30,7 +30,7 @@ from naig.distributed.launch import process_group
 from naig.monitor import BadRankError, Monitor
 from naig.monitor.fsdp import fully_shard_monitor
 
-WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 12, 12, 8, 30.0
+WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 10, 10, 8, 30.0
 FACTOR = {"nan": float("nan"), "scale": 1000.0, "flip": -1.0}
 
 
@@ -59,6 +59,10 @@ def _full(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
 
 
+def _flat(model: nn.Module) -> torch.Tensor:
+    return torch.cat([v.reshape(-1) for v in _full(model).values()])
+
+
 def _run(rank: int, kind: str, action: str | None = None, size: int = 16) -> dict:
     model = _model()
     for i in (0, 2, 4):
@@ -80,13 +84,12 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16) -> dic
         out["grads"].append(_gather(torch.cat([p.grad.reshape(-1) for p in twin.parameters()])))
         opt.zero_grad()
         (nn.functional.cross_entropy(model(x), y) * factor).backward()
-        before = torch.cat([v.reshape(-1) for v in _full(model).values()])
+        before = _flat(model) if step == BAD_STEP else None
         err = None
         try:
             opt.step()
         except BadRankError as exc:
             err = str(exc)
-        after = torch.cat([v.reshape(-1) for v in _full(model).values()])
         if watch is not None:
             mask = torch.zeros(WORLD)
             mask[list(watch.decision.ranks)] = 1.0
@@ -95,10 +98,10 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16) -> dic
             out["payloads"].append(watch.monitor.gathered.tolist())
             out["signals"].append(watch.monitor.signals.to_dict())
         if step == BAD_STEP:
-            out["unchanged"] = _gather(torch.tensor([float(torch.equal(before, after))]))
+            out["unchanged"] = _gather(torch.tensor([float(torch.equal(before, _flat(model)))]))
             out["error"] = _gather(torch.tensor([float(err is not None)]))
             out["error_text"] = err
-    out["params"] = torch.cat([v.reshape(-1) for v in _full(model).values()]).tolist()
+    out["params"] = _flat(model).tolist()
     out["shapes"] = {n: list(p.shape) for n, p in twin.named_parameters()}
     if watch is not None:
         out["hosts"] = list(watch.monitor.hosts)

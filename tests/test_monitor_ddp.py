@@ -1,10 +1,10 @@
 """naig.monitor.ddp: ``MonitorHook`` inside DistributedDataParallel, on 3 real gloo processes and alone.
 
-tests/monitor_ddp_ranks.py trains a small MLP (2 DDP buckets per step) for 12 steps per run; the
-detectors' window is 8; rank 2 corrupts its gradient at step 12. Measured there: NaN and ×1000
-are named alone at step 12 on every rank (×1000 by the individual norm and energy scores: with
+tests/monitor_ddp_ranks.py trains a small MLP (2 DDP buckets per step) for 10 steps per run; the
+detectors' window is 8; rank 2 corrupts its gradient at step 10. Measured there: NaN and ×1000
+are named alone at step 10 on every rank (×1000 by the individual norm and energy scores: with
 K = 3 the relative score has 2 references and a threshold of thousands); a sign flip is named by
-the individual cos score (z ≈ 35 > 22) when the ranks' gradients agree (1024 examples per rank).
+the individual cos score (z ≈ 62 > 22) when the ranks' gradients agree (1024 examples per rank).
 """
 
 from __future__ import annotations

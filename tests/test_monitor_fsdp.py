@@ -1,10 +1,10 @@
 """naig.monitor.fsdp: the monitor inside FSDP2 ``fully_shard`` on 3 real gloo processes (CPU), and alone.
 
 FSDP2 runs on CPU with gloo in torch 2.13 (reduce-scatter included). tests/monitor_fsdp_ranks.py
-trains a small MLP sharded per Linear for 12 steps per run (detectors' window 8); rank 2 corrupts
-its loss at step 12 (NaN, ×1000, or −1 with 1024 examples per rank). Measured there: all three
-named alone at step 12 on every rank (×1000 by the individual norm and energy scores, the flip by
-the individual cos score, z ≈ 29 > 22); the payloads' sketches equal the float64 sketch of each
+trains a small MLP sharded per Linear for 10 steps per run (detectors' window 8); rank 2 corrupts
+its loss at step 10 (NaN, ×1000, or −1 with 1024 examples per rank). Measured there: all three
+named alone at step 10 on every rank (×1000 by the individual norm and energy scores, the flip by
+the individual cos score, z ≈ 43 > 22); the payloads' sketches equal the float64 sketch of each
 rank's unsharded gradient exactly. HSDP (tests/monitor_hsdp_ranks.py: 4 ranks, a 2 × 2 replicate ×
 shard mesh): bit-identical in log mode, and a NaN rank named among all 4 ranks on every rank.
 """
