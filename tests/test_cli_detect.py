@@ -48,6 +48,8 @@ def test_plot_is_written(tmp_path) -> None:  # noqa: ANN001
     (["--ranks", "2"], ["--ranks"]),
     (["--context", "999"], ["--context", "64"]),
     (["--plot", "x.txt"], ["--plot", ".png"]),
+    (["--sketch-seed", "-1"], ["--sketch-seed -1"]),
+    (["--steps", "900000", "--test", "9000"], ["--steps 900000", "GiB"]),
 ])
 def test_bad_options_are_one_line_usage_errors(args: list[str], needles: list[str]) -> None:
     assert_one_line_error(run_naig(*TINY, *args), 2, *needles)

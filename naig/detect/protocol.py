@@ -51,6 +51,7 @@ from naig.errors import UsageError
 from naig.monitor.signals import MonitorSketch
 from naig.simulate.model import get_preset
 from naig.simulate.workload import Workload, fault_seed, make_optimizer
+from naig.sketch.core import check_seed
 
 __all__ = ["DetectConfig", "SeedRun", "ROLES", "run_protocol", "run_seed", "build_workload", "faulty_grad"]
 
@@ -107,6 +108,8 @@ class DetectConfig:
         if self.context > ctx:
             raise UsageError(f"at most the model's context {ctx}", field="context", value=self.context)
         self._check_warmup()
+        check_seed(self.sketch_seed, "sketch_seed")
+        check_seed(self.sketch_seed + BLOCKS - 1, "sketch_seed")
         if self.calibration_samples * self.false_alarm < 1:
             need = math.ceil(1 / (self.false_alarm * self.ranks * self.steps))
             raise UsageError(f"{self.calibration_samples} clean rank-steps cannot set a threshold at a "
@@ -131,6 +134,12 @@ class DetectConfig:
     def calibration_samples(self) -> int:
         """Clean rank-steps behind each threshold."""
         return self.calibration * self.steps * self.ranks
+
+    def score_bytes(self) -> int:
+        """Memory of the scores kept for the report: every seed's clean and faulted (D, K) rows, float64."""
+        per_step = len(DETECTORS) * self.ranks * 8
+        scored = self.validation + self.test
+        return self.steps * per_step * (self.calibration + scored * (1 + len(self.cells)))
 
     @property
     def cells(self) -> tuple[FaultCell, ...]:
@@ -177,6 +186,7 @@ class _Context:
 
     def __init__(self, cfg: DetectConfig) -> None:
         self.cfg = cfg
+        _check_score_memory(cfg)
         self.wl = build_workload(cfg)
         rows = 3 * cfg.ranks + cfg.max_tau + 6  # float32 grads, float64 copy, θ history, Adam, faults
         self.wl.check_memory(rows, "ranks")
@@ -188,6 +198,21 @@ class _Context:
         flat = theta.detach().clone().requires_grad_(True)
         (g,) = torch.autograd.grad(self.wl.loss(flat, x, y), flat)
         return g
+
+
+def _check_score_memory(cfg: DetectConfig) -> None:
+    """Refuse a run whose kept scores would not fit in memory (naming ``steps``).
+
+    Raises:
+        UsageError: when ``score_bytes`` exceeds the memory available.
+    """
+    from naig.arrivals.engine import available_bytes
+
+    need, free = cfg.score_bytes(), available_bytes()
+    if free is not None and need > free:
+        raise UsageError(f"the scores of the run need {need / 2**30:,.1f} GiB, more than the "
+                         f"{free / 2**30:,.1f} GiB available; use fewer `steps`, seeds or `faults`",
+                         field="steps", value=cfg.steps)
 
 
 def build_workload(cfg: DetectConfig) -> Workload:
