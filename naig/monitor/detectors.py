@@ -337,7 +337,8 @@ class Detector:
     """
 
     def __init__(self, world: int, *, false_alarm: float = 1e-3, window: int = 32,
-                 signals: Sequence[str] = SIGNALS, scores: Sequence[str] = SCORES, action: str = "log",
+                 signals: Sequence[str] = DEFAULT_SIGNALS, scores: Sequence[str] = DEFAULT_SCORES,
+                 action: str = "log",
                  min_scale: float = 1e-6) -> None:
         self.world = _check_int(world, "world", 1)
         self.window = _check_int(window, "window", 3)

@@ -46,7 +46,13 @@ from torch import Tensor
 from naig.distributed.launch import MAX_TIMEOUT
 from naig.errors import DataError, UsageError
 from naig.metric import DEFAULT_LINE, parse_line
-from naig.monitor.detectors import SCORES, SIGNALS, Decision, Detector, check_action
+from naig.monitor.detectors import (
+    DEFAULT_SCORES,
+    DEFAULT_SIGNALS,
+    Decision,
+    Detector,
+    check_action,
+)
 from naig.monitor.signals import (
     MonitorSketch,
     RankSignals,
@@ -93,7 +99,8 @@ class Monitor:
 
     def __init__(self, *, process_group: dist.ProcessGroup | None = None, blocks: int = 1, seed: int = 0,
                  line: Sequence[int] = DEFAULT_LINE, batch: float = 1.0, false_alarm: float = 1e-3,
-                 window: int = 32, signals: Sequence[str] = SIGNALS, scores: Sequence[str] = SCORES,
+                 window: int = 32, signals: Sequence[str] = DEFAULT_SIGNALS,
+                 scores: Sequence[str] = DEFAULT_SCORES,
                  action: str = "log", timeout: float = MAX_TIMEOUT,
                  callback: Callable[[RankSignals, Decision], None] | None = None) -> None:
         self.group, self.blocks, self.seed = process_group, check_blocks(blocks), check_seed(seed)
