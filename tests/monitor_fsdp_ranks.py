@@ -44,7 +44,7 @@ def _gather(x: torch.Tensor) -> list[list]:
     return torch.stack(out).tolist()
 
 
-def _batch(rank: int, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rank_batch(rank: int, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(10_000 * rank + step)
     x = torch.randn(size, 8, generator=g)
     return x, (x[:, :4].sum(1) > 0).long() + 2 * (x[:, 4:].sum(1) > 0).long()
@@ -55,12 +55,12 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 5))
 
 
-def _full(model: nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
 
 
 def _flat(model: nn.Module) -> torch.Tensor:
-    return torch.cat([v.reshape(-1) for v in _full(model).values()])
+    return torch.cat([v.reshape(-1) for v in full_state_dict(model).values()])
 
 
 def _run(rank: int, kind: str, action: str | None = None, size: int = 16) -> dict:
@@ -76,9 +76,9 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16) -> dic
     twin = _model()
     out: dict = {"flagged": [], "describe": [], "grads": [], "payloads": [], "signals": []}
     for step in range(1, STEPS + 1):
-        x, y = _batch(rank, step, size)
+        x, y = rank_batch(rank, step, size)
         factor = FACTOR.get(kind, 1.0) if rank == BAD_RANK and step == BAD_STEP else 1.0
-        twin.load_state_dict(_full(model))
+        twin.load_state_dict(full_state_dict(model))
         twin.zero_grad()
         (nn.functional.cross_entropy(twin(x), y) * factor).backward()
         out["grads"].append(_gather(torch.cat([p.grad.reshape(-1) for p in twin.parameters()])))

@@ -23,7 +23,7 @@ from torch.distributed.fsdp import fully_shard
 from naig.distributed.launch import process_group
 from naig.monitor import Monitor
 from naig.monitor.fsdp import fully_shard_monitor
-from tests.monitor_fsdp_ranks import _batch, _full
+from tests.monitor_fsdp_ranks import full_state_dict, rank_batch
 
 WORLD, BAD_RANK, STEPS, TIMEOUT = 4, 3, 6, 30.0
 
@@ -44,9 +44,9 @@ def _run(rank: int, monitored: bool) -> dict:
     twin = _model()
     out: dict = {"flagged": [], "grads": [], "payloads": []}
     for step in range(1, STEPS + 1):
-        x, y = _batch(rank, step, 16)
+        x, y = rank_batch(rank, step, 16)
         factor = float("nan") if monitored and rank == BAD_RANK and step == STEPS else 1.0
-        twin.load_state_dict(_full(model))
+        twin.load_state_dict(full_state_dict(model))
         twin.zero_grad()
         (nn.functional.cross_entropy(twin(x), y) * factor).backward()
         out["grads"].append(_gather_all(torch.cat([p.grad.reshape(-1) for p in twin.parameters()])))
@@ -60,7 +60,7 @@ def _run(rank: int, monitored: bool) -> dict:
             out["flagged"].append(_gather_all(mask))
             out["payloads"].append(watch.monitor.gathered.tolist())
             out["describe"] = watch.decision.describe()
-    out["params"] = torch.cat([v.reshape(-1) for v in _full(model).values()]).tolist()
+    out["params"] = torch.cat([v.reshape(-1) for v in full_state_dict(model).values()]).tolist()
     out["shapes"] = {n: list(p.shape) for n, p in twin.named_parameters()}
     return out
 
