@@ -35,6 +35,8 @@ __all__ = [
     "handle_errors",
     "print_json",
     "fail",
+    "check_plot_path",
+    "save_figure",
     "fmt_num",
     "kernel_path",
     "kernel_notice",
@@ -202,6 +204,63 @@ def fail(message: str, code: int) -> None:
     """Print ``error: message`` as one line on stderr (names made printable) and exit with ``code``."""
     sys.stderr.write(f"error: {printable(message)}\n")
     raise typer.Exit(code)
+
+
+def check_plot_path(plot: str | None, example: str, inputs: tuple[tuple[str, object], ...] = ()) -> None:
+    """Refuse a ``--plot`` target before any work: matplotlib missing, a suffix matplotlib does not write,
+    a missing or unwritable folder, a directory, or one of the command's ``inputs`` (name, path).
+
+    The folder is probed by creating and removing a temporary file in it (``os.access`` says yes to
+    root even in ``/proc``). Raises ``UsageError`` naming ``--plot`` (exit 2).
+    """
+    if plot is None:
+        return
+    import importlib.util
+    import tempfile
+    from pathlib import Path
+
+    from naig.errors import UsageError
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("needs matplotlib; install it with pip install matplotlib (in a checkout: pip "
+                         "install -e '.[plot]')", field="plot")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    p = Path(plot)
+    if p.is_dir():
+        raise UsageError(f"is a directory; give a file name in it, e.g. {p / example}", field="plot",
+                         value=plot)
+    if p.suffix.lower().lstrip(".") not in FigureCanvasBase.get_supported_filetypes():
+        raise UsageError(f"use a .png, .pdf or .svg file name, e.g. {example}", field="plot", value=plot)
+    folder = p.absolute().parent
+    if not folder.is_dir():
+        raise UsageError(f"its folder must exist ({folder} does not); create it or choose another path",
+                         field="plot", value=plot)
+    if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError("is not writable; choose a path in a folder you can write", field="plot",
+                         value=plot)
+    for name, path in inputs:
+        if path is not None and p.exists() and Path(str(path)).exists() and p.samefile(str(path)):
+            raise UsageError(f"would overwrite the {name}; choose another path", field="plot", value=plot)
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".naig-plot-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"cannot write in its folder ({exc.strerror or exc}); choose a path in a folder you "
+                         "can write", field="plot", value=plot) from None
+
+
+def save_figure(fig: Any, path: str, **kwargs: Any) -> None:
+    """``fig.savefig(path, **kwargs)``; an OSError (disk full, the folder gone) is a one-line error naming
+    ``--plot`` with exit 1."""
+    try:
+        fig.savefig(path, **kwargs)
+    except OSError as exc:
+        if os.environ.get("NAIG_DEBUG") == "1":
+            raise
+        fail(f"--plot {_cli_value(path)}: could not write it ({exc.strerror or exc}); the results above are "
+             "complete, choose another path to get the plot", 1)
 
 
 def handle_errors(fn: F) -> F:

@@ -6,18 +6,26 @@ registers its own option names in the shared ``FLAGS`` table so library errors n
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from rich import box
 from rich.table import Table
 
 from naig.choices import MODELS
-from naig.errors import UsageError
-from naig_cli._common import FLAGS, JsonOpt, choice_enum, fmt_num, handle_errors, print_json, progress, stdout
+from naig_cli._common import (
+    FLAGS,
+    JsonOpt,
+    check_plot_path,
+    choice_enum,
+    fmt_num,
+    handle_errors,
+    print_json,
+    progress,
+    save_figure,
+    stdout,
+)
 
 if TYPE_CHECKING:
     from naig.detect import DetectResult
@@ -90,7 +98,7 @@ def detect(
     """
     from naig.detect import DetectConfig
 
-    _check_plot(plot)
+    check_plot_path(plot, "detect.png")
     cfg = DetectConfig(ranks=ranks, steps=steps, warmup=warmup, calibration=calibration,
                        validation=validation, test=test, faults=faults, false_alarm=false_alarm,
                        window=window, batch_size=batch_size, context=context, lr=lr,
@@ -119,23 +127,6 @@ def _model(name: str) -> Any:
     from naig.simulate.model import GPT, get_preset
 
     return GPT(get_preset(name), generator=torch.Generator().manual_seed(0))
-
-
-_PLOT_SUFFIXES = (".png", ".pdf", ".svg")
-
-
-def _check_plot(plot: str | None) -> None:
-    """Refuse a --plot target before any work (no matplotlib, wrong type, missing folder)."""
-    if plot is None:
-        return
-    if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("needs matplotlib; install it with pip install matplotlib (in a checkout: pip "
-                         "install -e '.[plot]')", field="plot")
-    p = Path(plot)
-    if p.suffix.lower() not in _PLOT_SUFFIXES:
-        raise UsageError("use a .png, .pdf or .svg file name, e.g. detect.png", field="plot", value=plot)
-    if not p.absolute().parent.is_dir() or p.is_dir():
-        raise UsageError("its folder must exist and it must not be a directory", field="plot", value=plot)
 
 
 def _pct(v: float) -> str:
@@ -229,5 +220,5 @@ def _plot(r: DetectResult, path: str) -> None:
     fig.suptitle(f"naig detect: {c.model}, K={c.ranks}, false-alarm rate {c.false_alarm:g} per rank-step "
                  f"(calibrated on {c.calibration} seeds), {c.test} test seeds: mean, bars 95% t-interval",
                  fontsize=9)
-    fig.savefig(path, dpi=200, bbox_inches="tight")
+    save_figure(fig, path, dpi=200, bbox_inches="tight")
     plt.close(fig)

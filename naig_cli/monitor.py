@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from naig.errors import UsageError
+from naig_cli import _common
 from naig_cli._common import JsonOpt, fmt_num, handle_errors, opt, print_json, printable, stdout
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def report(
     naming the file and line. In --json, non-finite scores are the strings "Infinity" and "NaN",
     as in the log.
     """
-    _check_plot(plot, log)
+    _common.check_plot_path(plot, "ranks.png", (("log", log),))  # before reading the log
     from naig.monitor.records import encode, read_log
 
     data = read_log(log)

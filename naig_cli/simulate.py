@@ -6,7 +6,6 @@ command only, so ``naig spectrum`` start-up stays fast.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import math
 import os
@@ -32,12 +31,14 @@ from naig.choices import (
 )
 from naig.errors import UsageError
 from naig_cli._common import (
+    check_plot_path,
     choice_enum,
     fail,
     fmt_num,
     handle_errors,
     print_json,
     progress,
+    save_figure,
     stderr,
     stdout,
     word_flags,
@@ -201,7 +202,7 @@ def simulate(
     """
     from naig.simulate import SimulateConfig
 
-    _check_plot(plot, data)
+    check_plot_path(plot, "curves.png", (("`data` file", data), ("`config` file", config)))
     given = {k: v for k, v in _options(**locals()).items() if v is not None}  # what the command line says
     cfg = (SimulateConfig.load(config).with_options(**given) if config
            else SimulateConfig.from_options(**given))
@@ -364,25 +365,6 @@ def _reporter(advance: Callable[..., None], every: int) -> Callable[[StepEvent],
                              f"{rate:.1f} steps/s\n")
 
     return line
-
-
-_PLOT_SUFFIXES = (".png", ".pdf", ".svg")
-
-
-def _check_plot(plot: str | None, data: str | None) -> None:
-    """Refuse a --plot target before any training (wrong type, missing folder, an input)."""
-    if plot is None:
-        return
-    if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("needs matplotlib; install it with pip install matplotlib (in a checkout: pip "
-                         "install -e '.[plot]')", field="plot")
-    p = Path(plot)
-    if p.suffix.lower() not in _PLOT_SUFFIXES:
-        raise UsageError("use a .png, .pdf or .svg file name, e.g. curves.png", field="plot", value=plot)
-    if not p.absolute().parent.is_dir() or p.is_dir():
-        raise UsageError("its folder must exist and it must not be a directory", field="plot", value=plot)
-    if data is not None and p.exists() and Path(data).exists() and p.samefile(data):
-        raise UsageError("would overwrite the `data` file; choose another path", field="plot", value=plot)
 
 
 def _report_divergence(r: SimulateResult) -> None:
@@ -628,7 +610,7 @@ def _plot(r: SimulateResult, path: str) -> None:
     axes[0][0].set(ylabel="validation loss (nats/byte)")
     axes[0][0].legend(fontsize=8)
     fig.suptitle(_plot_title(r), fontsize=9)
-    fig.savefig(path, dpi=300, bbox_inches="tight")
+    save_figure(fig, path, dpi=300, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -62,3 +62,55 @@ def test_missing_text_is_a_data_error() -> None:
 def test_help_lists_the_examples() -> None:
     r = RUNNER.invoke(app, ["detect", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0 and "naig detect --plot detect.png" in r.output
+
+PLOT_COMMANDS = [["detect"], ["simulate", "--steps", "2"], ["monitor", "report", "log.jsonl"]]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+@pytest.mark.parametrize("cmd", PLOT_COMMANDS)
+def test_unwritable_plot_folder_is_refused_before_any_work(cmd: list[str], tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """The folder exists but cannot take a file (root may write anywhere by os.access, not in /proc):
+    a usage error naming --plot before training or reading, not [Errno 2] at the end."""
+    import tempfile
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    r = RUNNER.invoke(app, [*cmd, "--plot", str(tmp_path / "x.png")])
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: --plot '{tmp_path / 'x.png'}': cannot write")
+    assert r.stderr.count("\n") == 1 and not r.stdout
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self") or importlib.util.find_spec("matplotlib")
+                    is None, reason="needs Linux /proc and matplotlib")
+@pytest.mark.parametrize("cmd", PLOT_COMMANDS)
+def test_plot_in_proc_is_a_usage_error(cmd: list[str]) -> None:
+    assert_one_line_error(run_naig(*cmd, "--plot", "/proc/x.png"), 2, "--plot '/proc/x.png'", "cannot write")
+
+
+@pytest.mark.parametrize(("target", "needle"), [("", "is a directory"), ("no/x.png", "its folder must exist"),
+                                                ("x.txt", ".png")])
+def test_plot_checks_name_the_option(target: str, needle: str, tmp_path) -> None:  # noqa: ANN001
+    from naig.errors import UsageError
+    from naig_cli._common import check_plot_path, cli_message
+
+    with pytest.raises(UsageError) as info:
+        check_plot_path(str(tmp_path / target), "d.png")
+    assert cli_message(info.value).startswith("--plot '") and needle in cli_message(info.value)
+
+
+def test_plot_write_failure_is_one_line_naming_plot(capsys) -> None:  # noqa: ANN001
+    import typer
+
+    from naig_cli._common import save_figure
+
+    class Fig:
+        def savefig(self, path: str, **kwargs: object) -> None:
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(typer.Exit) as info:
+        save_figure(Fig(), "out.png")
+    err = capsys.readouterr().err
+    assert info.value.exit_code == 1 and err.startswith("error: --plot 'out.png': could not write it (No sp")
+    assert err.count("\n") == 1
