@@ -50,6 +50,8 @@ def test_plot_is_written(tmp_path) -> None:  # noqa: ANN001
     (["--plot", "x.txt"], ["--plot", ".png"]),
     (["--sketch-seed", "-1"], ["--sketch-seed -1"]),
     (["--steps", "900000", "--test", "9000"], ["--steps 900000", "GiB"]),
+    (["--test", "100000000"], ["--test 100000000", "too many seeds", "smaller --test"]),
+    (["--warmup", "100000000"], ["--warmup 100000000", "too many steps", "smaller --warmup"]),
 ])
 def test_bad_options_are_one_line_usage_errors(args: list[str], needles: list[str]) -> None:
     assert_one_line_error(run_naig(*TINY, *args), 2, *needles)

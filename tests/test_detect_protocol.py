@@ -60,6 +60,9 @@ def test_the_default_is_the_best_on_validation() -> None:
     (dict(false_alarm=1e-4), "calibration"), (dict(false_alarm=0.5), "false_alarm"),
     (dict(faults="x"), "faults"),
     (dict(lr=float("nan")), "lr"), (dict(steps=0), "steps"),
+    (dict(test=100_000_000), "test"), (dict(calibration=100_000_000), "calibration"),
+    (dict(validation=100_000_000), "validation"), (dict(warmup=100_000_000), "warmup"),
+    (dict(steps=100_000_000), "steps"),
 ])
 def test_bad_settings_are_refused_naming_the_field(change: dict, field: str) -> None:
     kw = {**SMALL, "steps": 4, "calibration": 1, "validation": 0, "test": 1, "faults": ("stale",),
@@ -67,3 +70,33 @@ def test_bad_settings_are_refused_naming_the_field(change: dict, field: str) -> 
     with pytest.raises(UsageError) as e:
         DetectConfig(**kw)
     assert e.value.field == field
+
+
+def test_unreachable_calibration_says_so_and_what_to_change() -> None:
+    """1e-7 with one calibration seed would need 31,250 seeds: more than the cap, so not that advice."""
+    with pytest.raises(UsageError) as e:
+        DetectConfig(false_alarm=1e-7, calibration=1)
+    assert e.value.field == "calibration" and "31,250 calibration seeds" in e.value.message
+    assert "more than the 10,000 seeds allowed" in e.value.message
+    assert "`false_alarm` of at least" in e.value.message
+
+
+def test_warmup_error_grammar() -> None:
+    with pytest.raises(UsageError) as e:
+        DetectConfig(warmup=3)  # window 16 and the stale faults' τ 20
+    assert "(20) need that many" in e.value.message
+    with pytest.raises(UsageError) as e:
+        DetectConfig(warmup=3, faults="scale")
+    assert "(16) needs that many" in e.value.message
+
+
+def test_score_memory_names_the_option_driving_the_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    from naig.arrivals import engine
+
+    monkeypatch.setattr(engine, "available_bytes", lambda: 2**30)
+    with pytest.raises(UsageError) as e:
+        run_protocol(DetectConfig(ranks=100_000))
+    assert e.value.message.startswith("`ranks` 100000 × `steps` 40 ×") and "`ranks` (or" in e.value.message
+    with pytest.raises(UsageError) as e:
+        run_protocol(DetectConfig(test=9000))
+    assert "(`test` 9000)" in e.value.message and "use a smaller `test`" in e.value.message

@@ -95,9 +95,15 @@ class DetectConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise UsageError(f"must be an int >= {low}", field=name, value=v)
-        if self.calibration + self.validation + self.test > MAX_SEEDS or self.steps + self.warmup > MAX_STEPS:
-            raise UsageError(f"too many: at most {MAX_SEEDS} seeds and {MAX_STEPS} steps in all",
-                             field="steps", value=self.steps)
+        seeds = self.calibration + self.validation + self.test
+        if seeds > MAX_SEEDS:
+            role = max(ROLES, key=lambda r: getattr(self, r))
+            raise UsageError(f"too many seeds: `calibration` + `validation` + `test` = {seeds:,}, at most "
+                             f"{MAX_SEEDS:,}; use a smaller `{role}`", field=role, value=getattr(self, role))
+        if self.steps + self.warmup > MAX_STEPS:
+            name = "steps" if self.steps >= self.warmup else "warmup"
+            raise UsageError(f"too many steps: `warmup` + `steps` = {self.steps + self.warmup:,}, at most "
+                             f"{MAX_STEPS:,}; use a smaller `{name}`", field=name, value=getattr(self, name))
         fa = self.false_alarm
         if isinstance(fa, bool) or not isinstance(fa, int | float) or not 0 < fa < 0.5:
             raise UsageError("must be a rate in (0, 0.5), e.g. 0.001", field="false_alarm", value=fa)
@@ -112,17 +118,26 @@ class DetectConfig:
         check_seed(self.sketch_seed + BLOCKS - 1, "sketch_seed")
         if self.calibration_samples * self.false_alarm < 1:
             need = math.ceil(1 / (self.false_alarm * self.ranks * self.steps))
-            raise UsageError(f"{self.calibration_samples} clean rank-steps cannot set a threshold at a "
-                             f"false-alarm rate of {self.false_alarm:g}; use at least {need} calibration "
-                             "seeds (or more `steps`, or a larger `false_alarm`)", field="calibration",
-                             value=self.calibration)
+            head = (f"{self.calibration_samples:,} clean rank-steps cannot set a threshold at a false-alarm "
+                    f"rate of {self.false_alarm:g}")
+            room = MAX_SEEDS - self.validation - self.test  # the most calibration seeds allowed
+            if need <= room:
+                raise UsageError(f"{head}; use at least {need} calibration seeds (or more `steps`, or a "
+                                 "larger `false_alarm`)", field="calibration", value=self.calibration)
+            rate = 1 / self.calibration_samples
+            raise UsageError(f"{head}: that needs {need:,} calibration seeds at `steps` {self.steps} and "
+                             f"`ranks` {self.ranks}, more than the {MAX_SEEDS:,} seeds allowed in all; use a "
+                             f"`false_alarm` of at least {rate:.2g}, or more `steps` (`calibration` × "
+                             f"`steps` × `ranks` must reach 1/`false_alarm` = {1 / self.false_alarm:,.0f})",
+                             field="calibration", value=self.calibration)
 
     def _check_warmup(self) -> None:
         need = max(self.window, self.max_tau)
         if self.warmup < need:
             why = f"the individual `window` ({self.window})" + (
                 f" and the largest stale τ of `faults` ({self.max_tau})" if self.max_tau else "")
-            raise UsageError(f"must be at least {need}: {why} needs that many steps of history",
+            verb = "need" if self.max_tau else "needs"
+            raise UsageError(f"must be at least {need}: {why} {verb} that many steps of history",
                              field="warmup", value=self.warmup)
 
     @property
@@ -210,9 +225,15 @@ def _check_score_memory(cfg: DetectConfig) -> None:
 
     need, free = cfg.score_bytes(), available_bytes()
     if free is not None and need > free:
-        raise UsageError(f"the scores of the run need {need / 2**30:,.1f} GiB, more than the "
-                         f"{free / 2**30:,.1f} GiB available; use fewer `steps`, seeds or `faults`",
-                         field="steps", value=cfg.steps)
+        default = DetectConfig.__dataclass_fields__
+        sizes = ("ranks", "steps", *ROLES)  # blame the option furthest above its default
+        name = max(sizes, key=lambda f: getattr(cfg, f) / max(1, default[f].default))
+        seeds = cfg.calibration + cfg.validation + cfg.test
+        role = f" (`{name}` {getattr(cfg, name)})" if name in ROLES else ""
+        raise UsageError(f"`ranks` {cfg.ranks} × `steps` {cfg.steps} × {seeds:,} seeds{role} × "
+                         f"{len(cfg.cells)} fault cells: the scores of the run need {need / 2**30:,.1f} GiB, "
+                         f"more than the {free / 2**30:,.1f} GiB available; use a smaller `{name}` (or fewer "
+                         "seeds or `faults`)")
 
 
 def build_workload(cfg: DetectConfig) -> Workload:
