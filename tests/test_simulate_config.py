@@ -140,3 +140,15 @@ def test_a_result_before_schema_4_names_naigs_gossip_gossip_adam(tmp_path: Path)
     assert SCHEMA_VERSION == 4
     (tmp_path / "c.json").write_text(json.dumps(cfg.to_dict()))  # a config file: the name's current meaning
     assert SimulateConfig.load(tmp_path / "c.json").strategies == ("gasloc", "diloco")
+
+
+@pytest.mark.parametrize(("change", "field", "needle"), [
+    (dict(bandwidth=(1.0, 2.0)), "bandwidth", "lists 2 values but `arrivals` lists 4"),
+    (dict(bandwidth=(1.0, 2.0, 3.0, 4.0, 5.0)), "bandwidth", "lists 5 values but `arrivals` lists 4"),
+    (dict(uplink="const:1,const:2"), "uplink", "lists 2 values but `arrivals` lists 4"),
+])
+def test_a_per_worker_list_of_the_wrong_length_is_named(change: dict, field: str, needle: str) -> None:
+    """K is the length of the arrivals list; the list that differs is at fault, whichever is longer."""
+    with pytest.raises(UsageError) as e:
+        ArrivalsSetting(compute="exp:1,exp:1,exp:2,exp:4", **change)
+    assert e.value.field == field and needle in e.value.message

@@ -257,6 +257,9 @@ class ArrivalsSetting:
         try:
             k = self.arrival_model().workers  # parses the specs
         except UsageError as exc:  # the model calls the compute times `compute`
+            if exc.field not in ("compute", "workers", "uplink", "downlink", "bandwidth"):
+                raise
+            self._check_lengths()  # a list whose length differs from K (the `arrivals` list) is at fault
             if exc.field not in ("compute", "workers"):
                 raise
             raise UsageError(exc.message, field="arrivals", value=self.compute) from None
@@ -269,6 +272,21 @@ class ArrivalsSetting:
         if a is not None and d > 0:
             check(a <= 1 / d, "gossip_step", a, f"a {self.local.topology or 'one-peer'} graph of {k} workers "
                   f"has degree up to {d}; use α in (0, {1 / d:.4g}] so that W = I − αΛ stays non-negative")
+
+    def _check_lengths(self) -> None:
+        """Name the per-worker list whose length is not K, the length of the ``arrivals`` list (> 1)."""
+        from naig.arrivals.distributions import parse_distributions
+
+        k = len(parse_distributions(self.compute, "compute", positive=True))
+        if k < 2:
+            return
+        for name in ("uplink", "downlink", "bandwidth"):
+            value = getattr(self, name)
+            n = len(value) if name == "bandwidth" else len(parse_distributions(value, name)) if value else 0
+            if n > 1 and n != k:
+                shown = tuple(f"{v:g}" for v in value) if name == "bandwidth" else value
+                raise UsageError(f"lists {n} values but `arrivals` lists {k} (one per worker); give one "
+                                 f"value, or {k}", field=name, value=shown)
 
     @cached_property
     def workers(self) -> int:
