@@ -103,7 +103,8 @@ def _table(data: MonitorLog, rows: list[dict]) -> None:
     first, last = (int(data.steps[0]), int(data.steps[-1])) if len(data.steps) else (None, None)
     ranks = "rank" if data.world == 1 else "ranks"
     title = (f"{escape(printable(str(data.path)))}: {data.format}, K = {data.world} {ranks}, "
-             f"{len(data.steps)} steps ({first}..{last}); max score per signal")
+             f"{len(data.steps)} step{'' if len(data.steps) == 1 else 's'} ({first}..{last}); "
+             "max score per signal")
     t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
     for c in ("rank", "host", "steps", "flagged", "flags"):
         t.add_column(c, justify="right" if c in ("rank", "steps", "flagged") else "left", overflow="fold",

@@ -69,7 +69,8 @@ def test_truncated_and_corrupt_logs_are_one_line_data_errors(logs, tmp_path) -> 
     rows = logs[1].read_text().splitlines(keepends=True)
     bad = tmp_path / "bad.csv"
     bad.write_text("".join(rows[:3]) + "x,1" + rows[3][3:] + "".join(rows[4:]))
-    assert_one_line_error(run_naig("monitor", "report", bad), 1, "bad.csv, line 4", "not a monitor row")
+    assert_one_line_error(run_naig("monitor", "report", bad), 1, "bad.csv, line 4",
+                          "a row whose 'step' is not valid")
     assert_one_line_error(run_naig("monitor", "report", tmp_path / "none.jsonl"), 1, "no such file")
 
 
@@ -85,3 +86,23 @@ def test_help_has_examples() -> None:
     r = run_naig("monitor", "report", "--help")
     assert r.returncode == 0 and "naig monitor report monitor.csv --plot ranks.png" in r.stdout
     assert "monitor" in run_naig("--help").stdout
+
+
+def test_one_step_and_no_step_logs(logs, tmp_path) -> None:
+    lines = logs[0].read_text().splitlines(keepends=True)
+    one = tmp_path / "one.jsonl"
+    one.write_text("".join(lines[:2]))
+    r = run_naig("monitor", "report", one)
+    assert r.returncode == 0 and "K = 3 ranks, 1 step (1..1)" in " ".join(r.stdout.split()), r.stdout
+    for path in logs:
+        head = tmp_path / f"head{path.suffix}"
+        head.write_text(path.read_text().splitlines(keepends=True)[0])
+        r = run_naig("monitor", "report", head)
+        assert_one_line_error(r, 1, head.name, "no step recorded")
+        assert "None" not in r.stdout + r.stderr
+    where = tmp_path / "where.jsonl"
+    step = json.loads(lines[1])
+    step["where"] = "x"
+    where.write_text(lines[0] + json.dumps(step) + "\n")
+    assert_one_line_error(run_naig("monitor", "report", where), 1, "where.jsonl, line 2",
+                          "'where' is not valid")

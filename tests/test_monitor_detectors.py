@@ -205,3 +205,44 @@ def test_a_copied_detector_keeps_its_history() -> None:
     twin = copy.deepcopy(det)
     g = _stream(3, 7, 1.0, seed=0)[6]
     assert repr(det.update(_signals(g))) == repr(twin.update(_signals(g)))
+
+
+def _mirrored(steps: int, theta: dict[int, float], seed: int) -> list[np.ndarray]:
+    """Two ranks a ± b with ‖a‖² + ‖b‖² = 1: equal norms, the angle between them set per step."""
+    rng = np.random.default_rng(seed)
+    u, v = rng.standard_normal(N), rng.standard_normal(N)
+    u /= np.linalg.norm(u)
+    v -= (v @ u) * u
+    v /= np.linalg.norm(v)
+    out = []
+    for t in range(steps):
+        th = theta.get(t, 0.3) + 1e-3 * rng.standard_normal()
+        a, b = math.cos(th) * u, math.sin(th) * v
+        out.append(np.stack([a + b, a - b]))
+    return out
+
+
+def test_two_ranks_are_not_named_from_mean_relative_signals() -> None:
+    """K = 2: d_0 = −d_1 against the mean, so a change of both ranks' angle names no rank (and warns once)."""
+    with pytest.warns(UserWarning, match="2 ranks"):
+        det = Detector(2, window=16)
+    decisions = [det.update(_signals(g)) for g in _mirrored(40, {30: 1.2, 31: 1.2, 35: 0.05}, seed=3)]
+    assert not any(d.flagged for d in decisions), [d.describe() for d in decisions if d.flagged]
+    assert all(math.isnan(z) for z in decisions[-1].individual["cos"])
+    assert not math.isnan(decisions[-1].individual["norm"][0])
+
+
+@pytest.mark.parametrize("kind, signal", [("nan", "nonfinite"), ("scale", "norm")])
+def test_two_ranks_still_name_a_nan_or_a_scaled_rank(kind: str, signal: str) -> None:
+    with pytest.warns(UserWarning, match="2 ranks"):
+        det = Detector(2, window=16)
+    steps = _stream(2, 40, 3.0, seed=5)
+    decisions = [det.update(_signals(_corrupt(g, 1, kind) if i == 30 else g)) for i, g in enumerate(steps)]
+    assert [d.step for d in decisions if d.flagged] == [31]
+    assert decisions[30].ranks == (1,) and {f.signal for f in decisions[30].flags} == {signal}
+
+
+def test_two_ranks_with_only_the_norm_do_not_warn(recwarn: pytest.WarningsRecorder) -> None:
+    Detector(2, signals=("norm",))
+    Detector(2, quiet=True)
+    assert not [w for w in recwarn if "2 ranks" in str(w.message)]

@@ -283,3 +283,78 @@ def test_a_writer_attaches_once(tmp_path) -> None:
         w.attach(Monitor())
     with pytest.raises(UsageError, match="already attached"):
         Records(w).attach(Monitor())
+
+
+def _step_line(lines: list[str], **change) -> str:
+    obj = json.loads(lines[1])
+    obj.update(change)
+    return json.dumps(obj) + "\n"
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"where": "x"}, "where"), ({"where": [1]}, "where"), ({"where": None}, "where"),
+    ({"where": {"9": "a"}}, "where"),
+    ({"step": "x"}, "step"), ({"step": 0}, "step"), ({"step": 1.5}, "step"), ({"flagged": [7]}, "flagged"),
+    ({"flagged": "0"}, "flagged"), ({"flags": [{"rank": 5, "signal": "norm", "score": "relative"}]}, "flags"),
+    ({"flags": [{}]}, "flags"), ({"scores": {"norm": [1.0]}}, "scores"), ({"summary": {}}, "summary"),
+])
+def test_a_malformed_step_field_is_one_line_naming_file_line_and_field(tmp_path, change: dict,
+                                                                     field: str) -> None:
+    path = tmp_path / "m.jsonl"
+    _run(JsonlRecords(path))
+    lines = _lines(path)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(lines[0] + _step_line(lines, **change) + "".join(lines[2:]))
+    with pytest.raises(DataError) as err:
+        read_log(bad)
+    msg = str(err.value)
+    assert f"bad.jsonl, line 2: a step record whose '{field}' is not valid" in msg and "\n" not in msg, msg
+    assert "invalid literal" not in msg and "without a valid" not in msg
+
+
+def test_steps_must_increase_within_a_run(tmp_path) -> None:
+    path = tmp_path / "m.jsonl"
+    _run(JsonlRecords(path))
+    lines = _lines(path)
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text("".join(lines[:3]) + lines[2] + "".join(lines[3:]))
+    with pytest.raises(DataError, match=r"dup\.jsonl, line 4: step 2 after step 2: steps must increase"):
+        read_log(dup)
+    two = tmp_path / "two.jsonl"
+    two.write_text("".join(lines) + "".join(lines[1:]))  # a second run without its header
+    with pytest.raises(DataError, match=rf"two\.jsonl, line {len(lines) + 1}: step 1 after step"):
+        read_log(two)
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text("".join(lines) + "\n" + "".join(lines))  # two runs, each with its header; a blank line
+    assert len(read_log(ok).steps) == 2 * (len(lines) - 1)
+
+
+def test_a_header_without_steps_is_the_same_error_for_jsonl_and_csv(tmp_path) -> None:
+    for name, writer in (("m.jsonl", JsonlRecords), ("m.csv", CsvRecords)):
+        _run(writer(tmp_path / name))
+        head = tmp_path / f"head-{name}"
+        head.write_text(_lines(tmp_path / name)[0])
+        with pytest.raises(DataError, match=r"head-m\.(jsonl|csv): a monitor header but no step recorded"):
+            read_log(head)
+
+
+def test_csv_field_errors_name_the_column(tmp_path) -> None:
+    path = tmp_path / "m.csv"
+    _run(CsvRecords(path))
+    lines = _lines(path)
+    cols = lines[0].rstrip("\n").split(",")
+    for name, value in (("step", "x"), ("step", "0"), ("rank", "-1"), ("k_eff", "y")):
+        row = lines[1].rstrip("\n").split(",")
+        row[cols.index(name)] = value
+        bad = tmp_path / "bad.csv"
+        bad.write_text(lines[0] + ",".join(row) + "\n" + "".join(lines[2:]))
+        with pytest.raises(DataError, match=rf"bad\.csv, line 2: a row whose '{name}' is not valid"):
+            read_log(bad)
+    short = tmp_path / "short.csv"
+    short.write_text(",".join(c for c in cols if c != "k_eff") + "\n")
+    with pytest.raises(DataError, match="line 1: a monitor CSV header without the column 'k_eff'"):
+        read_log(short)
+    back = tmp_path / "back.csv"
+    back.write_text("".join(lines) + "".join(lines[1:]))
+    with pytest.raises(DataError, match="step 1 after step"):
+        read_log(back)

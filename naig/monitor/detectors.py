@@ -56,6 +56,15 @@ individual score does the work. For n > 256 the n = 256 threshold is used (sligh
 conservative: the tails shrink with n from n = 4 on).
 ``tests/test_monitor_detectors.py`` measures the rate on clean synthetic training streams.
 
+**Two ranks.** With K = 2 the mean-relative signals are symmetric: d₀ = −d₁ against the mean,
+so both ranks have the same distance and energy and mirrored angles, and nothing measured against
+the mean can say which rank departed; the individual history is uncentred (y_k = x_k) and follows
+the trend of training, which gave false alarms on clean runs (4 in 40 steps of
+``examples/monitor_ddp.py --nproc 2 --window 16``). So at K = 2 only non-finite ranks and the
+``norm`` (each rank's own gradient norm, against its own history) are scored; cos, distance and
+energy are not (their z are NaN), and the detector warns once (``TWO_RANKS``, a ``UserWarning``).
+Use 3 ranks or more to compare ranks.
+
 **Non-finite** ranks (a NaN/Inf entry, norm or sketch) are always flagged, with signal
 ``nonfinite`` and score +inf; they are left out of every reference.
 
@@ -80,6 +89,7 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -91,8 +101,8 @@ from naig.errors import DataError, UsageError
 from naig.monitor.signals import RankSignals
 
 __all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "MAD_SCALE", "DEFAULT_DETECTOR", "DEFAULT_SIGNALS",
-           "DEFAULT_SCORES", "BadRankError", "Decision", "Detector", "Flag", "check_action", "null_tail",
-           "robust_threshold", "robust_z", "signal_values"]
+           "DEFAULT_SCORES", "TWO_RANKS", "BadRankError", "Decision", "Detector", "Flag", "check_action",
+           "null_tail", "robust_threshold", "robust_z", "signal_values"]
 
 SIGNALS = ("norm", "cos", "distance", "energy")
 SCORES = ("relative", "individual")
@@ -101,6 +111,10 @@ SIDES = {"norm": "both", "cos": "upper", "distance": "upper", "energy": "upper"}
 MAD_SCALE = 1.482602218505602  # 1 / Φ⁻¹(3/4)
 TINY = 1e-300  # a squared norm of 0 before the log
 NULL_DRAWS, NULL_BUDGET, NULL_MAX_N, NULL_SEED = 400_000, 4_000_000, 256, 20180601
+TWO_RANKS = ("monitor with 2 ranks: cos, distance and energy are measured against the mean, where "
+             "d_0 = -d_1, so they cannot tell the two ranks apart and are not scored; only non-finite "
+             "gradients and the norm are; use 3 or more ranks to compare ranks")
+"""The one-line warning of a 2-rank ``Detector`` (see "Two ranks" in the module docstring)."""
 DEFAULT_DETECTOR = "monitor"
 """The per-rank score ``naig detect`` chose on its validation seeds (a name of
 ``naig.detect.scores.DETECTORS``: the combined rule, every signal and both scores; docs/detect.md,
@@ -331,15 +345,20 @@ class Detector:
         scores: the scores used (a subset of ``SCORES``).
         action: one of ``ACTIONS``, carried by every ``Decision``.
         min_scale: a floor on the robust scale (log units: 1e-6 is a relative change of 1e-6).
+        quiet: no ``TWO_RANKS`` warning (integrations warn on rank 0 only).
 
     Raises:
         UsageError: for a bad argument, naming it.
+
+    Warns:
+        UserWarning: ``TWO_RANKS`` when ``world`` is 2 and a signal other than ``norm`` is asked
+            for: only non-finite ranks and the norm are scored then (see "Two ranks").
     """
 
     def __init__(self, world: int, *, false_alarm: float = 1e-3, window: int = 32,
                  signals: Sequence[str] = DEFAULT_SIGNALS, scores: Sequence[str] = DEFAULT_SCORES,
                  action: str = "log",
-                 min_scale: float = 1e-6) -> None:
+                 min_scale: float = 1e-6, quiet: bool = False) -> None:
         self.world = _check_int(world, "world", 1)
         self.window = _check_int(window, "window", 3)
         self.signals = _check_subset(signals, SIGNALS, "signals")
@@ -355,6 +374,9 @@ class Detector:
         self.action = check_action(action)
         self.alpha = self.false_alarm / (self.world * len(self.signals) * len(self.scores))
         self.step = 0
+        self.blind = frozenset(s for s in self.signals if s != "norm") if self.world == 2 else frozenset()
+        if self.blind and not quiet:
+            warnings.warn(TWO_RANKS, UserWarning, stacklevel=2)
         self.history = {s: [deque(maxlen=self.window) for _ in range(self.world)] for s in self.signals}
 
     def update(self, sig: RankSignals) -> Decision:
@@ -418,6 +440,11 @@ class Detector:
         """Relative and individual z of the ``active`` ranks against the mean in ``sig``."""
         out = _Scored({}, {}, {}, [])
         for name in self.signals:
+            if name in self.blind:  # K = 2: symmetric against the mean, not scored
+                nan = np.full(self.world, np.nan)
+                out.centred[name] = nan
+                out.relative[name] = out.individual[name] = tuple(nan.tolist())
+                continue
             x = np.where(active, signal_values(sig, name), np.nan)
             ok = np.isfinite(x)
             y = self._centred(x, ok)

@@ -112,7 +112,7 @@ class Monitor:
         self.timeout, self.callback = float(timeout), callback
         self._detector_args = dict(false_alarm=false_alarm, window=window, signals=signals, scores=scores,
                                    action=action)
-        Detector(1, **self._detector_args)  # check the detector's arguments now
+        Detector(1, **self._detector_args, quiet=True)  # check the detector's arguments now
         self.detector: Detector | None = None
         self.signals: RankSignals | None = None
         self.decision: Decision | None = None
@@ -218,7 +218,7 @@ class Monitor:
         """
         rows = gathered if isinstance(gathered, np.ndarray) else gathered.detach().cpu().numpy()
         if self.detector is None:
-            self.detector = Detector(rows.shape[0], **self._detector_args)
+            self.detector = Detector(rows.shape[0], **self._detector_args, quiet=self.rank != 0)
         s, sq, bad = unpack(rows)
         sig = rank_signals(s, sq, bad, dots=dots, sq_dists=sq_dists, batch=self.batch, line=self.line)
         decision = replace(self.detector.update(sig), hosts=self.hosts)

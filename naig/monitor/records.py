@@ -691,7 +691,10 @@ def _read_jsonl(p: Path) -> MonitorLog:
     world, hosts, rows = None, (), []
     try:
         with p.open(encoding="utf-8") as fh:
+            last = 0
             for i, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue  # a blank line (e.g. an editor's final newline)
                 try:
                     obj = decode(json.loads(line))
                 except ValueError as exc:
@@ -700,8 +703,14 @@ def _read_jsonl(p: Path) -> MonitorLog:
                 kind = obj.get("type") if isinstance(obj, dict) else None
                 if kind == "header":
                     world, hosts = _check_header(p, i, obj, world)
+                    last = 0  # a new run
                 elif kind == "step" and world is not None:
                     rows.append(_step_row(p, i, obj, world))
+                    if rows[-1][0] <= last:
+                        raise _bad(p, i, f"step {rows[-1][0]} after step {last}: steps must increase "
+                                         "within a run (two runs concatenated without a header, or a "
+                                         "repeated line?)")
+                    last = rows[-1][0]
                 else:
                     raise _bad(p, i, "expected a naig monitor header first" if world is None
                                else "not a naig monitor header or step")
@@ -709,6 +718,8 @@ def _read_jsonl(p: Path) -> MonitorLog:
         raise DataError(f"{p}: not UTF-8 text ({exc.reason}); is it a monitor record?") from None
     if world is None:
         raise DataError(f"{p}: no naig monitor header")
+    if not rows:
+        raise DataError(f"{p}: a monitor header but no step recorded; nothing to report")
     return _log(p, "jsonl", world, hosts, rows)
 
 
@@ -724,17 +735,55 @@ def _check_header(p: Path, i: int, obj: dict, world: int | None) -> tuple[int, t
 
 
 def _step_row(p: Path, i: int, obj: dict, world: int) -> tuple:
-    try:
-        step, flagged = int(obj["step"]), [int(r) for r in obj["flagged"]]
-        flags = tuple((int(f["rank"]), str(f["signal"]), str(f["score"])) for f in obj["flags"])
-        scores = {str(s): np.asarray(v, dtype=np.float64) for s, v in obj["scores"].items()}
-        keff = float(obj["summary"]["k_eff"])
-        where = {int(r): str(text) for r, text in obj.get("where", {}).items()}
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _bad(p, i, f"a step record without a valid {exc}") from None
-    if any(v.shape != (world,) for v in scores.values()) or any(not 0 <= r < world for r in flagged):
-        raise _bad(p, i, f"a step record that is not for {world} ranks")
+    """One JSONL step record: every malformed field is a one-line DataError naming it."""
+    def field(name: str, parse: Callable[[Any], Any]) -> Any:
+        if name not in obj:
+            raise _bad(p, i, f"a step record without the field {name!r}")
+        try:
+            return parse(obj[name])
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+            raise _bad(p, i, f"a step record whose {name!r} is not valid: {_show(obj[name])}") from None
+
+    step = field("step", _positive_int)
+    flagged = field("flagged", lambda v: [_rank(r, world) for r in _list(v)])
+    flags = field("flags", lambda v: tuple((_rank(f["rank"], world), str(f["signal"]), str(f["score"]))
+                                           for f in _list(v)))
+    scores = field("scores", lambda v: {str(s): _score_row(x, world) for s, x in v.items()})
+    keff = field("summary", lambda v: float(v["k_eff"]))
+    where = {} if "where" not in obj else field(
+        "where", lambda v: {_rank(r, world): str(text) for r, text in v.items()})
     return step, flagged, flags, scores, keff, where
+
+
+def _show(value: object) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _positive_int(v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError("not an integer >= 1")
+    return v
+
+
+def _list(v: object) -> list:
+    if not isinstance(v, list):
+        raise TypeError("not a list")
+    return v
+
+
+def _rank(v: object, world: int) -> int:
+    r = int(v) if isinstance(v, str) and v.isdigit() else v
+    if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world:
+        raise ValueError(f"not a rank in 0..{world - 1}")
+    return r
+
+
+def _score_row(v: object, world: int) -> np.ndarray:
+    x = np.asarray(_list(v), dtype=np.float64)
+    if x.shape != (world,):
+        raise ValueError(f"not {world} scores")
+    return x
 
 
 def _read_csv(p: Path) -> MonitorLog:
@@ -743,17 +792,24 @@ def _read_csv(p: Path) -> MonitorLog:
     try:
         with p.open(newline="", encoding="utf-8") as fh:
             reader = csv.reader(fh)
-            if tuple(next(reader, ())) != CSV_COLUMNS:
-                raise _bad(p, 1, "not a naig monitor CSV header (nor JSONL)")
+            head = tuple(next(reader, ()))
+            if head != CSV_COLUMNS:
+                missing = [c for c in CSV_COLUMNS if c not in head]
+                raise _bad(p, 1, f"a monitor CSV header without the column {missing[0]!r}" if missing
+                           and len(missing) < len(CSV_COLUMNS) // 2 else
+                           "not a naig monitor CSV header (nor JSONL)")
             col = {c: j for j, c in enumerate(CSV_COLUMNS)}
+            last = 0
             for row in reader:
-                _csv_row(p, reader.line_num, row, col, by_step, hosts)
+                if not row:
+                    continue  # a blank line
+                last = _csv_row(p, reader.line_num, row, col, by_step, hosts, last)
     except UnicodeDecodeError as exc:
         raise DataError(f"{p}: not UTF-8 text ({exc.reason}); is it a monitor record?") from None
     except csv.Error as exc:
         raise DataError(f"{p}: not CSV ({exc})") from None
     if not by_step:
-        raise DataError(f"{p}: a monitor CSV header without rows")
+        raise DataError(f"{p}: a monitor header but no step recorded; nothing to report")
     world = max(hosts) + 1
     rows = []
     for step, d in by_step.items():
@@ -764,18 +820,26 @@ def _read_csv(p: Path) -> MonitorLog:
     return _log(p, "csv", world, tuple(hosts[k] for k in range(world)), rows)
 
 
-def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], by_step: dict, hosts: dict) -> None:
+def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], by_step: dict, hosts: dict,
+             last: int) -> int:
+    """Add one CSV row to ``by_step``; returns its step (steps never go back: one run, or appended runs)."""
     if len(row) != len(CSV_COLUMNS):
         raise _bad(p, line, f"{len(row)} fields, expected {len(CSV_COLUMNS)} (truncated?)")
-    try:
-        step, rank = int(row[col["step"]]), int(row[col["rank"]])
-        flagged = row[col["flagged"]] == "1"
-        scores = {s: float(row[col[f"score_{s}"]]) for s in SIGNALS}
-        keff = float(row[col["k_eff"]])
-        if rank < 0:
-            raise ValueError(f"rank {rank}")
-    except ValueError as exc:
-        raise _bad(p, line, f"not a monitor row ({exc})") from None
+
+    def field(name: str, parse: Callable[[str], Any]) -> Any:
+        try:
+            return parse(row[col[name]])
+        except ValueError:
+            raise _bad(p, line, f"a row whose {name!r} is not valid: {row[col[name]][:40]!r}") from None
+
+    step = field("step", lambda v: _positive_int(int(v)))
+    rank = field("rank", lambda v: _rank(int(v), 1 << 30))
+    flagged = row[col["flagged"]] == "1"
+    scores = {s: field(f"score_{s}", float) for s in SIGNALS}
+    keff = field("k_eff", float)
+    if step < last:
+        raise _bad(p, line, f"step {step} after step {last}: steps must increase (two runs concatenated, or "
+                            "rows out of order?)")
     d = by_step.setdefault(step, {"ranks": [], "flagged": [], "flags": [], "scores": {}, "k_eff": keff,
                                   "where": {}})
     if rank in d["ranks"]:
@@ -789,6 +853,7 @@ def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], by_step: d
     d["flags"] += [(rank, *f.split("/", 1)) if "/" in f else (rank, f, f)
                    for f in row[col["flags"]].split(";") if f]
     hosts[rank] = row[col["host"]]
+    return step
 
 
 def _log(p: Path, fmt: str, world: int, hosts: tuple[str, ...], rows: list[tuple]) -> MonitorLog:
