@@ -421,13 +421,20 @@ def _time_cell(s: StrategySummary, seeds: int) -> str:
     return f"{s.time_to_loss:,.1f} s" + ("" if s.reached == seeds else f" ({s.reached}/{seeds})")
 
 
+# the strategies that use naig's reference (gradient rules), and those that use β and the 56 B routing signal
+_REFERENCE_USERS = {"naig", "naig-exact", "naig-blind"}
+_GIBBS_USERS = {*_REFERENCE_USERS, "diloco-naig", "diloco-naig-exact"}
+
+
 def _render(r: SimulateResult) -> None:
     c = r.config
     out = stdout  # terminal width; COLUMNS when set; 160 columns when piped
+    gibbs = bool(_GIBBS_USERS & set(c.strategies))  # β and the routing signal mean nothing to the others
     if r.distributed is not None:  # distributed engine
         _distributed_header(r)
     else:
-        reference = f", reference {c.resolved_reference}" if c.asynchronous else ""
+        uses_reference = c.asynchronous and _REFERENCE_USERS & set(c.strategies)
+        reference = f", reference {c.resolved_reference}" if uses_reference else ""
         workers = c.setting.describe() + reference
         out.print(f"model {c.model} (n = {r.n_params:,} parameters) on {r.device}; "
                   f"K = {c.workers} workers, {workers}")
@@ -435,14 +442,15 @@ def _render(r: SimulateResult) -> None:
     tuned = " (each strategy's chosen on validation, loss on the test split)" if c.tuning else ""
     faults = f"; faults {' '.join(c.faults)}" if c.faults else ""
     out.print(f"{c.steps} steps × {c.seeds} seed(s); {c.optimizer} lr {lrs}{tuned}, "
-              f"batch {c.batch_size}/worker; β {c.beta}{faults}")
+              f"batch {c.batch_size}/worker{f'; β {c.beta}' if gibbs else ''}{faults}")
     out.print(f"untrained validation loss {r.untrained_val_loss:.4f} nats/byte (ln 256 = 5.5452)")
     table, hidden = _table(r, out.width)
     out.print(table)
     if hidden:
         out.print(f"(too narrow for {', '.join(hidden)}: widen the terminal or use --json)")
-    out.print(f"routing signal {r.routing_bytes} B/worker/update vs full gradient "
-              f"{r.gradient_bytes:,} B (n/14 = {r.n_params / 14:,.0f}×)")
+    if gibbs:
+        out.print(f"routing signal {r.routing_bytes} B/worker/update vs full gradient "
+                  f"{r.gradient_bytes:,} B (n/14 = {r.n_params / 14:,.0f}×)")
     for path in r.saved_files[:1]:
         out.print(f"gradients saved ({len(r.saved_files)} files), e.g. {path}", markup=False)
     if c.asynchronous and r.summaries:  # no summary when no run finished (every worker lost)

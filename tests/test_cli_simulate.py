@@ -326,6 +326,13 @@ LOCAL = ["simulate", "--steps", "4", "--seeds", "1", "--data-bytes", "200000", "
     (["--arrivals", "exp:1,exp:2", "--strategies", "gossip-adam", "--faults", "0:nan"],
      "--faults '0:nan': gossip-adam has no server"),
     (["--arrivals", "exp:1,exp:2", "--bandwidth", "1e6,-1"], "--bandwidth 1000000.0,-1.0"),
+    (["--arrivals", "exp:1,exp:2", "--strategies", "gasloc", "--topology", "two-peer"],
+     "--topology 'two-peer': needs at least 3 workers"),
+    (["--arrivals", "exp:1,exp:2,exp:1", "--strategies", "gasloc", "--topology", "ring",
+      "--gossip-step", "2"],
+     "--gossip-step 2.0: use a value in (0, 1/d] for the largest degree d of a ring graph (d = 2"),
+    (["--arrivals", "exp:1,exp:1,exp:2,exp:4", "--strategies", "gasloc", "--bandwidth", "1,2"],
+     "--bandwidth 1,2: lists 2 values but --arrivals lists 4"),
 ])
 def test_local_update_usage_errors(args: list[str], message: str) -> None:
     out = RUNNER.invoke(app, ["simulate", "--steps", "2", "--seeds", "1", *args])
@@ -461,3 +468,15 @@ def test_diverged_runs_show_a_dash_at_the_points_they_never_reached() -> None:
     row = next(line for line in r.stdout.splitlines() if line.startswith("hogwild") and "@0u" in line)
     assert row.split()[-2:] == ["—", "—"] and len(row.split()) == 5  # name, the untrained point (2 words),
     #                                                                       then — for #1 and #2
+
+
+def test_naig_only_header_lines_are_left_out_without_a_naig_strategy() -> None:
+    """reference, β and the 56 B routing signal mean nothing to a gasloc or hogwild run."""
+    base = ["simulate", "--arrivals", "const:1,const:1", "--steps", "2", "--seeds", "1",
+            "--data-bytes", "200000"]
+    for strategies, shown in (("gasloc", False), ("hogwild", False), ("hogwild,naig", True)):
+        r = RUNNER.invoke(app, [*base, "--strategies", strategies, "--local-steps", "1"]
+                          if strategies == "gasloc" else [*base, "--strategies", strategies])
+        assert r.exit_code == 0, r.output
+        for word in ("reference ema", "β auto", "routing signal 56 B"):
+            assert (word in r.stdout) == shown, (strategies, word, r.stdout)

@@ -198,8 +198,11 @@ class LocalUpdates:
         check(self.topology is None or self.topology in TOPOLOGIES, "topology", self.topology,
               f"use one of {', '.join(TOPOLOGIES)}")
         a = self.gossip_step
+        top = self.topology or "one-peer"
+        degree = {"one-peer": "d = 1, e.g. 0.5", "two-peer": "d = 2, e.g. 0.5", "ring": "d = 2, e.g. 0.5",
+                  "complete": "d = K − 1, e.g. 0.25 for 5 workers"}.get(top, "e.g. 0.5")
         check(a is None or (isinstance(a, int | float) and math.isfinite(a) and 0 < a <= 1), "gossip_step", a,
-              "use a value in (0, 1/d] for the topology's largest degree d, e.g. 0.5 on a one-peer matching")
+              f"use a value in (0, 1/d] for the largest degree d of a {top} graph ({degree})")
         check(self.form is None or self.form in GASLOC_FORMS, "gasloc_form", self.form,
               f"use one of {', '.join(GASLOC_FORMS)}")
 
@@ -268,6 +271,9 @@ class ArrivalsSetting:
         h = self.local.steps
         check(h is None or len(h) in (1, k), "local_steps", h,
               f"use one int >= 1, or one per worker ({k}), e.g. 10 or 10,10,5,2")
+        check(self.local.topology != "two-peer" or k > 2, "topology", self.local.topology,
+              f"needs at least 3 workers: with {k} a worker has at most one peer (a one-peer matching); use "
+              "one-peer, or list more workers in `arrivals`")
         d, a = self.local.max_degree(k), self.local.gossip_step
         if a is not None and d > 0:
             check(a <= 1 / d, "gossip_step", a, f"a {self.local.topology or 'one-peer'} graph of {k} workers "
