@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -39,10 +40,18 @@ from accelerate.utils import InitProcessGroupKwargs
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from naig.errors import NaigError, UsageError
 from naig.monitor import Monitor, MonitorHook
 from naig.monitor.records import CsvRecords, JsonlRecords, Records
 
 TIMEOUT = 30.0  # seconds, every collective (the process group's and the monitor's; 30 is the most)
+
+
+def _in(value: int, low: int, high: int | None, option: str, why: str) -> None:
+    """Refuse ``option value`` outside [low, high] (no upper bound: None) in one line (``UsageError``)."""
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in {low}..{high}"
+        raise UsageError(f"{option} {value}: must be {bound} ({why})")
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -56,7 +65,16 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="warn")
     p.add_argument("--window", type=int, default=16, help="the detectors' individual history")
     p.add_argument("--no-monitor", action="store_true", help="train without the hook")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    _in(args.steps, 1, None, "--steps", "training steps")
+    if args.fault != "none" and world > 1:
+        _in(args.bad_rank, 0, world - 1, "--bad-rank", f"a rank of the {world} processes")
+        _in(args.bad_step, 1, args.steps, "--bad-step", f"a step of --steps {args.steps}")
+    for name in ("monitor.jsonl", "monitor.csv"):  # checked on every process, before any collective
+        if not args.no_monitor and (args.out / name).exists():
+            raise UsageError(f"{args.out / name} exists: pass another folder, or remove it")
+    return args
 
 
 def _fault(args: argparse.Namespace, rank: int, step: list[int]):
@@ -126,5 +144,19 @@ def main(argv: list[str]) -> None:
     acc.end_training()
 
 
+def run(argv: list[str]) -> None:
+    """``main``, with naig's errors as one line ``error: …`` and exit 2 (usage) or 1 (data), no traceback.
+
+    NAIG_DEBUG=1 shows the traceback.
+    """
+    try:
+        main(argv)
+    except NaigError as exc:
+        if os.environ.get("NAIG_DEBUG") == "1":
+            raise
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(sys.argv[1:])

@@ -24,6 +24,7 @@ gradients agree (large batches); with the small default batch it is inside the n
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
@@ -32,11 +33,19 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from naig.distributed.launch import process_group
+from naig.errors import NaigError, UsageError
 from naig.monitor import ACTIONS, BadRankError, Decision, Monitor, MonitorHook, RankSignals
 from naig.simulate.data import ByteData, load_bytes
 from naig.simulate.model import GPT, get_preset, lm_loss
 
 FAULTS = ("nan", "scale", "flip")
+
+
+def _in(value: int, low: int, high: int | None, option: str, why: str) -> None:
+    """Refuse ``option value`` outside [low, high] (no upper bound: None) in one line (``UsageError``)."""
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in {low}..{high}"
+        raise UsageError(f"{option} {value}: must be {bound} ({why})")
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -56,6 +65,12 @@ def _args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.fault_step is None:
         args.fault_step = args.window + 4
+    world = int(os.environ.get("WORLD_SIZE", args.nproc))
+    _in(args.nproc, 1, None, "--nproc", "processes on this machine")
+    _in(args.steps, 1, None, "--steps", "training steps")
+    if args.fault_rank is not None:
+        _in(args.fault_rank, 0, world - 1, "--fault-rank", f"a rank of the {world}")
+        _in(args.fault_step, 1, args.steps, "--fault-step", f"a step of --steps {args.steps}")
     return args
 
 
@@ -124,5 +139,19 @@ def _train(args: argparse.Namespace, rank: int, world: int) -> None:
             print(f"bad rank: {', '.join(f'{r} ({d.hosts[r]})' for r in d.ranks)} at step {d.step}")
 
 
+def run(argv: list[str]) -> None:
+    """``main``, with naig's errors as one line ``error: …`` and exit 2 (usage) or 1 (data), no traceback.
+
+    NAIG_DEBUG=1 shows the traceback.
+    """
+    try:
+        main(argv)
+    except NaigError as exc:
+        if os.environ.get("NAIG_DEBUG") == "1":
+            raise
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(sys.argv[1:])

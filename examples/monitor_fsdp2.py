@@ -19,6 +19,7 @@ One machine without torchrun (this process is rank 0 and starts the others):
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
@@ -27,12 +28,20 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 from naig.distributed.launch import backend_for, process_group
+from naig.errors import NaigError, UsageError
 from naig.monitor import BadRankError, Decision, Monitor, RankSignals
 from naig.monitor.fsdp import fully_shard_monitor
 from naig.simulate.data import ByteData, load_bytes
 from naig.simulate.model import GPT, get_preset, lm_loss
 
 FAULTS = {"nan": float("nan"), "scale": 1000.0, "flip": -1.0}
+
+
+def _in(value: int, low: int, high: int | None, option: str, why: str) -> None:
+    """Refuse ``option value`` outside [low, high] (no upper bound: None) in one line (``UsageError``)."""
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in {low}..{high}"
+        raise UsageError(f"{option} {value}: must be {bound} ({why})")
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -51,6 +60,12 @@ def _args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.fault_step is None:
         args.fault_step = args.window + 4
+    world = int(os.environ.get("WORLD_SIZE", args.nproc))
+    _in(args.nproc, 1, None, "--nproc", "processes on this machine")
+    _in(args.steps, 1, None, "--steps", "training steps")
+    if args.fault_rank is not None:
+        _in(args.fault_rank, 0, world - 1, "--fault-rank", f"a rank of the {world}")
+        _in(args.fault_step, 1, args.steps, "--fault-step", f"a step of --steps {args.steps}")
     return args
 
 
@@ -107,5 +122,19 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
             print(f"bad rank: {', '.join(f'{r} ({d.hosts[r]})' for r in d.ranks)} at step {d.step}")
 
 
+def run(argv: list[str]) -> None:
+    """``main``, with naig's errors as one line ``error: …`` and exit 2 (usage) or 1 (data), no traceback.
+
+    NAIG_DEBUG=1 shows the traceback.
+    """
+    try:
+        main(argv)
+    except NaigError as exc:
+        if os.environ.get("NAIG_DEBUG") == "1":
+            raise
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(sys.argv[1:])

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from datetime import timedelta
@@ -42,10 +43,18 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from naig.errors import NaigError, UsageError
 from naig.monitor import Monitor, MonitorHook, monitor_comm_hook
 from naig.monitor.records import JsonlRecords, Records, TensorBoardRecords
 
 TIMEOUT = 30.0  # seconds, every collective (Lightning's group and the monitor's gathers; 30 at most)
+
+
+def _in(value: int, low: int, high: int | None, option: str, why: str) -> None:
+    """Refuse ``option value`` outside [low, high] (no upper bound: None) in one line (``UsageError``)."""
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in {low}..{high}"
+        raise UsageError(f"{option} {value}: must be {bound} ({why})")
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -61,7 +70,13 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=16, help="the detectors' individual history")
     p.add_argument("--tensorboard", type=Path, default=None, help="also write TensorBoard scalars here")
     p.add_argument("--no-monitor", action="store_true", help="train without the hook")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    _in(args.devices, 1, None, "--devices", "CPU processes")
+    _in(args.steps, 1, None, "--steps", "training steps")
+    if args.fault != "none":
+        _in(args.bad_rank, 0, args.devices - 1, "--bad-rank", f"a rank of --devices {args.devices}")
+        _in(args.bad_step, 1, args.steps, "--bad-step", f"a step of --steps {args.steps}")
+    return args
 
 
 class Net(L.LightningModule):
@@ -150,5 +165,19 @@ def main(argv: list[str]) -> None:
         print(f"{args.devices} ranks, {args.steps} steps; flagged steps: {flagged or 'none'}")
 
 
+def run(argv: list[str]) -> None:
+    """``main``, with naig's errors as one line ``error: …`` and exit 2 (usage) or 1 (data), no traceback.
+
+    NAIG_DEBUG=1 shows the traceback.
+    """
+    try:
+        main(argv)
+    except NaigError as exc:
+        if os.environ.get("NAIG_DEBUG") == "1":
+            raise
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(sys.argv[1:])

@@ -185,6 +185,7 @@ def test_skip_and_raise_without_an_attached_optimizer_are_refused(action: str) -
 @pytest.mark.parametrize(("kwargs", "field"), [
     ({"module": "model"}, "module"), ({"monitor": "log"}, "monitor"), ({"exact": 1}, "exact"),
     ({"per_bucket": "yes"}, "per_bucket"), ({"monitor": Monitor(action="exclude"), "exact": True}, "exact"),
+    ({"module": torch.nn.Module()}, "module"),
 ])
 def test_bad_arguments_are_usage_errors(kwargs: dict, field: str) -> None:
     args = {"module": torch.nn.Linear(3, 2)} | kwargs

@@ -16,6 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from naig.distributed.launch import process_group
+from naig.errors import UsageError
 from tests.conftest import leftover_processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,3 +63,42 @@ def test_monitor_fsdp2_under_torchrun_names_the_nan_rank(tmp_path: Path) -> None
                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"],
                ["--fault-rank", "1", "--fault", "nan", *SHORT])
     _check(out, 2, 1, "module")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--nproc", "2", "--fault-rank", "9"], "--fault-rank 9: must be in 0..1"),
+    (["--nproc", "2", "--fault-rank", "1", "--fault-step", "100"], "--fault-step 100: must be in 1..16"),
+    (["--steps", "0"], "--steps 0: must be >= 1"), (["--nproc", "0"], "--nproc 0: must be >= 1"),
+])
+@pytest.mark.parametrize("script", ["monitor_ddp.py", "monitor_fsdp2.py"])
+def test_example_arguments_out_of_range_are_one_line(script: str, args: list[str], needle: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], capture_output=True,
+                       text=True, timeout=120, env={**env, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {needle}"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_lightning_example_errors_are_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = str(ROOT / "examples" / "monitor_lightning.py")
+    r = subprocess.run([sys.executable, script, str(tmp_path), "--bad-rank", "9"], capture_output=True,
+                       text=True, timeout=120, env=env)
+    last = r.stderr.strip().splitlines()[-1]
+    assert (r.returncode, last) == (2, "error: --bad-rank 9: must be in 0..2 (a rank of --devices 3)")
+    assert "Traceback" not in r.stderr
+    (tmp_path / "monitor.jsonl").write_text("{}\n")
+    r = subprocess.run([sys.executable, script, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "monitor.jsonl" in last and "exists" in last, r.stderr
+
+
+def test_a_process_group_of_no_process_is_refused(monkeypatch) -> None:
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(UsageError) as err, process_group(0, [sys.executable, "-c", "pass"]):
+        pass
+    assert err.value.field == "nproc"

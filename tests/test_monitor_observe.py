@@ -105,6 +105,7 @@ def test_raise_and_warn_actions() -> None:
     ([torch.ones(2)], {}, "grads"), ({"w": torch.ones(2)}, {"action": "stop"}, "action"),
     ({"w": torch.ones(2)}, {"timeout": 60}, "timeout"), ({"w": torch.ones(2)}, {"blocks": 0}, "blocks"),
     ({"w": torch.ones(2)}, {"batch": -1}, "batch"), ({"w": torch.ones(2)}, {"window": 1}, "window"),
+    ({"w": torch.ones(2)}, {"window": 10**12}, "window"),
 ])
 def test_bad_arguments_are_usage_errors(grads: object, kwargs: dict, field: str) -> None:
     with pytest.raises(UsageError) as err:

@@ -235,7 +235,13 @@ def process_group(nproc: int, argv: Sequence[str], backend: str = "gloo",
 
     Yields:
         ``(rank, world size)``.
+
+    Raises:
+        UsageError: ``nproc`` < 1 (when not under a launcher), naming it.
     """
+    if not under_launcher() and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1):
+        raise UsageError("must be an int >= 1 (the processes of the group, this one included)", field="nproc",
+                         value=nproc)
     if under_launcher():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         if os.environ.get(ENV_STORE) == "1":

@@ -126,6 +126,8 @@ class GradientMonitor:
         inner = getattr(module, "module", module) if isinstance(module, nn.parallel.DistributedDataParallel) \
             else module
         self.names = {id(p): name for name, p in inner.named_parameters()}
+        if not self.names:
+            raise UsageError("has no parameters; pass the model whose gradients are reduced", field="module")
         self.monitor = monitor if monitor is not None else Monitor()
         self.action, self.per_bucket = self.monitor.action, per_bucket
         self.step = 0

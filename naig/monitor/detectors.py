@@ -115,6 +115,8 @@ TWO_RANKS = ("monitor with 2 ranks: cos, distance and energy are measured agains
              "d_0 = -d_1, so they cannot tell the two ranks apart and are not scored; only non-finite "
              "gradients and the norm are; use 3 or more ranks to compare ranks")
 """The one-line warning of a 2-rank ``Detector`` (see "Two ranks" in the module docstring)."""
+MAX_WINDOW = 100_000
+"""The longest individual history (memory: K × signals × window floats, and a median over it per step)."""
 DEFAULT_DETECTOR = "monitor"
 """The per-rank score ``naig detect`` chose on its validation seeds (a name of
 ``naig.detect.scores.DETECTORS``: the combined rule, every signal and both scores; docs/detect.md,
@@ -340,7 +342,7 @@ class Detector:
     Args:
         world: K, the number of ranks.
         false_alarm: the probability that a clean step flags any rank, in (0, 1).
-        window: the individual history length (values scored once it is full), ≥ 3.
+        window: the individual history length (values scored once it is full), in [3, ``MAX_WINDOW``].
         signals: the signals scored (a subset of ``SIGNALS``).
         scores: the scores used (a subset of ``SCORES``).
         action: one of ``ACTIONS``, carried by every ``Decision``.
@@ -361,6 +363,9 @@ class Detector:
                  min_scale: float = 1e-6, quiet: bool = False) -> None:
         self.world = _check_int(world, "world", 1)
         self.window = _check_int(window, "window", 3)
+        if self.window > MAX_WINDOW:
+            raise UsageError(f"must be <= {MAX_WINDOW:,} (each rank keeps window values per signal, and "
+                             "every step takes their median)", field="window", value=window)
         self.signals = _check_subset(signals, SIGNALS, "signals")
         self.scores = _check_subset(scores, SCORES, "scores")
         if isinstance(false_alarm, bool) or not isinstance(false_alarm, int | float) or not (
