@@ -35,6 +35,7 @@ __all__ = [
     "handle_errors",
     "print_json",
     "fail",
+    "PLOT_SUFFIXES",
     "check_plot_path",
     "save_figure",
     "fmt_num",
@@ -206,8 +207,11 @@ def fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # what --plot's help promises (no extra package needed)
+
+
 def check_plot_path(plot: str | None, example: str, inputs: tuple[tuple[str, object], ...] = ()) -> None:
-    """Refuse a ``--plot`` target before any work: matplotlib missing, a suffix matplotlib does not write,
+    """Refuse a ``--plot`` target before any work: matplotlib missing, a suffix not in ``PLOT_SUFFIXES``,
     a missing or unwritable folder, a directory, or one of the command's ``inputs`` (name, path).
 
     The folder is probed by creating and removing a temporary file in it (``os.access`` says yes to
@@ -224,13 +228,11 @@ def check_plot_path(plot: str | None, example: str, inputs: tuple[tuple[str, obj
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError("needs matplotlib; install it with pip install matplotlib (in a checkout: pip "
                          "install -e '.[plot]')", field="plot")
-    from matplotlib.backend_bases import FigureCanvasBase
-
     p = Path(plot)
     if p.is_dir():
         raise UsageError(f"is a directory; give a file name in it, e.g. {p / example}", field="plot",
                          value=plot)
-    if p.suffix.lower().lstrip(".") not in FigureCanvasBase.get_supported_filetypes():
+    if p.suffix.lower() not in PLOT_SUFFIXES:
         raise UsageError(f"use a .png, .pdf or .svg file name, e.g. {example}", field="plot", value=plot)
     folder = p.absolute().parent
     if not folder.is_dir():
