@@ -76,6 +76,9 @@ def _args(argv: list[str]) -> argparse.Namespace:
     if args.fault != "none":
         _in(args.bad_rank, 0, args.devices - 1, "--bad-rank", f"a rank of --devices {args.devices}")
         _in(args.bad_step, 1, args.steps, "--bad-step", f"a step of --steps {args.steps}")
+    jsonl = args.out / "monitor.jsonl"  # checked before Lightning starts the other ranks (they run this too)
+    if not args.no_monitor and "LOCAL_RANK" not in os.environ and jsonl.exists() and jsonl.stat().st_size:
+        raise UsageError(f"{jsonl} exists: pass another folder, or remove it")
     return args
 
 

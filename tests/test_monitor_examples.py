@@ -93,7 +93,7 @@ def test_lightning_example_errors_are_one_line(tmp_path: Path) -> None:
                        env=env)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and "monitor.jsonl" in last and "exists" in last, r.stderr
+    assert last == f"error: {tmp_path / 'monitor.jsonl'} exists: pass another folder, or remove it", r.stderr
 
 
 def test_a_process_group_of_no_process_is_refused(monkeypatch) -> None:
