@@ -10,7 +10,6 @@ same table as one document. The library is imported inside the command (torch co
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -20,7 +19,6 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from naig.errors import UsageError
 from naig_cli import _common
 from naig_cli._common import JsonOpt, fmt_num, handle_errors, opt, print_json, printable, stdout
 
@@ -78,21 +76,6 @@ def report(
         _plot(data, plot)
         if not json_out:
             stdout.print(f"plot: {escape(printable(plot))}")
-
-
-def _check_plot(plot: str | None, log: Path) -> None:
-    """Refuse a --plot target before reading the log (matplotlib missing, suffix, folder, the log itself)."""
-    if plot is None:
-        return
-    if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("needs matplotlib; install it with pip install naig[plot]", field="plot")
-    p = Path(plot)
-    if p.suffix.lower() not in (".png", ".pdf", ".svg"):
-        raise UsageError("use a .png, .pdf or .svg file name, e.g. ranks.png", field="plot", value=plot)
-    if not p.absolute().parent.is_dir() or p.is_dir():
-        raise UsageError("its folder must exist and it must not be a directory", field="plot", value=plot)
-    if p.exists() and log.exists() and p.resolve() == log.resolve():
-        raise UsageError("would overwrite the log; choose another path", field="plot", value=plot)
 
 
 def _score(v: float) -> str:
@@ -160,5 +143,5 @@ def _plot(data: MonitorLog, path: str) -> None:
                  "above the dashed line);\n× the rank named by that signal; non-finite at the top edge",
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(path)
+    _common.save_figure(fig, path)
     plt.close(fig)
