@@ -283,7 +283,10 @@ class ArrivalsSetting:
         """Name the per-worker list whose length is not K, the length of the ``arrivals`` list (> 1)."""
         from naig.arrivals.distributions import parse_distributions
 
-        k = len(parse_distributions(self.compute, "compute", positive=True))
+        try:
+            k = len(parse_distributions(self.compute, "compute", positive=True))
+        except UsageError:
+            return  # the arrivals list itself is wrong: the caller names `arrivals`
         if k < 2:
             return
         for name in ("uplink", "downlink", "bandwidth"):
