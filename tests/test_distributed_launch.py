@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from naig.distributed.launch import LocalCluster, backend_for, under_launcher
+from naig.distributed.launch import LocalCluster, backend_for, init, under_launcher
+from naig.errors import UsageError
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
@@ -93,3 +94,13 @@ def test_backend_and_launcher_detection(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert under_launcher()
+
+
+def test_init_under_a_launcher_without_its_address_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UsageError) as err:
+        init(0, 2, "gloo", 1.0)
+    assert err.value.field == "nproc" and "MASTER_ADDR and MASTER_PORT" in str(err.value)

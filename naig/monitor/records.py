@@ -61,6 +61,7 @@ import csv
 import json
 import math
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -228,7 +229,7 @@ def flat_scalars(record: dict, per_rank: bool = False) -> dict[str, float]:
     return out
 
 
-class RecordWriter:
+class RecordWriter(ABC):
     """A monitor callback that writes each step's record on rank 0 (base class of the writers).
 
     Subclasses implement ``_open`` (rank 0, first step: the header), ``_write`` (a record) and
@@ -317,14 +318,16 @@ class RecordWriter:
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "world": decision.world,
                 "hosts": list(decision.hosts), "monitor": settings, "step_offset": self._offset}
 
+    @abstractmethod
     def _open(self, header: dict) -> None:
-        raise NotImplementedError
+        """Start the output with the run's header (rank 0, first step)."""
 
+    @abstractmethod
     def _write(self, record: dict) -> None:
-        raise NotImplementedError
+        """Write one step's record (rank 0)."""
 
-    def _close(self) -> None:
-        pass
+    def _close(self) -> None:  # noqa: B027 - optional: writers without a file have nothing to close
+        return None
 
 
 def _group_rank(group: Any) -> int | None:
