@@ -40,7 +40,7 @@ from accelerate.utils import InitProcessGroupKwargs
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from naig.errors import NaigError, UsageError
+from naig.errors import UsageError, run_main
 from naig.monitor import Monitor, MonitorHook
 from naig.monitor.records import CsvRecords, JsonlRecords, Records
 
@@ -144,19 +144,5 @@ def main(argv: list[str]) -> None:
     acc.end_training()
 
 
-def run(argv: list[str]) -> None:
-    """``main``, with naig's errors as one line ``error: …`` and exit 2 (usage) or 1 (data), no traceback.
-
-    NAIG_DEBUG=1 shows the traceback.
-    """
-    try:
-        main(argv)
-    except NaigError as exc:
-        if os.environ.get("NAIG_DEBUG") == "1":
-            raise
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(exc.exit_code)
-
-
 if __name__ == "__main__":
-    run(sys.argv[1:])
+    run_main(main, sys.argv[1:])

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 from naig.distributed.launch import backend_for, process_group
-from naig.errors import NaigError, UsageError
+from naig.errors import UsageError, run_main
 from naig.monitor import BadRankError, Decision, Monitor, RankSignals
 from naig.monitor.fsdp import fully_shard_monitor
 from naig.simulate.data import ByteData, load_bytes
@@ -122,19 +122,5 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
             print(f"bad rank: {', '.join(f'{r} ({d.hosts[r]})' for r in d.ranks)} at step {d.step}")
 
 
-def run(argv: list[str]) -> None:
-    """``main``, with naig's errors as one line ``error: …`` and exit 2 (usage) or 1 (data), no traceback.
-
-    NAIG_DEBUG=1 shows the traceback.
-    """
-    try:
-        main(argv)
-    except NaigError as exc:
-        if os.environ.get("NAIG_DEBUG") == "1":
-            raise
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(exc.exit_code)
-
-
 if __name__ == "__main__":
-    run(sys.argv[1:])
+    run_main(main, sys.argv[1:])

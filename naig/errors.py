@@ -20,7 +20,11 @@ Example:
 
 from __future__ import annotations
 
-__all__ = ["NaigError", "DataError", "UsageError", "VerificationError"]
+import os
+import sys
+from collections.abc import Callable
+
+__all__ = ["NaigError", "DataError", "UsageError", "VerificationError", "run_main"]
 
 _NO_VALUE = object()
 
@@ -70,3 +74,25 @@ class VerificationError(NaigError):
     """A mathematical certificate failed to verify. Exit code 1."""
 
     exit_code = 1
+
+
+def run_main(main: Callable[[list[str]], object], argv: list[str]) -> None:
+    """Run a script's ``main(argv)`` with naig's errors as one line ``error: …`` on stderr, no traceback.
+
+    For scripts outside the CLI (the examples, each rank of a recipe); the CLI has its own entry.
+
+    Args:
+        main: the script's entry, called with ``argv``.
+        argv: its arguments (``sys.argv[1:]``).
+
+    Raises:
+        SystemExit: with the error's ``exit_code`` (2 usage, 1 data) after printing it; with
+            ``NAIG_DEBUG=1`` the error propagates with its traceback instead.
+    """
+    try:
+        main(argv)
+    except NaigError as exc:
+        if os.environ.get("NAIG_DEBUG") == "1":
+            raise
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)

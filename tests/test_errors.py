@@ -24,3 +24,20 @@ def test_exit_codes_and_hierarchy(cls: type, code: int) -> None:
 
 def test_none_is_a_value_too() -> None:
     assert str(UsageError("is required", field="data", value=None)) == "data=None: is required"
+
+
+def test_run_main_prints_one_line_and_exits_with_the_errors_code(capsys, monkeypatch) -> None:
+    from naig.errors import run_main
+
+    def main(argv: list[str]) -> None:
+        raise (UsageError if argv == ["usage"] else DataError)("bad thing", field="steps", value=0)
+
+    monkeypatch.delenv("NAIG_DEBUG", raising=False)
+    for argv, code in ((["usage"], 2), (["data"], 1)):
+        with pytest.raises(SystemExit) as done:
+            run_main(main, argv)
+        assert done.value.code == code
+        assert capsys.readouterr().err == "error: steps=0: bad thing\n"
+    monkeypatch.setenv("NAIG_DEBUG", "1")
+    with pytest.raises(UsageError):
+        run_main(main, ["usage"])
