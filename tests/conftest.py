@@ -90,3 +90,9 @@ def run_ranks(module: str, tmp: Path, timeout: float) -> dict:
         assert not leftover_processes(str(tmp))
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+def flagged_steps(run: dict) -> dict[int, list[list[float]]]:
+    """{step: each rank's view of the flag mask} for the steps of a monitor rank script's ``run``
+    (its ``flagged``: per step, per rank, per rank a 0/1) where any rank saw a flag."""
+    return {i + 1: views for i, views in enumerate(run["flagged"]) if any(any(v) for v in views)}

@@ -20,34 +20,21 @@ from __future__ import annotations
 import json
 import sys
 import warnings
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from naig.distributed.launch import process_group
 from naig.monitor import BadRankError, Monitor, MonitorHook
+from tests.monitor_rank_tools import gather_rows, rank_batch
 
 WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 10, 10, 8, 30.0
 BUCKET_MB = 0.005  # 5 kB buckets: 4 or 5 buckets per step
 
 
-def _wait(work: dist.Work) -> None:
-    work.wait(timeout=timedelta(seconds=TIMEOUT))
-
-
-def _gather(x: torch.Tensor) -> list[list]:
-    out = [torch.empty_like(x) for _ in range(WORLD)]
-    _wait(dist.all_gather(out, x, async_op=True))
-    return torch.stack(out).tolist()
-
-
-def _batch(rank: int, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(10_000 * rank + step)
-    x = torch.randn(size, 8, generator=g)
-    return x, (x[:, :4].sum(1) > 0).long() + 2 * (x[:, 4:].sum(1) > 0).long()
+def _rows(x: torch.Tensor) -> list[list]:
+    return gather_rows(x, WORLD, TIMEOUT)
 
 
 def _model() -> nn.Module:
@@ -92,7 +79,7 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16, **hook
     out: dict = {"flagged": [], "describe": [], "grads": [], "payloads": [], "signals": [], "where": []}
     for step in range(1, STEPS + 1):
         state["step"] = step
-        x, y = _batch(rank, step, size)
+        x, y = rank_batch(rank, step, size)
         opt.zero_grad()
         err = None
         with warnings.catch_warnings(record=True) as caught:
@@ -105,20 +92,20 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16, **hook
             except BadRankError as exc:
                 err = str(exc)
         after = _flat(list(model.parameters()))
-        out["grads"].append(_gather(_flat([local[n] for n, _ in model.named_parameters()])))
+        out["grads"].append(_rows(_flat([local[n] for n, _ in model.named_parameters()])))
         if hook is not None:
             mask = torch.zeros(WORLD)
             mask[list(hook.decision.ranks)] = 1.0
-            out["flagged"].append(_gather(mask))
+            out["flagged"].append(_rows(mask))
             out["describe"].append(hook.decision.describe())
             out["payloads"].append(hook.monitor.gathered.tolist())
             out["signals"].append(hook.monitor.signals.to_dict())
             out["where"].append({str(k): v for k, v in hook.decision.where.items()})
         if step == BAD_STEP:
-            out["unchanged"] = _gather(torch.tensor([float(torch.equal(before, after))]))
-            out["adam_steps"] = _gather(torch.tensor([float(max(
+            out["unchanged"] = _rows(torch.tensor([float(torch.equal(before, after))]))
+            out["adam_steps"] = _rows(torch.tensor([float(max(
                 int(s["step"]) for s in opt.state.values()))]))
-            out["error"] = _gather(torch.tensor([float(err is not None)]))
+            out["error"] = _rows(torch.tensor([float(err is not None)]))
             out["error_text"] = err
             out["warnings"] = [str(w.message) for w in caught if w.category is UserWarning]
             out["synced"] = synced.tolist()

@@ -19,35 +19,22 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from naig.distributed.launch import process_group
 from naig.monitor import BadRankError, Monitor
 from naig.monitor.fsdp import fully_shard_monitor
+from tests.monitor_rank_tools import gather_rows, rank_batch
 
 WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 10, 10, 8, 30.0
 FACTOR = {"nan": float("nan"), "scale": 1000.0, "flip": -1.0}
 
 
-def _wait(work: dist.Work) -> None:
-    work.wait(timeout=timedelta(seconds=TIMEOUT))
-
-
-def _gather(x: torch.Tensor) -> list[list]:
-    out = [torch.empty_like(x) for _ in range(WORLD)]
-    _wait(dist.all_gather(out, x, async_op=True))
-    return torch.stack(out).tolist()
-
-
-def rank_batch(rank: int, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(10_000 * rank + step)
-    x = torch.randn(size, 8, generator=g)
-    return x, (x[:, :4].sum(1) > 0).long() + 2 * (x[:, 4:].sum(1) > 0).long()
+def _rows(x: torch.Tensor) -> list[list]:
+    return gather_rows(x, WORLD, TIMEOUT)
 
 
 def _model() -> nn.Module:
@@ -81,7 +68,7 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16) -> dic
         twin.load_state_dict(full_state_dict(model))
         twin.zero_grad()
         (nn.functional.cross_entropy(twin(x), y) * factor).backward()
-        out["grads"].append(_gather(torch.cat([p.grad.reshape(-1) for p in twin.parameters()])))
+        out["grads"].append(_rows(torch.cat([p.grad.reshape(-1) for p in twin.parameters()])))
         opt.zero_grad()
         (nn.functional.cross_entropy(model(x), y) * factor).backward()
         before = _flat(model) if step == BAD_STEP else None
@@ -93,13 +80,13 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16) -> dic
         if watch is not None:
             mask = torch.zeros(WORLD)
             mask[list(watch.decision.ranks)] = 1.0
-            out["flagged"].append(_gather(mask))
+            out["flagged"].append(_rows(mask))
             out["describe"].append(watch.decision.describe())
             out["payloads"].append(watch.monitor.gathered.tolist())
             out["signals"].append(watch.monitor.signals.to_dict())
         if step == BAD_STEP:
-            out["unchanged"] = _gather(torch.tensor([float(torch.equal(before, _flat(model)))]))
-            out["error"] = _gather(torch.tensor([float(err is not None)]))
+            out["unchanged"] = _rows(torch.tensor([float(torch.equal(before, _flat(model)))]))
+            out["error"] = _rows(torch.tensor([float(err is not None)]))
             out["error_text"] = err
     out["params"] = _flat(model).tolist()
     out["shapes"] = {n: list(p.shape) for n, p in twin.named_parameters()}

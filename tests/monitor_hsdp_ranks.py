@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -23,7 +21,8 @@ from torch.distributed.fsdp import fully_shard
 from naig.distributed.launch import process_group
 from naig.monitor import Monitor
 from naig.monitor.fsdp import fully_shard_monitor
-from tests.monitor_fsdp_ranks import full_state_dict, rank_batch
+from tests.monitor_fsdp_ranks import full_state_dict
+from tests.monitor_rank_tools import gather_rows, rank_batch
 
 WORLD, BAD_RANK, STEPS, TIMEOUT = 4, 3, 6, 30.0
 
@@ -49,7 +48,8 @@ def _run(rank: int, monitored: bool) -> dict:
         twin.load_state_dict(full_state_dict(model))
         twin.zero_grad()
         (nn.functional.cross_entropy(twin(x), y) * factor).backward()
-        out["grads"].append(_gather_all(torch.cat([p.grad.reshape(-1) for p in twin.parameters()])))
+        grad = torch.cat([p.grad.reshape(-1) for p in twin.parameters()])
+        out["grads"].append(gather_rows(grad, WORLD, TIMEOUT))
         opt.zero_grad()
         (nn.functional.cross_entropy(model(x), y) * factor).backward()
         if step < STEPS:  # the last step's (NaN) gradient is not applied, in either run
@@ -57,18 +57,12 @@ def _run(rank: int, monitored: bool) -> dict:
         if watch is not None:
             mask = torch.zeros(WORLD)
             mask[list(watch.decision.ranks)] = 1.0
-            out["flagged"].append(_gather_all(mask))
+            out["flagged"].append(gather_rows(mask, WORLD, TIMEOUT))
             out["payloads"].append(watch.monitor.gathered.tolist())
             out["describe"] = watch.decision.describe()
     out["params"] = torch.cat([v.reshape(-1) for v in full_state_dict(model).values()]).tolist()
     out["shapes"] = {n: list(p.shape) for n, p in twin.named_parameters()}
     return out
-
-
-def _gather_all(x: torch.Tensor) -> list:
-    out = [torch.empty_like(x) for _ in range(WORLD)]
-    dist.all_gather(out, x, async_op=True).wait(timeout=timedelta(seconds=TIMEOUT))
-    return torch.stack(out).tolist()
 
 
 def main(out: str) -> None:

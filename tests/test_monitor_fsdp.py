@@ -24,7 +24,7 @@ from naig.errors import UsageError
 from naig.monitor import Monitor, rank_signals
 from naig.monitor.fsdp import fully_shard_monitor, layout_permutation
 from naig.sketch import sketch_state_dict
-from tests.conftest import run_ranks
+from tests.conftest import flagged_steps, run_ranks
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +32,10 @@ def ranks(tmp_path_factory) -> dict:
     return run_ranks("tests.monitor_fsdp_ranks", tmp_path_factory.mktemp("monitor_fsdp"), timeout=240)
 
 
-def _flagged_steps(run: dict) -> dict[int, list[list[float]]]:
-    return {i + 1: views for i, views in enumerate(run["flagged"]) if any(any(v) for v in views)}
-
-
 def test_log_mode_is_bit_identical_to_plain_fsdp(ranks: dict) -> None:
     runs = ranks["runs"]
     assert runs["log"]["params"] == runs["plain"]["params"]
-    assert not _flagged_steps(runs["log"]) and runs["log"]["modules"] == ["0", "2", "4"]
+    assert not flagged_steps(runs["log"]) and runs["log"]["modules"] == ["0", "2", "4"]
     assert runs["log"]["extra_bytes"] == 128 * 3  # one 16-float payload per FSDP module
 
 
@@ -47,7 +43,7 @@ def test_log_mode_is_bit_identical_to_plain_fsdp(ranks: dict) -> None:
 def test_every_rank_names_the_bad_rank_at_its_step_and_none_before(ranks: dict, kind: str) -> None:
     run, bad, step, world = ranks["runs"][kind], ranks["bad_rank"], ranks["bad_step"], ranks["world"]
     expected = [1.0 if r == bad else 0.0 for r in range(world)]
-    assert _flagged_steps(run) == {step: [expected] * world}, run["describe"][-1]
+    assert flagged_steps(run) == {step: [expected] * world}, run["describe"][-1]
     assert f"rank {bad} on {run['hosts'][bad]} in module " in run["describe"][step - 1]
 
 
