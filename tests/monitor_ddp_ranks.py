@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from naig.distributed.launch import process_group
 from naig.monitor import BadRankError, Monitor, MonitorHook
-from tests.monitor_rank_tools import gather_rows, rank_batch
+from tests.monitor_rank_tools import exit_after, gather_rows, rank_batch
 
 WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 10, 10, 8, 30.0
 BUCKET_MB = 0.005  # 5 kB buckets: 4 or 5 buckets per step
@@ -144,4 +144,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    exit_after(main, sys.argv[1])

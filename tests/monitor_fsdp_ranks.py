@@ -27,7 +27,7 @@ from torch.distributed.fsdp import fully_shard
 from naig.distributed.launch import process_group
 from naig.monitor import BadRankError, Monitor
 from naig.monitor.fsdp import fully_shard_monitor
-from tests.monitor_rank_tools import gather_rows, rank_batch
+from tests.monitor_rank_tools import exit_after, gather_rows, rank_batch
 
 WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 10, 10, 8, 30.0
 FACTOR = {"nan": float("nan"), "scale": 1000.0, "flip": -1.0}
@@ -118,4 +118,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    exit_after(main, sys.argv[1])

@@ -22,7 +22,7 @@ from naig.distributed.launch import process_group
 from naig.monitor import Monitor
 from naig.monitor.fsdp import fully_shard_monitor
 from tests.monitor_fsdp_ranks import full_state_dict
-from tests.monitor_rank_tools import gather_rows, rank_batch
+from tests.monitor_rank_tools import exit_after, gather_rows, rank_batch
 
 WORLD, BAD_RANK, STEPS, TIMEOUT = 4, 3, 6, 30.0
 
@@ -75,4 +75,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    exit_after(main, sys.argv[1])
