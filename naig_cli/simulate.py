@@ -102,6 +102,9 @@ def simulate(
     eval_every: Annotated[int | None, _o(
         "--eval-every", "Validate every N steps (0: at the end).", COMMON, "50")] = None,
     device: Annotated[Device | None, _o("--device", "Where to train.", COMMON, "cpu")] = None,
+    threads: Annotated[int | None, _o(
+        "--threads", "torch CPU threads per process (each worker's too with --engine distributed).",
+        COMMON, "1")] = None,
     model: Annotated[Model | None, _o("--model", "Model preset.", COMMON, "gpt-nano")] = None,
     data: Annotated[str | None, _o("--data", "Text file.", COMMON, "the stdlib's .py files")] = None,
     data_bytes: Annotated[int | None, _o(
@@ -228,7 +231,8 @@ def _options(**given: Any) -> dict[str, Any]:
         strategies=None if g["strategies"] is None else _split(g["strategies"]) or ("",), steps=g["steps"],
         seeds=g["seeds"], lr=floats("lr"), optimizer=_value(g["optimizer"]),
         batch_size=g["batch_size"], eval_every=g["eval_every"], device=_value(g["device"]),
-        model=_value(g["model"]), data=g["data"], data_bytes=g["data_bytes"], sketch_seed=g["sketch_seed"],
+        threads=g["threads"], model=_value(g["model"]), data=g["data"], data_bytes=g["data_bytes"],
+        sketch_seed=g["sketch_seed"],
         faults=faults or None, log_dir=g["log_dir"], beta=g["beta"], dc_lambda=g["dc_lambda"],
         byzantine=g["byzantine"], max_staleness=g["max_staleness"], clip=g["clip"],
         reference=_value(g["reference"]), lags=ints("lags"), warmup_theta0=g["warmup_theta0"] or None,

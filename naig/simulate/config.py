@@ -3,7 +3,7 @@
 ::
 
     SimulateConfig          strategies, steps, seeds, lr, optimizer, batch_size, eval_every,
-    │                       eval_batches, device, model, data, data_bytes, sketch_seed, line,
+    │                       eval_batches, device, threads, model, data, data_bytes, sketch_seed, line,
     │                       log_dir, faults
     ├── rules               RuleOptions: beta, dc_lambda, byzantine, max_staleness, clip, reference
     └── setting             exactly one of (naig.simulate.settings):
@@ -59,6 +59,7 @@ from naig.simulate.settings import (
 from naig.simulate.strategies import STRATEGIES, StrategyOptions, parse_clip
 from naig.sketch.core import check_seed
 from naig.sketch.torch_sketch import TorchSketch
+from naig.threads import DEFAULT_THREADS, check_threads
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -126,8 +127,8 @@ class RuleOptions:
 # option name → (section of the tree, field); "setting" is the chosen setting's own table
 OPTIONS: dict[str, tuple[str, str]] = {
     **{name: ("", name) for name in ("strategies", "steps", "seeds", "lr", "optimizer", "batch_size",
-                                     "eval_every", "eval_batches", "device", "model", "data", "data_bytes",
-                                     "sketch_seed", "line", "log_dir", "faults")},
+                                     "eval_every", "eval_batches", "device", "threads", "model", "data",
+                                     "data_bytes", "sketch_seed", "line", "log_dir", "faults")},
     **{name: ("rules", name) for name in ("beta", "dc_lambda", "byzantine", "max_staleness", "clip",
                                           "reference")},
     **{name: ("lags", name) for name in ("lags", "warmup_theta0", "save_grads", "save_at")},
@@ -169,6 +170,7 @@ class SimulateConfig:
     eval_every: int = 50  # validation every this many steps (0: only at the end)
     eval_batches: int = 16  # validation batches (of 2 × batch_size sequences) per evaluation
     device: str = "cpu"  # "cpu", "cuda" or "auto"
+    threads: int = DEFAULT_THREADS  # torch CPU threads per process (naig.threads: 1 suits small models)
     model: str = "gpt-nano"  # preset name in naig.simulate.model.PRESETS
     data: str | None = None  # text file; None = the stdlib's .py files
     data_bytes: int = 2_000_000  # use the first this many bytes of the corpus
@@ -195,6 +197,7 @@ class SimulateConfig:
         object.__setattr__(self, "lr", as_tuple(self.lr, "lr", "1e-3"))
         object.__setattr__(self, "line", parse_line(self.line))
         self._check_numbers()
+        check_threads(self.threads)
         self._check_strategies()
         check_seed(self.sketch_seed, "sketch_seed")
         get_preset(self.model)

@@ -37,6 +37,7 @@ from naig.errors import DataError
 from naig.simulate.results import RunResult, SimulateResult, pi_stats, summarise
 from naig.simulate.workload import Batches, Workload
 from naig.sketch.core import SKETCH_DIM
+from naig.threads import torch_threads
 
 if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
@@ -261,6 +262,13 @@ def run_experiment(config: SimulateConfig,
     """
     from naig.simulate.engines import open_session
 
+    with torch_threads(config.threads):
+        return _run_experiment(config, open_session, progress)
+
+
+def _run_experiment(config: SimulateConfig, open_session: Callable[[SimulateConfig], Any],
+                    progress: Callable[[StepEvent], None] | None) -> SimulateResult | None:
+    """``run_experiment``'s body, with torch's threads already set."""
     session = open_session(config)
     if session is None:  # a worker rank: it served until the server said stop
         return None

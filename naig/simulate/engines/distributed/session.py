@@ -42,7 +42,7 @@ from naig.simulate.results import RunResult
 from naig.simulate.workload import Workload
 
 __all__ = ["DETERMINISM", "DistributedSession", "open_distributed", "worker_main", "config_to_json",
-           "config_from_json", "NoWorkerLeft"]
+           "config_from_json", "NoWorkerLeft", "threads_per_rank"]
 
 DETERMINISM = ("not reproducible: the order in which gradients arrive depends on the operating system's "
                "scheduling of the processes, so staleness and losses differ from run to run for the same "
@@ -79,13 +79,26 @@ def worker_main(config: SimulateConfig) -> int:
     """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     watch_parent()
+    torch.set_num_threads(config.threads)  # the process's own: set once, for its whole life
     _device(config)
     sim = Workload(config)
     init(rank, world, backend_for(sim.device), config.setting.timeout)
+    threads_per_rank()
     groups = pair_groups(rank, world, config.setting.timeout)
     jobs = Worker(sim, Link(groups[rank], 0), rank - 1).run()
     dist.destroy_process_group()
     return jobs
+
+
+def threads_per_rank() -> list[int]:
+    """Every rank's ``torch.get_num_threads()``, by rank: one all-gather, once, at start-up.
+
+    Each process sets ``config.threads`` itself (``worker_main``; rank 0 within ``run_experiment``);
+    this reads back what each one runs with, for the result's ``distributed`` block.
+    """
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, torch.get_num_threads())
+    return [int(t) for t in out]
 
 
 def open_distributed(config: SimulateConfig) -> DistributedSession | None:
@@ -123,8 +136,8 @@ class DistributedSession:
         self.server: ParameterServer | None = None
         self.run_id = 0
         self.interrupted = False
+        self.threads: list[int] = []  # torch.get_num_threads() measured on each rank, by rank
         self._stack = ExitStack()
-        self._threads = self._threads_used = torch.get_num_threads()
         _device(config)
         self.workload = Workload(config)  # before the processes: a bad corpus is refused at once
         self.workload.check_memory(2 * config.window + config.workers + 4, "nproc")  # the server's buffers
@@ -145,11 +158,11 @@ class DistributedSession:
             cfg = tmp / "config.json"
             cfg.write_text(config_to_json(c))
             argv = [sys.executable, "-m", "naig.simulate.engines.distributed", str(cfg)]
-            cluster = LocalCluster(argv, c.setting.nproc, c.setting.timeout, tmp)
+            cluster = LocalCluster(argv, c.setting.nproc, c.setting.timeout, tmp, threads=c.threads)
             self.cluster = self._stack.enter_context(cluster)
-            torch.set_num_threads(self.cluster.threads)
         init(0, c.setting.nproc, backend_for(self.workload.device), c.setting.timeout,
              store=None if self.cluster is None else self.cluster.store)
+        self.threads = threads_per_rank()
         groups = pair_groups(0, c.setting.nproc, c.setting.timeout)
         self.server = ParameterServer(self.workload, {r - 1: Link(g, r) for r, g in groups.items()})
 
@@ -181,7 +194,7 @@ class DistributedSession:
                 "window": c.window, "sketch_first": c.setting.sketch_first,
                 "slowdown": list(c.setting.slowdown) or None,
                 "timeout_seconds": c.setting.timeout, "faults": list(c.faults),
-                "threads_per_process": self._threads_used, "lost": lost,
+                "threads_per_process": self.threads, "lost": lost,
                 "live_at_end": [] if server is None else sorted(server.live), "deterministic": False,
                 "determinism": DETERMINISM}
 
@@ -190,7 +203,6 @@ class DistributedSession:
 
     def _stop(self) -> None:
         """Stop the workers, reap the processes, destroy the group (the block stays readable)."""
-        self._threads_used = torch.get_num_threads() if self.cluster is None else self.cluster.threads
         try:
             if self.server is not None and not self.interrupted:
                 self.server.close()
@@ -199,7 +211,6 @@ class DistributedSession:
                 if self.interrupted:
                     self.cluster.shutdown(grace=0.0)
         finally:
-            torch.set_num_threads(self._threads)
             if dist.is_initialized():
                 dist.destroy_process_group()
             self._stack.close()

@@ -1,0 +1,71 @@
+"""torch's CPU threads, chosen on purpose (naig.threads) and applied by every training command."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from naig.errors import UsageError
+from naig.simulate import SimulateConfig, run_experiment
+from naig.threads import DEFAULT_THREADS, MAX_THREADS, check_threads, torch_threads
+from naig_cli.main import app
+from tests.conftest import assert_one_line_error, run_naig
+
+TINY = dict(steps=2, seeds=1, data_bytes=200_000, lags=(0, 1), eval_every=0, strategies=("hogwild",))
+
+
+def test_torch_threads_sets_and_restores() -> None:
+    before = torch.get_num_threads()
+    other = 2 if before == 1 else 1
+    with torch_threads(other):
+        assert torch.get_num_threads() == other
+    assert torch.get_num_threads() == before
+
+
+def test_torch_threads_restores_after_an_error() -> None:
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError), torch_threads(1 if before != 1 else 2):
+        raise RuntimeError("boom")
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("bad", [0, -1, MAX_THREADS + 1, 1.5, True, "2", None])
+def test_bad_thread_counts_are_refused(bad: object) -> None:
+    with pytest.raises(UsageError, match="threads"):
+        check_threads(bad)
+
+
+def test_simulate_defaults_to_one_thread_and_records_it() -> None:
+    cfg = SimulateConfig.from_options(**TINY)
+    assert cfg.threads == DEFAULT_THREADS == 1
+    torch.set_num_threads(2)
+    try:
+        result = run_experiment(cfg)
+        assert result.environment["threads"] == 1  # read inside the run
+        assert torch.get_num_threads() == 2  # restored after it
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_simulate_applies_threads_and_keeps_them_in_the_config() -> None:
+    cfg = SimulateConfig.from_options(**TINY, threads=2)
+    result = run_experiment(cfg)
+    assert result.environment["threads"] == 2
+    assert SimulateConfig.from_dict(cfg.to_dict()).threads == 2
+
+
+def test_distributed_workers_run_with_the_threads_asked_for() -> None:
+    """Each worker process sets them itself; the server all-gathers what each one measured."""
+    out = CliRunner().invoke(app, ["simulate", "--engine", "distributed", "--nproc", "3", "--steps", "2",
+                                   "--seeds", "1", "--strategies", "hogwild", "--eval-every", "0",
+                                   "--data-bytes", "200000", "--threads", "2", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["distributed"]["threads_per_process"] == [2, 2, 2]
+    assert doc["config"]["threads"] == 2
+
+
+def test_cli_refuses_bad_threads_in_one_line() -> None:
+    for cmd in (["simulate"], ["detect"]):
+        assert_one_line_error(run_naig(*cmd, "--threads", "0"), 2, "--threads")
