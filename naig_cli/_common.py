@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from enum import Enum
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from naig.choices import ARRIVAL_MODES
 from naig.errors import NaigError
@@ -27,6 +29,8 @@ from naig.io import json_ready
 
 __all__ = [
     "FLAGS",
+    "fit_table",
+    "natural_width",
     "flag",
     "cli_message",
     "word_flags",
@@ -385,3 +389,30 @@ ModeOpt = Annotated[ArrivalMode, typer.Option(  # type: ignore[valid-type]
     "shared-memory: blocking without messages.")]
 WindowOpt = Annotated[int, typer.Option(
     "--window", help="B arrivals per server update (1: ASGD; K: K-batch-async).")]
+
+
+def fit_table(build: Callable[[list[str]], Table], columns: Sequence[str], drop: Sequence[str],
+              width: int) -> tuple[Table, list[str]]:
+    """The widest table that fits: ``build(columns)``, then without ``drop[0]``, ``drop[1]``, … .
+
+    Cells never wrap (the caller builds them ``no_wrap``): columns are left out instead, in
+    ``drop`` order, until the table's natural width is at most ``width`` (or nothing more may go).
+
+    Returns:
+        The table and the columns left out (for a line saying so; ``--json`` has them all).
+    """
+    kept = list(columns)
+    table = build(kept)
+    for name in drop:
+        if natural_width(table) <= width:
+            break
+        if name in kept:
+            kept.remove(name)
+            table = build(kept)
+    return table, [c for c in columns if c not in kept]
+
+
+def natural_width(table: Table) -> int:
+    """Columns ``table`` needs without wrapping any cell."""
+    probe = Console(width=10_000, file=io.StringIO())
+    return table.__rich_measure__(probe, probe.options).maximum

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 from rich import box
@@ -19,6 +20,7 @@ from naig_cli._common import (
     JsonOpt,
     check_plot_path,
     choice_enum,
+    fit_table,
     fmt_num,
     handle_errors,
     print_json,
@@ -159,28 +161,46 @@ def _render(r: DetectResult) -> None:
         t.add_row(d, KINDS[d], fmt_num(r.thresholds[d], ".3g"), f"{fa['flagged']}/{fa['total']}",
                   fmt_num(fa["rate"], ".2g"), f"{fmt_num(fa['low'], '.2g')}–{fmt_num(fa['high'], '.2g')}")
     stdout.print(t)
-    k = Table(title="Mean detection rate (%) over each kind's magnitudes, test seeds", box=box.SIMPLE)
-    k.add_column("fault")
-    for d in DETECTORS:
-        k.add_column(d, justify="right")
-    for kind, row in r.kinds.items():
-        k.add_row(kind, *(_pct(row[d]) for d in DETECTORS))
-    if r.validation is not None:
-        k.add_row("validation", *(_pct(r.validation[d]) for d in DETECTORS), style="bold")
-    stdout.print(k)
+    drop = [d for d in reversed(DETECTORS) if d != r.default]  # the default detector stays longest
+
+    def kinds(cols: list[str]) -> Table:
+        k = Table(title="Mean detection rate (%) over each kind's magnitudes, test seeds", box=box.SIMPLE)
+        k.add_column("fault", no_wrap=True)
+        for d in cols:
+            k.add_column(d, justify="right", no_wrap=True)
+        for kind, row in r.kinds.items():
+            k.add_row(kind, *(_pct(row[d]) for d in cols))
+        if r.validation is not None:
+            k.add_row("validation", *(_pct(r.validation[d]) for d in cols), style="bold")
+        return k
+
+    _print_fitted(kinds, drop)
     titles = {"detection": "Detection rate (%) at the calibrated threshold", "top1": "Top-1 localisation (%)",
               "auc": "AUC"}
     for metric, title in titles.items():
-        m = Table(title=f"{title}, test seeds: mean [95% t-interval over {c.test} seeds]", box=box.SIMPLE)
-        for col in ("fault", "mag.", "‖Δ‖/‖g‖", *DETECTORS):
-            m.add_column(col, justify="left" if col == "fault" else "right")
-        for row in r.rows:
-            m.add_row(row["fault"], f"{row['magnitude']:g}", fmt_num(row["rel_change"], ".2g"),
-                      *(_cell(row["detectors"][d][metric], metric == "auc") for d in DETECTORS))
-        stdout.print(m)
+        def metric_table(cols: list[str], metric: str = metric, title: str = title) -> Table:
+            m = Table(title=f"{title}, test seeds: mean [95% t-interval over {c.test} seeds]", box=box.SIMPLE)
+            for col in ("fault", "mag.", "‖Δ‖/‖g‖", *cols):
+                m.add_column(col, justify="left" if col == "fault" else "right", no_wrap=True)
+            for row in r.rows:
+                m.add_row(row["fault"], f"{row['magnitude']:g}", fmt_num(row["rel_change"], ".2g"),
+                          *(_cell(row["detectors"][d][metric], metric == "auc") for d in cols))
+            return m
+
+        _print_fitted(metric_table, drop)
     if r.default is not None:
         stdout.print(f"default detector (best mean detection rate over the fault kinds on the validation "
                      f"seeds): {r.default}", markup=False)
+
+
+def _print_fitted(build: Callable[[list[str]], Table], drop: list[str]) -> None:
+    """Print a table of detector columns, leaving detectors out (and saying so) to fit the terminal."""
+    from naig.detect import DETECTORS
+
+    table, hidden = fit_table(build, list(DETECTORS), drop, stdout.width)
+    stdout.print(table)
+    if hidden:
+        stdout.print(f"(too narrow for {', '.join(hidden)}: widen the terminal or use --json)", markup=False)
 
 
 def _plot(r: DetectResult, path: str) -> None:

@@ -6,7 +6,6 @@ command only, so ``naig spectrum`` start-up stays fast.
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import sys
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from rich import box
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -34,6 +32,7 @@ from naig_cli._common import (
     check_plot_path,
     choice_enum,
     fail,
+    fit_table,
     fmt_num,
     handle_errors,
     print_json,
@@ -452,6 +451,8 @@ def _render(r: SimulateResult) -> None:
     out.print(table)
     if hidden:
         out.print(f"(too narrow for {', '.join(hidden)}: widen the terminal or use --json)")
+    shown = [col for col in _columns(r) if col not in hidden]
+    out.print(_legend(shown, bool(c.faults)), markup=False, highlight=False, style="dim")
     if gibbs:
         out.print(f"routing signal {r.routing_bytes} B/worker/update vs full gradient "
                   f"{r.gradient_bytes:,} B (n/14 = {r.n_params / 14:,.0f}×)")
@@ -540,6 +541,25 @@ def _cells(r: SimulateResult, s: StrategySummary) -> dict[str, str]:
     }
 
 
+LEGEND = {  # what each column's symbol means, printed under the table for the columns shown
+    "τ̄": "τ̄ mean staleness (updates)",
+    "t→sync loss": "t→sync loss: median simulated s to reach sync's final loss",
+    "‖g̃−g‖/‖g‖": "‖g̃−g‖/‖g‖ size of the rule's correction",
+    "mean π": "π mean Gibbs weight per worker (lag order)",
+    "K_eff": "K_eff = 1/Σπ² workers used",
+    "frozen": "frozen: share of weights < 0.01/K",
+    "H first→last": "H entropy of π / ln K, first→last 10% of updates",
+}
+
+
+def _legend(shown: list[str], faults: bool) -> str:
+    """One line naming the symbols of the columns shown (and ``!`` when faults are marked)."""
+    parts = [LEGEND[col] for col in shown if col in LEGEND]
+    if faults and "mean π" in shown:
+        parts.append("! a worker --faults corrupts")
+    return "; ".join(parts) + " (README: Words and symbols)"
+
+
 _DROP_ORDER = ("H first→last", "frozen", "ms/update", "K_eff", "‖g̃−g‖/‖g‖", "τ̄", "mean π",
                "lr")  # the first is dropped first; then "Δ vs <best baseline>"
 
@@ -557,24 +577,22 @@ def _table(r: SimulateResult, width: int) -> tuple[Table, list[str]]:
         title += "; τ measured, seconds real"
     rows = [_cells(r, s) for s in r.summaries]
     all_columns = _columns(r)
-    columns = list(all_columns)
     late = [c for c in all_columns[2:] if c.startswith("Δ vs") and c != "Δ vs hogwild"]
     order = [*_DROP_ORDER, *reversed(late)]
     if r.config.faults:  # then the weights on the faulty workers matter most: keep them longest
         order.remove("mean π")
         order.append("mean π")
-    for drop in (None, *order):
-        if drop is not None and drop in columns:
-            columns.remove(drop)
+
+    def build(columns: list[str]) -> Table:
         t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
                   show_edge=False, title_justify="left")
         for col in columns:
             t.add_column(col, justify="left" if col in ("strategy", "mean π") else "right", no_wrap=True)
         for row in rows:
             t.add_row(*(row[col] for col in columns))
-        if _natural_width(t) <= width:
-            break
-    return t, [col for col in all_columns if col not in columns]
+        return t
+
+    return fit_table(build, all_columns, order, width)
 
 
 def _render_curves(r: SimulateResult) -> None:
@@ -593,12 +611,6 @@ def _render_curves(r: SimulateResult) -> None:
                  for (updates, loss), sec in zip(s.curve, secs, strict=True)]
         t.add_row(s.strategy, *cells, *["—"] * (points - len(cells)))  # a diverged run stopped early
     stdout.print(t)
-
-
-def _natural_width(t: Table) -> int:
-    """Width the table needs without wrapping any cell."""
-    probe = Console(width=10_000, file=io.StringIO())
-    return t.__rich_measure__(probe, probe.options).maximum
 
 
 def _plot(r: SimulateResult, path: str) -> None:

@@ -22,6 +22,23 @@ def test_table_names_every_detector_and_the_default() -> None:
         assert word in r.output
 
 
+def test_narrow_terminal_leaves_detectors_out_and_says_so() -> None:
+    """As audit and simulate do: whole cells, fewer columns, a line naming what was left out."""
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "naig_cli", *TINY], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout  # no cell cut
+    assert "too narrow for" in r.stdout and "use --json" in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines() if not line.startswith("naig detect:")) <= 80
+    default = r.stdout.rsplit("validation seeds): ", 1)[1].strip()
+    table = r.stdout.split("Mean detection rate", 1)[1].split("too narrow", 1)[0]
+    assert default in table  # the default detector is kept longest
+
+
 def test_json_is_one_document_with_every_cell() -> None:
     r = RUNNER.invoke(app, [*TINY, "--json"])
     assert r.exit_code == 0, r.output
