@@ -46,6 +46,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--csv", default=None, help="rank 0 writes the hook's records here")
     p.add_argument("--every", type=int, default=10, help="print every N steps")
     p.add_argument("--data-bytes", type=int, default=500_000)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads per rank (default 1: a model this small only loses time to more)")
     return p.parse_args(argv)
 
 
@@ -68,6 +70,7 @@ def main(argv: list[str]) -> None:
 
 
 def _train(args: argparse.Namespace, rank: int, world: int) -> None:
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = get_preset("gpt-nano")
     data = ByteData.from_bytes(load_bytes(None, args.data_bytes))

@@ -97,8 +97,10 @@ def main() -> None:
     parser.add_argument("--max-lag", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", type=Path, default=None, help="write the last step's gradients here")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: a model this small only loses time to more)")
     args = parser.parse_args()
-    torch.set_num_threads(1)  # a model this small only loses time to threading
+    torch.set_num_threads(args.threads)
     for rule in ("naig", "hogwild"):
         losses = train(rule, args, save=args.save if rule == "naig" else None)
         trace = " ".join(f"{v:.4f}" for v in losses)
