@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -259,7 +260,8 @@ def _run(config: SimulateConfig, json_out: bool, plot: str | None) -> None:
     for warning in (*config.strategy_warnings(), *config.ignored_options()):
         stderr.print(f"warning: {word_flags(warning)}", markup=False, highlight=False, soft_wrap=True)
     with progress("simulate", config.total_steps) as advance:
-        result = run_experiment(config, _reporter(advance, config.eval_every or config.steps))
+        runs = config.seeds * len(config.strategies) * len(config.lr)
+        result = run_experiment(config, _reporter(advance, runs))
     if result is None:  # a worker rank under torchrun: rank 0 reports
         return
     print_json(result.to_dict()) if json_out else _render(result)
@@ -348,8 +350,13 @@ def _render_run(run: RunResult) -> None:
                      f"weights {','.join(f'{w:g}' for w in weights)}")
 
 
-def _reporter(advance: Callable[..., None], every: int) -> Callable[[StepEvent], None]:
-    """Advance the bar on a terminal; without one, a plain line on stderr every ``every`` steps."""
+HEARTBEAT_SECONDS = 10.0  # without a terminal: the longest silence at evaluations within a run
+
+
+def _reporter(advance: Callable[..., None], runs: int) -> Callable[[StepEvent], None]:
+    """Advance the bar on a terminal; without one, a plain line on stderr as each of ``runs`` ends
+    (and, in a long run, at an evaluation at most every ``HEARTBEAT_SECONDS``)."""
+    done = {"runs": 0, "said": time.monotonic()}
     if sys.stderr.isatty():  # a run's progress may jump (a diloco round is H steps): advance by the jump
         last: dict[str, Any] = {"run": None, "step": 0}
 
@@ -361,11 +368,18 @@ def _reporter(advance: Callable[..., None], every: int) -> Callable[[StepEvent],
         return bar
 
     def line(e: StepEvent) -> None:
-        if e.step % every == 0 or e.step == e.steps:
-            loss = "" if e.val_loss is None else f" val {e.val_loss:.4f}"
-            rate = e.step / e.seconds if e.seconds > 0 else float("inf")
-            sys.stderr.write(f"{e.strategy} seed {e.seed} lr {e.lr:g} step {e.step}/{e.steps}{loss} "
-                             f"{rate:.1f} steps/s\n")
+        finished = e.step == e.steps
+        now = time.monotonic()
+        if not finished and (e.val_loss is None or now - done["said"] < HEARTBEAT_SECONDS):
+            return
+        done["runs"] += finished
+        done["said"] = now
+        loss = "" if e.val_loss is None else f" val {e.val_loss:.4f}"
+        rate = e.step / e.seconds if e.seconds > 0 else float("inf")
+        end = f" (run {done['runs']} of {runs})" if finished else ""
+        sys.stderr.write(f"{e.strategy} seed {e.seed} lr {e.lr:g} step {e.step}/{e.steps}{loss} "
+                         f"{rate:.1f} steps/s{end}\n")
+        sys.stderr.flush()
 
     return line
 

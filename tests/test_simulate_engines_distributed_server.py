@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -173,8 +174,12 @@ def test_ctrl_c_prints_partial_results_and_leaves_no_process(tmp_path: Path) -> 
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     try:
         deadline = time.monotonic() + TIMEOUT
-        while "step 10/" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.2)  # training is under way (progress lines every 5 step-equivalents)
+        def steps_done() -> int:  # the last progress line's step (a line at an evaluation every 10 s)
+            done = re.findall(r"step (\d+)/100000 val", log.read_text())
+            return int(done[-1]) if done else 0
+
+        while steps_done() < 10 and time.monotonic() < deadline:
+            time.sleep(0.2)  # training is under way
         proc.send_signal(2)  # SIGINT, as Ctrl-C
         out, _ = proc.communicate(timeout=60)
     finally:
