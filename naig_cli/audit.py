@@ -34,7 +34,14 @@ from naig_cli._common import (
     stdout,
 )
 
-__all__ = ["audit"]
+__all__ = ["audit", "SYMBOLS"]
+
+SYMBOLS = """**Columns**: cos, the cosine of the worker's gradient with the reference's (exact); ‖Δ‖, the
+distance between them; E ± spread, the Fano–Fisher energy dᵀΨd of the sketched drift d (mean ±
+spread over --sketches); ρ, E divided by the largest E of the workers; π, the Gibbs weight
+exp(−βE) / Σ exp(−βE); verdict: frozen when π < 0.01/K, else integrated; K_eff = 1/Σπ², the
+workers the weights effectively use. More: README, Words and symbols; docs/audit.md.
+"""
 
 _MIN_CHUNK_MB = 0.0625  # 64 KiB: smaller chunks only add per-chunk overhead
 _COLUMNS = [

@@ -70,7 +70,7 @@ def _root(
 
 
 app.command("spectrum")(spectrum.spectrum)
-app.command("audit")(audit.audit)
+app.command("audit", epilog=audit.SYMBOLS)(audit.audit)
 app.command("simulate", epilog=simulate.EXAMPLES)(simulate.simulate)
 app.command("staleness")(staleness.staleness)
 app.add_typer(monitor.app, name="monitor")

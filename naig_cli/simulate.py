@@ -69,6 +69,12 @@ naig simulate --arrivals exp:1,exp:1,exp:2,exp:4 --strategies diloco,diloco-naig
 naig simulate --engine distributed --nproc 5 --strategies naig,hogwild,sync --steps 50
 naig simulate --config run.toml --seeds 10         # a saved experiment, or a --json result
 ```
+
+**Columns**: loss ± 95% CI over seeds; Δ, the mean paired per-seed difference ± half its 95% CI and
+the paired t-test p; τ̄, mean staleness; t→sync loss, the median simulated seconds to reach sync's
+final loss; mean π, each worker's Gibbs weight (! marks a worker --faults corrupts); K_eff = 1/Σπ²;
+frozen, the share of weights < 0.01/K; H first→last, the entropy of π / ln K over the first and
+last 10% of updates. More: README, Words and symbols; docs/simulate.md.
 """
 
 

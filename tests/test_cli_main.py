@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from naig import __version__
 from naig.sketch.kernels import HAVE_COMPILED
 
@@ -57,3 +59,18 @@ def test_usage_errors_are_one_line_sentences():
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert r.stderr.startswith("error: Invalid value for '--tol'")
     assert ". See 'naig spectrum --help'." in r.stderr
+
+
+@pytest.mark.parametrize(("command", "symbols"), [
+    ("audit", ("cos", "E ± spread", "ρ", "π", "K_eff", "frozen")),
+    ("simulate", ("τ̄", "t→sync loss", "π", "!", "K_eff", "frozen", "H first→last")),
+])
+def test_help_explains_every_symbol_the_command_prints(command: str, symbols: tuple[str, ...]) -> None:
+    from typer.testing import CliRunner
+
+    from naig_cli.main import app
+
+    text = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"}).stdout
+    columns = text.split("Columns", 1)[1]
+    for s in symbols:
+        assert s in columns, s
