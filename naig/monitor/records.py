@@ -40,7 +40,8 @@ nonfinite, usable, reference, sq_norm, rel_norm, energy, cos, sq_dist; ``kinds``
 and which sketch estimates; the noise scale). Non-finite floats are written as the strings
 ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (Python's names; ``float()`` reads them back), so every
 line is strict JSON. ``append=True`` continues an existing file: a new header line, steps numbered
-after its last.
+after its last; ``overwrite=True`` replaces it (the file a crashed run left); without either an
+existing file is refused.
 
 **CSV** (``CsvRecords``): one row per rank per step, columns ``CSV_COLUMNS``; non-finite values as
 ``nan``/``inf``.
@@ -76,8 +77,8 @@ from naig.monitor.detectors import SCORES, SIDES, SIGNALS, Decision, robust_thre
 from naig.monitor.signals import RankSignals
 
 __all__ = ["CSV_COLUMNS", "PREFIX", "SCHEMA_VERSION", "CsvRecords", "JsonlRecords", "LoggerRecords",
-           "MonitorLog", "Records", "RecordWriter", "TensorBoardRecords", "decode", "encode", "flat_scalars",
-           "k_eff", "read_log", "step_record"]
+           "MonitorLog", "Records", "RecordWriter", "TensorBoardRecords", "decision_scalars", "decode",
+           "encode", "flat_scalars", "k_eff", "read_log", "step_record"]
 
 SCHEMA_VERSION = 1
 PREFIX = "naig_monitor/"
@@ -204,6 +205,24 @@ def step_record(sig: RankSignals, decision: Decision, *, alpha: float, window: i
             "summary": summary, "scores": scores, "weights": pi.tolist(),
             "relative": {k: list(v) for k, v in decision.relative.items()},
             "individual": {k: list(v) for k, v in decision.individual.items()}, "signals": sig.to_dict()}
+
+
+def decision_scalars(monitor: Any, per_rank: bool = False) -> dict[str, float]:
+    """The monitor's latest step as flat scalars (``flat_scalars`` of its ``step_record``): what the
+    framework callbacks hand to their loggers.
+
+    Args:
+        monitor: a ``naig.monitor.Monitor`` that has decided at least one step.
+        per_rank: add the ``rank{k}/...`` series.
+
+    Raises:
+        UsageError: before the monitor's first decision.
+    """
+    if monitor.decision is None or monitor.detector is None:
+        raise UsageError("the monitor has not decided a step yet", field="monitor")
+    det = monitor.detector
+    return flat_scalars(step_record(monitor.signals, monitor.decision, alpha=det.alpha, window=det.window),
+                        per_rank)
 
 
 def flat_scalars(record: dict, per_rank: bool = False) -> dict[str, float]:
@@ -348,9 +367,9 @@ def _rank_known_nonzero() -> bool:
     return rank not in (None, 0)
 
 
-def _check_path(path: str | os.PathLike, field: str, append: bool) -> Path:
+def _check_path(path: str | os.PathLike, field: str, append: bool, overwrite: bool = False) -> Path:
     """Check a record file before training: its directory exists, it is not a directory, and it does
-    not exist unless ``append`` (``naig.distributed.ddp``'s rule for its CSV).
+    not exist unless ``append`` or ``overwrite`` (``naig.distributed.ddp``'s rule for its CSV).
 
     Raises:
         UsageError: naming ``field``.
@@ -363,10 +382,25 @@ def _check_path(path: str | os.PathLike, field: str, append: bool) -> Path:
                          field=field, value=str(p))
     if p.is_dir():
         raise UsageError("is a directory; pass a file name", field=field, value=str(p))
-    if not append and p.exists() and p.stat().st_size > 0:
-        raise UsageError("exists; pass append=True to continue it, or another path", field=field,
-                         value=str(p))
+    if not append and not overwrite and p.exists() and p.stat().st_size > 0:
+        raise UsageError("exists; pass append=True to continue it, overwrite=True to replace it, or another "
+                         "path", field=field, value=str(p))
     return p
+
+
+def _file_mode(append: object, overwrite: object) -> tuple[bool, bool]:
+    """(append, overwrite), checked: each True or False, not both.
+
+    Raises:
+        UsageError: naming the field.
+    """
+    for name, value in (("append", append), ("overwrite", overwrite)):
+        if not isinstance(value, bool):
+            raise UsageError("must be True or False", field=name, value=value)
+    if append and overwrite:
+        raise UsageError("and append=True both given; pass one (continue the file, or replace it)",
+                         field="overwrite", value=True)
+    return append, overwrite
 
 
 class JsonlRecords(RecordWriter):
@@ -375,20 +409,23 @@ class JsonlRecords(RecordWriter):
     Args:
         path: the file; its directory must exist.
         append: continue an existing file of this schema (steps numbered after its last).
+        overwrite: replace an existing file (e.g. the one a crashed run left).
 
     Raises:
-        UsageError: a missing directory, a directory, an existing file without ``append``, or (with
-            it) a file that is not a naig monitor JSONL (checked on rank 0 at the first step).
+        UsageError: a missing directory, a directory, an existing file without ``append`` or
+            ``overwrite``, both of them, or (with ``append``) a file that is not a naig monitor
+            JSONL (checked on rank 0 at the first step).
     """
 
-    def __init__(self, path: str | os.PathLike, append: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, append: bool = False, *, overwrite: bool = False) -> None:
         super().__init__(per_rank=True)
-        self.append = bool(append)
-        self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append)
+        self.append, self.overwrite = _file_mode(append, overwrite)
+        self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append,
+                                                                          self.overwrite)
         self._fh: IO[str] | None = None
 
     def _open(self, header: dict) -> None:
-        _check_path(self.path, "path", self.append)
+        _check_path(self.path, "path", self.append, self.overwrite)
         if self.append and self.path.exists() and self.path.stat().st_size > 0:
             self._offset = _last_jsonl_step(self.path, header["world"])
             header["step_offset"] = self._offset
@@ -434,20 +471,22 @@ class CsvRecords(RecordWriter):
     Args:
         path: the file; its directory must exist.
         append: continue an existing file with the same header (steps numbered after its last).
+        overwrite: replace an existing file.
 
     Raises:
         UsageError: as ``JsonlRecords``.
     """
 
-    def __init__(self, path: str | os.PathLike, append: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, append: bool = False, *, overwrite: bool = False) -> None:
         super().__init__(per_rank=True)
-        self.append = bool(append)
-        self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append)
+        self.append, self.overwrite = _file_mode(append, overwrite)
+        self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append,
+                                                                          self.overwrite)
         self._fh: IO[str] | None = None
         self._csv: Any = None
 
     def _open(self, header: dict) -> None:
-        _check_path(self.path, "path", self.append)
+        _check_path(self.path, "path", self.append, self.overwrite)
         self._hosts = header["hosts"]
         old = self.append and self.path.exists() and self.path.stat().st_size > 0
         if old:
