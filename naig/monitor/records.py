@@ -11,15 +11,15 @@ A writer is the ``Monitor``'s callback; ``attach`` installs it and reads the set
 Every rank calls the callback with the same data (the decision is made from gathered data); rank
 0 of the monitor's group writes, the other ranks do nothing.
 
-**Scores.** The detectors score each signal of each rank with a robust z against the other
-ranks (``relative``) and against its own history (``individual``), each against its own
-threshold t (``naig.monitor.detectors``). A record's *score* of a signal is the larger of z/t over
-the two (|z|/t for the two-sided ``norm``): a test fires when its score exceeds 1, so scores of
-different tests and ranks compare. The thresholds come from the monitor's detector (false-alarm
-rate, window, world) and the number of ranks scored at the step. A non-finite rank scores +inf
-(signal ``nonfinite``). The z behind the scores are the detector's first pass, against the mean
-of every usable rank; the flags are its decision (after a bad rank is left out of the mean, so
-their z may differ).
+**Scores.** The detectors score each signal of each rank with a transient test (its normalised
+value u against the pooled clean ranks) and a CUSUM change statistic, each against its own
+threshold (``naig.monitor.detectors``). A record's *score* of a signal is the larger of
+value/threshold over the two (|u|/t for the two-sided ``norm``, |S|/h for the CUSUM): a test
+fires when its score exceeds 1, so scores of different tests and ranks compare. The thresholds
+are the decision's (``Decision.thresholds``). A non-finite rank scores +inf (signal
+``nonfinite``); a signal the detector does not score, NaN. The values behind the scores are each
+rank's from the pass that decided it (a named rank's from the pass that named it, the others'
+after the named ranks are left out of the mean), as the flags' are.
 
 **Step summary** (every writer): ``max_score`` (over ranks and signals), ``max_rank``,
 ``max_signal``, ``flagged`` (the flagged ranks), ``k_eff`` = 1/Σ_k π_k², the effective number of
@@ -31,10 +31,10 @@ gradient noise scale).
 step. The first line of a run is a header ``{"type": "header", "schema", "naig", "created",
 "world", "hosts", "monitor", "step_offset"}`` (``monitor``: its settings: blocks, seed, line,
 batch, action, false_alarm, window, signals, scores, timeout). Then one line per step: ``{"type":
-"step", "step", "action", "flagged", "flags", "where", "summary", "scores", "weights", "relative",
-"individual", "signals"}`` with ``flags`` a list of ``{"rank", "signal", "score", "z",
-"threshold"}``, ``where`` rank → where the integration places a flagged rank's departure (a DDP
-bucket and its parameters; ``{}`` when not placed), ``scores`` and ``relative``/``individual``
+"step", "step", "action", "flagged", "flags", "where", "summary", "scores", "weights", "transient",
+"cusum", "signals"}`` with ``flags`` a list of ``{"rank", "signal", "score", "z",
+"threshold", "since"}``, ``where`` rank → where the integration places a flagged rank's departure (a DDP
+bucket and its parameters; ``{}`` when not placed), ``scores`` and ``transient``/``cusum``
 signal → (K,) lists, ``weights`` the (K,) π, and ``signals`` ``RankSignals.to_dict()`` (per rank:
 nonfinite, usable, reference, sq_norm, rel_norm, energy, cos, sq_dist; ``kinds``: which are exact
 and which sketch estimates; the noise scale). Non-finite floats are written as the strings
@@ -73,7 +73,7 @@ import numpy as np
 
 from naig.errors import DataError, UsageError
 from naig.gibbs import naig_weights
-from naig.monitor.detectors import SCORES, SIDES, SIGNALS, Decision, robust_threshold
+from naig.monitor.detectors import SCORES, SIDES, SIGNALS, Decision
 from naig.monitor.signals import RankSignals
 
 __all__ = ["CSV_COLUMNS", "PREFIX", "SCHEMA_VERSION", "CsvRecords", "JsonlRecords", "LoggerRecords",
@@ -142,44 +142,32 @@ def k_eff(energies: np.ndarray) -> tuple[float, np.ndarray]:
     return float(1.0 / np.sum(pi * pi)), pi
 
 
-def _thresholds(alpha: float, window: int, decision: Decision) -> dict[tuple[str, str], float]:
-    """(signal, score) → the threshold of the decision's first-pass z (NaN where unscored)."""
+def _scores(sig: RankSignals, decision: Decision) -> dict[str, list[float]]:
+    """signal → (K,) the larger value/threshold of its tests (|·| for two-sided and the lower CUSUM);
+    +inf for a non-finite rank. The thresholds are the decision's own (``Decision.thresholds``)."""
     out = {}
-    for name, z in decision.relative.items():
-        n = int(np.isfinite(np.asarray(z, dtype=np.float64)).sum()) - 1  # the ranks scored, less one
-        out[(name, "relative")] = robust_threshold(alpha, n, SIDES[name]) if n >= 2 else math.nan
-    for name in decision.individual:
-        out[(name, "individual")] = robust_threshold(alpha, window, SIDES[name])
-    return out
-
-
-def _scores(sig: RankSignals, decision: Decision, alpha: float, window: int) -> dict[str, list[float]]:
-    """signal → (K,) the larger z/t of its two tests (|z|/t for two-sided); +inf for a non-finite rank."""
-    t = _thresholds(alpha, window, decision)
-    out = {}
-    for name in decision.relative.keys() | decision.individual.keys():
+    for name in decision.transient.keys() | decision.cusum.keys():
         best = np.full(decision.world, np.nan)
         for score in SCORES:
-            zs = (decision.relative if score == "relative" else decision.individual).get(name)
-            if zs is None or not math.isfinite(t.get((name, score), math.nan)):
+            zs = (decision.transient if score == "transient" else decision.cusum).get(name)
+            t = decision.thresholds.get(score, {}).get(name, math.nan)
+            if zs is None or not math.isfinite(t):
                 continue
             z = np.asarray(zs, dtype=np.float64)
-            ratio = (np.abs(z) if SIDES[name] == "both" else z) / t[(name, score)]
+            ratio = (np.abs(z) if SIDES[name] == "both" or score == "cusum" else z) / t
             best = np.where(np.isnan(best) | (ratio > best), ratio, best)
         best[~np.asarray(sig.usable, dtype=bool)] = math.inf
         out[name] = best.tolist()
-    return {name: out[name] for name in SIGNALS if name in out}
+    nan = [math.nan] * decision.world  # a signal the detector does not score: NaN (as the CSV reads it)
+    return {name: out.get(name, nan) for name in SIGNALS}
 
 
-def step_record(sig: RankSignals, decision: Decision, *, alpha: float, window: int, step: int | None = None
-                ) -> dict:
+def step_record(sig: RankSignals, decision: Decision, *, step: int | None = None) -> dict:
     """One step's record (not encoded; NaN/inf as floats): see the module for the fields.
 
     Args:
         sig: the step's signals.
         decision: the step's decision (the same step).
-        alpha: the detector's per-test false-alarm probability (``Detector.alpha``).
-        window: the detector's individual window.
         step: the step number written (default ``decision.step``).
 
     Raises:
@@ -188,7 +176,7 @@ def step_record(sig: RankSignals, decision: Decision, *, alpha: float, window: i
     if sig.world != decision.world:
         raise UsageError(f"signals of {sig.world} ranks with a decision of {decision.world}", field="world",
                          value=sig.world)
-    scores = _scores(sig, decision, alpha, window)
+    scores = _scores(sig, decision)
     keff, pi = k_eff(sig.energy)
     cands = [(math.inf, -k, "nonfinite") for k in range(sig.world) if not sig.usable[k]]
     cands += [(vals[k], -k, name) for name, vals in scores.items() for k in range(sig.world)
@@ -200,11 +188,11 @@ def step_record(sig: RankSignals, decision: Decision, *, alpha: float, window: i
     return {"type": "step", "step": decision.step if step is None else step, "action": decision.action,
             "flagged": list(decision.ranks),
             "flags": [{"rank": f.rank, "signal": f.signal, "score": f.score, "z": f.z,
-                       "threshold": f.threshold} for f in decision.flags],
+                       "threshold": f.threshold, "since": f.since} for f in decision.flags],
             "where": {str(r): text for r, text in decision.where.items()},
             "summary": summary, "scores": scores, "weights": pi.tolist(),
-            "relative": {k: list(v) for k, v in decision.relative.items()},
-            "individual": {k: list(v) for k, v in decision.individual.items()}, "signals": sig.to_dict()}
+            "transient": {k: list(v) for k, v in decision.transient.items()},
+            "cusum": {k: list(v) for k, v in decision.cusum.items()}, "signals": sig.to_dict()}
 
 
 def decision_scalars(monitor: Any, per_rank: bool = False) -> dict[str, float]:
@@ -307,9 +295,7 @@ class RecordWriter(ABC):
         if not self._opened:
             self._opened = True
             self._open(self._header(decision))
-        det = self.monitor.detector
-        self._write(step_record(sig, decision, alpha=det.alpha, window=det.window,
-                                step=self._offset + decision.step))
+        self._write(step_record(sig, decision, step=self._offset + decision.step))
 
     def close(self) -> None:
         """Flush and close (idempotent)."""
