@@ -143,12 +143,6 @@ def main(out: str) -> None:
         tmp = Path(out).parent
         ckpt, fresh = tmp / "first.ckpt", tmp / "fresh.ckpt"
         runs = {"plain": _fit(rank, None), "log": _fit(rank, "log"), "skip": _fit(rank, "skip")}
-        if os.environ.get("NAIG_NO_RESUME") == "1":  # (by hand: the runs without a checkpoint)
-            runs["raise"] = _fit(rank, "raise")
-            if rank == 0:
-                Path(out).write_text(json.dumps({"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP,
-                                                 "runs": runs}))
-            return
         runs["first"] = _fit(rank, "log", steps=RESUME_STEP, save=ckpt)
         if rank == 0:
             state = torch.load(ckpt, weights_only=False)

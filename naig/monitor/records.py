@@ -206,11 +206,9 @@ def decision_scalars(monitor: Any, per_rank: bool = False) -> dict[str, float]:
     Raises:
         UsageError: before the monitor's first decision.
     """
-    if monitor.decision is None or monitor.detector is None:
+    if monitor.decision is None:
         raise UsageError("the monitor has not decided a step yet", field="monitor")
-    det = monitor.detector
-    return flat_scalars(step_record(monitor.signals, monitor.decision, alpha=det.alpha, window=det.window),
-                        per_rank)
+    return flat_scalars(step_record(monitor.signals, monitor.decision), per_rank)
 
 
 def flat_scalars(record: dict, per_rank: bool = False) -> dict[str, float]:
