@@ -88,7 +88,7 @@ class Net(pl.LightningModule):
 
 def _trainer(steps: int, callbacks: list, logger: Logger) -> pl.Trainer:
     strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=TIMEOUT))
-    return pl.Trainer(accelerator="cpu", devices=WORLD, strategy=strategy, max_steps=steps, max_epochs=1,
+    return pl.Trainer(accelerator="cpu", devices=WORLD, strategy=strategy, max_steps=steps,
                       logger=logger, callbacks=callbacks, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
                       num_sanity_val_steps=0)

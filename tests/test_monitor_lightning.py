@@ -2,7 +2,7 @@
 
 tests/monitor_lightning_ranks.py runs several ``Trainer.fit`` of 12 steps each on 3 processes
 (``DDPStrategy``, CPU; the detectors' window 8); rank 2's loss is ×1000 at step 12. Measured there:
-rank 2 named alone at step 12 on every rank (energy and norm individual scores), in every action;
+rank 2 named alone at step 12 on every rank (energy and norm transient scores), in every action;
 ``skip`` and ``raise`` leave the parameters of step 12 unchanged on every rank; ``log`` ends
 bit-identical to the fit without the callback; a fit resumed from a checkpoint after step 6 decides
 exactly as the uninterrupted one, a resume without the callback's state does not name rank 2 (its
