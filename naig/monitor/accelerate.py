@@ -29,7 +29,6 @@ comm_state=...)`` instead (the monitor reads each bucket, then that hook reduces
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +37,7 @@ from accelerate import Accelerator
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from naig.errors import UsageError
+from naig.errors import UsageError, warn_caller
 from naig.monitor.ddp import MonitorHook
 from naig.monitor.observe import Monitor
 
@@ -79,7 +78,7 @@ def watch(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Opt
     hook = MonitorHook(base, monitor, exact=exact, per_bucket=per_bucket, comm_hook=comm_hook,
                        comm_state=comm_state)
     if accelerator.num_processes < 2:
-        warnings.warn(ONE_PROCESS, UserWarning, stacklevel=2)
+        warn_caller(ONE_PROCESS)
         hook.detach()
         return hook
     if not isinstance(model, DistributedDataParallel):

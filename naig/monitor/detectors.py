@@ -118,7 +118,6 @@ Example:
 from __future__ import annotations
 
 import math
-import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -126,7 +125,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from naig.errors import DataError, UsageError
+from naig.errors import DataError, UsageError, warn_caller
 from naig.monitor.signals import RankSignals
 
 __all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "MAD_SCALE", "DEFAULT_DETECTOR", "DEFAULT_SIGNALS",
@@ -518,7 +517,7 @@ class Detector:
         self.quiet = quiet
         self.blind = frozenset(s for s in self.signals if s != "norm") if self.world <= 2 else frozenset()
         if self.world == 2 and self.blind and not quiet:
-            warnings.warn(TWO_RANKS, UserWarning, stacklevel=2)
+            warn_caller(TWO_RANKS)
         self.alpha = self.false_alarm / (self.world * self.tests_per_rank)
         self.step = 0
         self.pool: dict[str, deque[np.ndarray]] = {s: deque(maxlen=self.window) for s in self.signals}
@@ -571,8 +570,7 @@ class Detector:
                              value=sig.world)
         self.step += 1
         if self.step == 1 and not self.quiet and self.warming:
-            warnings.warn(WARMUP.format(steps=self.warmup, until=self.warmup + 1, rate=self.false_alarm),
-                          UserWarning, stacklevel=2)
+            warn_caller(WARMUP.format(steps=self.warmup, until=self.warmup + 1, rate=self.false_alarm))
         flags = [Flag(r, "nonfinite", "nonfinite", math.inf, 0.0, self.step)
                  for r in range(self.world) if not sig.usable[r]]
         warming = self.warming

@@ -46,14 +46,13 @@ hence ``MonitorCallback`` here (and in ``naig.monitor.transformers``).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from naig.errors import UsageError
+from naig.errors import UsageError, warn_caller
 from naig.monitor.ddp import GradientMonitor, MonitorHook
 from naig.monitor.observe import Monitor
 from naig.monitor.records import decision_scalars
@@ -111,7 +110,7 @@ class MonitorCallback(pl.Callback):
                                getattr(strategy, "_ddp_comm_state", None))
                 strategy._ddp_comm_hook = None
         elif isinstance(strategy, SingleDeviceStrategy):
-            warnings.warn(ONE_PROCESS, UserWarning, stacklevel=2)
+            warn_caller(ONE_PROCESS)
         elif not isinstance(strategy, ModelParallelStrategy):
             name = type(strategy).__name__
             why = ("FSDPStrategy wraps with FSDP1, whose reduce-scatter naig does not read; use "

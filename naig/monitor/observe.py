@@ -33,7 +33,6 @@ Example:
 from __future__ import annotations
 
 import socket
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -44,7 +43,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from naig.distributed.launch import MAX_TIMEOUT
-from naig.errors import DataError, UsageError
+from naig.errors import DataError, UsageError, warn_caller
 from naig.metric import DEFAULT_LINE, parse_line
 from naig.monitor.detectors import (
     DEFAULT_CLIP,
@@ -238,7 +237,7 @@ class Monitor:
         if self.callback is not None:
             self.callback(sig, decision)
         if decision.flagged and self.action == "warn" and self.rank == 0:
-            warnings.warn(decision.describe(), UserWarning, stacklevel=3)
+            warn_caller(decision.describe())
         return decision
 
     def state_dict(self) -> dict:

@@ -42,7 +42,6 @@ integrations' shared base in ``naig.monitor``).
 from __future__ import annotations
 
 import sys
-import warnings
 from typing import Any
 
 import torch
@@ -50,7 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from naig.errors import UsageError
+from naig.errors import UsageError, warn_caller
 from naig.monitor.ddp import MonitorHook
 from naig.monitor.observe import Monitor
 from naig.monitor.records import decision_scalars
@@ -103,7 +102,7 @@ class MonitorCallback(TrainerCallback, ExportableState):
         trainer = _calling_trainer()
         wrapped = trainer.model_wrapped
         if not isinstance(wrapped, DistributedDataParallel):
-            warnings.warn(ONE_PROCESS, UserWarning, stacklevel=2)
+            warn_caller(ONE_PROCESS)
             return
         handler = trainer.callback_handler.callbacks
         handler.remove(self)
