@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable
 
-__all__ = ["NaigError", "DataError", "UsageError", "VerificationError", "run_main"]
+__all__ = ["NaigError", "DataError", "UsageError", "VerificationError", "run_main", "warn_caller"]
 
 _NO_VALUE = object()
 
@@ -96,3 +97,33 @@ def run_main(main: Callable[[list[str]], object], argv: list[str]) -> None:
             raise
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
+
+
+# Top-level packages whose frames are not "the caller": naig and the frameworks that call its hooks.
+_LIBRARIES = frozenset({"naig", "torch", "lightning", "pytorch_lightning", "transformers", "accelerate"})
+
+
+def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` pointing at the user's line: the first frame outside naig and the training
+    frameworks that call it (torch, Lightning, Transformers, Accelerate).
+
+    A warning raised inside a DDP hook during ``loss.backward()`` is then shown at that
+    ``backward`` line (or ``trainer.fit``), not at naig's own. When every frame is a library's
+    (a hook run on a framework thread), it points at naig's caller.
+
+    Args:
+        message: the one-line warning.
+        category: its class.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as w:
+        ...     warnings.simplefilter("always")
+        ...     warn_caller("careful")
+        >>> w[0].message.args[0]
+        'careful'
+    """
+    frame, level = sys._getframe(1), 2
+    while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] in _LIBRARIES:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level if frame is not None else 2)

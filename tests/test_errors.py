@@ -41,3 +41,36 @@ def test_run_main_prints_one_line_and_exits_with_the_errors_code(capsys, monkeyp
     monkeypatch.setenv("NAIG_DEBUG", "1")
     with pytest.raises(UsageError):
         run_main(main, ["usage"])
+
+
+def test_warn_caller_points_at_the_users_line_through_naig_and_torch() -> None:
+    """The two-rank warning (built inside ``Monitor.decide``) and the ``warn`` action's line (inside
+    DDP's communication hook, under ``loss.backward()``) are shown at this file's lines."""
+    import warnings
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from naig.monitor import Monitor, MonitorHook
+    from naig.monitor.detectors import TWO_RANKS
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Monitor().decide(np.ones((2, 16)))  # 2 ranks' payloads: the detector warns once
+    two = [w for w in caught if str(w.message) == TWO_RANKS]
+    assert len(two) == 1 and two[0].filename == __file__
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        model = torch.nn.Linear(3, 2)
+        ddp = DistributedDataParallel(model)
+        MonitorHook(model, Monitor(action="warn")).register(ddp)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            (ddp(torch.ones(2, 3)).sum() * float("nan")).backward()
+    finally:
+        dist.destroy_process_group()
+    lines = [w for w in caught if str(w.message).startswith("step 1: rank 0")]  # (and the warm-up note)
+    assert len(lines) == 1 and "non-finite gradient" in str(lines[0].message)
+    assert {w.filename for w in caught} == {__file__}

@@ -98,7 +98,8 @@ def test_raise_and_warn_actions() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         Monitor(action="warn").observe({"w": torch.tensor([float("nan"), 1.0])})
-    assert len(caught) == 1 and "non-finite" in str(caught[0].message)
+    lines = [str(w.message) for w in caught if "warm-up" not in str(w.message)]
+    assert len(lines) == 1 and "non-finite" in lines[0]
 
 
 @pytest.mark.parametrize("grads, kwargs, field", [
@@ -127,3 +128,48 @@ def test_a_rank_that_never_observes_gives_an_error_not_a_hang(ranks: dict) -> No
     assert missing["error"] is not None and "within 1 s" in missing["error"]
     # it waited the 1 s timeout, then stopped: far below MAX_TIMEOUT, the longest any collective may wait
     assert 1.0 <= missing["seconds"] < MAX_TIMEOUT
+
+
+def _payloads(steps: int, world: int, seed: int) -> list[np.ndarray]:
+    """(K, 16) payloads of K ranks' noisy 500-float gradients; rank 1 ×1.06 from step 30 on (about 2
+    pooled sd of the centred log-norm: a change the CUSUM finds in a few steps)."""
+    from naig.monitor.signals import MonitorSketch, pack
+
+    sk = MonitorSketch.build([("w", 500)], seed=0)
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in range(steps):
+        g = rng.standard_normal((world, 500)) + 0.5
+        if t >= 29:
+            g[1] *= 1.06
+        out.append(torch.stack([pack(torch.from_numpy(r), sk) for r in g]).numpy())
+    return out
+
+
+def test_a_resumed_monitor_decides_as_the_uninterrupted_one(tmp_path) -> None:
+    """Monitor.state_dict through torch.save at step 33 (a change in flight), into a new Monitor."""
+    rows = _payloads(45, 4, seed=5)
+    whole = Monitor()
+    with pytest.warns(UserWarning, match="warm-up"):
+        decisions = [repr(whole.decide(r)) for r in rows]
+    assert any("Flag(rank=1, signal='norm', score='cusum'" in d for d in decisions[33:])
+    first = Monitor()
+    assert first.state_dict() == {"version": 1, "detector": None}
+    with pytest.warns(UserWarning, match="warm-up"):
+        for r in rows[:33]:
+            first.decide(r)
+    torch.save(first.state_dict(), tmp_path / "monitor.pt")
+    resumed = Monitor()
+    resumed.load_state_dict(torch.load(tmp_path / "monitor.pt", weights_only=True))
+    assert [repr(resumed.decide(r)) for r in rows[33:]] == decisions[33:]
+
+
+def test_a_monitor_state_of_other_settings_is_refused() -> None:
+    mon = Monitor(window=16)
+    with pytest.warns(UserWarning, match="warm-up"):
+        mon.decide(_payloads(1, 4, seed=1)[0])
+    with pytest.raises(UsageError) as err:
+        Monitor(window=32).load_state_dict(mon.state_dict())
+    assert err.value.field == "window"
+    with pytest.raises(UsageError, match="version"):
+        Monitor().load_state_dict({"detector": None})

@@ -146,6 +146,23 @@ def test_existing_file_refused_unless_append_which_continues_the_steps(tmp_path)
     assert [h["step_offset"] for h in headers] == [0, STEPS]
 
 
+@pytest.mark.parametrize("writer, name", [(JsonlRecords, "m.jsonl"), (CsvRecords, "m.csv")])
+def test_overwrite_replaces_the_file_a_crashed_run_left(tmp_path, writer, name: str) -> None:
+    path = tmp_path / name
+    path.write_text('{"type": "step", "step": 3, "trunc')  # a crashed run's last, cut line
+    with pytest.raises(UsageError, match="overwrite=True to replace it"):
+        writer(path)
+    _run(writer(path, overwrite=True))
+    log = read_log(path)
+    np.testing.assert_array_equal(log.steps, np.arange(1, STEPS + 1))  # only the new run's steps
+    with pytest.raises(UsageError, match="both given") as err:
+        writer(path, append=True, overwrite=True)
+    assert err.value.field == "overwrite"
+    with pytest.raises(UsageError) as err:
+        writer(path, overwrite="yes")
+    assert err.value.field == "overwrite"
+
+
 def test_append_to_a_file_that_is_not_a_monitor_log_is_refused(tmp_path) -> None:
     (tmp_path / "x.jsonl").write_text('{"type": "other"}\n')
     with pytest.raises(UsageError, match="no naig monitor header"):

@@ -10,7 +10,8 @@ gradient by parameter name (the monitor's sketch of the benchmark's layout and s
 all-gather over gloo), then all-reduces what it observed (the faulty gradient enters the
 mean, as in a real fault; the benchmark trains on the clean mean) and steps. The first
 ``WARMUP`` steps are clean. Rank 0 records, at each later step, the faulty rank and every rank's
-first-pass relative z of the monitor's ``norm`` and ``distance`` signals: the benchmark's
+relative z (against the other ranks at the step) of the signals the monitor derived
+(``Monitor.signals``: ``norm`` and ``distance``): the benchmark's
 ``norm`` (its absolute value) and ``sketch-14`` scores, computed here by the monitor itself.
 
 ``compare(live, bench)`` applies the benchmark's calibrated thresholds to those scores: per
@@ -34,8 +35,9 @@ import torch.distributed as dist
 from naig.detect.calibrate import t_interval
 from naig.detect.faults import FaultCell, apply_gradient_fault
 from naig.detect.protocol import DetectConfig, build_workload
-from naig.detect.scores import BLOCKS, DETECTORS, Scorer, StepStats
+from naig.detect.scores import BLOCKS, DETECTORS, Scorer, StepStats, relative_z
 from naig.monitor import Monitor
+from naig.monitor.detectors import signal_values
 from naig.monitor.signals import MonitorSketch
 from naig.simulate.workload import fault_seed, make_optimizer, stream_seed
 
@@ -77,7 +79,7 @@ def run_cell(cfg: DetectConfig, wl: object, cell: FaultCell, seed: int, rank: in
         who = int(draws.integers(world)) if t >= warmup else -1
         if rank == who:
             g = apply_gradient_fault(cell, g, gen, wl.sizes)
-        decision = monitor.observe(wl.params(g))
+        monitor.observe(wl.params(g))
         if scorer is not None:
             every = [torch.empty_like(g) for _ in range(world)]
             dist.all_gather(every, g, async_op=True).wait(timeout=timedelta(seconds=TIMEOUT))
@@ -85,7 +87,7 @@ def run_cell(cfg: DetectConfig, wl: object, cell: FaultCell, seed: int, rank: in
         if t >= warmup:
             bad.append(who)
             for name, signal in SCORES.items():
-                z = np.asarray(decision.relative[signal], dtype=float)
+                z = relative_z(signal_values(monitor.signals, signal), monitor.signals.usable)
                 scores[name].append((np.abs(z) if name == "norm" else z).tolist())
                 if scorer is not None:
                     ref[name].append(mine[DETECTORS.index(name)].tolist())

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from naig.monitor.detectors import SIDES, Detector, robust_threshold, robust_z, signal_values
+from naig.monitor.detectors import SIDES, Detector, robust_z, signal_values
 from naig.monitor.signals import MonitorSketch, RankSignals, rank_signals
 
 __all__ = ["DETECTORS", "KINDS", "BLOCKS", "StepStats", "Scorer", "relative_z"]
@@ -141,7 +141,7 @@ class Scorer:
     def __init__(self, world: int, window: int = 16, false_alarm: float = 1e-3) -> None:
         self.world, self.window = world, window
         self.history: list[deque[float]] = [deque(maxlen=window) for _ in range(world)]
-        self.monitor = Detector(world, false_alarm=false_alarm, window=window)
+        self.monitor = Detector(world, false_alarm=false_alarm, window=window, quiet=True)
 
     def scores(self, stats: StepStats, commit: bool = False) -> np.ndarray:
         """(len(DETECTORS), K) float64 scores of one step.
@@ -186,17 +186,16 @@ class Scorer:
         return z
 
     def _monitor(self, sig: RankSignals, commit: bool) -> np.ndarray:
-        """Max over the monitor's tests of (side-adjusted z) / threshold, from its first pass."""
+        """Max over the monitor's tests of (side-adjusted value) / threshold, from its first pass."""
         det = self.monitor if commit else copy.deepcopy(self.monitor)
         dec = det.update(sig)
-        n_rel = int(sig.usable.sum()) - 1
         best = np.full(self.world, np.nan)
-        for table, n in ((dec.relative, n_rel), (dec.individual, self.window)):
-            if n < 2:
-                continue
+        for score, table in (("transient", dec.transient), ("cusum", dec.cusum)):
             for name, zs in table.items():
+                t = dec.thresholds.get(score, {}).get(name, math.nan)
+                if not math.isfinite(t):
+                    continue
                 z = np.asarray(zs, dtype=float)
-                z = np.abs(z) if SIDES[name] == "both" else z
-                ratio = z / robust_threshold(det.alpha, n, SIDES[name])
-                best = np.fmax(best, ratio)
+                z = np.abs(z) if SIDES[name] == "both" or score == "cusum" else z
+                best = np.fmax(best, z / t)
         return best

@@ -6,8 +6,23 @@ Register it on the DDP model and attach it to the optimizer::
     hook.register(ddp)          # ddp.register_comm_hook(hook, monitor_comm_hook)
     hook.attach(optimizer)      # applies skip / raise before optimizer.step()
 
-(Lightning: ``DDPStrategy(ddp_comm_state=hook, ddp_comm_hook=monitor_comm_hook)``, and
-``hook.attach(optimizer)`` once the optimizer exists.)
+(Lightning: ``naig.monitor.lightning.MonitorCallback``; the Hugging Face ``Trainer``:
+``naig.monitor.transformers.MonitorCallback``; Accelerate: ``naig.monitor.accelerate.watch``.)
+
+**With another communication hook** (compression, PowerSGD): DDP takes one hook per model, so
+pass yours to the monitor, which calls it on each bucket after reading the bucket::
+
+    state = PowerSGDState(process_group=None, matrix_approximation_rank=1)
+    hook = MonitorHook(model, monitor, comm_hook=powerSGD_hook, comm_state=state).register(ddp)
+
+The monitor reads the bucket before ``comm_hook`` reduces it, so it sees every rank's own
+gradient whatever the compression; in ``log`` mode training is bit-identical to ``comm_hook``
+alone (tested with ``bf16_compress_hook`` and ``powerSGD_hook``). ``exact`` and ``exclude``
+need the monitor's own all-reduce and are refused with a ``comm_hook``.
+
+**Detach** (``detach()``): the optimizer pre-hooks are removed; DDP cannot drop a communication
+hook once registered, so the hook stays and passes every bucket straight to ``comm_hook`` (or
+DDP's own all-reduce of the mean): no payload, no gather, no decision, no action.
 
 **Per bucket** (DDP hands each bucket of this rank's gradient to the hook before reducing it) the
 hook packs [S g_b | ‖g_b‖² | non-finite count of g_b] (``naig.monitor.signals.pack``: the
@@ -137,6 +152,20 @@ class GradientMonitor:
         self._sketches: dict[tuple, MonitorSketch] = {}
         self._optimizers: list[tuple[weakref.ref, Any]] = []
         self._applied: dict[int, int] = {}
+        self.detached = False
+
+    def detach(self) -> None:
+        """Remove what this monitor registered; it neither reads, gathers nor acts from now on.
+
+        The optimizer step pre-hooks of ``attach`` are removed. What the framework holds stays
+        registered where the framework cannot remove it (DDP takes one communication hook per
+        model, for good): the integration then passes every bucket straight to the inner hook
+        (``MonitorHook``) or restores the framework's own collective (``FSDPMonitor``). Call it
+        between steps, on every rank. Idempotent.
+        """
+        for _, handle in self._optimizers:
+            handle.remove()
+        self._optimizers, self.decision, self.parts, self.detached = [], None, [], True
 
     # ---------------------------------------------------------------- the optimizer side
 
@@ -144,11 +173,13 @@ class GradientMonitor:
         """Apply ``skip`` / ``raise`` before ``optimizer.step()`` (a step pre-hook); returns self.
 
         Raises:
-            UsageError: not a ``torch.optim.Optimizer``.
+            UsageError: not a ``torch.optim.Optimizer``, or the monitor is detached.
         """
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise UsageError(f"got a {type(optimizer).__name__}; pass a torch.optim.Optimizer",
                              field="optimizer")
+        if self.detached:
+            raise UsageError("this monitor is detached; make a new one", field="optimizer")
         handle = optimizer.register_step_pre_hook(self._pre_step)
         self._optimizers.append((weakref.ref(optimizer), handle))
         return self
@@ -295,38 +326,66 @@ class MonitorHook(GradientMonitor):
             the group DDP reduces over (None: the default group).
         exact: exact ⟨g_k, ḡ⟩ and ‖g_k − ḡ‖² from the all-reduced buckets (see the module).
         per_bucket: one all-gather per bucket (names the bucket) or one per step (128 B).
+        comm_hook: the communication hook that reduces each bucket once the monitor has read it,
+            called as ``comm_hook(comm_state, bucket)`` (e.g. torch's ``bf16_compress_hook`` or
+            ``powerSGD_hook``); None: DDP's own all-reduce of the mean.
+        comm_state: its state (e.g. a ``PowerSGDState``, or the process group for torch's
+            default hooks).
 
     Raises:
-        UsageError: a bad argument, naming it; ``exact`` with ``exclude`` (the mean is not DDP's).
+        UsageError: a bad argument, naming it; ``exact`` with ``exclude`` (the mean is not DDP's);
+            ``comm_hook`` with ``exact`` or ``exclude`` (both need the monitor's own all-reduce).
     """
 
     def __init__(self, module: nn.Module, monitor: Monitor | None = None, *, exact: bool = False,
-                 per_bucket: bool = True) -> None:
+                 per_bucket: bool = True, comm_hook: Callable[[Any, dist.GradBucket], torch.futures.Future]
+                 | None = None, comm_state: Any = None) -> None:
         super().__init__(module, monitor, per_bucket=per_bucket)
         if not isinstance(exact, bool):
             raise UsageError("must be True or False", field="exact", value=exact)
         if exact and self.action == "exclude":
             raise UsageError("exact statistics need DDP's own mean; exclude changes it (use exact=False)",
                              field="exact", value=exact)
-        self.exact = exact
+        if comm_hook is not None and not callable(comm_hook):
+            raise UsageError("must be a DDP communication hook, hook(state, bucket) -> Future",
+                             field="comm_hook", value=comm_hook)
+        if comm_hook is not None and (exact or self.action == "exclude"):
+            what = "exact statistics wait for the monitor's own all-reduce" if exact else \
+                "exclude reweights the ranks in the monitor's own all-reduce"
+            raise UsageError(f"cannot wrap another hook: {what} (pass comm_hook=None)", field="comm_hook",
+                             value=getattr(comm_hook, "__name__", comm_hook))
+        self.exact, self.comm_hook, self.comm_state = exact, comm_hook, comm_state
 
     def register(self, ddp: nn.parallel.DistributedDataParallel) -> "MonitorHook":
         """``ddp.register_comm_hook(self, monitor_comm_hook)``; returns self.
 
         Raises:
-            UsageError: not a ``DistributedDataParallel``.
+            UsageError: not a ``DistributedDataParallel``, or one with a communication hook already
+                (DDP takes one per model: pass the other as ``comm_hook``).
         """
         if not isinstance(ddp, nn.parallel.DistributedDataParallel):
             raise UsageError(f"got a {type(ddp).__name__}; pass the DistributedDataParallel model",
                              field="ddp")
-        ddp.register_comm_hook(self, monitor_comm_hook)
+        try:
+            ddp.register_comm_hook(self, monitor_comm_hook)
+        except RuntimeError as exc:
+            if "only be called once" not in str(exc):
+                raise
+            raise UsageError("has a communication hook already and DDP takes one per model: pass that "
+                             "hook to MonitorHook(comm_hook=..., comm_state=...) and register on a fresh DDP "
+                             "model", field="ddp") from None
         return self
 
     def _group(self) -> dist.ProcessGroup:
         return self.monitor.group if self.monitor.group is not None else dist.group.WORLD
 
     def reduce(self, bucket: dist.GradBucket) -> torch.futures.Future:
-        """One bucket: payload (and its gather), the all-reduce (or hold it back), decide at the last."""
+        """One bucket: payload (and its gather), the reduction (or hold it back), decide at the last.
+
+        Once ``detach``ed: the reduction only (``comm_hook``, or DDP's own all-reduce).
+        """
+        if self.detached:
+            return self._pass(bucket)
         if bucket.index() == 0:
             self._begin_step()
         group = self._group()
@@ -337,20 +396,27 @@ class MonitorHook(GradientMonitor):
         sketch = self._sketch(tuple(id(p) for p in params), tuple(zip(names, (p.numel() for p in params),
                                                                        strict=True)), buf.device)
         flat = buf if buf.numel() == sketch.numel else torch.cat([g.reshape(-1) for g in bucket.gradients()])
-        part = self._add_part(bucket.index(), names, pack(flat, sketch))
+        part = self._add_part(bucket.index(), names, pack(flat, sketch))  # read before any reduction
         if self.action == "exclude":
             part.buffer = buf
             part.future = _future(buf)
             fut = part.future
+        elif self.comm_hook is not None:
+            fut = self.comm_hook(self.comm_state, bucket)
         else:
             part.local = buf.clone() if self.exact else None
             part.buffer = buf
-            buf.mul_(1.0 / world)  # what DDP itself does before its sum all-reduce
-            part.work = dist.all_reduce(buf, group=group, async_op=True)
-            fut = part.work.get_future().then(lambda f: f.value()[0])
+            part.work, fut = _all_reduce_mean(buf, group, world)
         if bucket.is_last():
             self._last(world, dist.get_rank(group))
         return fut
+
+    def _pass(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """The reduction alone: the inner hook, or DDP's own all-reduce of the mean."""
+        if self.comm_hook is not None:
+            return self.comm_hook(self.comm_state, bucket)
+        group = self._group()
+        return _all_reduce_mean(bucket.buffer(), group, dist.get_world_size(group))[1]
 
     def _last(self, world: int, rank: int) -> None:
         exact = self._exact() if self.exact else None
@@ -381,6 +447,13 @@ class MonitorHook(GradientMonitor):
                 p.buffer.mul_(1.0 / kept)
             self.monitor.wait_work(dist.all_reduce(p.buffer, group=group, async_op=True))
             p.future.set_result(p.buffer)
+
+
+def _all_reduce_mean(buf: Tensor, group: dist.ProcessGroup, world: int) -> tuple[Any, torch.futures.Future]:
+    """What DDP does without a hook: ``buf`` × 1/K, then an all-reduce (sum) started; (work, future)."""
+    buf.mul_(1.0 / world)
+    work = dist.all_reduce(buf, group=group, async_op=True)
+    return work, work.get_future().then(lambda f: f.value()[0])
 
 
 def _future(buf: Tensor) -> torch.futures.Future:

@@ -1,4 +1,4 @@
-"""Per-rank detectors: robust scores against the other ranks and against the rank's own history.
+"""Per-rank detectors: pooled calibration across ranks, transient tests and CUSUM change detection.
 
 For each signal of ``naig.monitor.signals`` a detector looks at one value per rank and step,
 on a scale where ordinary variation is roughly symmetric and nothing blows up:
@@ -6,71 +6,100 @@ on a scale where ordinary variation is roughly symmetric and nothing blows up:
 ============ ====================== ================ =========================================
 signal       value x_k              flagged when     meaning
 ============ ====================== ================ =========================================
-``norm``     log ‖g_k‖              z > t or z < −t  a gradient far larger or smaller (zero)
-``cos``      arccos cos(g_k, ḡ)     z > t            a rank pointing away from the mean (radians)
-``distance`` log ‖g_k − ḡ‖²         z > t            a rank far from the mean
-``energy``   E_k^(1/3)              z > t            a large Fano–Fisher drift energy
+``norm``     log ‖g_k‖              u > t or u < −t  a gradient far larger or smaller (zero)
+``cos``      arccos cos(g_k, ḡ)     u > t            a rank pointing away from the mean (radians)
+``distance`` log ‖g_k − ḡ‖²         u > t            a rank far from the mean
+``energy``   E_k^(1/3)              u > t            a large Fano–Fisher drift energy
 ============ ====================== ================ =========================================
 
 (a norm of 0 is taken as 1e-150 before the log, so a zero gradient is an extreme low norm). The
 angle rather than log(1 − cos) because a sketched cosine near 1 would send the log to −∞; the
-cube root of the energy (Wilson–Hilferty: near-normal for χ² laws, E_k is about (8/3)‖Δ‖²/14·χ²₄)
-rather than its log, whose long lower tail would disturb the centring below.
+cube root of the energy (Wilson–Hilferty: near-normal for χ² laws) rather than its log.
 
-**Scores.** Both are the robust z of a value against reference values r_1..r_n,
+**Normalisation (K ≥ 3).** Each value is centred on the other ranks at the same step,
 
-    z = (x − median(r)) / max(1.4826 · MAD(r), ``min_scale``),   MAD(r) = median |r_i − median(r)|
+    y_k = x_k − median_{j ≠ k, j in the reference} x_j,
 
-(1.4826 = 1/Φ⁻¹(3/4) makes the MAD a standard deviation for normal data):
+which removes what moves every rank at once (the trend of training, a learning-rate change, a
+loss spike of the global batch). Under the assumption below the y_k of every rank and step
+follow one law, so they are **pooled**: the last ``window`` clean steps × K ranks (hundreds of
+values: 192 at K = 3, 512 at K = 8 with the default window of 64) give one location and scale
+per signal, m = median and s = 1.4826 · MAD of the pool, and every rank is scored by
 
-- ``relative``: x = x_k, r = the other ranks' values at the same step (n = K − 1 when all are
-  usable; needs n ≥ 2, so K ≥ 3);
-- ``individual``: x = y_k = x_k − median_{j≠k} x_j (centred on the other ranks at the same step
-  when K ≥ 3; y_k = x_k for K ≤ 2), r = the rank's own last ``window`` values of y_k, scored once
-  the window is full. Centring removes what moves every rank at once (a learning-rate change, a
-  loss spike of the global batch, the trend of training): the question is whether *this* rank
-  moved away from the others, compared with its own recent past. Histories take a step's values
-  only when no rank is flagged at it, so a rank that stays bad stays flagged.
+    u_k = (y_k − m) / max(s, ``min_scale``).
+
+A step's values enter the pool only when no rank is flagged at it, and a rank's only when it is
+in the reference and none of its change statistics is above half its threshold, so a rank that
+goes bad does not widen the scale it is judged by.
+
+**Assumption: exchangeable clean ranks.** Pooling is right when, absent a fault, the ranks are
+interchangeable: the same model, the same data distribution, the same batch size, the same
+numerics. What breaks it: heterogeneous data per rank (a shard of another language or domain,
+non-i.i.d. federated splits), a rank with another batch size (its log-norm sits log √(b/b′)
+away and its spread differs), ranks on different hardware or precision. Such a rank is a
+*persistent* departure from the others, and the change detector below names it (within the
+first window, or as soon as it starts): the monitor does not know such a difference is
+intended. Its answer is to say which rank and signal departed and from which step; if the
+difference is by design, watch those ranks in their own ``process_group`` (a group of
+exchangeable ranks) or restrict ``signals`` to those that are comparable.
+
+**Warm-up.** Until the pool holds ``warmup`` clean steps (default 16; at most ``window``), only
+non-finite checks run; the ``Decision`` says so (``Decision.warmup``) and the detector warns
+once at its first step (``WARMUP``) unless ``quiet``. A resumed run restores the pool with
+``load_state_dict`` and has no second warm-up.
+
+**Transient tests** (``transient``), for one-step faults: a rank is flagged when u_k passes t,
+the (1 − α) quantile of the robust z of a normal value against n pooled normal values
+(``robust_threshold``: it accounts for the median and MAD being estimated; n is the pool size,
+rounded down to one of ``POOL_SIZES``; above 256 the 256 threshold, slightly conservative).
+
+**Change detection** (``cusum``), for persistent faults: per rank, signal and side a CUSUM
+(Page, "Continuous inspection schemes", Biometrika 1954) on the normalised values,
+
+    S_t = max(0, S_{t−1} + clip(u_t, ±c) − δ)     (upper; the lower side uses −u_t; ``norm`` has both)
+
+with reference δ (``delta``: half the shift in pooled standard deviations it is tuned to find;
+default 1) and clipping c (``clip``, default 3: one outlier adds at most c − δ, so the transient
+test, not the CUSUM, answers for single steps). A side alarms when S_t > h; the step the change
+began is the step after S was last 0 (``Flag.since``); S restarts from 0 after an alarm, so a
+rank that stays bad is named again every few steps. h is set from the average run length to a
+false alarm: with N(0, 1) values the alarms of one side form a renewal process of rate
+1/ARL₀(h), and h is the value with ARL₀ = 1/α (``cusum_threshold``: Brook & Evans's Markov
+chain on 200 states, exact for the clipped normal increments up to the discretisation).
+
+**Thresholds from a false-alarm rate.** ``false_alarm`` is the probability that a clean step
+flags any rank (family-wise, per step). It is split evenly (Bonferroni, valid whatever the
+dependence) over the tests of a step: α = false_alarm / (K · Σ_signals (transient + CUSUM
+sides)); with every signal and both scores that is 9 tests per rank. Correlated signals make the
+realised rate lower than false_alarm; heavier-than-normal tails make it higher
+(docs/results/monitor-detection.md measures it on real training).
 
 **Naming one rank.** cos, distance and energy are measured against the mean, which a bad rank
 pulls: with K = 3 and one rank ×1000, ḡ is a third of that rank and every rank's distance to it
 jumps. So when ranks are flagged, each flagged rank c is tried: it is left out of the mean
-(``RankSignals.with_reference``) and the other ranks are scored again; the rank whose exclusion
-leaves the fewest (then the least) flags is named, and the search goes on among the rest until
-no rank is flagged. A bad rank is named alone, not with the ranks it displaced.
-
-**Thresholds from a false-alarm rate.** ``false_alarm`` is the probability that a clean step
-flags any rank. It is split evenly (Bonferroni, valid whatever the dependence) over the tests
-of a step: α = false_alarm / (K · signals · scores). The threshold of each test is the
-(1 − α) quantile of its robust z under the null "x and r_1..r_n independent N(μ, σ²)". That
-law does not depend on μ, σ (z is location-scale invariant) but only on n: for n = 2 it is
-(√3/1.4826)·Cauchy in closed form; for n ≥ 3 it is computed from 400,000 (fewer for large n,
-n·N ≤ 4·10⁶) seeded draws of (median, MAD) of n normals, integrating x exactly:
-P(z > t) = E[Φ̄(m + c·s·t)] (two-sided: plus E[Φ̄(c·s·t − m)]). Small n has heavy tails (the
-MAD of few values can be tiny): at α = 4·10⁻⁵ the upper threshold is ≈ 8,700 for n = 2,
-190 for n = 4, 23 for n = 8, 5.8 for n = 32 (normal: 3.9). This calibration rather than a
-normal quantile keeps the stated rate at small n; it assumes Gaussian variation on the
-transformed scale, which the transforms make closer to true. The relative score at K = 3 has
-n = 2 references (threshold ≈ 8,700 at α = 4·10⁻⁵): it sees only enormous departures, and the
-individual score does the work. For n > 256 the n = 256 threshold is used (slightly
-conservative: the tails shrink with n from n = 4 on).
-``tests/test_monitor_detectors.py`` measures the rate on clean synthetic training streams.
+(``RankSignals.with_reference``) and out of the others' centring, the other ranks are scored
+again, and the rank whose exclusion leaves the fewest (then the least) flags is named; the search
+goes on among the rest until no rank is flagged. A named rank stays out of the reference (the
+mean and the others' centring) for the next ``hold`` steps (default 8), so the ranks it displaced
+are not named after it.
 
 **Two ranks.** With K = 2 the mean-relative signals are symmetric: d₀ = −d₁ against the mean,
 so both ranks have the same distance and energy and mirrored angles, and nothing measured against
-the mean can say which rank departed; the individual history is uncentred (y_k = x_k) and follows
-the trend of training, which gave false alarms on clean runs (4 in 40 steps of
-``examples/monitor_ddp.py --nproc 2 --window 16``). So at K = 2 only non-finite ranks and the
-``norm`` (each rank's own gradient norm, against its own history) are scored; cos, distance and
-energy are not (their z are NaN), and the detector warns once (``TWO_RANKS``, a ``UserWarning``).
-Use 3 ranks or more to compare ranks.
+the mean can say which rank departed; centring on the other rank is symmetric too. So at K ≤ 2
+only non-finite ranks and the ``norm`` (each rank's own log-norm, a transient test against its
+own last ``window`` values, uncentred: n = the history's length) are scored; cos, distance and
+energy are not (their scores are NaN), there is no change detection, and the detector warns once
+(``TWO_RANKS``, a ``UserWarning``). Use 3 ranks or more to compare ranks.
 
 **Non-finite** ranks (a NaN/Inf entry, norm or sketch) are always flagged, with signal
-``nonfinite`` and score +inf; they are left out of every reference.
+``nonfinite`` and score +inf, from the first step; they are left out of every reference.
 
-**Determinism.** A ``Detector`` is a pure function of the sequence of ``RankSignals`` it was
-given (seeded calibration, numpy medians), so ranks fed the same gathered data reach the same
-``Decision`` without another collective.
+**State and determinism.** A ``Detector`` is a pure function of the sequence of ``RankSignals``
+it was given (seeded calibration, numpy medians), so ranks fed the same gathered data reach the
+same ``Decision`` without another collective. ``state_dict()`` returns its whole state (pool,
+CUSUM statistics, change starts, last naming steps, settings) as plain JSON values;
+``load_state_dict`` into a detector of the same settings continues exactly as the uninterrupted
+one would.
 
 **Actions** (``ACTIONS``, a closed choice; integrations apply them): ``log`` records only;
 ``warn`` also emits one line naming rank, host and signal; ``skip`` applies no update this step
@@ -80,7 +109,7 @@ on any rank; ``exclude`` weights the flagged ranks 0 in the mean where the frame
 Example:
     >>> import numpy as np
     >>> from naig.monitor.signals import rank_signals
-    >>> det = Detector(3, false_alarm=0.01, window=4)
+    >>> det = Detector(3, false_alarm=0.01, window=4, quiet=True)
     >>> sq = np.array([1.0, 1.1, np.nan]); bad = np.array([0, 0, 5])
     >>> det.update(rank_signals(np.ones((3, 14)), sq, bad)).ranks
     (2,)
@@ -89,7 +118,6 @@ Example:
 from __future__ import annotations
 
 import math
-import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -97,34 +125,49 @@ from functools import lru_cache
 
 import numpy as np
 
-from naig.errors import DataError, UsageError
+from naig.errors import DataError, UsageError, warn_caller
 from naig.monitor.signals import RankSignals
 
 __all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "MAD_SCALE", "DEFAULT_DETECTOR", "DEFAULT_SIGNALS",
-           "DEFAULT_SCORES", "TWO_RANKS", "BadRankError", "Decision", "Detector", "Flag", "check_action",
-           "null_tail", "robust_threshold", "robust_z", "signal_values"]
+           "DEFAULT_SCORES", "DEFAULT_WINDOW", "DEFAULT_WARMUP", "DEFAULT_DELTA", "DEFAULT_CLIP",
+           "DEFAULT_HOLD", "POOL_SIZES", "STATE_VERSION", "TWO_RANKS", "WARMUP", "BadRankError", "Decision",
+           "Detector", "Flag", "check_action", "cusum_arl", "cusum_threshold", "null_tail",
+           "robust_threshold", "robust_z", "signal_values"]
 
 SIGNALS = ("norm", "cos", "distance", "energy")
-SCORES = ("relative", "individual")
+SCORES = ("transient", "cusum")
 ACTIONS = ("log", "warn", "skip", "exclude", "raise")
 SIDES = {"norm": "both", "cos": "upper", "distance": "upper", "energy": "upper"}
 MAD_SCALE = 1.482602218505602  # 1 / Φ⁻¹(3/4)
 TINY = 1e-300  # a squared norm of 0 before the log
 NULL_DRAWS, NULL_BUDGET, NULL_MAX_N, NULL_SEED = 400_000, 4_000_000, 256, 20180601
+POOL_SIZES = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+"""The pool sizes thresholds are computed for: a pool of n values uses the largest size ≤ n."""
+ARL_STATES = 200  # Brook–Evans states of the CUSUM's Markov chain
+STATE_VERSION = 2
+"""The layout version of ``Detector.state_dict`` (``load_state_dict`` refuses another)."""
 TWO_RANKS = ("monitor with 2 ranks: cos, distance and energy are measured against the mean, where "
              "d_0 = -d_1, so they cannot tell the two ranks apart and are not scored; only non-finite "
              "gradients and the norm are; use 3 or more ranks to compare ranks")
 """The one-line warning of a 2-rank ``Detector`` (see "Two ranks" in the module docstring)."""
+WARMUP = ("monitor warm-up: only non-finite gradients are checked until {steps} clean steps of history "
+          "are pooled (step {until}); after that every test runs at false_alarm={rate:g} per step")
+"""The one-line warning a ``Detector`` gives at its first step (see "Warm-up")."""
 MAX_WINDOW = 100_000
-"""The longest individual history (memory: K × signals × window floats, and a median over it per step)."""
+"""The longest pooled history in steps (memory: K × signals × window floats)."""
+DEFAULT_WINDOW, DEFAULT_WARMUP, DEFAULT_DELTA, DEFAULT_CLIP, DEFAULT_HOLD = 64, 16, 1.0, 3.0, 8
+"""Pooled steps, warm-up steps, CUSUM reference δ and clipping c (pooled sd), steps a named rank
+stays out of the reference: the defaults ``naig detect --protocol persistent`` chose on its
+validation seeds (docs/results/monitor-detection.md)."""
 DEFAULT_DETECTOR = "monitor"
-"""The per-rank score ``naig detect`` chose on its validation seeds (a name of
-``naig.detect.scores.DETECTORS``: the combined rule, every signal and both scores; docs/detect.md,
-"The default detector"). As ``Detector`` arguments: ``DEFAULT_SIGNALS`` and ``DEFAULT_SCORES``."""
-DEFAULT_SIGNALS = SIGNALS
-"""The signals of ``DEFAULT_DETECTOR`` (``Detector(signals=...)``)."""
+"""The per-rank score ``naig detect`` (per-step protocol) chose on its validation seeds (a name of
+``naig.detect.scores.DETECTORS``: the combined rule, every signal and both scores)."""
+DEFAULT_SIGNALS = ("norm", "distance", "energy")
+"""The signals of the default ``Detector`` (``Detector(signals=...)``): not ``cos``, whose sketched
+angle has heavy tails (its spread moves with the step's noise), so it raised the false-alarm rate
+for little detection (docs/results/monitor-detection.md)."""
 DEFAULT_SCORES = SCORES
-"""The scores of ``DEFAULT_DETECTOR`` (``Detector(scores=...)``)."""
+"""The scores of the default ``Detector`` (``Detector(scores=...)``)."""
 
 
 def check_action(action: object) -> str:
@@ -251,6 +294,68 @@ def robust_threshold(alpha: float, n: int, side: str) -> float:
     return math.exp(hi)
 
 
+
+def _phi(x: np.ndarray) -> np.ndarray:
+    """Φ(x), the standard normal CDF (via ``_sf``)."""
+    return 1.0 - _sf(np.asarray(x, dtype=np.float64))
+
+
+def cusum_arl(h: float, delta: float, clip: float, states: int = ARL_STATES) -> float:
+    """ARL₀: mean steps to the first alarm of S_t = max(0, S_{t−1} + clip(u_t, ±c) − δ) > h from S = 0.
+
+    u_t are i.i.d. N(0, 1). Brook & Evans (1972): the interval [0, h] in ``states`` cells of width
+    w = 2h/(2·states − 1), state i at i·w (state 0 holds the atom at 0); the ARL vector solves
+    (I − P) L = 1.
+
+    Args:
+        h: the threshold (> 0), in pooled standard deviations.
+        delta: the reference δ ≥ 0.
+        clip: c > δ, the clipping of each value.
+    """
+    w = 2.0 * h / (2 * states - 1)
+    v = np.arange(states) * w
+    edges = (np.arange(states) + 0.5) * w  # upper edge of each cell; the last is h
+    # F_X(x) = P(clip(u) − δ ≤ x): 0 below −c − δ, Φ(x + δ) between, 1 from c − δ on
+    def cdf(x: np.ndarray) -> np.ndarray:
+        out = _phi(x + delta)
+        return np.where(x < -clip - delta, 0.0, np.where(x >= clip - delta, 1.0, out))
+    upper = cdf(edges[None, :] - v[:, None])  # P(next ≤ edge_j | v_i)
+    p = np.diff(np.concatenate([np.zeros((states, 1)), upper], axis=1), axis=1)
+    arl = np.linalg.solve(np.eye(states) - p, np.ones(states))
+    return float(arl[0])
+
+
+@lru_cache(maxsize=256)
+def cusum_threshold(alpha: float, delta: float = DEFAULT_DELTA, clip: float = DEFAULT_CLIP) -> float:
+    """h with ``cusum_arl(h, δ, c) = 1/alpha``: one CUSUM side's threshold at a per-step false-alarm rate.
+
+    After each alarm S restarts at 0, so the alarms of a clean stream are a renewal process whose
+    long-run rate is 1/ARL₀ per step.
+
+    Raises:
+        UsageError: alpha outside (0, 0.5), δ < 0 or c ≤ δ.
+    """
+    if not isinstance(alpha, int | float) or not 0 < alpha < 0.5:
+        raise UsageError("must be in (0, 0.5)", field="alpha", value=alpha)
+    _check_cusum(delta, clip)
+    lo, hi = 1e-3, 1.0
+    while cusum_arl(hi, delta, clip) < 1.0 / alpha:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if cusum_arl(mid, delta, clip) < 1.0 / alpha else (lo, mid)
+    return hi
+
+
+def _check_cusum(delta: object, clip: object) -> None:
+    if isinstance(delta, bool) or not isinstance(delta, int | float) or not (
+            math.isfinite(delta) and 0 <= delta <= 5):
+        raise UsageError("must be a float in [0, 5] (pooled standard deviations)", field="delta", value=delta)
+    if isinstance(clip, bool) or not isinstance(clip, int | float) or not (
+            math.isfinite(clip) and delta < clip <= 50):
+        raise UsageError(f"must be a float in ({delta:g}, 50] (more than delta)", field="clip", value=clip)
+
+
 @dataclass(frozen=True)
 class Flag:
     """One test that fired.
@@ -258,9 +363,12 @@ class Flag:
     Attributes:
         rank: the rank named.
         signal: ``nonfinite`` or one of ``SIGNALS``.
-        score: ``nonfinite``, ``relative`` or ``individual``.
-        z: the robust z (+inf for non-finite).
+        score: ``nonfinite``, ``transient`` or ``cusum``.
+        z: the normalised value u (transient), the CUSUM statistic (cusum; negative for the
+            lower side), +inf (non-finite).
         threshold: the threshold it passed (0 for non-finite).
+        since: the step the change began (cusum: the step after its statistic was last 0; else
+            this step).
     """
 
     rank: int
@@ -268,6 +376,7 @@ class Flag:
     score: str
     z: float
     threshold: float
+    since: int = 0
 
 
 class BadRankError(DataError):
@@ -291,8 +400,11 @@ class Decision:
         world: K.
         action: the configured action (applied by the integration when ``flagged``).
         flags: every test that fired, by rank.
-        relative: signal → (K,) relative z per rank (NaN where not scored).
-        individual: signal → (K,) individual z per rank (NaN where not scored).
+        transient: signal → (K,) normalised value u per rank (NaN where not scored).
+        cusum: signal → (K,) the CUSUM statistic per rank after this step, the larger side
+            (negative when it is the lower side; NaN where not scored).
+        thresholds: score → signal → the threshold of this step's tests (NaN where not scored).
+        warmup: True while only non-finite checks run (see "Warm-up").
         hosts: each rank's host name, when the integration knows them (else empty).
         where: rank → where its gradient departs most (e.g. a DDP bucket and its parameters),
             when the integration knows it (else empty).
@@ -302,8 +414,10 @@ class Decision:
     world: int
     action: str
     flags: tuple[Flag, ...]
-    relative: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-    individual: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    transient: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    cusum: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    thresholds: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    warmup: bool = False
     hosts: tuple[str, ...] = ()
     where: Mapping[int, str] = field(default_factory=dict)
 
@@ -317,17 +431,21 @@ class Decision:
         """Whether any rank is flagged."""
         return bool(self.flags)
 
+    def since(self, rank: int) -> int | None:
+        """The earliest step a flagged rank's change began (None when the rank is not flagged)."""
+        steps = [f.since for f in self.flags if f.rank == rank]
+        return min(steps) if steps else None
+
     def describe(self) -> str:
         """One line: the step, then each flagged rank (host, where) with the tests that fired."""
         if not self.flags:
-            return f"step {self.step}: no rank flagged"
+            return f"step {self.step}: no rank flagged" + (" (warm-up: non-finite checks only)"
+                                                           if self.warmup else "")
         parts = []
         for r in self.ranks:
             host = f" on {self.hosts[r]}" if r < len(self.hosts) and self.hosts[r] else ""
             host += f" in {self.where[r]}" if r in self.where else ""
-            tests = ", ".join("non-finite gradient" if f.signal == "nonfinite" else
-                              f"{f.signal} {f.score} z={f.z:+.3g} (threshold {f.threshold:.3g})"
-                              for f in self.flags if f.rank == r)
+            tests = ", ".join(_describe_flag(f) for f in self.flags if f.rank == r)
             parts.append(f"rank {r}{host}: {tests}")
         return f"step {self.step}: " + "; ".join(parts)
 
@@ -336,36 +454,53 @@ class Decision:
         return BadRankError(self)
 
 
+def _describe_flag(f: Flag) -> str:
+    if f.signal == "nonfinite":
+        return "non-finite gradient"
+    if f.score == "cusum":
+        side = "low" if f.z < 0 else "high"
+        return f"{f.signal} {side} since step {f.since} (cusum {abs(f.z):.3g} > {f.threshold:.3g})"
+    return f"{f.signal} transient z={f.z:+.3g} (threshold {f.threshold:.3g})"
+
+
 class Detector:
-    """Relative and individual robust scores per rank, thresholds from a false-alarm rate.
+    """Pooled-calibration transient tests and CUSUM change detection per rank and signal.
 
     Args:
         world: K, the number of ranks.
-        false_alarm: the probability that a clean step flags any rank, in (0, 1).
-        window: the individual history length (values scored once it is full), in [3, ``MAX_WINDOW``].
+        false_alarm: the probability that a clean step flags any rank (family-wise), in (0, 1).
+        window: steps of pooled clean history (K · window values per signal), in [3, ``MAX_WINDOW``].
+        warmup: clean steps pooled before the tests run (non-finite checks only until then), in
+            [3, window] (a larger value is taken as ``window``).
         signals: the signals scored (a subset of ``SIGNALS``).
-        scores: the scores used (a subset of ``SCORES``).
+        scores: the tests used (a subset of ``SCORES``).
         action: one of ``ACTIONS``, carried by every ``Decision``.
-        min_scale: a floor on the robust scale (log units: 1e-6 is a relative change of 1e-6).
-        quiet: no ``TWO_RANKS`` warning (integrations warn on rank 0 only).
+        delta: the CUSUM reference δ in pooled standard deviations, in [0, 5].
+        clip: the CUSUM's clipping c of each value, in (δ, 50].
+        hold: steps a named rank stays out of the reference (≥ 0).
+        min_scale: a floor on the pooled scale (log units: 1e-6 is a relative change of 1e-6).
+        quiet: no ``TWO_RANKS`` or ``WARMUP`` warning (integrations warn on rank 0 only).
 
     Raises:
         UsageError: for a bad argument, naming it.
 
     Warns:
         UserWarning: ``TWO_RANKS`` when ``world`` is 2 and a signal other than ``norm`` is asked
-            for: only non-finite ranks and the norm are scored then (see "Two ranks").
+            for; ``WARMUP`` at the first step.
     """
 
-    def __init__(self, world: int, *, false_alarm: float = 1e-3, window: int = 32,
-                 signals: Sequence[str] = DEFAULT_SIGNALS, scores: Sequence[str] = DEFAULT_SCORES,
-                 action: str = "log",
-                 min_scale: float = 1e-6, quiet: bool = False) -> None:
+    def __init__(self, world: int, *, false_alarm: float = 1e-3, window: int = DEFAULT_WINDOW,
+                 warmup: int = DEFAULT_WARMUP, signals: Sequence[str] = DEFAULT_SIGNALS,
+                 scores: Sequence[str] = DEFAULT_SCORES, action: str = "log", delta: float = DEFAULT_DELTA,
+                 clip: float = DEFAULT_CLIP, hold: int = DEFAULT_HOLD, min_scale: float = 1e-6,
+                 quiet: bool = False) -> None:
         self.world = _check_int(world, "world", 1)
         self.window = _check_int(window, "window", 3)
         if self.window > MAX_WINDOW:
-            raise UsageError(f"must be <= {MAX_WINDOW:,} (each rank keeps window values per signal, and "
-                             "every step takes their median)", field="window", value=window)
+            raise UsageError(f"must be <= {MAX_WINDOW:,} (each rank keeps window values per signal)",
+                             field="window", value=window)
+        self.warmup = min(_check_int(warmup, "warmup", 3), self.window)
+        self.hold = _check_int(hold, "hold", 0)
         self.signals = _check_subset(signals, SIGNALS, "signals")
         self.scores = _check_subset(scores, SCORES, "scores")
         if isinstance(false_alarm, bool) or not isinstance(false_alarm, int | float) or not (
@@ -375,24 +510,57 @@ class Detector:
         if isinstance(min_scale, bool) or not isinstance(min_scale, int | float) or not (
                 math.isfinite(min_scale) and min_scale >= 0):
             raise UsageError("must be a finite float >= 0", field="min_scale", value=min_scale)
+        _check_cusum(delta, clip)
+        self.delta, self.clip = float(delta), float(clip)
         self.false_alarm, self.min_scale = float(false_alarm), float(min_scale)
         self.action = check_action(action)
-        self.alpha = self.false_alarm / (self.world * len(self.signals) * len(self.scores))
+        self.quiet = quiet
+        self.blind = frozenset(s for s in self.signals if s != "norm") if self.world <= 2 else frozenset()
+        if self.world == 2 and self.blind and not quiet:
+            warn_caller(TWO_RANKS)
+        self.alpha = self.false_alarm / (self.world * self.tests_per_rank)
         self.step = 0
-        self.blind = frozenset(s for s in self.signals if s != "norm") if self.world == 2 else frozenset()
-        if self.blind and not quiet:
-            warnings.warn(TWO_RANKS, UserWarning, stacklevel=2)
-        self.history = {s: [deque(maxlen=self.window) for _ in range(self.world)] for s in self.signals}
+        self.pool: dict[str, deque[np.ndarray]] = {s: deque(maxlen=self.window) for s in self.signals}
+        self.stat = np.zeros((len(self.signals), self.world, 2))  # CUSUM S (upper, lower)
+        self.start = np.zeros((len(self.signals), self.world, 2), dtype=np.int64)  # step the excursion began
+        self.named = np.zeros(self.world, dtype=np.int64)  # last step each rank was named (0: never)
+        self._stats: dict[str, tuple[float, float, int]] = {}
+
+    @property
+    def tests_per_rank(self) -> int:
+        """The tests of one rank at one step (the Bonferroni split; see the module)."""
+        if self.world <= 2:
+            return 1  # the norm's transient test against the rank's own history
+        n = 0
+        for s in self.signals:
+            n += "transient" in self.scores
+            n += (2 if SIDES[s] == "both" else 1) * ("cusum" in self.scores)
+        return n
+
+    @property
+    def cusum_h(self) -> float:
+        """h, each CUSUM side's threshold at the per-test rate ``alpha`` (NaN when not used)."""
+        if "cusum" not in self.scores or self.world <= 2:
+            return math.nan
+        return cusum_threshold(self.alpha, self.delta, self.clip)
+
+    @property
+    def warming(self) -> bool:
+        """True while fewer than ``warmup`` clean steps are pooled (non-finite checks only)."""
+        return len(self.pool[self.signals[0]]) < self.warmup
+
+    def settings(self) -> dict:
+        """The settings a state must match (plain values)."""
+        return {"world": self.world, "false_alarm": self.false_alarm, "window": self.window,
+                "warmup": self.warmup, "signals": list(self.signals), "scores": list(self.scores),
+                "delta": self.delta, "clip": self.clip, "hold": self.hold, "min_scale": self.min_scale}
 
     def update(self, sig: RankSignals) -> Decision:
-        """Score one step, decide which ranks are bad, update the histories.
+        """Score one step, name the bad ranks, update the pool and the change statistics.
 
-        The ranks are scored against the mean of every usable rank; while any is flagged, the
-        flagged rank whose exclusion from the mean best explains the others' flags is named and
-        left out, and the rest are scored again (see the module: "Naming one rank"). Histories
-        take the step's values only when no rank is flagged. ``Decision.relative`` and
-        ``individual`` hold the first pass's z (against the mean of every usable rank); each
-        ``Flag`` holds the z of the pass that named its rank.
+        ``Decision.transient`` and ``cusum`` hold each rank's values from the pass that decided
+        it: a named rank's from the pass that named it, every other rank's from the last pass
+        (against the reference without the named ranks), as its ``Flag`` values are.
 
         Raises:
             UsageError: when ``sig`` is for another number of ranks.
@@ -401,117 +569,277 @@ class Detector:
             raise UsageError(f"signals of {sig.world} ranks for a detector of {self.world}", field="world",
                              value=sig.world)
         self.step += 1
-        flags = [Flag(r, "nonfinite", "nonfinite", math.inf, 0.0)
+        if self.step == 1 and not self.quiet and self.warming:
+            warn_caller(WARMUP.format(steps=self.warmup, until=self.warmup + 1, rate=self.false_alarm))
+        flags = [Flag(r, "nonfinite", "nonfinite", math.inf, 0.0, self.step)
                  for r in range(self.world) if not sig.usable[r]]
+        warming = self.warming
         active = sig.usable.copy()
-        cur = sig if np.array_equal(sig.reference, active) else sig.with_reference(active)
-        scored = self._score(cur, active)
-        first = scored
+        ref = self._reference(active)
+        first = self._pass(sig, active, ref, scored=not warming)
+        scored = first
+        kept: dict[int, _Pass] = {}
         while scored.flags:
-            worst, active, scored = self._explain(sig, active, scored)
-            flags += worst
-        if not flags:
-            for name, y in first.centred.items():
-                for r in np.flatnonzero(np.isfinite(y)):
-                    self.history[name][r].append(float(y[r]))
+            c, scored, active, ref = self._explain(sig, active, ref, scored)
+            flags += [f for f in kept.setdefault(c, scored.parent).flags if f.rank == c]
+        self._commit(first, scored, kept, flags, sig.usable)  # named ranks are now "recent"
         flags.sort(key=lambda f: (f.rank, f.signal != "nonfinite", f.score, f.signal))
-        return Decision(self.step, self.world, self.action, tuple(flags), first.relative, first.individual)
+        view = _View.of(self, scored, kept)
+        return Decision(self.step, self.world, self.action, tuple(flags), view.transient, view.cusum,
+                        self._thresholds(), warming)
 
-    def _explain(self, sig: RankSignals, active: np.ndarray, scored: _Scored
-                 ) -> tuple[list[Flag], np.ndarray, _Scored]:
-        """Name the flagged rank whose exclusion from the mean leaves the others cleanest.
+    def _reference(self, active: np.ndarray) -> np.ndarray:
+        """The usable ranks not named within the last ``hold`` steps (all usable if < 2 would remain)."""
+        recent = (self.named > 0) & (self.step - self.named <= self.hold)
+        ref = active & ~recent
+        return ref if ref.sum() >= 2 else active.copy()
 
-        For each flagged rank c, the other active ranks are scored again against the mean
-        without c; c is named when that leaves the fewest flagged ranks (then the smallest total
-        |z|/threshold, then c's own largest |z|/threshold, then the lowest rank).
+    def _explain(self, sig: RankSignals, active: np.ndarray, ref: np.ndarray, scored: _Pass
+                 ) -> tuple[int, _Pass, np.ndarray, np.ndarray]:
+        """Name the flagged rank whose exclusion from the reference leaves the others cleanest.
+
+        For each flagged rank c, the other active ranks are scored again without c in the mean
+        and the centring; c is named when that leaves the fewest flagged ranks (then the smallest
+        total |z|/threshold, then c's own largest |z|/threshold, then the lowest rank).
 
         Returns:
-            c's flags, the active ranks without c, and their scores.
+            c, the pass without c (its ``parent``: the pass that named c), the active ranks and
+            the reference without c.
         """
         best = None
         for c in sorted({f.rank for f in scored.flags}):
-            rest = active.copy()
-            rest[c] = False
-            trial = self._score(sig.with_reference(rest), rest) if rest.any() else _Scored.empty(self)
+            rest, rest_ref = active.copy(), ref.copy()
+            rest[c] = rest_ref[c] = False
+            if rest_ref.sum() < 1:
+                rest_ref = rest.copy()
+            trial = self._pass(sig, rest, rest_ref, scored=True)
             own = max(abs(f.z) / f.threshold for f in scored.flags if f.rank == c)
             key = (len({f.rank for f in trial.flags}), sum(abs(f.z) / f.threshold for f in trial.flags),
                    -own, c)
             if best is None or key < best[0]:
-                best = (key, c, rest, trial)
-        _, c, rest, trial = best
-        return [f for f in scored.flags if f.rank == c], rest, trial
+                best = (key, c, trial, rest, rest_ref)
+        _, c, trial, rest, rest_ref = best
+        trial.parent = scored
+        return c, trial, rest, rest_ref
 
-    def _score(self, sig: RankSignals, active: np.ndarray) -> _Scored:
-        """Relative and individual z of the ``active`` ranks against the mean in ``sig``."""
-        out = _Scored({}, {}, {}, [])
-        for name in self.signals:
-            if name in self.blind:  # K = 2: symmetric against the mean, not scored
-                nan = np.full(self.world, np.nan)
-                out.centred[name] = nan
-                out.relative[name] = out.individual[name] = tuple(nan.tolist())
+    def _pass(self, sig: RankSignals, active: np.ndarray, ref: np.ndarray, *, scored: bool) -> _Pass:
+        """Every signal's centred values, u, candidate CUSUM statistics and flags for ``active`` ranks."""
+        k = self.world
+        out = _Pass(self, {}, {}, np.full_like(self.stat, np.nan), self.start.copy(), [])
+        if not active.any():
+            return out
+        mean_ref = active & sig.usable
+        cur = sig if np.array_equal(sig.reference, mean_ref) else sig.with_reference(mean_ref)
+        for i, name in enumerate(self.signals):
+            if name in self.blind:
+                out.y[name] = out.u[name] = np.full(k, np.nan)
                 continue
-            x = np.where(active, signal_values(sig, name), np.nan)
-            ok = np.isfinite(x)
-            y = self._centred(x, ok)
-            zr = self._relative(x, ok) if "relative" in self.scores else np.full(self.world, np.nan)
-            zi = self._individual(name, y) if "individual" in self.scores else np.full(self.world, np.nan)
-            out.centred[name] = y
-            out.relative[name], out.individual[name] = tuple(zr.tolist()), tuple(zi.tolist())
-            out.flags += self._fired(name, "relative", zr, int(ok.sum()) - 1)
-            out.flags += self._fired(name, "individual", zi, self.window)
+            x = np.where(active, signal_values(cur, name), np.nan)
+            y = x if k <= 2 else x - _median_of_others(x, ref)
+            out.y[name] = y
+            if not scored:
+                out.u[name] = np.full(k, np.nan)
+                continue
+            u = self._individual(name, y) if k <= 2 else self._normalise(name, y)
+            out.u[name] = u
+            self._flags(out, i, name, u)
         return out
 
-    def _centred(self, x: np.ndarray, ok: np.ndarray) -> np.ndarray:
-        """x_k − median of the other ranks' x (K ≥ 3; NaN without another), or x itself (K ≤ 2)."""
-        if self.world <= 2:
-            return x
-        y = np.full(self.world, np.nan)
-        for r in np.flatnonzero(ok):
-            others = x[ok & (np.arange(self.world) != r)]
-            if len(others):
-                y[r] = x[r] - float(np.median(others))
-        return y
-
-    def _relative(self, x: np.ndarray, ok: np.ndarray) -> np.ndarray:
-        z = np.full(self.world, np.nan)
-        for r in np.flatnonzero(ok):
-            others = x[ok & (np.arange(self.world) != r)]
-            if len(others) >= 2:
-                z[r] = robust_z(float(x[r]), others, self.min_scale)
-        return z
+    def _normalise(self, name: str, y: np.ndarray) -> np.ndarray:
+        loc, scale, _ = self._pool_stats(name)
+        return (y - loc) / max(scale, self.min_scale)
 
     def _individual(self, name: str, y: np.ndarray) -> np.ndarray:
+        """K ≤ 2: the robust z of each rank's own value against its own pooled history."""
+        hist = np.array(self.pool[name]) if self.pool[name] else np.zeros((0, self.world))
         z = np.full(self.world, np.nan)
-        for r in range(self.world):
-            hist = self.history[name][r]
-            if len(hist) == self.window and math.isfinite(y[r]):
-                z[r] = robust_z(float(y[r]), np.fromiter(hist, float, len(hist)), self.min_scale)
+        for r in np.flatnonzero(np.isfinite(y)):
+            col = hist[:, r][np.isfinite(hist[:, r])]
+            if len(col) >= 3:
+                z[r] = robust_z(float(y[r]), col, self.min_scale)
         return z
 
-    def _fired(self, name: str, score: str, z: np.ndarray, n: int) -> list[Flag]:
-        """The flags of one signal and score; n reference values behind every z."""
-        side, out = SIDES[name], []
-        for r in np.flatnonzero(~np.isnan(z)):
-            t = robust_threshold(self.alpha, n, side)
-            v = float(z[r])
-            if (v > t) or (side == "both" and v < -t):
-                out.append(Flag(int(r), name, score, v, t))
+    def _pool_stats(self, name: str) -> tuple[float, float, int]:
+        """(median, 1.4826·MAD, n) of the pooled finite values of a signal (cached until the pool moves)."""
+        if name not in self._stats:
+            v = np.concatenate(list(self.pool[name])) if self.pool[name] else np.zeros(0)
+            v = v[np.isfinite(v)]
+            if len(v) == 0:
+                self._stats[name] = (0.0, math.nan, 0)
+            else:
+                med = float(np.median(v))
+                self._stats[name] = (med, MAD_SCALE * float(np.median(np.abs(v - med))), len(v))
+        return self._stats[name]
+
+    def _transient_threshold(self, name: str) -> float:
+        if self.world <= 2:
+            n = min(sum(1 for _ in self.pool[name]), NULL_MAX_N)
+        else:
+            n = self._pool_stats(name)[2]
+        sizes = [s for s in POOL_SIZES if s <= n]
+        return robust_threshold(self.alpha, sizes[-1], SIDES[name]) if sizes else math.inf
+
+    def _flags(self, out: _Pass, i: int, name: str, u: np.ndarray) -> None:
+        """Transient and CUSUM flags of one signal into ``out`` (candidate statistics too)."""
+        ok = np.isfinite(u)
+        two = SIDES[name] == "both"
+        if "transient" in self.scores:
+            t = self._transient_threshold(name)
+            for r in np.flatnonzero(ok):
+                v = float(u[r])
+                if v > t or (two and v < -t):
+                    out.flags.append(Flag(int(r), name, "transient", v, t, self.step))
+        if "cusum" not in self.scores or self.world <= 2:
+            return
+        h = self.cusum_h
+        inc = np.clip(np.where(ok, u, 0.0), -self.clip, self.clip)
+        old = self.stat[i]
+        new = np.stack([np.maximum(0.0, old[:, 0] + inc - self.delta),
+                        np.maximum(0.0, old[:, 1] - inc - self.delta) if two else np.zeros(self.world)], 1)
+        new[~ok] = old[~ok]
+        start = np.where((old == 0) & (new > 0), self.step, np.where(new > 0, self.start[i], 0))
+        out.cand[i], out.start[i] = new, start
+        for r in np.flatnonzero(ok):
+            for side in (0, 1):
+                if new[r, side] > h:
+                    z = float(new[r, side]) * (1 if side == 0 else -1)
+                    out.flags.append(Flag(int(r), name, "cusum", z, h, int(start[r, side])))
+
+    def _commit(self, first: _Pass, last: _Pass, kept: dict[int, _Pass], flags: list[Flag],
+                usable: np.ndarray) -> None:
+        """Take the change statistics, the naming steps and (on a clean step) the pool values."""
+        for f in flags:
+            self.named[f.rank] = self.step
+        if np.isnan(first.cand).all():  # warm-up, K <= 2 or no change detection
+            self._append(first, usable & ~self._recent(), flags)
+            return
+        stat, start = self.stat.copy(), self.start.copy()
+        rows = np.isfinite(last.cand[..., 0])
+        stat[rows], start[rows] = last.cand[rows], last.start[rows]
+        for c, p in kept.items():
+            stat[:, c], start[:, c] = np.nan_to_num(p.cand[:, c], nan=0.0), p.start[:, c]
+            for f in p.flags:
+                if f.rank == c and f.score == "cusum":
+                    side = 0 if f.z > 0 else 1
+                    j = self.signals.index(f.signal)
+                    stat[j, c, side], start[j, c, side] = 0.0, 0
+        self.stat, self.start = np.nan_to_num(stat, nan=0.0), start
+        self._append(first, usable & ~self._recent(), flags)
+
+    def _recent(self) -> np.ndarray:
+        return (self.named > 0) & (self.step - self.named <= self.hold)
+
+    def _append(self, first: _Pass, keep: np.ndarray, flags: list[Flag]) -> None:
+        """Pool the first pass's centred values of the ``keep`` ranks (K ≤ 2: only on unflagged steps)."""
+        if flags and self.world <= 2:
+            return
+        for name in self.signals:
+            y = first.y.get(name)
+            if y is None:
+                continue
+            self.pool[name].append(np.where(keep, y, np.nan))
+            self._stats.pop(name, None)
+
+    def _thresholds(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {s: {} for s in self.scores}
+        warming = self.warming
+        for name in self.signals:
+            blind = name in self.blind or warming
+            if "transient" in self.scores:
+                out["transient"][name] = math.nan if blind else self._transient_threshold(name)
+            if "cusum" in self.scores:
+                out["cusum"][name] = math.nan if blind else self.cusum_h
         return out
+
+    def state_dict(self) -> dict:
+        """The whole state as plain JSON values (NaN as None): settings, step, pool, CUSUM, namings."""
+        return {"version": STATE_VERSION, "settings": self.settings(), "step": self.step,
+                "pool": {s: [_plain(row) for row in self.pool[s]] for s in self.signals},
+                "stat": self.stat.tolist(), "start": self.start.tolist(), "named": self.named.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()`` of a detector with the same settings.
+
+        Raises:
+            UsageError: another version, other settings (naming the first that differs) or a
+                malformed state.
+        """
+        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+            got = state.get("version") if isinstance(state, Mapping) else type(state).__name__
+            raise UsageError(f"not a detector state of version {STATE_VERSION}", field="state", value=got)
+        mine, theirs = self.settings(), dict(state.get("settings", {}))
+        for key, value in mine.items():
+            other = theirs.get(key)
+            if (list(other) if isinstance(other, list | tuple) else other) != value:
+                raise UsageError(f"the state was saved with {key}={other!r}, this detector has {value!r}",
+                                 field=key, value=other)
+        try:
+            k, s = self.world, len(self.signals)
+            stat = np.array(state["stat"], dtype=np.float64).reshape(s, k, 2)
+            start = np.array(state["start"], dtype=np.int64).reshape(s, k, 2)
+            named = np.array(state["named"], dtype=np.int64).reshape(k)
+            pool = {n: deque((np.array([math.nan if v is None else v for v in row], dtype=np.float64)
+                              .reshape(k) for row in state["pool"][n]), maxlen=self.window)
+                    for n in self.signals}
+            step = int(state["step"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"malformed detector state ({exc})", field="state") from None
+        self.stat, self.start, self.named, self.pool, self.step = stat, start, named, pool, step
+        self._stats = {}
+
+
+def _plain(row: np.ndarray) -> list[float | None]:
+    return [float(v) if math.isfinite(v) else None for v in row]
+
+
+def _median_of_others(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """(K,) the median of x_j over j ≠ k in ``ref`` with finite x_j (NaN when there is none)."""
+    k = len(x)
+    v = np.where(ref & np.isfinite(x), x, np.nan)
+    m = np.broadcast_to(v, (k, k)).copy()
+    np.fill_diagonal(m, np.nan)
+    m.sort(axis=1)  # NaN last
+    n = np.isfinite(m).sum(axis=1)
+    rows = np.arange(k)
+    lo, hi = m[rows, np.maximum(n - 1, 0) // 2], m[rows, np.maximum(n, 1) // 2]
+    med = np.where(n % 2 == 1, lo, 0.5 * (lo + np.where(n > 0, hi, np.nan)))
+    return np.where(n > 0, med, np.nan)
 
 
 @dataclass
-class _Scored:
-    """One scoring pass: z per signal and rank, the centred values, the flags."""
+class _Pass:
+    """One scoring pass: centred values y, normalised u, candidate CUSUM statistics, flags."""
 
-    relative: dict[str, tuple[float, ...]]
-    individual: dict[str, tuple[float, ...]]
-    centred: dict[str, np.ndarray]
+    det: Detector
+    y: dict[str, np.ndarray]
+    u: dict[str, np.ndarray]
+    cand: np.ndarray
+    start: np.ndarray
     flags: list[Flag]
+    parent: _Pass | None = None
+
+
+
+@dataclass
+class _View:
+    """signal → (K,) u and signed CUSUM statistic of each rank, from the pass that decided the rank."""
+
+    transient: dict[str, tuple[float, ...]]
+    cusum: dict[str, tuple[float, ...]]
 
     @classmethod
-    def empty(cls, det: Detector) -> _Scored:
-        nan = tuple([math.nan] * det.world)
-        return cls({n: nan for n in det.signals}, {n: nan for n in det.signals}, {}, [])
+    def of(cls, det: Detector, last: _Pass, kept: dict[int, _Pass]) -> _View:
+        k = det.world
+        transient, cusum = {}, {}
+        for i, n in enumerate(det.signals):
+            u = np.array(last.u.get(n, np.full(k, np.nan)), dtype=np.float64)
+            c = last.cand[i].copy()
+            for r, p in kept.items():
+                u[r] = p.u.get(n, np.full(k, np.nan))[r]
+                c[r] = p.cand[i, r]
+            transient[n] = tuple(u.tolist())
+            cusum[n] = tuple(np.where(c[:, 1] > c[:, 0], -c[:, 1], c[:, 0]).tolist())
+        return cls(transient, cusum)
 
 
 def _check_int(value: object, name: str, low: int) -> int:

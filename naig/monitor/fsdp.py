@@ -101,6 +101,7 @@ class FSDPMonitor(GradientMonitor):
             raise UsageError("exclude needs the whole step's gradient before any reduction; FSDP2 reduce-"
                              "scatters module by module (use skip or raise)", field="action", value="exclude")
         self.comms: list[MonitorReduceScatter] = []
+        self._modules: list[FSDPModule] = []
         fqns = {id(m): n for n, m in module.named_modules()}
         for sub in module.modules():
             if not isinstance(sub, FSDPModule):
@@ -121,10 +122,21 @@ class FSDPMonitor(GradientMonitor):
                                         groups[0]._reduce_scatter_comm)
             sub.set_custom_reduce_scatter(comm)
             self.comms.append(comm)
+            self._modules.append(sub)
         if not self.comms:
             raise UsageError("no FSDP module with trainable parameters: call fully_shard first",
                              field="module")
         self._calls: set[int] = set()
+
+    def detach(self) -> None:
+        """Give every FSDP module back the reduce-scatter it had and remove the optimizer hooks.
+
+        Call it between steps, on every rank; idempotent.
+        """
+        for sub, comm in zip(self._modules, self.comms, strict=True):
+            sub.set_custom_reduce_scatter(comm.inner)
+        self._modules, self._calls = [], set()
+        super().detach()
 
     def reduce(self, comm: MonitorReduceScatter, output: Tensor, input: Tensor, group: dist.ProcessGroup,
                op: Any, async_op: bool) -> Any:

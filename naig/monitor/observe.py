@@ -33,7 +33,6 @@ Example:
 from __future__ import annotations
 
 import socket
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -44,11 +43,16 @@ import torch.distributed as dist
 from torch import Tensor
 
 from naig.distributed.launch import MAX_TIMEOUT
-from naig.errors import DataError, UsageError
+from naig.errors import DataError, UsageError, warn_caller
 from naig.metric import DEFAULT_LINE, parse_line
 from naig.monitor.detectors import (
+    DEFAULT_CLIP,
+    DEFAULT_DELTA,
+    DEFAULT_HOLD,
     DEFAULT_SCORES,
     DEFAULT_SIGNALS,
+    DEFAULT_WARMUP,
+    DEFAULT_WINDOW,
     Decision,
     Detector,
     check_action,
@@ -79,10 +83,14 @@ class Monitor:
         seed: the sketch seed (block r uses ``seed + r``).
         line: the Fano line ℓ of the energy's Ψ_ℓ.
         batch: examples per rank (the unit of the noise scale B_simple).
-        false_alarm: the probability that a clean step flags any rank.
-        window: the individual-history length of the detectors.
+        false_alarm: the probability that a clean step flags any rank (family-wise, per step).
+        window: steps of pooled clean history the detectors calibrate on.
+        warmup: clean steps pooled before the tests run (only non-finite checks until then).
         signals: the signals scored (a subset of ``SIGNALS``).
-        scores: the scores used (a subset of ``SCORES``).
+        scores: the tests used (a subset of ``SCORES``: ``transient``, ``cusum``).
+        delta: the CUSUM reference δ (pooled standard deviations).
+        clip: the CUSUM's clipping of each value (pooled standard deviations).
+        hold: steps a named rank stays out of the other ranks' centring.
         action: one of ``ACTIONS``.
         timeout: seconds each collective may take, in (0, 30].
         callback: called on every rank with each step's (``RankSignals``, ``Decision``).
@@ -99,8 +107,9 @@ class Monitor:
 
     def __init__(self, *, process_group: dist.ProcessGroup | None = None, blocks: int = 1, seed: int = 0,
                  line: Sequence[int] = DEFAULT_LINE, batch: float = 1.0, false_alarm: float = 1e-3,
-                 window: int = 32, signals: Sequence[str] = DEFAULT_SIGNALS,
-                 scores: Sequence[str] = DEFAULT_SCORES,
+                 window: int = DEFAULT_WINDOW, warmup: int = DEFAULT_WARMUP,
+                 signals: Sequence[str] = DEFAULT_SIGNALS, scores: Sequence[str] = DEFAULT_SCORES,
+                 delta: float = DEFAULT_DELTA, clip: float = DEFAULT_CLIP, hold: int = DEFAULT_HOLD,
                  action: str = "log", timeout: float = MAX_TIMEOUT,
                  callback: Callable[[RankSignals, Decision], None] | None = None) -> None:
         self.group, self.blocks, self.seed = process_group, check_blocks(blocks), check_seed(seed)
@@ -110,8 +119,8 @@ class Monitor:
                 0 < timeout <= MAX_TIMEOUT):
             raise UsageError(f"must be in (0, {MAX_TIMEOUT:g}] seconds", field="timeout", value=timeout)
         self.timeout, self.callback = float(timeout), callback
-        self._detector_args = dict(false_alarm=false_alarm, window=window, signals=signals, scores=scores,
-                                   action=action)
+        self._detector_args = dict(false_alarm=false_alarm, window=window, warmup=warmup, signals=signals,
+                                   scores=scores, delta=delta, clip=clip, hold=hold, action=action)
         Detector(1, **self._detector_args, quiet=True)  # check the detector's arguments now
         self.detector: Detector | None = None
         self.signals: RankSignals | None = None
@@ -228,8 +237,42 @@ class Monitor:
         if self.callback is not None:
             self.callback(sig, decision)
         if decision.flagged and self.action == "warn" and self.rank == 0:
-            warnings.warn(decision.describe(), UserWarning, stacklevel=3)
+            warn_caller(decision.describe())
         return decision
+
+    def state_dict(self) -> dict:
+        """The detectors' state (pool, change statistics, namings) and settings, as plain JSON values.
+
+        Save it with the checkpoint (``torch.save`` or ``json.dump``) and give it to
+        ``load_state_dict`` of a ``Monitor`` built with the same settings on the same number of
+        ranks: the resumed run decides as the uninterrupted one would. Every rank holds the same
+        state (decisions are computed from gathered data), so rank 0's copy serves all ranks.
+        ``detector`` is None before the first step.
+        """
+        return {"version": 1, "detector": None if self.detector is None else self.detector.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()`` (see there).
+
+        Raises:
+            UsageError: a state of another version, other detector settings or another number of
+                ranks than this group's (naming the field).
+        """
+        if not isinstance(state, Mapping) or state.get("version") != 1 or "detector" not in state:
+            raise UsageError("not a Monitor.state_dict() of version 1", field="state")
+        det = state["detector"]
+        if det is None:
+            self.detector = None
+            return
+        world = det.get("settings", {}).get("world") if isinstance(det, Mapping) else None
+        if not isinstance(world, int) or world < 1:
+            raise UsageError("malformed monitor state (no world)", field="state")
+        if dist.is_available() and dist.is_initialized() and world != self.world:
+            raise UsageError(f"the state was saved with {world} ranks, this group has {self.world}",
+                             field="world", value=world)
+        detector = Detector(world, **self._detector_args, quiet=True)
+        detector.load_state_dict(dict(det))
+        self.detector = detector
 
     def _sketch(self, layout: tuple[tuple[str, int], ...], device: torch.device) -> MonitorSketch:
         key = (layout, str(device))

@@ -11,15 +11,15 @@ A writer is the ``Monitor``'s callback; ``attach`` installs it and reads the set
 Every rank calls the callback with the same data (the decision is made from gathered data); rank
 0 of the monitor's group writes, the other ranks do nothing.
 
-**Scores.** The detectors score each signal of each rank with a robust z against the other
-ranks (``relative``) and against its own history (``individual``), each against its own
-threshold t (``naig.monitor.detectors``). A record's *score* of a signal is the larger of z/t over
-the two (|z|/t for the two-sided ``norm``): a test fires when its score exceeds 1, so scores of
-different tests and ranks compare. The thresholds come from the monitor's detector (false-alarm
-rate, window, world) and the number of ranks scored at the step. A non-finite rank scores +inf
-(signal ``nonfinite``). The z behind the scores are the detector's first pass, against the mean
-of every usable rank; the flags are its decision (after a bad rank is left out of the mean, so
-their z may differ).
+**Scores.** The detectors score each signal of each rank with a transient test (its normalised
+value u against the pooled clean ranks) and a CUSUM change statistic, each against its own
+threshold (``naig.monitor.detectors``). A record's *score* of a signal is the larger of
+value/threshold over the two (|u|/t for the two-sided ``norm``, |S|/h for the CUSUM): a test
+fires when its score exceeds 1, so scores of different tests and ranks compare. The thresholds
+are the decision's (``Decision.thresholds``). A non-finite rank scores +inf (signal
+``nonfinite``); a signal the detector does not score, NaN. The values behind the scores are each
+rank's from the pass that decided it (a named rank's from the pass that named it, the others'
+after the named ranks are left out of the mean), as the flags' are.
 
 **Step summary** (every writer): ``max_score`` (over ranks and signals), ``max_rank``,
 ``max_signal``, ``flagged`` (the flagged ranks), ``k_eff`` = 1/Σ_k π_k², the effective number of
@@ -31,16 +31,17 @@ gradient noise scale).
 step. The first line of a run is a header ``{"type": "header", "schema", "naig", "created",
 "world", "hosts", "monitor", "step_offset"}`` (``monitor``: its settings: blocks, seed, line,
 batch, action, false_alarm, window, signals, scores, timeout). Then one line per step: ``{"type":
-"step", "step", "action", "flagged", "flags", "where", "summary", "scores", "weights", "relative",
-"individual", "signals"}`` with ``flags`` a list of ``{"rank", "signal", "score", "z",
-"threshold"}``, ``where`` rank → where the integration places a flagged rank's departure (a DDP
-bucket and its parameters; ``{}`` when not placed), ``scores`` and ``relative``/``individual``
+"step", "step", "action", "flagged", "flags", "where", "summary", "scores", "weights", "transient",
+"cusum", "signals"}`` with ``flags`` a list of ``{"rank", "signal", "score", "z",
+"threshold", "since"}``, ``where`` rank → where the integration places a flagged rank's departure (a DDP
+bucket and its parameters; ``{}`` when not placed), ``scores`` and ``transient``/``cusum``
 signal → (K,) lists, ``weights`` the (K,) π, and ``signals`` ``RankSignals.to_dict()`` (per rank:
 nonfinite, usable, reference, sq_norm, rel_norm, energy, cos, sq_dist; ``kinds``: which are exact
 and which sketch estimates; the noise scale). Non-finite floats are written as the strings
 ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (Python's names; ``float()`` reads them back), so every
 line is strict JSON. ``append=True`` continues an existing file: a new header line, steps numbered
-after its last.
+after its last; ``overwrite=True`` replaces it (the file a crashed run left); without either an
+existing file is refused.
 
 **CSV** (``CsvRecords``): one row per rank per step, columns ``CSV_COLUMNS``; non-finite values as
 ``nan``/``inf``.
@@ -72,12 +73,12 @@ import numpy as np
 
 from naig.errors import DataError, UsageError
 from naig.gibbs import naig_weights
-from naig.monitor.detectors import SCORES, SIDES, SIGNALS, Decision, robust_threshold
+from naig.monitor.detectors import SCORES, SIDES, SIGNALS, Decision
 from naig.monitor.signals import RankSignals
 
 __all__ = ["CSV_COLUMNS", "PREFIX", "SCHEMA_VERSION", "CsvRecords", "JsonlRecords", "LoggerRecords",
-           "MonitorLog", "Records", "RecordWriter", "TensorBoardRecords", "decode", "encode", "flat_scalars",
-           "k_eff", "read_log", "step_record"]
+           "MonitorLog", "Records", "RecordWriter", "TensorBoardRecords", "decision_scalars", "decode",
+           "encode", "flat_scalars", "k_eff", "read_log", "step_record"]
 
 SCHEMA_VERSION = 1
 PREFIX = "naig_monitor/"
@@ -141,44 +142,32 @@ def k_eff(energies: np.ndarray) -> tuple[float, np.ndarray]:
     return float(1.0 / np.sum(pi * pi)), pi
 
 
-def _thresholds(alpha: float, window: int, decision: Decision) -> dict[tuple[str, str], float]:
-    """(signal, score) → the threshold of the decision's first-pass z (NaN where unscored)."""
+def _scores(sig: RankSignals, decision: Decision) -> dict[str, list[float]]:
+    """signal → (K,) the larger value/threshold of its tests (|·| for two-sided and the lower CUSUM);
+    +inf for a non-finite rank. The thresholds are the decision's own (``Decision.thresholds``)."""
     out = {}
-    for name, z in decision.relative.items():
-        n = int(np.isfinite(np.asarray(z, dtype=np.float64)).sum()) - 1  # the ranks scored, less one
-        out[(name, "relative")] = robust_threshold(alpha, n, SIDES[name]) if n >= 2 else math.nan
-    for name in decision.individual:
-        out[(name, "individual")] = robust_threshold(alpha, window, SIDES[name])
-    return out
-
-
-def _scores(sig: RankSignals, decision: Decision, alpha: float, window: int) -> dict[str, list[float]]:
-    """signal → (K,) the larger z/t of its two tests (|z|/t for two-sided); +inf for a non-finite rank."""
-    t = _thresholds(alpha, window, decision)
-    out = {}
-    for name in decision.relative.keys() | decision.individual.keys():
+    for name in decision.transient.keys() | decision.cusum.keys():
         best = np.full(decision.world, np.nan)
         for score in SCORES:
-            zs = (decision.relative if score == "relative" else decision.individual).get(name)
-            if zs is None or not math.isfinite(t.get((name, score), math.nan)):
+            zs = (decision.transient if score == "transient" else decision.cusum).get(name)
+            t = decision.thresholds.get(score, {}).get(name, math.nan)
+            if zs is None or not math.isfinite(t):
                 continue
             z = np.asarray(zs, dtype=np.float64)
-            ratio = (np.abs(z) if SIDES[name] == "both" else z) / t[(name, score)]
+            ratio = (np.abs(z) if SIDES[name] == "both" or score == "cusum" else z) / t
             best = np.where(np.isnan(best) | (ratio > best), ratio, best)
         best[~np.asarray(sig.usable, dtype=bool)] = math.inf
         out[name] = best.tolist()
-    return {name: out[name] for name in SIGNALS if name in out}
+    nan = [math.nan] * decision.world  # a signal the detector does not score: NaN (as the CSV reads it)
+    return {name: out.get(name, nan) for name in SIGNALS}
 
 
-def step_record(sig: RankSignals, decision: Decision, *, alpha: float, window: int, step: int | None = None
-                ) -> dict:
+def step_record(sig: RankSignals, decision: Decision, *, step: int | None = None) -> dict:
     """One step's record (not encoded; NaN/inf as floats): see the module for the fields.
 
     Args:
         sig: the step's signals.
         decision: the step's decision (the same step).
-        alpha: the detector's per-test false-alarm probability (``Detector.alpha``).
-        window: the detector's individual window.
         step: the step number written (default ``decision.step``).
 
     Raises:
@@ -187,7 +176,7 @@ def step_record(sig: RankSignals, decision: Decision, *, alpha: float, window: i
     if sig.world != decision.world:
         raise UsageError(f"signals of {sig.world} ranks with a decision of {decision.world}", field="world",
                          value=sig.world)
-    scores = _scores(sig, decision, alpha, window)
+    scores = _scores(sig, decision)
     keff, pi = k_eff(sig.energy)
     cands = [(math.inf, -k, "nonfinite") for k in range(sig.world) if not sig.usable[k]]
     cands += [(vals[k], -k, name) for name, vals in scores.items() for k in range(sig.world)
@@ -199,11 +188,27 @@ def step_record(sig: RankSignals, decision: Decision, *, alpha: float, window: i
     return {"type": "step", "step": decision.step if step is None else step, "action": decision.action,
             "flagged": list(decision.ranks),
             "flags": [{"rank": f.rank, "signal": f.signal, "score": f.score, "z": f.z,
-                       "threshold": f.threshold} for f in decision.flags],
+                       "threshold": f.threshold, "since": f.since} for f in decision.flags],
             "where": {str(r): text for r, text in decision.where.items()},
             "summary": summary, "scores": scores, "weights": pi.tolist(),
-            "relative": {k: list(v) for k, v in decision.relative.items()},
-            "individual": {k: list(v) for k, v in decision.individual.items()}, "signals": sig.to_dict()}
+            "transient": {k: list(v) for k, v in decision.transient.items()},
+            "cusum": {k: list(v) for k, v in decision.cusum.items()}, "signals": sig.to_dict()}
+
+
+def decision_scalars(monitor: Any, per_rank: bool = False) -> dict[str, float]:
+    """The monitor's latest step as flat scalars (``flat_scalars`` of its ``step_record``): what the
+    framework callbacks hand to their loggers.
+
+    Args:
+        monitor: a ``naig.monitor.Monitor`` that has decided at least one step.
+        per_rank: add the ``rank{k}/...`` series.
+
+    Raises:
+        UsageError: before the monitor's first decision.
+    """
+    if monitor.decision is None:
+        raise UsageError("the monitor has not decided a step yet", field="monitor")
+    return flat_scalars(step_record(monitor.signals, monitor.decision), per_rank)
 
 
 def flat_scalars(record: dict, per_rank: bool = False) -> dict[str, float]:
@@ -288,9 +293,7 @@ class RecordWriter(ABC):
         if not self._opened:
             self._opened = True
             self._open(self._header(decision))
-        det = self.monitor.detector
-        self._write(step_record(sig, decision, alpha=det.alpha, window=det.window,
-                                step=self._offset + decision.step))
+        self._write(step_record(sig, decision, step=self._offset + decision.step))
 
     def close(self) -> None:
         """Flush and close (idempotent)."""
@@ -348,9 +351,9 @@ def _rank_known_nonzero() -> bool:
     return rank not in (None, 0)
 
 
-def _check_path(path: str | os.PathLike, field: str, append: bool) -> Path:
+def _check_path(path: str | os.PathLike, field: str, append: bool, overwrite: bool = False) -> Path:
     """Check a record file before training: its directory exists, it is not a directory, and it does
-    not exist unless ``append`` (``naig.distributed.ddp``'s rule for its CSV).
+    not exist unless ``append`` or ``overwrite`` (``naig.distributed.ddp``'s rule for its CSV).
 
     Raises:
         UsageError: naming ``field``.
@@ -363,10 +366,25 @@ def _check_path(path: str | os.PathLike, field: str, append: bool) -> Path:
                          field=field, value=str(p))
     if p.is_dir():
         raise UsageError("is a directory; pass a file name", field=field, value=str(p))
-    if not append and p.exists() and p.stat().st_size > 0:
-        raise UsageError("exists; pass append=True to continue it, or another path", field=field,
-                         value=str(p))
+    if not append and not overwrite and p.exists() and p.stat().st_size > 0:
+        raise UsageError("exists; pass append=True to continue it, overwrite=True to replace it, or another "
+                         "path", field=field, value=str(p))
     return p
+
+
+def _file_mode(append: object, overwrite: object) -> tuple[bool, bool]:
+    """(append, overwrite), checked: each True or False, not both.
+
+    Raises:
+        UsageError: naming the field.
+    """
+    for name, value in (("append", append), ("overwrite", overwrite)):
+        if not isinstance(value, bool):
+            raise UsageError("must be True or False", field=name, value=value)
+    if append and overwrite:
+        raise UsageError("and append=True both given; pass one (continue the file, or replace it)",
+                         field="overwrite", value=True)
+    return append, overwrite
 
 
 class JsonlRecords(RecordWriter):
@@ -375,20 +393,23 @@ class JsonlRecords(RecordWriter):
     Args:
         path: the file; its directory must exist.
         append: continue an existing file of this schema (steps numbered after its last).
+        overwrite: replace an existing file (e.g. the one a crashed run left).
 
     Raises:
-        UsageError: a missing directory, a directory, an existing file without ``append``, or (with
-            it) a file that is not a naig monitor JSONL (checked on rank 0 at the first step).
+        UsageError: a missing directory, a directory, an existing file without ``append`` or
+            ``overwrite``, both of them, or (with ``append``) a file that is not a naig monitor
+            JSONL (checked on rank 0 at the first step).
     """
 
-    def __init__(self, path: str | os.PathLike, append: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, append: bool = False, *, overwrite: bool = False) -> None:
         super().__init__(per_rank=True)
-        self.append = bool(append)
-        self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append)
+        self.append, self.overwrite = _file_mode(append, overwrite)
+        self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append,
+                                                                          self.overwrite)
         self._fh: IO[str] | None = None
 
     def _open(self, header: dict) -> None:
-        _check_path(self.path, "path", self.append)
+        _check_path(self.path, "path", self.append, self.overwrite)
         if self.append and self.path.exists() and self.path.stat().st_size > 0:
             self._offset = _last_jsonl_step(self.path, header["world"])
             header["step_offset"] = self._offset
@@ -434,20 +455,22 @@ class CsvRecords(RecordWriter):
     Args:
         path: the file; its directory must exist.
         append: continue an existing file with the same header (steps numbered after its last).
+        overwrite: replace an existing file.
 
     Raises:
         UsageError: as ``JsonlRecords``.
     """
 
-    def __init__(self, path: str | os.PathLike, append: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, append: bool = False, *, overwrite: bool = False) -> None:
         super().__init__(per_rank=True)
-        self.append = bool(append)
-        self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append)
+        self.append, self.overwrite = _file_mode(append, overwrite)
+        self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append,
+                                                                          self.overwrite)
         self._fh: IO[str] | None = None
         self._csv: Any = None
 
     def _open(self, header: dict) -> None:
-        _check_path(self.path, "path", self.append)
+        _check_path(self.path, "path", self.append, self.overwrite)
         self._hosts = header["hosts"]
         old = self.append and self.path.exists() and self.path.stat().st_size > 0
         if old:

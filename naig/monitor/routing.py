@@ -46,7 +46,6 @@ Example (not run here; see examples/ddp_gpt.py)::
 
 import csv
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +56,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from naig.energy import energy
-from naig.errors import UsageError
+from naig.errors import UsageError, warn_caller
 from naig.gibbs import naig_weights, parse_beta, resolve_beta
 from naig.metric import fano_fisher_metric, parse_line
 from naig.sketch.core import SKETCH_DIM, check_seed
@@ -187,7 +186,7 @@ class NaigCommHook:
         world = self._world() if world is None else world
         if world == 2 and not self._warned:
             self._warned = True
-            warnings.warn(TWO_RANKS, UserWarning, stacklevel=3)
+            warn_caller(TWO_RANKS)
 
     def register(self, ddp: nn.parallel.DistributedDataParallel) -> "NaigCommHook":
         """``ddp.register_comm_hook(self, naig_comm_hook)``; returns self.
