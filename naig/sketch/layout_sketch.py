@@ -214,7 +214,8 @@ class LayoutSketch:
                                                        for t in tensors):
             raise UsageError(f"expected the layout's {len(self.names)} float tensors", field="tensors")
         if (self.segments[:, 2] != 0).any() or len(np.unique(self.segments[:, 3])) != len(self.segments):
-            raise UsageError("of_tensors needs a layout of whole tensors (LayoutSketch.build)", field="tensors")
+            raise UsageError("of_tensors needs a layout of whole tensors (LayoutSketch.build)",
+                             field="tensors")
         flat = [t.detach().reshape(-1) for t in tensors]  # a view; a strided tensor is copied
         if any(t.numel() != int(n) for t, n in zip(flat, self._sizes(), strict=True)):
             raise UsageError("a tensor's size differs from the layout's", field="tensors")

@@ -169,7 +169,8 @@ def sketch_payload(x: Tensor, plan: Plan) -> Tensor:
         _payload_kernel[(plan.programs,)](x, plan.segments, plan.first, plan.keys, part, n_seg, plan.programs,
                                           col, r, RG=rg, BLOCK=BLOCK, COLS=_COLS, num_warps=_WARPS)
         total = part.sum(dim=0)
-        out[col * SKETCH_DIM:(col + rg) * SKETCH_DIM] = total[:rg * _COLS].reshape(rg, _COLS)[:, :SKETCH_DIM].reshape(-1)
+        buckets = total[:rg * _COLS].reshape(rg, _COLS)[:, :SKETCH_DIM]
+        out[col * SKETCH_DIM:(col + rg) * SKETCH_DIM] = buckets.reshape(-1)
         if col == 0:
             out[-2:] = total[-2:]
     return out
