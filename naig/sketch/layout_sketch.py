@@ -45,6 +45,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -79,8 +80,9 @@ def compiled_available() -> bool:
     return _KERNEL is not None
 
 
+@lru_cache(maxsize=1)
 def triton_available() -> bool:
-    """Whether triton imports (the CUDA body; CUDA builds of torch ship it)."""
+    """Whether triton imports (the CUDA body; CUDA builds of torch ship it); checked once."""
     try:
         import triton  # noqa: F401
     except ImportError:
