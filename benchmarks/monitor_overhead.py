@@ -223,6 +223,10 @@ def _rss(argv: list[str], args: argparse.Namespace, out: Callable[[str], None]) 
         out(f"{framework.upper()} peak RSS, each variant alone (max over 2 ranks): {line}")
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
 def main(argv: list[str]) -> None:
     args = _args(argv)
     if args.preset not in TARGET:
@@ -235,14 +239,12 @@ def main(argv: list[str]) -> None:
             if rank == 0:
                 print(f"PEAK_RSS {peak}")
             return
-        lines: list[str] = []
-        out = lines.append if rank == 0 else (lambda s: None)
+        out = _say if rank == 0 else (lambda s: None)
         for framework in VARIANTS:
             _framework(framework, _variants(args, framework), args, rank, out)
     if rank == 0:
         if args.rss:
-            _rss(argv, args, lines.append)
-        print("\n".join(lines))
+            _rss(argv, args, _say)
         target = TARGET.get(args.preset, TARGET["gpt-nano"])
         print(f"target: ratio <= {target} (log{', and peak RSS' if args.preset == 'mlp-113m' else ''}); "
               f"{args.repeats} rounds x {args.steps} steps interleaved; "
