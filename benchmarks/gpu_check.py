@@ -14,6 +14,14 @@ orders, and any order of summing m terms is within γ_{m−1}·Σ|x_i| of the ex
 worst case; the observed error is reported as a fraction of it. Then the sketch's time per
 gradient on the device (synchronised, median of ``--sketch-repeats``), for one row and for K rows.
 
+Part 3 (monitor; runs between parts 1 and 2): per model of ``--monitor-models`` (MLPs of 126M
+and 940M parameters, ``MONITOR_MODELS``), the monitor's payload kernel (``MonitorSketch.payload``:
+Triton on CUDA) on one flat fp32 and bf16 gradient of that layout, checked against the CPU's C
+kernel within the float64 summation bound (``payload_check``; counts equal), its synchronised
+time (median of ``--sketch-repeats``), GB/s read and share of the H200's 4.8 TB/s HBM bandwidth;
+then the one-GPU step overhead: SGD steps with and without ``Monitor.observe`` of the gradients
+(interleaved ``--monitor-rounds`` of ``--monitor-steps`` steps, medians and paired ratio).
+
 Part 2 (simulate): ``SimulateConfig.from_options`` + ``run_experiment`` (the library behind
 ``naig simulate``) at ``--lags`` for ``--strategies``, in fp32: ``naig simulate`` has no bf16
 autocast (``--tf32`` lets fp32 matmuls use TF32 tensor cores, off by default). Without
@@ -90,15 +98,18 @@ from naig import __version__ as naig_version
 from naig import sketch_state_dict
 from naig.errors import NaigError, UsageError
 from naig.io import json_ready
+from naig.monitor import Monitor
+from naig.monitor.signals import MonitorSketch
 from naig.simulate import SimulateConfig, StepEvent, parse_int_list, run_experiment
 from naig.simulate.engines import buffer_rows
 from naig.simulate.model import GPT, get_preset
 from naig.simulate.strategies import STRATEGIES
 from naig.sketch.core import SKETCH_DIM, TensorHash, sketch_tensor
+from naig.sketch.layout_sketch import compiled_available
 from naig.sketch.torch_sketch import TorchSketch
 
 __all__ = ["main", "build_parser", "sketch_layout", "summation_bound", "compare_sketches", "size_steps",
-           "BudgetSpent"]
+           "BudgetSpent", "MONITOR_MODELS", "monitor_part", "payload_check"]
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2_VOCAB = 50_257  # GPT-2's BPE vocabulary: with it the gpt2-124m layout has 124,439,808 parameters
@@ -112,6 +123,12 @@ TOLERANCE_NOTE = (
     "|device - reference| <= 2*gamma_{m_a-1}*sum_a|x_i| (sum|x| in float64, divided by 1-gamma for its own "
     "rounding). A worst case: the observed error is reported as a fraction of it (max_err_over_bound).")
 MARGIN = 1.15  # sizing: the probe's times are scaled by this (drift, the first steps' warm-up)
+HBM_TBPS = 4.8  # H200 HBM3e peak bandwidth, TB/s (NVIDIA H200 datasheet), for the monitor kernel's share
+MONITOR_MODELS = {  # MLP widths (Linear + GELU) of part 3's one-GPU step overhead
+    "124m": (1024, 8192, 8192, 4096, 4096, 1024),  # 125.9M parameters
+    "1b": (4096, 16384, 16384, 16384, 16384, 4096),  # 939.6M parameters
+    "tiny": (64, 128, 64),  # the CPU plumbing test
+}
 RESERVE_S = 15.0  # sizing: seconds kept for writing the files and the table (at most 10% of the budget)
 
 
@@ -163,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reference-scalars", type=int, default=1_000_000,
                     help="scalars the Python reference loop checks (a prefix of every tensor)")
     ap.add_argument("--skip-sketch", action="store_true", help="skip part 1")
+    ap.add_argument("--skip-monitor", action="store_true", help="skip part 3 (the monitor's kernel and step)")
+    ap.add_argument("--monitor-models", default="124m,1b",
+                    help=f"part 3's models, a comma list of {', '.join(MONITOR_MODELS)}")
+    ap.add_argument("--monitor-rounds", type=int, default=7, help="part 3: interleaved rounds (median)")
+    ap.add_argument("--monitor-steps", type=int, default=5, help="part 3: steps per variant and round")
     ap.add_argument("--skip-simulate", action="store_true", help="skip part 2")
     ap.add_argument("--budget-seconds", type=float, default=480.0,
                     help="start no work that cannot finish within this many seconds of the start")
@@ -398,6 +420,138 @@ def sketch_part(args: argparse.Namespace, device: torch.device, clock: _Clock, l
     failed = [d for d, r in record["dtypes"].items() if not r["passed"]]
     if failed:
         raise AssertionError(f"the {device} sketch differs from the CPU reference beyond the float64 bound "
+                             f"({', '.join(failed)})")
+
+
+# -- part 3: the monitor ---------------------------------------------------------------------------
+
+
+def payload_check(got: np.ndarray, ref: np.ndarray, n: int, abs_sum: float) -> dict[str, Any]:
+    """The device payload [S x | ‖x‖² | count] against the CPU one (the C kernel), within float64 bounds.
+
+    Both sum the same exact float64 terms in other orders, so every sketch coordinate and ‖x‖² differ by
+    at most 2·γ_{n−1}·Σ|x_i| (resp. Σx_i²); the counts must be equal.
+
+    Args:
+        got: (16,) the device's payload (R = 1).
+        ref: (16,) the CPU's.
+        n: the values sketched.
+        abs_sum: Σ|x_i| in float64.
+
+    Example:
+        >>> ref = np.r_[np.ones(14), 4.0, 0.0]
+        >>> [payload_check(ref + np.r_[np.full(15, e), 0.0], ref, 10, 10.0)["passed"] for e in (1e-15, 1e-9)]
+        [True, False]
+    """
+    bound = summation_bound(np.full(SKETCH_DIM + 1, n), np.r_[np.full(SKETCH_DIM, abs_sum), ref[SKETCH_DIM]])
+    out = compare_sketches(got[:SKETCH_DIM + 1], ref[:SKETCH_DIM + 1], np.full(SKETCH_DIM + 1, n),
+                           np.r_[np.full(SKETCH_DIM, abs_sum), ref[SKETCH_DIM]])
+    out["bound_max"] = float(bound.max())
+    out["counts_equal"] = bool(got[-1] == ref[-1])
+    out["passed"] = out["passed"] and out["counts_equal"]
+    return out
+
+
+def _mlp(widths: tuple[int, ...], device: torch.device) -> torch.nn.Module:
+    layers: list[torch.nn.Module] = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
+        layers += [torch.nn.Linear(a, b)] + ([torch.nn.GELU()] if i + 2 < len(widths) else [])
+    with torch.device(device):
+        return torch.nn.Sequential(*layers)
+
+
+def _kernel_check(name: str, widths: tuple[int, ...], device: torch.device, args: argparse.Namespace,
+                  log: _Log) -> dict[str, Any]:
+    """The monitor's payload kernel on one flat gradient of the model's layout: check, ms, GB/s."""
+    with torch.device("meta"):
+        layout = [(n, p.numel()) for n, p in _mlp(widths, torch.device("meta")).named_parameters()]
+    n = sum(size for _, size in layout)
+    t0 = time.perf_counter()
+    sk = MonitorSketch.build(layout, seed=0)
+    out: dict[str, Any] = {"n_params": n, "build_s": time.perf_counter() - t0,
+                           "held_bytes": sk.layout.nbytes()}
+    flat = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    for dname, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        values = flat.to(dtype)
+        on_device = values.to(device)
+        got = sk.payload(on_device).cpu().numpy()
+        body = "compiled" if compiled_available() and device.type == "cuda" else "numpy"  # the other body
+        ref = sk.layout(values, body).numpy()
+        check = payload_check(got, ref, n, float(values.to(torch.float64).abs().sum()))
+        ms = _median_ms(lambda x=on_device: sk.payload(x), device, args.sketch_repeats)
+        gbps = n * values.element_size() / (ms / 1000) / 1e9
+        out[dname] = {"check": check, "ms": ms, "gb_per_s": gbps, "hbm_share": gbps / (HBM_TBPS * 1000)}
+        log(f"  monitor kernel {name} {dname}: {'pass' if check['passed'] else 'FAIL'} "
+            f"(err {check['max_err_over_bound']:.2g} of the bound), {ms:.3f} ms, {gbps:.0f} GB/s = "
+            f"{100 * gbps / (HBM_TBPS * 1000):.1f}% of {HBM_TBPS} TB/s")
+        del on_device, values
+    return out
+
+
+def _step_overhead(name: str, widths: tuple[int, ...], device: torch.device, args: argparse.Namespace,
+                   log: _Log) -> dict[str, Any]:
+    """One GPU: SGD steps of the MLP with and without ``Monitor.observe`` of its gradients, interleaved."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    batch = 64
+    variants = {}
+    for variant in ("plain", "observe"):
+        model = _mlp(widths, device)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        monitor = Monitor(window=8) if variant == "observe" else None
+        variants[variant] = (model, opt, monitor)
+
+    def step(variant: str) -> None:
+        model, opt, monitor = variants[variant]
+        x = torch.randn(batch, widths[0], device=device, generator=gen)
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        if monitor is not None:
+            monitor.observe({n: p.grad for n, p in model.named_parameters()})
+        opt.step()
+
+    for variant in variants:
+        for _ in range(12):  # past the detectors' window (8) and their one-off calibration
+            step(variant)
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(args.monitor_rounds):
+        for variant in variants:
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(args.monitor_steps):
+                step(variant)
+            _sync(device)
+            times[variant].append(1000 * (time.perf_counter() - t0) / args.monitor_steps)
+    plain, watched = statistics.median(times["plain"]), statistics.median(times["observe"])
+    rounds = [w / p for w, p in zip(times["observe"], times["plain"], strict=True)]
+    out = {"n_params": sum(p.numel() for p in variants["plain"][0].parameters()), "batch": batch,
+           "ms_plain": plain, "ms_observe": watched, "ratio": watched / plain,
+           "paired_ratio": statistics.median(rounds)}
+    log(f"  monitor step {name} ({out['n_params']:,} parameters, batch {batch}): plain {plain:.2f} ms, "
+        f"observe {watched:.2f} ms, ratio {out['ratio']:.3f} (paired {out['paired_ratio']:.3f})")
+    return out
+
+
+def monitor_part(args: argparse.Namespace, device: torch.device, clock: _Clock, log: _Log,
+                 record: dict[str, Any]) -> None:
+    """Part 3: the monitor's payload kernel (Triton on CUDA) against the C kernel, GB/s and share of HBM
+    bandwidth, and the one-GPU step overhead of ``Monitor.observe``, per model of ``--monitor-models``.
+    """
+    names = [m.strip() for m in args.monitor_models.split(",") if m.strip()]
+    record.update(hbm_tbps=HBM_TBPS, models={})
+    log(f"part 3: the monitor's kernel and step overhead on {device}: {', '.join(names)}")
+    for name in names:
+        if clock.left() <= 0:
+            raise BudgetSpent(f"budget spent before the monitor's {name}")
+        widths = MONITOR_MODELS[name]
+        record["models"][name] = {"kernel": _kernel_check(name, widths, device, args, log),
+                                  "step": _step_overhead(name, widths, device, args, log)}
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    failed = [n for n, r in record["models"].items()
+              if not all(r["kernel"][d]["check"]["passed"] for d in ("fp32", "bf16"))]
+    if failed:
+        raise AssertionError(f"the monitor's {device} payload differs from the C kernel's "
                              f"({', '.join(failed)})")
 
 
@@ -675,6 +829,7 @@ def _table(doc: dict[str, Any]) -> list[str]:
                  for d, r in sk.get("dtypes", {}).items()]
         n = sk.get("layout", {}).get("n_params")
         lines.append(f"sketch {sk['status']}, n={_fmt(n, ',')}: " + "; ".join(parts))
+    lines += _monitor_table(doc.get("monitor", {"status": "skipped"}))
     if sim["status"] == "skipped":
         lines.append("simulate: skipped")
         return lines
@@ -689,6 +844,20 @@ def _table(doc: dict[str, Any]) -> list[str]:
                      f"{_fmt(r['peak_gib'], '.1f'):>10}  {'finished' if r['finished'] else 'not finished'}")
     ratio = sim.get("routing_overhead", {}).get("ratio")
     lines.append(f"  routing overhead naig/hogwild ms per step: {_fmt(ratio, '.3f')}")
+    return lines
+
+
+def _monitor_table(mon: dict[str, Any]) -> list[str]:
+    if mon["status"] == "skipped":
+        return ["monitor: skipped"]
+    lines = [f"monitor {mon['status']}:"]
+    for name, r in mon.get("models", {}).items():
+        k, st = r["kernel"], r["step"]
+        kern = "; ".join(f"{d} {'pass' if k[d]['check']['passed'] else 'FAIL'} {k[d]['ms']:.3f} ms "
+                         f"{k[d]['gb_per_s']:.0f} GB/s ({100 * k[d]['hbm_share']:.1f}% HBM)"
+                         for d in ("fp32", "bf16"))
+        lines.append(f"  {name} ({k['n_params']:,}): kernel {kern}; step {st['ms_plain']:.2f} -> "
+                     f"{st['ms_observe']:.2f} ms ({st['ratio']:.3f}x)")
     return lines
 
 
@@ -739,6 +908,13 @@ def main(argv: list[str] | None = None) -> int:
             _usage(f"--budget-seconds {args.budget_seconds:g}: use a positive number of seconds")
         if args.sketch_vocab < 1:
             _usage(f"--sketch-vocab {args.sketch_vocab}: use a positive int")
+        unknown = [m for m in args.monitor_models.split(",") if m.strip() and m.strip() not in MONITOR_MODELS]
+        if unknown:
+            _usage(f"--monitor-models {unknown[0]}: use a comma list of {', '.join(MONITOR_MODELS)}")
+        for value, flag in ((args.monitor_rounds, "--monitor-rounds"),
+                            (args.monitor_steps, "--monitor-steps")):
+            if value < 1:
+                _usage(f"{flag} {value}: use a positive int")
         get_preset(args.sketch_model or args.model)
         _config(args, args.steps or max(args.lag_list) + 1, eval_every=args.eval_every)  # refuses bad options
     except UsageError as exc:
@@ -761,6 +937,7 @@ def main(argv: list[str] | None = None) -> int:
         "budget_seconds": args.budget_seconds, "elapsed_s": 0.0, "exit_code": None, "reason": None,
         "sketch": {"status": "skipped" if args.skip_sketch else "not started", "finished": False},
         "simulate": {"status": "skipped" if args.skip_simulate else "not started", "finished": False},
+        "monitor": {"status": "skipped" if args.skip_monitor else "not started", "finished": False},
     }
 
     def save() -> None:
@@ -778,6 +955,13 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         save()
+    if not args.skip_monitor:
+        _run_part("part 3 (monitor)", doc["monitor"],
+                  lambda: monitor_part(args, device, clock, log, doc["monitor"]), log)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        save()
     if not args.skip_simulate:
         if clock.left() <= 0:
             doc["simulate"].update(status="stopped",
@@ -786,7 +970,8 @@ def main(argv: list[str] | None = None) -> int:
             _run_part("part 2 (simulate)", doc["simulate"],
                       lambda: simulate_part(args, device, clock, log, doc["simulate"], save), log)
         save()
-    parts = (("part 1 (sketch)", "sketch"), ("part 2 (simulate)", "simulate"))
+    parts = (("part 1 (sketch)", "sketch"), ("part 3 (monitor)", "monitor"),
+             ("part 2 (simulate)", "simulate"))
     bad = [(name, doc[key]) for name, key in parts if doc[key]["status"] not in ("finished", "skipped")]
     doc["exit_code"] = 1 if bad else 0
     doc["reason"] = "; ".join(f"{name} {r['status']}: {r.get('reason')}" for name, r in bad) or None

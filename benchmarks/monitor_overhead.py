@@ -1,8 +1,10 @@
-"""Step time of DDP and FSDP2 training with and without the monitor, 2 ranks, the small GPT.
+"""Step time, CPU time, peak memory and bytes of DDP and FSDP2 training with and without the monitor.
 
-docs/monitor.md ("Overhead"). Two ranks on this machine (this process is rank 0 and starts
-rank 1) train ``gpt-nano`` (naig.simulate.model) on random bytes. For each framework every
-variant has its own model and optimizer, built once:
+docs/monitor.md ("Overhead and memory"). Two ranks on this machine (this process is rank 0 and
+starts rank 1) train ``--preset``: ``gpt-nano`` (naig.simulate.model, Adam, random bytes) or
+``mlp-113m``, a wide MLP of 113M parameters (1024 → 8192 → 8192 → 4096 → 1024, GELU, mean
+squared error on random data, plain SGD so that two variants' models fit in memory; use few
+steps). For each framework every variant has its own model and optimizer, built once:
 
 - DDP: ``plain`` (no hook), ``log`` (``MonitorHook``, one all-gather per bucket), ``log-step``
   (``per_bucket=False``: one all-gather per step), ``exact`` (exact dots: a gradient copy, a
@@ -22,20 +24,29 @@ main-thread CPU time per step and its ratio (waiting excluded: the monitor's own
 bytes each rank sends per step beyond the framework's own, next to
 the gradient bytes the framework itself reduces per step.
 
+With ``--rss``, each variant also runs alone in a fresh pair of processes (``--warmup`` + ``--steps``
+steps) and reports the larger of the two ranks' peak resident set (``VmHWM``); printed with its
+ratio to ``plain``'s (``--rss-only``: that part alone). Targets: ``log`` ≤ 1.05× step time at
+gpt-nano, ≤ 1.02× step time and peak RSS at ≥ 100M parameters.
+
 Usage: python benchmarks/monitor_overhead.py [--repeats 15] [--steps 20] [--warmup 40] [--batch 8]
-[--preset gpt-nano]
+[--preset gpt-nano|mlp-113m] [--variants plain,log] [--window 32] [--rss]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
@@ -46,7 +57,9 @@ from naig.simulate.model import GPT, get_preset, lm_loss
 
 __all__ = ["main"]
 
-TARGET = 1.05
+TARGET = {"gpt-nano": 1.05, "mlp-113m": 1.02}
+MLP_WIDTHS = (1024, 8192, 8192, 4096, 1024)  # 113.3M parameters
+VARIANTS = {"ddp": ("plain", "log", "log-step", "exact"), "fsdp2": ("plain", "log", "log-step")}
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -57,39 +70,85 @@ def _args(argv: list[str]) -> argparse.Namespace:
                    help="untimed steps first: past the detectors' 32-step window, whose first full step "
                         "calibrates the thresholds once per process (about 1 s)")
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--preset", default="gpt-nano", help="naig.simulate.model preset (gpt-micro: 7x larger)")
+    p.add_argument("--preset", default="gpt-nano",
+                   help="naig.simulate.model preset (gpt-micro: 7x larger) or mlp-113m")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated subset (default: all; plain always runs)")
+    p.add_argument("--window", type=int, default=32, help="the detectors' window (Monitor(window=))")
+    p.add_argument("--rss", action="store_true",
+                   help="also each variant's peak RSS, alone in fresh processes")
+    p.add_argument("--rss-only", action="store_true", help="only the peak RSS part (no timing)")
+    p.add_argument("--only", default=None, help=argparse.SUPPRESS)  # framework:variant, for --rss
     return p.parse_args(argv)
+
+
+def _variants(args: argparse.Namespace, framework: str) -> list[str]:
+    if args.variants is None:
+        return list(VARIANTS[framework])
+    asked = args.variants.split(",")
+    return ["plain"] + [v for v in VARIANTS[framework] if v in asked and v != "plain"]
+
+
+class _MLP(nn.Module):
+    """The wide MLP of ``mlp-113m`` (Linear + GELU; the last layer linear)."""
+
+    def __init__(self, widths: tuple[int, ...], generator: torch.Generator) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:], strict=True))
+        with torch.no_grad():
+            for layer in self.layers:
+                layer.weight.normal_(0, layer.in_features ** -0.5, generator=generator)
+                layer.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            x = nn.functional.gelu(x) if i + 1 < len(self.layers) else x
+        return x
 
 
 class Variant:
     """One model + optimizer (+ monitor) and a step function."""
 
-    def __init__(self, name: str, framework: str, rank: int, batch: int, preset: str) -> None:
-        self.name, self.framework = name, framework
-        cfg = get_preset(preset)
-        model = GPT(cfg, generator=torch.Generator().manual_seed(0))
+    def __init__(self, name: str, framework: str, rank: int, batch: int, preset: str, window: int) -> None:
+        self.name, self.framework, self.mlp = name, framework, preset == "mlp-113m"
+        gen = torch.Generator().manual_seed(0)
+        if self.mlp:
+            model, self.context = _MLP(MLP_WIDTHS, gen), 0
+            blocks = list(model.layers)
+        else:
+            cfg = get_preset(preset)
+            model, self.context = GPT(cfg, generator=gen), cfg.context
+            blocks = list(model.blocks)
         self.n_params = sum(p.numel() for p in model.parameters())
         self.watch = None
+        monitor = Monitor(window=window)
         if framework == "ddp":
             self.model = DistributedDataParallel(model)
             if name != "plain":
-                self.watch = MonitorHook(model, Monitor(), exact=name == "exact",
+                self.watch = MonitorHook(model, monitor, exact=name == "exact",
                                          per_bucket=name != "log-step").register(self.model)
         else:
-            for block in model.blocks:
+            for block in blocks:
                 fully_shard(block)
             fully_shard(model)
             self.model = model
             if name != "plain":
-                self.watch = fully_shard_monitor(model, Monitor(), per_bucket=name != "log-step")
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+                self.watch = fully_shard_monitor(model, monitor, per_bucket=name != "log-step")
+        params = self.model.parameters()
+        self.opt = torch.optim.SGD(params, lr=1e-3) if self.mlp else torch.optim.Adam(params, lr=1e-3)
         self.gen = torch.Generator().manual_seed(1000 + rank)
-        self.batch, self.context = batch, cfg.context
+        self.batch = batch
 
     def step(self) -> None:
-        x = torch.randint(0, 256, (self.batch, self.context + 1), generator=self.gen)
         self.opt.zero_grad()
-        lm_loss(self.model(x[:, :-1]), x[:, 1:]).backward()
+        if self.mlp:
+            x = torch.randn(self.batch, MLP_WIDTHS[0], generator=self.gen)
+            y = torch.randn(self.batch, MLP_WIDTHS[-1], generator=self.gen)
+            nn.functional.mse_loss(self.model(x), y).backward()
+        else:
+            x = torch.randint(0, 256, (self.batch, self.context + 1), generator=self.gen)
+            lm_loss(self.model(x[:, :-1]), x[:, 1:]).backward()
         self.opt.step()
 
     @property
@@ -114,7 +173,7 @@ def _block(v: Variant, steps: int) -> tuple[float, float]:
 
 def _framework(name: str, variants: list[str], args: argparse.Namespace, rank: int,
                out: Callable[[str], None]) -> None:
-    vs = [Variant(v, name, rank, args.batch, args.preset) for v in variants]
+    vs = [Variant(v, name, rank, args.batch, args.preset, args.window) for v in variants]
     for v in vs:
         for _ in range(args.warmup):
             v.step()
@@ -139,19 +198,71 @@ def _framework(name: str, variants: list[str], args: argparse.Namespace, rank: i
             f"{min(rounds):6.3f}-{max(rounds):<7.3f} {used:7.1f} {used / cpu_base:6.3f} {v.extra_bytes:13d}")
     parts = {v.name: len(v.watch.parts) for v in vs if v.watch is not None}
     out(f"  parts gathered per step: {parts} (buckets for DDP, FSDP modules for FSDP2)")
+    del vs
+    gc.collect()
+
+
+def _alone(framework: str, variant: str, args: argparse.Namespace, rank: int) -> int:
+    """Peak RSS (bytes, the larger of the ranks') of one variant run alone in this process group."""
+    v = Variant(variant, framework, rank, args.batch, args.preset, args.window)
+    for _ in range(args.warmup + args.steps):
+        v.step()
+    peak = torch.tensor([_peak_rss()], dtype=torch.float64)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return int(peak.item())
+
+
+def _peak_rss() -> int:
+    """This process's peak resident set in bytes: VmHWM of /proc/self/status (Linux).
+
+    Not ``getrusage``'s ``ru_maxrss``: Linux keeps that across ``execve``, so a rank forked from a
+    process that had grown larger would report the parent's peak.
+    """
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # not Linux: the best there is
+
+
+def _rss(argv: list[str], args: argparse.Namespace, out: Callable[[str], None]) -> None:
+    """Each variant alone in a fresh pair of processes: peak RSS and its ratio to plain's."""
+    for framework in VARIANTS:
+        peaks = {}
+        for variant in _variants(args, framework):
+            r = subprocess.run([sys.executable, __file__, *argv, "--only", f"{framework}:{variant}"],
+                               capture_output=True, text=True, timeout=3600, check=True)
+            peaks[variant] = int(r.stdout.split("PEAK_RSS ")[1].split()[0])
+        line = ", ".join(f"{v} {b / 2**20:.0f} MiB ({b / peaks['plain']:.3f}x)" for v, b in peaks.items())
+        out(f"{framework.upper()} peak RSS, each variant alone (max over 2 ranks): {line}")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def main(argv: list[str]) -> None:
     args = _args(argv)
+    if args.preset not in TARGET:
+        get_preset(args.preset)  # a one-line error for an unknown preset
     with process_group(2, [sys.executable, __file__, *argv]) as (rank, _):
         torch.set_num_threads(1)
-        lines: list[str] = []
-        out = lines.append if rank == 0 else (lambda s: None)
-        _framework("ddp", ["plain", "log", "log-step", "exact"], args, rank, out)
-        _framework("fsdp2", ["plain", "log", "log-step"], args, rank, out)
-        if rank == 0:
-            print("\n".join(lines))
-            print(f"target: ratio <= {TARGET} (log); {args.repeats} rounds x {args.steps} steps interleaved")
+        if args.only is not None:
+            framework, variant = args.only.split(":")
+            peak = _alone(framework, variant, args, rank)
+            if rank == 0:
+                print(f"PEAK_RSS {peak}")
+            return
+        out = _say if rank == 0 else (lambda s: None)
+        for framework in VARIANTS if not args.rss_only else ():
+            _framework(framework, _variants(args, framework), args, rank, out)
+    if rank == 0:
+        if args.rss or args.rss_only:
+            _rss(argv, args, _say)
+        target = TARGET.get(args.preset, TARGET["gpt-nano"])
+        print(f"target: ratio <= {target} (log{', and peak RSS' if args.preset == 'mlp-113m' else ''}); "
+              f"{args.repeats} rounds x {args.steps} steps interleaved; "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 
 
 if __name__ == "__main__":

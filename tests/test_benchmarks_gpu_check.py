@@ -18,7 +18,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-TINY = ["--device", "cpu", "--model", "gpt-nano", "--sketch-model", "gpt-nano", "--sketch-vocab", "256",
+TINY = ["--device", "cpu", "--skip-monitor", "--model", "gpt-nano", "--sketch-model", "gpt-nano",
+        "--sketch-vocab", "256",
         "--sketch-repeats", "3"]
 
 
@@ -154,3 +155,27 @@ def test_steps_are_sized_from_a_probe_to_the_budget(tmp_path: Path) -> None:
     else:
         assert all(row["finished"] for row in sim["per_strategy"].values())
     assert doc["elapsed_s"] <= budget + 5
+
+
+def test_the_monitor_part_on_cpu(tmp_path: Path) -> None:
+    """Part 3's plumbing: the payload kernel against the other CPU body, and the step overhead."""
+    out = tmp_path / "out"
+    r = _run("--device", "cpu", "--skip-sketch", "--skip-simulate", "--monitor-models", "tiny",
+             "--monitor-rounds", "2", "--monitor-steps", "1", "--sketch-repeats", "2", "--out", str(out))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    mon = json.loads((out / "gpu_check.json").read_text())["monitor"]
+    assert mon["status"] == "finished" and mon["hbm_tbps"] == 4.8
+    tiny = mon["models"]["tiny"]
+    assert tiny["kernel"]["n_params"] == tiny["step"]["n_params"] == 64 * 128 + 128 + 128 * 64 + 64
+    for d in ("fp32", "bf16"):
+        assert tiny["kernel"][d]["check"]["passed"] and tiny["kernel"][d]["gb_per_s"] > 0
+    assert tiny["step"]["ms_plain"] > 0 and tiny["step"]["ratio"] > 0
+    assert "monitor finished:" in r.stdout
+
+
+def test_the_payload_check_fails_beyond_the_bound_and_on_other_counts() -> None:
+    module = _module()
+    ref = np.r_[np.arange(14.0), 30.0, 0.0]
+    assert module.payload_check(ref.copy(), ref, 1000, 100.0)["passed"]
+    assert not module.payload_check(ref + np.r_[np.zeros(13), 1e-6, 0, 0], ref, 1000, 100.0)["passed"]
+    assert not module.payload_check(np.r_[ref[:-1], 1.0], ref, 1000, 100.0)["passed"]

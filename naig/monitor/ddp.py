@@ -429,9 +429,11 @@ class MonitorHook(GradientMonitor):
         dot = sq = 0.0
         for p in self.parts:
             self.monitor.wait_work(p.work)
-            g, mean = p.local.to(torch.float64), p.buffer.to(torch.float64)
-            dot += float(torch.dot(g, mean))
-            sq += float(torch.dot(g - mean, g - mean))
+            for lo in range(0, p.local.numel(), _EXACT_CHUNK):  # float64 a chunk at a time, not a copy of g
+                g = p.local[lo:lo + _EXACT_CHUNK].to(torch.float64)
+                mean = p.buffer[lo:lo + _EXACT_CHUNK].to(torch.float64)
+                dot += float(torch.dot(g, mean))
+                sq += float(torch.dot(g - mean, g - mean))
             p.local = None
         return dot, sq
 
@@ -454,6 +456,7 @@ def _all_reduce_mean(buf: Tensor, group: dist.ProcessGroup, world: int) -> tuple
     buf.mul_(1.0 / world)
     work = dist.all_reduce(buf, group=group, async_op=True)
     return work, work.get_future().then(lambda f: f.value()[0])
+_EXACT_CHUNK = 1 << 20  # values converted to float64 at a time by the exact statistics
 
 
 def _future(buf: Tensor) -> torch.futures.Future:

@@ -62,7 +62,6 @@ from naig.errors import DataError, UsageError
 from naig.monitor.ddp import GradientMonitor
 from naig.monitor.observe import Monitor
 from naig.monitor.signals import MonitorSketch, pack
-from naig.sketch.torch_sketch import TorchSketch
 
 __all__ = ["FSDPMonitor", "MonitorReduceScatter", "fully_shard_monitor"]
 
@@ -196,26 +195,50 @@ class MonitorReduceScatter:
         return self.owner.reduce(self, output_tensor, input_tensor, group, op, async_op)
 
     def sketch(self, world: int, flat: Tensor) -> MonitorSketch:
-        """The module's sketch permuted into the reduce-scatter layout of ``world`` ranks (built once).
+        """The module's sketch of the reduce-scatter layout of ``world`` ranks (built once).
+
+        Its segments (``layout_segments``: one per parameter and rank row) say which input entries
+        are which parameter's flat indices; nothing of the input's size is built.
 
         Raises:
             DataError: the input's length is not that of every parameter's padded gradient.
         """
         if self._sketch is None or self._sketch.numel != flat.numel():
-            perm = layout_permutation(self.sizes, world)
-            if perm.size != flat.numel():
+            segments, total = layout_segments(self.sizes, world)
+            if total != flat.numel():
                 raise DataError(f"FSDP module {self.fqn} reduce-scattered {flat.numel()} values, its "
-                                f"parameters make {perm.size}: a parameter got no gradient; call "
+                                f"parameters make {total}: a parameter got no gradient; call "
                                 "set_reduce_scatter_unused_params(True) on it")
             m = self.owner.monitor
-            layout = tuple(zip(self.names, (math.prod(s) for s in self.sizes), strict=True))
-            base = MonitorSketch.build(layout, m.seed, m.blocks, flat.device)
-            idx = torch.from_numpy(np.maximum(perm, 0)).to(flat.device)
-            keep = torch.from_numpy(perm >= 0).to(flat.device)
-            self._sketch = MonitorSketch(tuple(
-                TorchSketch(torch.where(keep, s.buckets[idx], 0), torch.where(keep, s.signs[idx], 0.0))
-                for s in base.sketches))
+            self._sketch = MonitorSketch.from_segments(self.names, segments, total, m.seed, m.blocks)
         return self._sketch
+
+
+def layout_segments(sizes: tuple[tuple[int, ...], ...], world: int) -> tuple[np.ndarray, int]:
+    """FSDP's reduce-scatter input as segments of the parameters (``LayoutSketch.from_segments``).
+
+    The same layout as ``layout_permutation`` without an array of the input's size: row i of the
+    input holds, per parameter p, its dim-0 rows i·c … (i + 1)·c − 1 (c = ⌈d0 / world⌉), the
+    ones past d0 padding.
+
+    Args:
+        sizes: each parameter's unsharded shape, in FSDP's order.
+        world: K, the ranks of the reduce-scatter.
+
+    Returns:
+        ((world · P, 4) int64 rows (offset, length, start, parameter) with padding left out, the
+        input's length).
+    """
+    rows, off = [], 0
+    for i in range(world):
+        for p, s in enumerate(sizes):
+            d0 = s[0] if s else 1
+            width = math.prod(s[1:]) if len(s) > 1 else 1
+            chunk = math.ceil(d0 / world)
+            valid = min(max(d0 - i * chunk, 0), chunk)
+            rows.append((off, valid * width, i * chunk * width, p))
+            off += chunk * width
+    return np.array(rows, dtype=np.int64).reshape(-1, 4), off
 
 
 def layout_permutation(sizes: tuple[tuple[int, ...], ...], world: int) -> np.ndarray:

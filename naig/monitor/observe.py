@@ -62,7 +62,7 @@ from naig.monitor.signals import (
     RankSignals,
     check_batch,
     check_blocks,
-    pack,
+    pack_tensors,
     rank_signals,
     unpack,
 )
@@ -152,9 +152,9 @@ class Monitor:
             DataError: a collective that did not finish within ``timeout`` seconds.
             BadRankError: a rank was flagged and the action is ``raise`` (on every rank).
         """
-        layout, flat = _flatten(grads)
-        sketch = self._sketch(layout, flat.device)
-        decision = self.decide(self.all_gather(pack(flat, sketch)))
+        layout, tensors = _flatten(grads)
+        sketch = self._sketch(layout, tensors[0].device)
+        decision = self.decide(self.all_gather(pack_tensors(tensors, sketch)))
         if decision.flagged and self.action == "raise":
             raise decision.error()
         return decision
@@ -314,8 +314,8 @@ class Monitor:
         return tuple(bytes(r.tolist()).rstrip(b"\0").decode(errors="replace") for r in rows)
 
 
-def _flatten(grads: Mapping[str, Tensor | None] | Tensor) -> tuple[tuple[tuple[str, int], ...], Tensor]:
-    """The (name, numel) layout and the flat concatenation of the given gradients.
+def _flatten(grads: Mapping[str, Tensor | None] | Tensor) -> tuple[tuple[tuple[str, int], ...], list[Tensor]]:
+    """The (name, numel) layout and the given gradients (detached; sketched where they lie).
 
     Raises:
         UsageError: for anything but a non-empty mapping of float tensors or one float tensor.
@@ -335,5 +335,5 @@ def _flatten(grads: Mapping[str, Tensor | None] | Tensor) -> tuple[tuple[tuple[s
     if len({g.device for _, g in items}) != 1:
         raise UsageError("gradients on several devices; pass one device's", field="grads")
     layout = tuple((n, g.numel()) for n, g in items)
-    return layout, torch.cat([g.detach().reshape(-1) for _, g in items])
+    return layout, [g.detach() for _, g in items]
 

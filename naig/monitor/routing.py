@@ -60,7 +60,7 @@ from naig.errors import UsageError, warn_caller
 from naig.gibbs import naig_weights, parse_beta, resolve_beta
 from naig.metric import fano_fisher_metric, parse_line
 from naig.sketch.core import SKETCH_DIM, check_seed
-from naig.sketch.torch_sketch import TorchSketch
+from naig.sketch.layout_sketch import LayoutSketch
 
 __all__ = ["HookRecord", "NaigCommHook", "naig_comm_hook", "energies_to_mean", "TWO_RANKS"]
 
@@ -164,7 +164,7 @@ class NaigCommHook:
         self.callback, self.csv_path = callback, None if csv_path is None else Path(csv_path)
         self.step, self.csv_offset = 0, 0
         self.last: list[HookRecord] = []  # the records of the latest step
-        self._sketches: dict[tuple[int, ...], TorchSketch] = {}
+        self._sketches: dict[tuple[int, ...], LayoutSketch] = {}
         self._warned = False
         if self.csv_path is not None and self._rank_zero():
             self.csv_offset = _check_csv(self.csv_path, append)
@@ -232,17 +232,18 @@ class NaigCommHook:
         return done
 
     def _sketch(self, bucket: dist.GradBucket, buf: Tensor) -> Tensor:
-        """S of this rank's bucket (14,) float64: hashes keyed by the parameter names, built once."""
+        """S of this rank's bucket (14,) float64: hashes keyed by the parameter names, computed while
+        the bucket is read (``LayoutSketch``: nothing per parameter is stored)."""
         params = bucket.parameters()
         key = tuple(id(p) for p in params)
         if key not in self._sketches:
             layout = [(self.names.get(id(p), f"param{i}"), p.numel()) for i, p in enumerate(params)]
             if len(set(name for name, _ in layout)) != len(layout):
                 raise ValueError("parameter names repeat in a bucket; pass the module DDP wraps")
-            self._sketches[key] = TorchSketch.build(layout, self.seed, buf.device)
+            self._sketches[key] = LayoutSketch.build(layout, self.seed)
         sketch = self._sketches[key]
         flat = buf if buf.numel() == sketch.numel else torch.cat([g.reshape(-1) for g in bucket.gradients()])
-        return sketch(flat)
+        return sketch(flat)[:SKETCH_DIM]
 
     @staticmethod
     def _gather(x: Tensor, world: int, group: dist.ProcessGroup) -> Tensor:

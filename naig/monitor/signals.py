@@ -91,36 +91,42 @@ from naig.energy import energy
 from naig.errors import UsageError
 from naig.metric import DEFAULT_LINE, fano_fisher_metric, parse_line
 from naig.sketch.core import SKETCH_DIM, check_seed
-from naig.sketch.torch_sketch import TorchSketch
+from naig.sketch.layout_sketch import LayoutSketch
 
 __all__ = ["EXACT_ALWAYS", "MonitorSketch", "NoiseScale", "NoiseScaleAverage", "RankSignals", "check_batch",
-           "check_blocks", "noise_scale", "pack", "payload_size", "rank_signals", "unpack"]
+           "check_blocks", "noise_scale", "pack", "pack_tensors", "payload_size", "rank_signals", "unpack"]
 
 EXACT_ALWAYS = frozenset({"sq_norm", "rel_norm"})
 """Quantities that are exact whatever the statistics given (full-dimension float64 norms)."""
 _FROM_MEAN = ("cos", "sq_dist", "mean_sq_norm", "noise")  # exact only with the exact statistics
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MonitorSketch:
     """S : Rⁿ → R^{14R}: R blocks of the project's 14-bucket sketch, block r with seed ``seed + r``.
 
+    No per-parameter array is stored: the hash codes are recomputed while the gradient is read
+    (``naig.sketch.layout_sketch.LayoutSketch``: the C kernel on CPU, Triton on CUDA), and the
+    payload ``[S g | ‖g‖² | non-finite count]`` comes out of that one read (``pack``). Memory:
+    the tensors' keys and the layout's segments, O(tensors × R), whatever n.
+
     Attributes:
-        sketches: the R ``TorchSketch`` blocks, all for the same flat layout.
+        layout: the ``LayoutSketch`` (names, keys, segments).
     """
 
-    sketches: tuple[TorchSketch, ...]
+    layout: LayoutSketch
 
     @classmethod
     def build(cls, named_sizes: Sequence[tuple[str, int]], seed: int = 0, blocks: int = 1,
               device: str | torch.device = "cpu") -> MonitorSketch:
-        """Hash arrays for a flat layout of named tensors.
+        """The sketch of a flat layout of named tensors (one pass over the names).
 
         Args:
             named_sizes: ``(name, numel)`` per tensor, in flat-layout order (names key the hashes).
             seed: the first block's seed; block r uses ``seed + r`` (all uint64).
             blocks: R ≥ 1, the number of 14-bucket blocks (m = 14·R).
-            device: where the hash arrays live.
+            device: accepted for compatibility; nothing is stored per device but a few small
+                tables, built where the gradient is first sketched.
 
         Raises:
             UsageError: for ``blocks`` < 1 or a seed (``seed + blocks − 1`` included) outside uint64.
@@ -128,21 +134,38 @@ class MonitorSketch:
         r = check_blocks(blocks)
         check_seed(seed)
         check_seed(seed + r - 1, field="seed")
-        return cls(tuple(TorchSketch.build(named_sizes, seed + i, device) for i in range(r)))
+        return cls(LayoutSketch.build(named_sizes, seed, r))
+
+    @classmethod
+    def from_segments(cls, names: Sequence[str], segments: np.ndarray, numel: int, seed: int = 0,
+                      blocks: int = 1) -> MonitorSketch:
+        """The sketch of a layout of tensor pieces (``LayoutSketch.from_segments``; FSDP's input).
+
+        Raises:
+            UsageError: as ``build``, or a segment outside the input.
+        """
+        r = check_blocks(blocks)
+        check_seed(seed)
+        check_seed(seed + r - 1, field="seed")
+        return cls(LayoutSketch.from_segments(names, segments, numel, seed, r))
 
     @property
     def dim(self) -> int:
         """m = 14·R, the sketch length."""
-        return SKETCH_DIM * len(self.sketches)
+        return self.layout.dim
 
     @property
     def numel(self) -> int:
         """n, the flat length the sketch accepts."""
-        return self.sketches[0].numel
+        return self.layout.numel
+
+    def payload(self, flat: Tensor) -> Tensor:
+        """[S x | ‖x‖² | non-finite count] of x (n,) of any float dtype: (m + 2,) float64 on x's device."""
+        return self.layout(flat)
 
     def __call__(self, flat: Tensor) -> Tensor:
         """S x for x (n,) of any float dtype → (m,) float64 on x's device."""
-        return torch.cat([s(flat) for s in self.sketches])
+        return self.layout(flat)[:self.dim]
 
 
 def check_blocks(blocks: object) -> int:
@@ -165,18 +188,25 @@ def payload_size(blocks: int = 1) -> int:
 def pack(flat: Tensor, sketch: MonitorSketch) -> Tensor:
     """This rank's payload [S g | ‖g‖² | non-finite count]: (m + 2,) float64 on ``flat``'s device.
 
+    One read of g (``MonitorSketch.payload``); ‖g‖² is accumulated in float64 and no float64
+    copy of g is made. On CPU the non-finite entries are counted (a second pass) only when ‖g‖²
+    is not finite: a finite float64 sum of squares has no NaN or infinite term.
+
     Args:
-        flat: (n,) this rank's gradient, any float dtype; ‖g‖² is accumulated in float64.
+        flat: (n,) this rank's gradient, any float dtype (non-contiguous: copied once).
         sketch: the sketch of the flat layout.
     """
-    x = flat.detach().reshape(-1)
-    x64 = x.to(torch.float64)
-    sq = torch.dot(x64, x64).reshape(1)
-    if x.device.type == "cpu" and math.isfinite(float(sq)):  # a finite float64 ‖g‖² has no NaN/Inf entry
-        bad = torch.zeros(1, dtype=torch.float64)  # (saves a pass over g; on a device: no sync)
-    else:
-        bad = (~torch.isfinite(x)).sum().to(torch.float64).reshape(1)
-    return torch.cat([sketch(x), sq, bad])
+    return sketch.payload(flat)
+
+
+def pack_tensors(tensors: Sequence[Tensor], sketch: MonitorSketch) -> Tensor:
+    """``pack`` of the flat concatenation of ``tensors`` (the layout's tensors, in order), each
+    read where it lies (no concatenated copy; see ``LayoutSketch.of_tensors``).
+
+    Raises:
+        UsageError: tensors that do not match the sketch's layout.
+    """
+    return sketch.layout.of_tensors(tensors)
 
 
 def unpack(gathered: Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -16,6 +16,8 @@
  *     blocks of FILE_BLK scalars that stay in cache (codes hashed and the reference read once
  *     per block); the sums are those of accumulate over the whole piece, bit for bit.
  * decode(raw, type, out):  the same exact conversion into a float64 buffer (tests, tools).
+ * monitor_sketch(pieces, keys, R, out):  the monitor's payload [S_1 x .. S_R x | |x|^2 | non-finite
+ *     count] of pieces of tensors in memory (torch tensors, by address), each scalar read once.
  * All release the GIL. Build with -ffp-contract=off: a fused multiply-add would change the
  * last bit of the sums. The readable reference is naig.sketch.core; naig.sketch.kernels holds
  * the numpy path with the same contract, and tests check all three agree in float64.
@@ -691,6 +693,98 @@ done:
     return result;
 }
 
+/* The monitor's sketch (naig.monitor.signals.MonitorSketch): pieces of tensors in memory, read once.
+ * Piece p is (address, type, length, start, row): `length` stored scalars at `address` that are the
+ * flat indices start .. start + length - 1 of the tensor whose R keys are keys[row * R .. + R).
+ * Each piece is hashed and summed in blocks of MON_BLK scalars (codes in a cache-resident buffer,
+ * the block read from memory once and from cache for blocks r > 0); out (R * 14 + 2 float64):
+ * out[r * 14 + a] += (S_r x)_a, out[R * 14] += |x|^2 (both in the four float64 lanes of feed1),
+ * out[R * 14 + 1] += the number of non-finite scalars, counted in a second pass only when |x|^2
+ * is not finite (a finite float64 sum of squares has no NaN or infinite term). */
+#define MON_BLK 16384
+
+static double count_nonfinite(const uint8_t *x, int t, Py_ssize_t len) {
+    double xs[BLK], bad = 0;
+    for (Py_ssize_t b = 0; b < len; b += BLK) {
+        Py_ssize_t n = len - b < BLK ? len - b : BLK;
+        convert(x + b * ITEMSIZE[t], t, n, xs);
+        for (Py_ssize_t j = 0; j < n; j++) bad += !isfinite(xs[j]);
+    }
+    return bad;
+}
+
+static void monitor_run(const int64_t *pieces, Py_ssize_t P, const uint64_t *keys, int R, Acc *acc,
+                        uint8_t *codes, double *out) {
+    for (Py_ssize_t p = 0; p < P; p++) {
+        const int64_t *pc = pieces + 5 * p;
+        const uint8_t *x = (const uint8_t *)(uintptr_t)pc[0];
+        int t = (int)pc[1];
+        Py_ssize_t len = (Py_ssize_t)pc[2];
+        uint64_t start = (uint64_t)pc[3];
+        const uint64_t *k = keys + (size_t)pc[4] * (size_t)R;
+        for (Py_ssize_t base = 0; base < len; base += MON_BLK) {
+            Py_ssize_t n = len - base < MON_BLK ? len - base : MON_BLK;
+            const uint8_t *xb = x + base * ITEMSIZE[t];
+            for (int r = 0; r < R; r++) {
+                hash_run(k[r] + start + (uint64_t)base, n, codes);
+                feed1(codes, xb, t, xb, t, n, &acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int a = 0; a < 14; a++) out[r * 14 + a] += combine(&acc[r].bank[0][a], 16);
+    double sq = combine(acc[0].px, 1);
+    out[R * 14] += sq;
+    if (isfinite(sq)) return;
+    for (Py_ssize_t p = 0; p < P; p++) {
+        const int64_t *pc = pieces + 5 * p;
+        out[R * 14 + 1] += count_nonfinite((const uint8_t *)(uintptr_t)pc[0], (int)pc[1], (Py_ssize_t)pc[2]);
+    }
+}
+
+static PyObject *monitor_sketch(PyObject *self, PyObject *args) {
+    Py_buffer pb, kb, ob;
+    int R;
+    if (!PyArg_ParseTuple(args, "y*y*iw*", &pb, &kb, &R, &ob)) return NULL;
+    PyObject *result = NULL;
+    Acc *acc = NULL;
+    uint8_t *codes = NULL;
+    Py_ssize_t P = pb.len / (5 * (Py_ssize_t)sizeof(int64_t)), T = R > 0 ? kb.len / (8 * (Py_ssize_t)R) : 0;
+    if (R < 1 || pb.len != P * 5 * (Py_ssize_t)sizeof(int64_t) || kb.len != T * R * 8 ||
+        ob.len != (R * 14 + 2) * (Py_ssize_t)sizeof(double)) {
+        PyErr_SetString(PyExc_ValueError, "monitor_sketch: expected P x 5 int64 pieces, T x R uint64 keys, "
+                        "R >= 1 and an out of R * 14 + 2 float64");
+        goto done;
+    }
+    const int64_t *pieces = (const int64_t *)pb.buf;
+    for (Py_ssize_t p = 0; p < P; p++) {
+        const int64_t *pc = pieces + 5 * p;
+        if (!check_type((int)pc[1])) goto done;
+        if (pc[2] < 0 || pc[3] < 0 || pc[4] < 0 || pc[4] >= T || (pc[2] > 0 && pc[0] == 0)) {
+            PyErr_Format(PyExc_ValueError, "monitor_sketch: piece %zd has a bad length, start, row or address", p);
+            goto done;
+        }
+    }
+    acc = PyMem_Calloc((size_t)R, sizeof(Acc));
+    codes = PyMem_Malloc(MON_BLK);
+    if (!acc || !codes) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    monitor_run(pieces, P, (const uint64_t *)kb.buf, R, acc, codes, (double *)ob.buf);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_Free(acc);
+    PyMem_Free(codes);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&kb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
 static PyObject *decode(PyObject *self, PyObject *args) {
     Py_buffer raw, ob;
     int t;
@@ -718,6 +812,9 @@ static PyMethodDef methods[] = {
     {"accumulate", accumulate, METH_VARARGS,
      "accumulate(codes_tuple, ref, ref_type, x, x_type, out_R_by_18): fused pass."},
     {"decode", decode, METH_VARARGS, "decode(raw, type, out_float64): exact upcast."},
+    {"monitor_sketch", monitor_sketch, METH_VARARGS,
+     "monitor_sketch(pieces_Px5_int64, keys_TxR_uint64, R, out_R14plus2): the monitor's one-read sketch "
+     "of tensors in memory."},
     {"accumulate_files", accumulate_files, METH_VARARGS,
      "accumulate_files(keys_tuple, m, ((fd, offset, type), ...), out_F_by_R_by_18): a piece read from files; "
      "returns -1 or the first row whose read failed."},

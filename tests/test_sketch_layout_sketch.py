@@ -1,0 +1,124 @@
+"""The sketch of tensors in place equals the docs/design.md §5 reference (naig.sketch.layout_sketch)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from naig.errors import UsageError
+from naig.monitor.fsdp import layout_permutation, layout_segments
+from naig.sketch.core import sketch_reference
+from naig.sketch.layout_sketch import LayoutSketch, compiled_available
+
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+CPU_IMPLS = ["numpy", "torch"] + (["compiled"] if compiled_available() else [])
+
+
+def _layout(seed: int) -> dict[str, torch.Tensor]:
+    """A random state dict: odd sizes, a 0-d tensor, an empty one, a tensor larger than a chunk."""
+    rng = np.random.default_rng(seed)
+    shapes = {"emb.weight": (int(rng.integers(1, 40)), 7), "b": (int(rng.integers(1, 9)),), "scalar": (),
+              "empty": (0, 3), f"layer{seed}.w": (int(rng.integers(1, 5)), 33, 3),
+              "big": (int(rng.integers(70_000, 70_100)),)}
+    scale = rng.uniform(0.1, 10)
+    return {n: torch.from_numpy(np.asarray(rng.standard_normal(s) * scale)) for n, s in shapes.items()}
+
+
+def _reference(state: dict[str, torch.Tensor], seed: int, blocks: int) -> np.ndarray:
+    arrays = {n: t.to(torch.float64).numpy() for n, t in state.items()}
+    return np.concatenate([sketch_reference(arrays, seed + r) for r in range(blocks)])
+
+
+def _payload_ok(got: torch.Tensor, state: dict[str, torch.Tensor], seed: int, blocks: int) -> None:
+    flat = torch.cat([t.reshape(-1) for t in state.values()]).to(torch.float64)
+    scale = float(flat.abs().sum()) * 1e-14  # float64 summation-order bound (docs/design.md §5)
+    m = 14 * blocks
+    assert got.dtype == torch.float64 and got.shape == (m + 2,)
+    np.testing.assert_allclose(got[:m].numpy(), _reference(state, seed, blocks), rtol=0, atol=scale)
+    assert got[m].item() == pytest.approx(float(flat @ flat), rel=1e-13)
+    assert got[m + 1].item() == 0.0
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_body_equals_the_reference(impl: str, dtype: torch.dtype) -> None:
+    for seed, blocks in ((0, 1), (7, 2), (2**64 - 3, 3)):
+        state = {n: t.to(dtype) for n, t in _layout(seed % 1000).items()}
+        sk = LayoutSketch.build([(n, t.numel()) for n, t in state.items()], seed=seed, blocks=blocks)
+        flat = torch.cat([t.reshape(-1) for t in state.values()])
+        _payload_ok(sk(flat, impl), state, seed, blocks)
+        _payload_ok(sk.of_tensors(list(state.values()), impl), state, seed, blocks)
+
+
+@pytest.mark.skipif(not compiled_available(), reason="the C kernel is not built")
+def test_the_compiled_body_reads_fp8() -> None:
+    x = (torch.randn(1001) * 4).to(torch.float8_e4m3fn)
+    sk = LayoutSketch.build([("w", 1001)], seed=5)
+    _payload_ok(sk(x, "compiled"), {"w": x.to(torch.float64)}, 5, 1)
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+def test_non_finite_entries_are_counted(impl: str) -> None:
+    x = torch.randn(3001)
+    x[[5, 17, 3000]] = torch.tensor([math.nan, math.inf, -math.inf])
+    p = LayoutSketch.build([("w", 3001)], seed=1, blocks=2)(x, impl)
+    assert p[-1].item() == 3.0 and not math.isfinite(p[-2].item())
+    assert torch.isfinite(LayoutSketch.build([("w", 3001)])(torch.randn(3001), impl)[-1])
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+def test_a_non_contiguous_tensor_is_sketched_in_its_row_major_order(impl: str) -> None:
+    base = torch.randn(37, 29, dtype=torch.float32)
+    view = base.t()  # (29, 37), strides (1, 29): not contiguous
+    sk = LayoutSketch.build([("w", view.numel())], seed=3)
+    _payload_ok(sk(view, impl), {"w": view.contiguous()}, 3, 1)
+    _payload_ok(sk.of_tensors([view], impl), {"w": view.contiguous()}, 3, 1)
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+def test_empty_layouts(impl: str) -> None:
+    for named in ([], [("a", 0)], [("a", 0), ("b", 0)]):
+        sk = LayoutSketch.build(named, seed=0, blocks=2)
+        assert sk(torch.zeros(0), impl).tolist() == [0.0] * 30
+        assert sk.of_tensors([torch.zeros(0) for _ in named], impl).tolist() == [0.0] * 30
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_fsdp_segments_are_the_permuted_layout(world: int) -> None:
+    """FSDP's reduce-scatter input (rows of chunks, padded) sketched by segments = the state dict's sketch."""
+    sizes = ((5, 3), (7,), (), (1, 4), (2, 2, 2))
+    names = [f"p{i}" for i in range(len(sizes))]
+    state = {n: torch.randn(s, dtype=torch.float64) for n, s in zip(names, sizes, strict=True)}
+    perm = layout_permutation(sizes, world)
+    flat = torch.cat([t.reshape(-1) for t in state.values()])
+    inp = torch.where(torch.from_numpy(perm >= 0), flat[torch.from_numpy(np.maximum(perm, 0))], 123.0)
+    segments, total = layout_segments(sizes, world)
+    assert total == perm.size
+    sk = LayoutSketch.from_segments(names, segments, total, seed=9, blocks=2)
+    for impl in CPU_IMPLS:
+        _payload_ok(sk(inp, impl), state, 9, 2)  # the padding (123.0) is not read
+
+
+def test_memory_does_not_grow_with_the_layout() -> None:
+    named = [(f"layer{i}.weight", 2_500_000) for i in range(400)]  # 1e9 parameters
+    sk = LayoutSketch.build(named, seed=0, blocks=4)
+    assert sk.numel == 10**9 and sk.nbytes() <= 400 * (4 * 8 + 4 * 8)
+
+
+def test_refusals() -> None:
+    sk = LayoutSketch.build([("w", 4)])
+    with pytest.raises(UsageError, match="expected 4 values"):
+        sk(torch.zeros(5))
+    with pytest.raises(UsageError, match="float tensor"):
+        sk(torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(UsageError, match="use one of"):
+        sk(torch.zeros(4), impl="cuda")
+    with pytest.raises(UsageError, match="blocks"):
+        LayoutSketch.build([("w", 4)], blocks=0)
+    with pytest.raises(UsageError, match="seed"):
+        LayoutSketch.build([("w", 4)], seed=2**64 - 1, blocks=2)
+    with pytest.raises(UsageError, match="inside the input"):
+        LayoutSketch.from_segments(["w"], np.array([[2, 4, 0, 0]]), 5)
+    with pytest.raises(UsageError, match="size differs"):
+        sk.of_tensors([torch.zeros(3)])
