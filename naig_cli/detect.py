@@ -59,15 +59,17 @@ def _o(flag: str, text: str, default: str | None = None, **kwargs: Any) -> Any:
 
 @handle_errors
 def detect(
-    ranks: Annotated[int, _o("--ranks", "K, data-parallel ranks (>= 3).", "8")] = 8,
+    ranks: Annotated[int, _o("--ranks", "K, data-parallel ranks (>= 3; --protocol persistent: 4 unless "
+                             "given).", "8")] = 8,
     steps: Annotated[int, _o("--steps", "Scored steps per seed, after the warm-up.", "40")] = 40,
     warmup: Annotated[int, _o("--warmup", "Training steps before scoring (>= --window and the largest stale "
                               "τ, 20).", "20")] = 20,
     calibration: Annotated[int, _o("--calibration", "Calibration seeds (clean steps set the thresholds).",
                                    "6")] = 6,
-    validation: Annotated[int, _o("--validation", "Validation seeds (choose the default detector; 0: none).",
-                                  "2")] = 2,
-    test: Annotated[int, _o("--test", "Test seeds (the reported figures).", "3")] = 3,
+    validation: Annotated[int, _o("--validation", "Validation seeds (choose the default detector; 0: none; "
+                                  "--protocol persistent: 3 unless given).", "2")] = 2,
+    test: Annotated[int, _o("--test", "Test seeds (the reported figures; --protocol persistent: 10 unless "
+                            "given).", "3")] = 3,
     faults: Annotated[str | None, _o(
         "--faults", "Comma list of fault kinds: bitflip32, bitflip16, scale, signflip, noise, nan, inf, "
         "layer, stale, data-random, data-text, replica (DiLoCo: a replica at another initialisation).",
@@ -260,7 +262,8 @@ def _persistent(opts: dict, plot: str | None, json_out: bool) -> None:
         if opts[name] != default:
             raise UsageError("applies to --protocol steps only", field=name, value=opts[name])
     defaults = SequentialConfig()
-    cfg = SequentialConfig(ranks=opts["ranks"], batch_size=opts["batch_size"], context=opts["context"],
+    cfg = SequentialConfig(ranks=opts["ranks"] if opts["ranks"] != 8 else defaults.ranks,
+                           batch_size=opts["batch_size"], context=opts["context"],
                            lr=opts["lr"], model="gpt-nano" if opts["model"] is None else opts["model"].value,
                            data=opts["data"], data_bytes=opts["data_bytes"],
                            faults=defaults.faults if opts["faults"] is None else tuple(
