@@ -36,7 +36,8 @@ __all__ = ["detect", "EXAMPLES"]
 
 for _field, _flag in (("ranks", "--ranks"), ("warmup", "--warmup"), ("calibration", "--calibration"),
                       ("validation", "--validation"), ("test", "--test"), ("false_alarm", "--false-alarm"),
-                      ("context", "--context"), ("threads", "--threads")):
+                      ("context", "--context"), ("threads", "--threads"), ("protocol", "--protocol"),
+                      ("cache", "--cache"), ("replays", "--replays")):
     FLAGS.setdefault(_field, _flag)
 
 Model = choice_enum("Model", MODELS)
@@ -47,6 +48,7 @@ naig detect                                        # K=8, the whole catalogue; a
 naig detect --faults scale,noise,bitflip32 --test 5
 naig detect --json > detect.json                   # every figure, one document
 naig detect --plot detect.png                      # detection rate against magnitude per detector
+naig detect --protocol persistent --cache runs/    # persistent faults, delays, long clean runs (~20 min)
 ```
 """
 
@@ -59,15 +61,17 @@ def _o(flag: str, text: str, default: str | None = None, **kwargs: Any) -> Any:
 
 @handle_errors
 def detect(
-    ranks: Annotated[int, _o("--ranks", "K, data-parallel ranks (>= 3).", "8")] = 8,
+    ranks: Annotated[int, _o("--ranks", "K, data-parallel ranks (>= 3; --protocol persistent: 4 unless "
+                             "given).", "8")] = 8,
     steps: Annotated[int, _o("--steps", "Scored steps per seed, after the warm-up.", "40")] = 40,
     warmup: Annotated[int, _o("--warmup", "Training steps before scoring (>= --window and the largest stale "
                               "τ, 20).", "20")] = 20,
     calibration: Annotated[int, _o("--calibration", "Calibration seeds (clean steps set the thresholds).",
                                    "6")] = 6,
-    validation: Annotated[int, _o("--validation", "Validation seeds (choose the default detector; 0: none).",
-                                  "2")] = 2,
-    test: Annotated[int, _o("--test", "Test seeds (the reported figures).", "3")] = 3,
+    validation: Annotated[int, _o("--validation", "Validation seeds (choose the default detector; 0: none; "
+                                  "--protocol persistent: 3 unless given).", "2")] = 2,
+    test: Annotated[int, _o("--test", "Test seeds (the reported figures; --protocol persistent: 10 unless "
+                            "given).", "3")] = 3,
     faults: Annotated[str | None, _o(
         "--faults", "Comma list of fault kinds: bitflip32, bitflip16, scale, signflip, noise, nan, inf, "
         "layer, stale, data-random, data-text, replica (DiLoCo: a replica at another initialisation).",
@@ -84,6 +88,15 @@ def detect(
                                   "1000000")] = 1_000_000,
     sketch_seed: Annotated[int, _o("--sketch-seed", "The monitor sketch's seed.", "0")] = 0,
     threads: Annotated[int, _o("--threads", "torch CPU threads.", "1")] = 1,
+    protocol: Annotated[str, _o("--protocol", "steps: each step scored on its own (issue 20); persistent: "
+                                "a fault that persists while training continues on the faulty mean, delays "
+                                "to detection, false alarms over long clean runs, the monitor as deployed "
+                                "beside exact statistics and baselines (docs/results/monitor-detection.md).",
+                                "steps")] = "steps",
+    cache: Annotated[str | None, _o("--cache", "persistent: keep the recorded runs in DIR (.npz) and reuse "
+                                    "them.")] = None,
+    replays: Annotated[int, _o("--replays", "persistent: clean runs replayed per pool and rank count (fixed "
+                               "subsets of the pool's ranks).", "40")] = 40,
     plot: Annotated[str | None, _o("--plot", "Write detection rate against magnitude per detector to PATH "
                                    "(.png, .pdf, .svg; needs matplotlib).")] = None,
     json_out: JsonOpt = False,
@@ -101,6 +114,17 @@ def detect(
     from naig.detect import DetectConfig
 
     check_plot_path(plot, "detect.png")
+    if protocol not in ("steps", "persistent"):
+        from naig.errors import UsageError
+
+        raise UsageError("use steps or persistent", field="protocol", value=protocol)
+    if protocol == "persistent":
+        _persistent(locals(), plot, json_out)
+        return
+    if cache is not None or replays != 40:
+        from naig.errors import UsageError
+
+        raise UsageError("applies to --protocol persistent only", field="cache" if cache else "replays")
     cfg = DetectConfig(ranks=ranks, steps=steps, warmup=warmup, calibration=calibration,
                        validation=validation, test=test, faults=faults, false_alarm=false_alarm,
                        window=window, batch_size=batch_size, context=context, lr=lr,
@@ -241,4 +265,107 @@ def _plot(r: DetectResult, path: str) -> None:
                  f"(calibrated on {c.calibration} seeds), {c.test} test seeds: mean, bars 95% t-interval",
                  fontsize=9)
     save_figure(fig, path, dpi=200, bbox_inches="tight")
+    plt.close(fig)
+
+
+_STEP_ONLY = {"steps": 40, "warmup": 20, "calibration": 6, "window": 16, "sketch_seed": 0}
+"""Options of the per-step protocol and their defaults (refused with ``--protocol persistent``)."""
+
+
+def _persistent(opts: dict, plot: str | None, json_out: bool) -> None:
+    """``--protocol persistent``: record (or reuse), measure, print or write JSON, plot."""
+    from naig.detect.measure import run_all
+    from naig.detect.sequential import SequentialConfig, record_all, total_steps
+    from naig.errors import UsageError
+
+    for name, default in _STEP_ONLY.items():
+        if opts[name] != default:
+            raise UsageError("applies to --protocol steps only", field=name, value=opts[name])
+    defaults = SequentialConfig()
+    cfg = SequentialConfig(ranks=opts["ranks"] if opts["ranks"] != 8 else defaults.ranks,
+                           batch_size=opts["batch_size"], context=opts["context"],
+                           lr=opts["lr"], model="gpt-nano" if opts["model"] is None else opts["model"].value,
+                           data=opts["data"], data_bytes=opts["data_bytes"],
+                           faults=defaults.faults if opts["faults"] is None else tuple(
+                               f.strip() for f in opts["faults"].split(",")),
+                           validation=opts["validation"] if opts["validation"] != 2 else defaults.validation,
+                           test=opts["test"] if opts["test"] != 3 else defaults.test,
+                           false_alarm=opts["false_alarm"], replays=opts["replays"], threads=opts["threads"])
+    start = time.perf_counter()
+    with progress("detect", total_steps(cfg)) as advance:
+        faults, pools = record_all(cfg, advance, cache=opts["cache"])
+    res = run_all(cfg, faults, pools)
+    res["seconds"] = time.perf_counter() - start
+    print_json(res) if json_out else _render_persistent(res)
+    if plot is not None:
+        plot_persistent(res, plot)
+
+
+def _fmt_p(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.0f}"
+
+
+def _render_persistent(res: dict) -> None:
+    c = res["config"]
+    h = c["horizon"]
+    stdout.print(f"naig detect --protocol persistent: K={c['ranks']} ranks, batch "
+                 f"{c['batch_size']}×{c['context']} bytes/rank, fault from step {c['onset']} on, "
+                 f"{c['test']} test seeds; α={c['false_alarm']:g} "
+                 f"per step (family-wise); default chosen on {c['validation']} validation seeds: "
+                 f"{res['default']}; {res.get('seconds', 0):.0f} s", markup=False, soft_wrap=True)
+    methods = list(res["test"])
+    t = Table(title=f"P(right rank named by onset+{h}) % / median delay / wrong ranks per run, test seeds",
+              box=box.SIMPLE)
+    t.add_column("fault")
+    for m in methods:
+        t.add_column(m, justify="right")
+    for kind in c["faults"]:
+        cells = []
+        for m in methods:
+            v = res["test"][m][kind]
+            d = "–" if v["median_delay"] is None else f"{v['median_delay']:g}"
+            cells.append(f"{_fmt_p(v[f'p{h}'])} / {d} / {v['wrong']:.1f}")
+        t.add_row(kind, *cells)
+    stdout.print(t)
+    f = Table(title="False alarms per 1000 clean steps (test pools) [Clopper–Pearson 95%]", box=box.SIMPLE)
+    for col in ("batch", "K", "α", "method", "flagged/steps", "per 1000", "interval", "in [α/2, 2α]"):
+        f.add_column(col, justify="right")
+    for r in res["false_alarms"]:
+        f.add_row(str(r["batch"]), str(r["ranks"]), f"{r['alpha']:g}", r["method"],
+                  f"{r['flagged']}/{r['steps']}", f"{r['per_1000']:.2g}",
+                  f"{r['per_1000_low']:.2g}–{r['per_1000_high']:.2g}",
+                  "yes" if r["in_range"] else "no")
+    stdout.print(f)
+
+
+def plot_persistent(res: dict, path: str) -> None:
+    """P(named by onset + N) against N, one panel per fault kind, a line per method (test seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = res["config"]["faults"]
+    cols = min(5, len(kinds))
+    rows = math.ceil(len(kinds) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False, sharey=True,
+                             sharex=True, layout="constrained")
+    for ax, kind in zip(axes.ravel(), kinds, strict=False):
+        for m, by_kind in res["test"].items():
+            curve = by_kind[kind]["curve"]
+            ax.step(range(len(curve)), curve, where="post", label=m, lw=1.2)
+        ax.set(title=kind, ylim=(-0.05, 1.05))
+        ax.grid(alpha=0.3)
+    for ax in axes.ravel()[len(kinds):]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("steps after onset")
+    for row in axes:
+        row[0].set_ylabel("P(named)")
+    axes[0][0].legend(fontsize=6)
+    c = res["config"]
+    fig.suptitle(f"naig detect --protocol persistent: K={c['ranks']}, batch {c['batch_size']}, "
+                 f"α={c['false_alarm']:g} per step, {c['test']} test seeds: P(right rank named by onset + N)",
+                 fontsize=9)
+    save_figure(fig, path, dpi=150, bbox_inches="tight")
     plt.close(fig)

@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from naig.distributed.launch import process_group
-from naig.monitor import BadRankError, Monitor, MonitorHook
+from naig.monitor import SIGNALS, BadRankError, Monitor, MonitorHook
 from tests.monitor_rank_tools import exit_after, gather_rows, rank_batch
 
 WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 10, 10, 8, 30.0
@@ -53,8 +53,9 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16, **hook
     records: list = []
     hook = None
     if action is not None:
+        extra = {"signals": SIGNALS} if kind == "flip" else {}  # a one-step flip: cos, not a default
         mon = Monitor(window=WINDOW, action=action, timeout=TIMEOUT,
-                      callback=lambda s, d: records.append((s, d)))
+                      callback=lambda s, d: records.append((s, d)), **extra)
         hook = MonitorHook(model, monitor=mon, **hook_args).register(ddp)
         hook.attach(opt)
     local: dict[str, torch.Tensor] = {}

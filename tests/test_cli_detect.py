@@ -133,3 +133,13 @@ def test_plot_write_failure_is_one_line_naming_plot(capsys) -> None:  # noqa: AN
     err = capsys.readouterr().err
     assert info.value.exit_code == 1 and err.startswith("error: --plot 'out.png': could not write it (No sp")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["--protocol", "online"], ["--protocol", "steps or persistent"]),
+    (["--protocol", "persistent", "--steps", "5"], ["--steps", "--protocol steps only"]),
+    (["--protocol", "persistent", "--faults", "x3"], ["--faults", "x3"]),
+    (["--cache", "somewhere"], ["--cache", "--protocol persistent only"]),
+])
+def test_protocol_options_are_one_line_usage_errors(args: list[str], needles: list[str]) -> None:
+    assert_one_line_error(run_naig("detect", *args), 2, *needles)

@@ -157,8 +157,8 @@ MAX_WINDOW = 100_000
 """The longest pooled history in steps (memory: K × signals × window floats)."""
 DEFAULT_WINDOW, DEFAULT_WARMUP, DEFAULT_DELTA, DEFAULT_CLIP, DEFAULT_HOLD = 64, 16, 1.0, 3.0, 8
 """Pooled steps, warm-up steps, CUSUM reference δ and clipping c (pooled sd), steps a named rank
-stays out of the reference: the defaults ``naig detect --protocol persistent`` chose on its
-validation seeds (docs/results/monitor-detection.md)."""
+stays out of the reference: the defaults the persistent-fault protocol of ``naig detect`` chose on
+its validation seeds (docs/results/monitor-detection.md)."""
 DEFAULT_DETECTOR = "monitor"
 """The per-rank score ``naig detect`` (per-step protocol) chose on its validation seeds (a name of
 ``naig.detect.scores.DETECTORS``: the combined rule, every signal and both scores)."""
