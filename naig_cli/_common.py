@@ -215,8 +215,8 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # what --plot's help promises (no extr
 
 
 def check_plot_path(plot: str | None, example: str, inputs: tuple[tuple[str, object], ...] = ()) -> None:
-    """Refuse a ``--plot`` target before any work: matplotlib missing, a suffix not in ``PLOT_SUFFIXES``,
-    a missing or unwritable folder, a directory, or one of the command's ``inputs`` (name, path).
+    """Refuse a ``--plot`` target before any work: a suffix not in ``PLOT_SUFFIXES``, a missing or
+    unwritable folder, a directory, one of the command's ``inputs`` (name, path), then matplotlib missing.
 
     The folder is probed by creating and removing a temporary file in it (``os.access`` says yes to
     root even in ``/proc``). Raises ``UsageError`` naming ``--plot`` (exit 2).
@@ -229,9 +229,6 @@ def check_plot_path(plot: str | None, example: str, inputs: tuple[tuple[str, obj
 
     from naig.errors import UsageError
 
-    if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("needs matplotlib; install it with pip install matplotlib (in a checkout: pip "
-                         "install -e '.[plot]')", field="plot")
     p = Path(plot)
     if p.is_dir():
         raise UsageError(f"is a directory; give a file name in it, e.g. {p / example}", field="plot",
@@ -255,6 +252,9 @@ def check_plot_path(plot: str | None, example: str, inputs: tuple[tuple[str, obj
     except OSError as exc:
         raise UsageError(f"cannot write in its folder ({exc.strerror or exc}); choose a path in a folder you "
                          "can write", field="plot", value=plot) from None
+    if importlib.util.find_spec("matplotlib") is None:  # last: a bad path is named whether or not it is there
+        raise UsageError("needs matplotlib; install it with pip install matplotlib (in a checkout: pip "
+                         "install -e '.[plot]')", field="plot")
 
 
 def save_figure(fig: Any, path: str, **kwargs: Any) -> None:

@@ -177,15 +177,20 @@ def test_paths_checked_before_training(tmp_path) -> None:
         JsonlRecords(tmp_path / "nope" / "m.jsonl")
     with pytest.raises(UsageError, match="is a directory"):
         CsvRecords(tmp_path)
+    with pytest.raises(UsageError, match="function"):
+        LoggerRecords("wandb")
+    with pytest.raises(UsageError, match="record writers"):
+        Records(print)
+
+
+def test_tensorboard_paths_checked_before_training(tmp_path) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed (pip install -e "
+                        "'.[tensorboard]')")
     (tmp_path / "f").write_text("x")
     with pytest.raises(UsageError, match="is a file"):
         TensorBoardRecords(tmp_path / "f")
     with pytest.raises(UsageError, match="does not exist"):
         TensorBoardRecords(tmp_path / "nope" / "tb")
-    with pytest.raises(UsageError, match="function"):
-        LoggerRecords("wandb")
-    with pytest.raises(UsageError, match="record writers"):
-        Records(print)
 
 
 def test_a_writer_not_attached_says_how(tmp_path) -> None:
