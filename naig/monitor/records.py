@@ -61,6 +61,7 @@ import csv
 import json
 import math
 import os
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -75,11 +76,13 @@ from naig.gibbs import naig_weights
 from naig.monitor.detectors import SCORES, SIDES, SIGNALS, Decision, robust_threshold
 from naig.monitor.signals import RankSignals
 
-__all__ = ["CSV_COLUMNS", "PREFIX", "SCHEMA_VERSION", "CsvRecords", "JsonlRecords", "LoggerRecords",
-           "MonitorLog", "Records", "RecordWriter", "TensorBoardRecords", "decode", "encode", "flat_scalars",
-           "k_eff", "read_log", "step_record"]
+__all__ = ["CSV_COLUMNS", "ON_ERROR", "PREFIX", "SCHEMA_VERSION", "CsvRecords", "JsonlRecords",
+           "LoggerRecords", "MonitorLog", "Records", "RecordWriter", "TensorBoardRecords", "decode", "encode",
+           "flat_scalars", "k_eff", "read_log", "step_record"]
 
 SCHEMA_VERSION = 1
+ON_ERROR = ("warn", "raise")
+"""What a failed write does (``RecordWriter.attach``): warn and go on (default), or raise."""
 PREFIX = "naig_monitor/"
 _ENCODED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _PER_RANK = ("nonfinite", "usable", "sq_norm", "rel_norm", "energy", "cos", "sq_dist")
@@ -244,25 +247,37 @@ class RecordWriter(ABC):
             raise UsageError("must be True or False", field="per_rank", value=per_rank)
         self.per_rank = per_rank
         self.monitor: Any = None
+        self.on_error = "warn"
+        self.lost = 0
+        self.failure: str | None = None
         self._opened = False
         self._closed = False
         self._offset = 0
 
-    def attach(self, monitor: Any) -> Any:
+    def attach(self, monitor: Any, *, on_error: str = "warn") -> Any:
         """Make this writer ``monitor``'s callback (after any callback it has); returns ``monitor``.
 
         Args:
             monitor: a ``naig.monitor.Monitor`` (its settings go into the header and its detector's
                 thresholds into the scores).
+            on_error: what a failed write does (``ON_ERROR``). ``"warn"`` (default): the monitor
+                is a passenger, so a full disk, a read-only folder or a logger that raises never
+                ends training: one warning names the writer, the step and the error, the writer
+                stops writing and counts each record it did not write in ``lost`` (``close`` says
+                how many), and every rank's ``Monitor.observe`` warns once too. ``"raise"``:
+                the error propagates (rank 0 only, so the other ranks then time out).
 
         Raises:
-            UsageError: when this writer is already attached (it would write every step twice).
+            UsageError: when this writer is already attached (it would write every step twice), or
+                for an ``on_error`` outside ``ON_ERROR``.
         """
+        if on_error not in ON_ERROR:
+            raise UsageError(f"must be one of {', '.join(ON_ERROR)}", field="on_error", value=on_error)
         if self.monitor is not None:
             raise UsageError("is already attached to a monitor; make one writer per monitor",
                              field="callback")
         previous = monitor.callback
-        self.monitor = monitor
+        self.monitor, self.on_error = monitor, on_error
 
         def callback(sig: RankSignals, decision: Decision) -> None:
             if previous is not None:
@@ -287,15 +302,55 @@ class RecordWriter(ABC):
             return
         if not self._opened:
             self._opened = True
-            self._open(self._header(decision))
+            self._guarded(lambda: self._open(self._header(decision)), decision.step)
         det = self.monitor.detector
-        self._write(step_record(sig, decision, alpha=det.alpha, window=det.window,
-                                step=self._offset + decision.step))
+        record = step_record(sig, decision, alpha=det.alpha, window=det.window,
+                             step=self._offset + decision.step)
+        self._guarded(lambda: self._write(record), decision.step)
+
+    def _guarded(self, write: Callable[[], None], step: int) -> None:
+        """Run ``write`` (an open or a record); on a failure apply ``on_error`` (see ``attach``)."""
+        if self.failure is not None:
+            self._count_lost()
+            return
+        try:
+            write()
+        except Exception as exc:  # a passenger: OSError, a logger's own errors, an unusable append file
+            if self.on_error == "raise":
+                raise
+            self._fail(exc, step)
+
+    def _fail(self, exc: Exception, step: int) -> None:
+        """Stop writing after a failure at ``step``: one warning, the file closed, the record counted."""
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        self.failure = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        try:
+            self._close()
+        except Exception:  # noqa: BLE001 - a full disk fails the final flush too; nothing more to save
+            pass
+        self._count_lost()
+        warnings.warn(f"naig.monitor: {self._describe()} could not write the record of step {step} "
+                      f"({self.failure}); training goes on, this writer writes nothing more and "
+                      "counts the records it loses (close() says how many)", RuntimeWarning, stacklevel=4)
+
+    def _count_lost(self) -> None:
+        self.lost += 1
+        note = getattr(self.monitor, "note_lost_record", None)
+        if callable(note):
+            note()
+
+    def _describe(self) -> str:
+        where = getattr(self, "path", None) or getattr(self, "log_dir", None)
+        return f"{type(self).__name__}({str(where)!r})" if where is not None else type(self).__name__
 
     def close(self) -> None:
-        """Flush and close (idempotent)."""
-        if self._opened and not self._closed:
+        """Flush and close (idempotent); after a write failure, warn once with the records lost."""
+        if self._opened and not self._closed and self.failure is None:
             self._close()
+        if self.failure is not None and not self._closed:
+            warnings.warn(f"naig.monitor: {self._describe()} lost {self.lost} record"
+                          f"{'' if self.lost == 1 else 's'} after {self.failure}", RuntimeWarning,
+                          stacklevel=2)
         self._closed = True
 
     def __enter__(self) -> RecordWriter:
@@ -385,6 +440,8 @@ class JsonlRecords(RecordWriter):
         super().__init__(per_rank=True)
         self.append = bool(append)
         self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append)
+        if not _rank_known_nonzero() and self.append and self.path.is_file() and self.path.stat().st_size:
+            _last_jsonl_step(self.path, None)  # a file that is not a monitor JSONL: refused before training
         self._fh: IO[str] | None = None
 
     def _open(self, header: dict) -> None:
@@ -406,21 +463,22 @@ class JsonlRecords(RecordWriter):
         self._fh.close()
 
 
-def _last_jsonl_step(path: Path, world: int) -> int:
-    """The last step of an existing monitor JSONL of ``world`` ranks (UsageError otherwise)."""
+def _last_jsonl_step(path: Path, world: int | None) -> int:
+    """The last step of an existing monitor JSONL of ``world`` ranks (any when None; UsageError otherwise)."""
     last, seen = 0, False
     try:
         with path.open(encoding="utf-8") as fh:
             for line in fh:
                 obj = json.loads(line)
                 if obj.get("type") == "header":
-                    if obj.get("schema") != SCHEMA_VERSION or obj.get("world") != world:
+                    if obj.get("schema") != SCHEMA_VERSION or world not in (None, obj.get("world")):
                         raise ValueError("header")
                     seen = True
                 elif obj.get("type") == "step":
                     last = max(last, int(obj["step"]))
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"is not a naig monitor JSONL of schema {SCHEMA_VERSION} and {world} ranks "
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as exc:
+        ranks = "" if world is None else f" and {world} ranks"
+        raise UsageError(f"is not a naig monitor JSONL of schema {SCHEMA_VERSION}{ranks} "
                          f"({type(exc).__name__}); pass another path", field="path",
                          value=str(path)) from None
     if not seen:
@@ -443,6 +501,8 @@ class CsvRecords(RecordWriter):
         super().__init__(per_rank=True)
         self.append = bool(append)
         self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append)
+        if not _rank_known_nonzero() and self.append and self.path.is_file() and self.path.stat().st_size:
+            _last_csv_step(self.path)  # a file that is not a monitor CSV: refused before training
         self._fh: IO[str] | None = None
         self._csv: Any = None
 
@@ -588,24 +648,39 @@ class Records(RecordWriter):
             raise UsageError(f"pass one or more record writers{got}", field="writers")
         self.writers = tuple(writers)
 
-    def attach(self, monitor: Any) -> Any:
-        """Install on ``monitor`` (see ``RecordWriter.attach``); the writers share its settings."""
+    def attach(self, monitor: Any, *, on_error: str = "warn") -> Any:
+        """Install on ``monitor`` (see ``RecordWriter.attach``); the writers share its settings.
+
+        A writer that fails stops alone (``on_error="warn"``): the others go on writing.
+        """
         if self.monitor is not None or any(w.monitor is not None for w in self.writers):
             raise UsageError("a writer is already attached to a monitor; make one writer per monitor",
                              field="callback")
+        out = super().attach(monitor, on_error=on_error)
         for w in self.writers:
-            w.monitor = monitor
-        return super().attach(monitor)
+            w.monitor, w.on_error = monitor, self.on_error
+        return out
 
     def _open(self, header: dict) -> None:
+        step = self.monitor.decision.step if getattr(self.monitor, "decision", None) is not None else 1
         for w in self.writers:
             w._opened = True
-            w._open(dict(header))
+            w._guarded(lambda w=w: w._open(dict(header)), step)
         self._offset = max((w._offset for w in self.writers), default=0)
 
     def _write(self, record: dict) -> None:
         for w in self.writers:
-            w._write(dict(record, step=record["step"] - self._offset + w._offset))
+            rec = dict(record, step=record["step"] - self._offset + w._offset)
+            w._guarded(lambda w=w, rec=rec: w._write(rec), record["step"] - self._offset)
+
+    @property
+    def lost(self) -> int:  # type: ignore[override]
+        """The most records any one writer lost."""
+        return max((w.lost for w in self.writers), default=0)
+
+    @lost.setter
+    def lost(self, value: int) -> None:
+        pass  # the writers count their own
 
     def close(self) -> None:
         """Close every writer."""
