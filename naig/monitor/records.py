@@ -58,12 +58,14 @@ e.g. ``LoggerRecords(wandb.log)``.
 from __future__ import annotations
 
 import csv
+import errno
+import itertools
 import json
 import math
 import os
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -77,8 +79,8 @@ from naig.monitor.detectors import SCORES, SIDES, SIGNALS, Decision, robust_thre
 from naig.monitor.signals import RankSignals
 
 __all__ = ["CSV_COLUMNS", "ON_ERROR", "PREFIX", "SCHEMA_VERSION", "CsvRecords", "JsonlRecords",
-           "LoggerRecords", "MonitorLog", "Records", "RecordWriter", "TensorBoardRecords", "decode", "encode",
-           "flat_scalars", "k_eff", "read_log", "step_record"]
+           "LoggerRecords", "MAX_WORLD", "MonitorLog", "Records", "RecordWriter", "TensorBoardRecords",
+           "decode", "encode", "flat_scalars", "k_eff", "read_log", "step_record"]
 
 SCHEMA_VERSION = 1
 ON_ERROR = ("warn", "raise")
@@ -706,6 +708,8 @@ class MonitorLog:
         where: per step, rank → where its gradient departs most (a bucket and its parameters),
             for the flagged ranks the integration could place.
         k_eff: (S,) float64 K_eff of each step.
+        cut: what was cut off the end of the file ("" when nothing): a last line without its end
+            (a full disk, a killed writer) is left out and every complete step before it is read.
     """
 
     path: Path
@@ -718,6 +722,7 @@ class MonitorLog:
     flags: tuple[tuple[tuple[int, str, str], ...], ...]
     where: tuple[dict[int, str], ...]
     k_eff: np.ndarray
+    cut: str = ""
 
     def rank_rows(self) -> list[dict]:
         """One dict per rank: rank, host, steps, flagged_steps, flags (``signal/score`` → count),
@@ -748,12 +753,18 @@ def _nanmax(x: np.ndarray) -> float:
 def read_log(path: str | os.PathLike) -> MonitorLog:
     """Read a monitor JSONL (``JsonlRecords``) or CSV (``CsvRecords``) file, told apart by its first byte.
 
+    A last line cut short (a full disk, a killed writer) is left out and said in ``MonitorLog.cut``;
+    every complete step before it is read. Memory is bounded by the file: a header declares at most
+    ``MAX_WORLD`` ranks, each step holds its ranks' scores, and a line longer than its ranks need is
+    refused before it is read whole.
+
     Raises:
-        DataError: a missing, empty, truncated or corrupt file, naming the file and line.
+        DataError: a missing, empty or corrupt file (deep nesting, a step beyond int64, a step without
+            a score of a known signal, a line too long included), naming the file and line.
     """
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"{p}: {'no such file' if not p.exists() else 'not a file'}")
+        raise DataError(f"{p}: {_missing(p)}")
     with p.open("rb") as fh:
         first = fh.read(1)
     if not first:
@@ -761,44 +772,89 @@ def read_log(path: str | os.PathLike) -> MonitorLog:
     return _read_jsonl(p) if first == b"{" else _read_csv(p)
 
 
+def _missing(p: Path) -> str:
+    """Why ``p`` is not a readable file: a symlink loop, no such file, or not a file."""
+    try:
+        p.stat()
+    except OSError as exc:
+        return "a symbolic link loop" if exc.errno == errno.ELOOP else "no such file"
+    return "not a file"
+
+
 def _bad(p: Path, line: int, what: str) -> DataError:
     return DataError(f"{p}, line {line}: {what}")
 
 
-def _read_jsonl(p: Path) -> MonitorLog:
-    world, hosts, rows = None, (), []
+MAX_WORLD = 1 << 17
+"""The most ranks a monitor log may declare (``read_log`` refuses more before allocating)."""
+_HEADER_BYTES = 1 << 24  # the longest header line read (hosts of MAX_WORLD ranks fit)
+_RANK_BYTES = 4096  # a step line may hold this many bytes per rank (the fields of one rank: ~700)
+_MAX_STEP = (1 << 63) - 1  # steps are int64
+
+
+def _line_limit(world: int | None) -> int:
+    """The longest line ``read_log`` reads before the next header (bytes)."""
+    return _HEADER_BYTES if world is None else max(_HEADER_BYTES, 65536 + _RANK_BYTES * world)
+
+
+def _cut_note(i: int, raw: bytes, steps: int) -> str:
+    return (f"line {i} was cut ({len(raw):,} bytes without an end: a full disk or a killed writer?); "
+            f"read the {steps} complete step{'' if steps == 1 else 's'} before it")
+
+
+def _parse_line(p: Path, i: int, raw: bytes) -> Any:
+    """One JSONL line as an object (DataError for deep nesting or invalid UTF-8; ValueError: not JSON)."""
     try:
-        with p.open(encoding="utf-8") as fh:
-            last = 0
-            for i, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue  # a blank line (e.g. an editor's final newline)
-                try:
-                    obj = decode(json.loads(line))
-                except ValueError as exc:
-                    cut = "" if line.endswith("\n") else " (truncated: the line has no end)"
-                    raise _bad(p, i, f"not JSON{cut}: {str(exc).splitlines()[0][:80]}") from None
-                kind = obj.get("type") if isinstance(obj, dict) else None
-                if kind == "header":
-                    world, hosts = _check_header(p, i, obj, world)
-                    last = 0  # a new run
-                elif kind == "step" and world is not None:
-                    rows.append(_step_row(p, i, obj, world))
-                    if rows[-1][0] <= last:
-                        raise _bad(p, i, f"step {rows[-1][0]} after step {last}: steps must increase "
-                                         "within a run (two runs concatenated without a header, or a "
-                                         "repeated line?)")
-                    last = rows[-1][0]
-                else:
-                    raise _bad(p, i, "expected a naig monitor header first" if world is None
-                               else "not a naig monitor header or step")
+        return decode(json.loads(raw))
+    except RecursionError:
+        raise _bad(p, i, "JSON nested too deeply to be a monitor record") from None
     except UnicodeDecodeError as exc:
-        raise DataError(f"{p}: not UTF-8 text ({exc.reason}); is it a monitor record?") from None
+        if raw.endswith(b"\n"):
+            raise DataError(f"{p}: not UTF-8 text ({exc.reason}); is it a monitor record?") from None
+        raise
+
+
+def _read_jsonl(p: Path) -> MonitorLog:
+    world, hosts, rows, cut = None, (), [], ""
+    with p.open("rb") as fh:
+        last = 0
+        for i in itertools.count(1):
+            limit = _line_limit(world)
+            raw = fh.readline(limit + 1)
+            if not raw:
+                break
+            if len(raw) > limit:
+                raise _bad(p, i, f"longer than {limit:,} bytes (a monitor record of {world or 'its'} ranks "
+                                 "is shorter); is it a monitor record?")
+            if not raw.strip():
+                continue  # a blank line (e.g. an editor's final newline)
+            try:
+                obj = _parse_line(p, i, raw)
+            except ValueError as exc:
+                if not raw.endswith(b"\n"):  # the last line, cut: every complete record before it counts
+                    cut = _cut_note(i, raw, len(rows))
+                    break
+                raise _bad(p, i, f"not JSON: {str(exc).splitlines()[0][:80]}") from None
+            kind = obj.get("type") if isinstance(obj, dict) else None
+            if kind == "header":
+                world, hosts = _check_header(p, i, obj, world)
+                last = 0  # a new run
+            elif kind == "step" and world is not None:
+                rows.append(_step_row(p, i, obj, world))
+                if rows[-1][0] <= last:
+                    raise _bad(p, i, f"step {rows[-1][0]} after step {last}: steps must increase "
+                                     "within a run (two runs concatenated without a header, or a "
+                                     "repeated line?)")
+                last = rows[-1][0]
+            else:
+                raise _bad(p, i, "expected a naig monitor header first" if world is None
+                           else "not a naig monitor header or step")
     if world is None:
-        raise DataError(f"{p}: no naig monitor header")
+        raise DataError(f"{p}: no naig monitor header" + (f" ({cut})" if cut else ""))
     if not rows:
-        raise DataError(f"{p}: a monitor header but no step recorded; nothing to report")
-    return _log(p, "jsonl", world, hosts, rows)
+        raise DataError(f"{p}: a monitor header but no step recorded; nothing to report"
+                        + (f" ({cut})" if cut else ""))
+    return _log(p, "jsonl", world, hosts, rows, cut)
 
 
 def _check_header(p: Path, i: int, obj: dict, world: int | None) -> tuple[int, tuple[str, ...]]:
@@ -807,6 +863,9 @@ def _check_header(p: Path, i: int, obj: dict, world: int | None) -> tuple[int, t
     k, hosts = obj.get("world"), obj.get("hosts", [])
     if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not isinstance(hosts, list):
         raise _bad(p, i, "a header without a valid world (ranks) or hosts")
+    if k > MAX_WORLD or len(hosts) > k:
+        raise _bad(p, i, f"a header of world = {k:.4g} ranks with {len(hosts)} hosts; a monitor log has at "
+                         f"most {MAX_WORLD:,} ranks and a host per rank")
     if world is not None and k != world:
         raise _bad(p, i, f"a run of {k} ranks appended to one of {world}")
     return k, tuple(str(h) for h in hosts)
@@ -827,6 +886,9 @@ def _step_row(p: Path, i: int, obj: dict, world: int) -> tuple:
     flags = field("flags", lambda v: tuple((_rank(f["rank"], world), str(f["signal"]), str(f["score"]))
                                            for f in _list(v)))
     scores = field("scores", lambda v: {str(s): _score_row(x, world) for s, x in v.items()})
+    if not any(s in SIGNALS for s in scores):
+        raise _bad(p, i, f"a step record with no score of a known signal ({', '.join(SIGNALS)}); got "
+                         f"{_show(sorted(scores))}")
     keff = field("summary", lambda v: float(v["k_eff"]))
     where = {} if "where" not in obj else field(
         "where", lambda v: {_rank(r, world): str(text) for r, text in v.items()})
@@ -839,8 +901,8 @@ def _show(value: object) -> str:
 
 
 def _positive_int(v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError("not an integer >= 1")
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= _MAX_STEP:
+        raise ValueError("not an integer in [1, 2**63)")
     return v
 
 
@@ -864,12 +926,27 @@ def _score_row(v: object, world: int) -> np.ndarray:
     return x
 
 
+def _limited_lines(p: Path, fh: IO[str], limit: int, ends: list[bool]) -> Iterator[str]:
+    """The lines of ``fh``, each at most ``limit`` characters (DataError beyond); ``ends[0]``: the last
+    line read ended with a newline."""
+    for i in itertools.count(1):
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        if len(line) > limit:
+            raise _bad(p, i, f"longer than {limit:,} characters; is it a monitor record?")
+        ends[0] = line.endswith("\n")
+        yield line
+
+
 def _read_csv(p: Path) -> MonitorLog:
     by_step: dict[int, dict] = {}
     hosts: dict[int, str] = {}
+    cut = ""
     try:
         with p.open(newline="", encoding="utf-8") as fh:
-            reader = csv.reader(fh)
+            ends = [True]
+            reader = csv.reader(_limited_lines(p, fh, _HEADER_BYTES, ends))
             head = tuple(next(reader, ()))
             if head != CSV_COLUMNS:
                 missing = [c for c in CSV_COLUMNS if c not in head]
@@ -881,21 +958,34 @@ def _read_csv(p: Path) -> MonitorLog:
             for row in reader:
                 if not row:
                     continue  # a blank line
+                if not ends[0] and len(row) != len(CSV_COLUMNS):  # the last line, cut
+                    cut = f"line {reader.line_num} was cut ({len(row)} of {len(CSV_COLUMNS)} fields)"
+                    break
                 last = _csv_row(p, reader.line_num, row, col, by_step, hosts, last)
     except UnicodeDecodeError as exc:
         raise DataError(f"{p}: not UTF-8 text ({exc.reason}); is it a monitor record?") from None
     except csv.Error as exc:
         raise DataError(f"{p}: not CSV ({exc})") from None
     if not by_step:
-        raise DataError(f"{p}: a monitor header but no step recorded; nothing to report")
+        raise DataError(f"{p}: a monitor header but no step recorded; nothing to report"
+                        + (f" ({cut})" if cut else ""))
     world = max(hosts) + 1
+    if cut and len(by_step[last]["ranks"]) < world:  # the cut step's rows before the cut
+        del by_step[last]
+        cut += f": step {last} is incomplete; read the {len(by_step)} complete steps before it"
+    elif cut:
+        cut += f"; read the {len(by_step)} complete steps before it"
+    if not by_step:
+        raise DataError(f"{p}: no complete step recorded ({cut})")
     rows = []
     for step, d in by_step.items():
-        if sorted(d["ranks"]) != list(range(world)):
-            raise DataError(f"{p}: step {step} has rows for ranks {sorted(d['ranks'])}, not 0..{world - 1}")
+        if len(d["ranks"]) != world or sorted(d["ranks"]) != list(range(world)):
+            shown = sorted(d["ranks"])[:8]
+            raise DataError(f"{p}: step {step} has rows for {len(d['ranks'])} ranks ({shown}...), not the "
+                            f"{world} of 0..{world - 1}")
         scores = {s: np.array([d["scores"][k][s] for k in range(world)]) for s in SIGNALS}
         rows.append((step, d["flagged"], tuple(d["flags"]), scores, d["k_eff"], d["where"]))
-    return _log(p, "csv", world, tuple(hosts[k] for k in range(world)), rows)
+    return _log(p, "csv", world, tuple(hosts[k] for k in range(world)), rows, cut)
 
 
 def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], by_step: dict, hosts: dict,
@@ -911,7 +1001,7 @@ def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], by_step: d
             raise _bad(p, line, f"a row whose {name!r} is not valid: {row[col[name]][:40]!r}") from None
 
     step = field("step", lambda v: _positive_int(int(v)))
-    rank = field("rank", lambda v: _rank(int(v), 1 << 30))
+    rank = field("rank", lambda v: _rank(int(v), MAX_WORLD))
     flagged = row[col["flagged"]] == "1"
     scores = {s: field(f"score_{s}", float) for s in SIGNALS}
     keff = field("k_eff", float)
@@ -934,7 +1024,8 @@ def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], by_step: d
     return step
 
 
-def _log(p: Path, fmt: str, world: int, hosts: tuple[str, ...], rows: list[tuple]) -> MonitorLog:
+def _log(p: Path, fmt: str, world: int, hosts: tuple[str, ...], rows: list[tuple], cut: str = ""
+         ) -> MonitorLog:
     names = [s for s in SIGNALS if any(s in r[3] for r in rows)]
     scores = {s: np.array([r[3].get(s, np.full(world, np.nan)) for r in rows]).reshape(len(rows), world)
               for s in names}
@@ -943,4 +1034,4 @@ def _log(p: Path, fmt: str, world: int, hosts: tuple[str, ...], rows: list[tuple
         flagged[i, r[1]] = True
     return MonitorLog(p, fmt, world, hosts, np.array([r[0] for r in rows], dtype=np.int64), scores, flagged,
                       tuple(r[2] for r in rows), tuple(r[5] for r in rows),
-                      np.array([r[4] for r in rows], dtype=np.float64))
+                      np.array([r[4] for r in rows], dtype=np.float64), cut)
