@@ -2,7 +2,10 @@
 
 π_k = exp(−β E_k) / Σ_j exp(−β E_j), computed stably by shifting by min E.
 Non-finite E_k get π_k = 0. β = 0 gives uniform weights (Hogwild!).
-``beta="auto"`` sets β = 1 / median of the finite positive E_k (1.0 if none).
+``beta="auto"`` sets β = 1 / median of the finite positive E_k (1.0 if none); with exactly two,
+1 / the smaller (their median is their mean, which an outlier dominates: the worse worker would
+keep π = e⁻²/(1 + e⁻²) = 0.119 whatever its energy; with the smaller, π_worse/π_better =
+exp(1 − E_worse/E_better), so a worker of 6.3× the other's energy is frozen, as at K ≥ 3).
 The combined update ĝ = Σ_k π_k g_k goes to an unchanged optimizer.
 K_eff = 1 / Σ π_k²; a worker is frozen when π_k < 0.01 / K.
 """
@@ -74,7 +77,8 @@ def resolve_beta(beta: float | str, energies: np.ndarray) -> float:
 
     Args:
         beta: a float ≥ 0 (returned as is), or ``"auto"``: 1 / median of the finite
-            positive energies. Parse user input with ``parse_beta`` first.
+            positive energies (of exactly two: 1 / the smaller, see the module). Parse user
+            input with ``parse_beta`` first.
         energies: float array of shape (K,).
 
     Returns:
@@ -96,7 +100,8 @@ def resolve_beta(beta: float | str, energies: np.ndarray) -> float:
     pos = e[np.isfinite(e) & (e > 0)]
     if not pos.size:
         return 1.0
-    return min(1.0 / float(np.median(pos)), sys.float_info.max)  # a subnormal median gives inf
+    typical = float(pos.min()) if pos.size == 2 else float(np.median(pos))
+    return min(1.0 / typical, sys.float_info.max)  # a subnormal typical energy gives inf
 
 
 def gibbs_weights(energies: np.ndarray, beta: float | str) -> np.ndarray:

@@ -258,7 +258,8 @@ class Flag:
     Attributes:
         rank: the rank named.
         signal: ``nonfinite`` or one of ``SIGNALS``.
-        score: ``nonfinite``, ``relative`` or ``individual``.
+        score: ``relative`` or ``individual``; for the signal ``nonfinite``: ``nonfinite`` (NaN/Inf
+            entries) or ``overflow`` (every entry finite, but ‖g‖² beyond float64).
         z: the robust z (+inf for non-finite).
         threshold: the threshold it passed (0 for non-finite).
     """
@@ -325,7 +326,7 @@ class Decision:
         for r in self.ranks:
             host = f" on {self.hosts[r]}" if r < len(self.hosts) and self.hosts[r] else ""
             host += f" in {self.where[r]}" if r in self.where else ""
-            tests = ", ".join("non-finite gradient" if f.signal == "nonfinite" else
+            tests = ", ".join(_NOT_FINITE.get(f.score, "non-finite gradient") if f.signal == "nonfinite" else
                               f"{f.signal} {f.score} z={f.z:+.3g} (threshold {f.threshold:.3g})"
                               for f in self.flags if f.rank == r)
             parts.append(f"rank {r}{host}: {tests}")
@@ -334,6 +335,9 @@ class Decision:
     def error(self) -> BadRankError:
         """The ``BadRankError`` of this decision (for the ``raise`` action)."""
         return BadRankError(self)
+
+
+_NOT_FINITE = {"overflow": "gradient beyond float64 (no non-finite entry; its squared norm overflows)"}
 
 
 class Detector:
@@ -401,8 +405,8 @@ class Detector:
             raise UsageError(f"signals of {sig.world} ranks for a detector of {self.world}", field="world",
                              value=sig.world)
         self.step += 1
-        flags = [Flag(r, "nonfinite", "nonfinite", math.inf, 0.0)
-                 for r in range(self.world) if not sig.usable[r]]
+        flags = [Flag(r, "nonfinite", "nonfinite" if sig.nonfinite[r] else "overflow", math.inf, 0.0)
+                 for r in range(self.world) if not sig.usable[r]]  # overflow: finite entries, ‖g‖² > float64
         active = sig.usable.copy()
         cur = sig if np.array_equal(sig.reference, active) else sig.with_reference(active)
         scored = self._score(cur, active)

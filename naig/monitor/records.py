@@ -734,7 +734,7 @@ class MonitorLog:
             for step_flags in self.flags:
                 for rank, signal, score in step_flags:
                     if rank == k:
-                        key = signal if signal == "nonfinite" else f"{signal}/{score}"
+                        key = signal if signal == score == "nonfinite" else f"{signal}/{score}"
                         counts[key] = counts.get(key, 0) + 1
             hit = np.flatnonzero(self.flagged[:, k])
             rows.append({"rank": k, "host": self.hosts[k] if k < len(self.hosts) else "",
