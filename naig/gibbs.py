@@ -72,13 +72,15 @@ def parse_beta(beta: str | float, field: str = "beta") -> float | str:
     return value
 
 
-def resolve_beta(beta: float | str, energies: np.ndarray) -> float:
+def resolve_beta(beta: float | str, energies: np.ndarray, *, history: bool = False) -> float:
     """Turn a parsed β (float or ``"auto"``) into the inverse temperature used.
 
     Args:
         beta: a float ≥ 0 (returned as is), or ``"auto"``: 1 / median of the finite
-            positive energies (of exactly two: 1 / the smaller, see the module). Parse user
-            input with ``parse_beta`` first.
+            positive energies (of exactly two workers: 1 / the smaller, see the module). Parse
+            user input with ``parse_beta`` first.
+        history: the energies are one stream's past arrivals, not one step's workers: always
+            the median (two past energies are no pair of workers).
         energies: float array of shape (K,).
 
     Returns:
@@ -100,7 +102,7 @@ def resolve_beta(beta: float | str, energies: np.ndarray) -> float:
     pos = e[np.isfinite(e) & (e > 0)]
     if not pos.size:
         return 1.0
-    typical = float(pos.min()) if pos.size == 2 else float(np.median(pos))
+    typical = float(pos.min()) if pos.size == 2 and not history else float(np.median(pos))
     return min(1.0 / typical, sys.float_info.max)  # a subnormal typical energy gives inf
 
 
@@ -280,7 +282,7 @@ class EmaReference:
             return 0.0
         if e > 0:
             self.history.append(e)
-        w = math.exp(-resolve_beta(self.beta, np.asarray(self.history, dtype=np.float64)) * e)
+        w = math.exp(-resolve_beta(self.beta, np.asarray(self.history, dtype=np.float64), history=True) * e)
         if w > 0.0:
             self.point.mul_(EMA_DECAY).add_(point, alpha=1 - EMA_DECAY)
         return w

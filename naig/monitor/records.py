@@ -58,7 +58,6 @@ e.g. ``LoggerRecords(wandb.log)``.
 from __future__ import annotations
 
 import csv
-import errno
 import itertools
 import json
 import math
@@ -75,6 +74,7 @@ import numpy as np
 
 from naig.errors import DataError, UsageError
 from naig.gibbs import naig_weights
+from naig.io import missing_reason
 from naig.monitor.detectors import SCORES, SIDES, SIGNALS, Decision, robust_threshold
 from naig.monitor.signals import RankSignals
 
@@ -764,21 +764,12 @@ def read_log(path: str | os.PathLike) -> MonitorLog:
     """
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"{p}: {_missing(p)}")
+        raise DataError(f"{p}: {missing_reason(p)}")
     with p.open("rb") as fh:
         first = fh.read(1)
     if not first:
         raise DataError(f"{p}: the file is empty")
     return _read_jsonl(p) if first == b"{" else _read_csv(p)
-
-
-def _missing(p: Path) -> str:
-    """Why ``p`` is not a readable file: a symlink loop, no such file, or not a file."""
-    try:
-        p.stat()
-    except OSError as exc:
-        return "a symbolic link loop" if exc.errno == errno.ELOOP else "no such file"
-    return "not a file"
 
 
 def _bad(p: Path, line: int, what: str) -> DataError:
