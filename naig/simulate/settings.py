@@ -119,8 +119,8 @@ class LagsSetting:
         check(len(self.lags) > 0 and all(is_int(t) and t >= 0 for t in self.lags), "lags", self.lags,
               "use non-negative ints, one per worker, e.g. 0,10,20,35")
         check(all(t <= MAX_LAG for t in self.lags), "lags", self.lags,
-              f"a lag must be at most {MAX_LAG:,}; any lag >= `steps` already means every gradient is taken "
-              "at θ_0")
+              f"a lag must be at most {MAX_LAG:,}; any lag >= `steps` already means the worker never joins "
+              "(with `warmup_theta0`: every gradient it sends is taken at θ_0)")
         self._check_saving()
 
     @property
