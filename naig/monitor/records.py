@@ -304,25 +304,27 @@ class RecordWriter(ABC):
             return
         if not self._opened:
             self._opened = True
-            self._guarded(lambda: self._open(self._header(decision)), decision.step)
+            self._guarded(lambda: self._open(self._header(decision)), decision.step, record=False)
         det = self.monitor.detector
         record = step_record(sig, decision, alpha=det.alpha, window=det.window,
                              step=self._offset + decision.step)
         self._guarded(lambda: self._write(record), decision.step)
 
-    def _guarded(self, write: Callable[[], None], step: int) -> None:
-        """Run ``write`` (an open or a record); on a failure apply ``on_error`` (see ``attach``)."""
+    def _guarded(self, write: Callable[[], None], step: int, record: bool = True) -> None:
+        """Run ``write`` (a step's ``record``, or the opening header); on a failure apply ``on_error``
+        (see ``attach``). Each step record not written counts in ``lost``; the header does not."""
         if self.failure is not None:
-            self._count_lost()
+            if record:
+                self._count_lost()
             return
         try:
             write()
         except Exception as exc:  # a passenger: OSError, a logger's own errors, an unusable append file
             if self.on_error == "raise":
                 raise
-            self._fail(exc, step)
+            self._fail(exc, step, record)
 
-    def _fail(self, exc: Exception, step: int) -> None:
+    def _fail(self, exc: Exception, step: int, record: bool) -> None:
         """Stop writing after a failure at ``step``: one warning, the file closed, the record counted."""
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         self.failure = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
@@ -330,7 +332,8 @@ class RecordWriter(ABC):
             self._close()
         except Exception:  # noqa: BLE001 - a full disk fails the final flush too; nothing more to save
             pass
-        self._count_lost()
+        if record:
+            self._count_lost()
         warnings.warn(f"naig.monitor: {self._describe()} could not write the record of step {step} "
                       f"({self.failure}); training goes on, this writer writes nothing more and "
                       "counts the records it loses (close() says how many)", RuntimeWarning, stacklevel=4)
@@ -667,7 +670,7 @@ class Records(RecordWriter):
         step = self.monitor.decision.step if getattr(self.monitor, "decision", None) is not None else 1
         for w in self.writers:
             w._opened = True
-            w._guarded(lambda w=w: w._open(dict(header)), step)
+            w._guarded(lambda w=w: w._open(dict(header)), step, record=False)
         self._offset = max((w._offset for w in self.writers), default=0)
 
     def _write(self, record: dict) -> None:
@@ -821,6 +824,8 @@ def _read_jsonl(p: Path) -> MonitorLog:
                 continue  # a blank line (e.g. an editor's final newline)
             try:
                 obj = _parse_line(p, i, raw)
+            except DataError:
+                raise
             except ValueError as exc:
                 if not raw.endswith(b"\n"):  # the last line, cut: every complete record before it counts
                     cut = _cut_note(i, raw, len(rows))
