@@ -21,11 +21,19 @@ rate, window, world) and the number of ranks scored at the step. A non-finite ra
 of every usable rank; the flags are its decision (after a bad rank is left out of the mean, so
 their z may differ).
 
+**Write failures.** A writer is a passenger: a write that fails (a full disk, a read-only folder,
+a logger that raises) never ends training unless ``attach(monitor, on_error="raise")`` asked for
+it. The writer warns once, stops writing, counts each step record it loses in ``lost`` and says the
+count at ``close``; ``Monitor.observe`` carries the count to every rank, which warns once too.
+``read_log`` reads every complete record of a file whose last line was cut and says so in
+``MonitorLog.cut``.
+
 **Step summary** (every writer): ``max_score`` (over ranks and signals), ``max_rank``,
 ``max_signal``, ``flagged`` (the flagged ranks), ``k_eff`` = 1/Σ_k π_k², the effective number of
 ranks of the Gibbs weights π of the Fano–Fisher energies E_k (``naig.gibbs.naig_weights``, β
-``"auto"``: K when the ranks agree, towards 1 when one dominates) and ``b_simple`` (the step's
-gradient noise scale).
+``"auto"``: K when the ranks agree, towards 1 when one dominates; at K = 2 the two drifts from
+the mean are opposite, E_0 = E_1, so K_eff is 2 whatever the ranks: it cannot tell them apart)
+and ``b_simple`` (the step's gradient noise scale).
 
 **JSONL** (``JsonlRecords``, schema ``SCHEMA_VERSION``): one JSON object per line, flushed per
 step. The first line of a run is a header ``{"type": "header", "schema", "naig", "created",
