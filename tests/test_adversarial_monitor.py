@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import struct
 import subprocess
@@ -40,13 +41,27 @@ from naig.monitor import Detector, Monitor
 from naig.monitor.records import MAX_WORLD, JsonlRecords, LoggerRecords, read_log
 from naig.router import Router
 from tests.conftest import leftover_processes
-from tests.test_adversarial import _cap_memory, _group_alive
+from tests.test_adversarial import MEMORY_CAP
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 90
 
 
 # -- the CLI rows ---------------------------------------------------------------------------------
+
+def _cap_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
 
 def _cli(args: list[str], cwd: Path, timeout: float = TIMEOUT) -> tuple[int, str, str]:
     """``python -m naig_cli ARGS``, capped, in its own session: (status, stdout, stderr); no process left."""
