@@ -2,7 +2,10 @@
 
 π_k = exp(−β E_k) / Σ_j exp(−β E_j), computed stably by shifting by min E.
 Non-finite E_k get π_k = 0. β = 0 gives uniform weights (Hogwild!).
-``beta="auto"`` sets β = 1 / median of the finite positive E_k (1.0 if none).
+``beta="auto"`` sets β = 1 / median of the finite positive E_k (1.0 if none); with exactly two,
+1 / the smaller (their median is their mean, which an outlier dominates: the worse worker would
+keep π = e⁻²/(1 + e⁻²) = 0.119 whatever its energy; with the smaller, π_worse/π_better =
+exp(1 − E_worse/E_better), so a worker of 6.3× the other's energy is frozen, as at K ≥ 3).
 The combined update ĝ = Σ_k π_k g_k goes to an unchanged optimizer.
 K_eff = 1 / Σ π_k²; a worker is frozen when π_k < 0.01 / K.
 """
@@ -69,12 +72,15 @@ def parse_beta(beta: str | float, field: str = "beta") -> float | str:
     return value
 
 
-def resolve_beta(beta: float | str, energies: np.ndarray) -> float:
+def resolve_beta(beta: float | str, energies: np.ndarray, *, history: bool = False) -> float:
     """Turn a parsed β (float or ``"auto"``) into the inverse temperature used.
 
     Args:
         beta: a float ≥ 0 (returned as is), or ``"auto"``: 1 / median of the finite
-            positive energies. Parse user input with ``parse_beta`` first.
+            positive energies (of exactly two workers: 1 / the smaller, see the module). Parse
+            user input with ``parse_beta`` first.
+        history: the energies are one stream's past arrivals, not one step's workers: always
+            the median (two past energies are no pair of workers).
         energies: float array of shape (K,).
 
     Returns:
@@ -96,7 +102,8 @@ def resolve_beta(beta: float | str, energies: np.ndarray) -> float:
     pos = e[np.isfinite(e) & (e > 0)]
     if not pos.size:
         return 1.0
-    return min(1.0 / float(np.median(pos)), sys.float_info.max)  # a subnormal median gives inf
+    typical = float(pos.min()) if pos.size == 2 and not history else float(np.median(pos))
+    return min(1.0 / typical, sys.float_info.max)  # a subnormal typical energy gives inf
 
 
 def gibbs_weights(energies: np.ndarray, beta: float | str) -> np.ndarray:
@@ -275,7 +282,7 @@ class EmaReference:
             return 0.0
         if e > 0:
             self.history.append(e)
-        w = math.exp(-resolve_beta(self.beta, np.asarray(self.history, dtype=np.float64)) * e)
+        w = math.exp(-resolve_beta(self.beta, np.asarray(self.history, dtype=np.float64), history=True) * e)
         if w > 0.0:
             self.point.mul_(EMA_DECAY).add_(point, alpha=1 - EMA_DECAY)
         return w

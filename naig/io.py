@@ -19,7 +19,7 @@ from typing import Any
 
 from naig.errors import UsageError
 
-__all__ = ["METADATA_KEYS", "save_gradients", "json_ready"]
+__all__ = ["METADATA_KEYS", "save_gradients", "json_ready", "missing_reason"]
 
 METADATA_KEYS = ("lag", "step", "worker")
 _RESERVED = "__metadata__"  # the safetensors header key that holds the metadata
@@ -41,6 +41,27 @@ def json_ready(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [json_ready(v) for v in obj]
     return obj
+
+
+def missing_reason(path: str | os.PathLike[str]) -> str:
+    """Why ``path`` cannot be opened though named: ``"no such file"``, ``"a symbolic link loop"``, or
+    the system's reason (e.g. ``"Permission denied"``); for a path that exists, ``"not a file"``.
+
+    Example:
+        >>> missing_reason("/no/such/path")
+        'no such file'
+    """
+    try:
+        os.stat(path)
+    except OSError as exc:
+        import errno
+
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link loop (each link points back to another)"
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "no such file"
+        return exc.strerror or type(exc).__name__
+    return "not a file"
 
 
 def _names(names: list[str]) -> str:

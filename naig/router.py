@@ -267,6 +267,16 @@ def _check_same_layout(grads: Sequence[Gradient]) -> None:
         if not _same(first, b):
             raise UsageError(f"gradient {k} has other names or shapes than gradient 0 "
                              f"({_diff(first, b)}); pass state dicts of one model", field="grads")
+    if not any(_numel(g) for g in grads):
+        raise UsageError(f"every one of the {len(grads)} gradients is empty (0 elements): no energy tells "
+                         "them apart; pass the workers' gradients after backward()", field="grads")
+
+
+def _numel(g: Gradient) -> int:
+    """The elements of a gradient (a state dict's tensors summed; None entries count 0)."""
+    if isinstance(g, Mapping):
+        return sum(t.numel() for t in g.values() if t is not None)
+    return g.numel()
 
 
 def _check_reference(first: Gradient, reference: Gradient) -> None:

@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
-from naig.errors import UsageError
+from naig.errors import DataError, UsageError
 from naig.io import METADATA_KEYS
 from naig_cli._common import (
     BetaOpt,
@@ -134,8 +134,24 @@ def _check_csv_target(csv_path: Path | None, inputs: list[Path]) -> None:
         problem = "would overwrite an input; choose another path"
     elif not csv_path.absolute().parent.is_dir():
         problem = f"cannot be written: directory {csv_path.absolute().parent} does not exist"
+    else:
+        problem = _unwritable(csv_path.absolute().parent)
     if problem:
         raise UsageError(problem, field="csv", value=str(csv_path))
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why no file can be made in ``folder`` (a probe file made and removed), or None."""
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".naig-csv-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        return f"cannot be written in {folder} ({why}); choose a folder you can write"
+    return None
 
 
 def _csv_cell(v: object) -> object:
@@ -161,13 +177,17 @@ def _print_csv(rows: list[dict]) -> None:
 def _write_csv(path: Path, rows: list[dict]) -> None:
     import tempfile
 
-    fd, tmp = tempfile.mkstemp(dir=path.absolute().parent, suffix=".csv.tmp")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.absolute().parent, suffix=".csv.tmp")
         with os.fdopen(fd, "w", newline="") as fh:
             _csv_rows(fh, rows)
         os.replace(tmp, path)  # atomic: a reader never sees half a file
+    except OSError as exc:  # the folder became unwritable, or the disk filled: name --csv, not the temp file
+        raise DataError(f"could not be written ({exc.strerror or type(exc).__name__}); nothing was written",
+                        field="csv", value=str(path)) from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 

@@ -55,8 +55,9 @@ def report(
 
     A score is a test's robust z over its threshold (a test fires above 1; ∞: a non-finite
     gradient); the max is over the log's steps and the two scores (relative to the other ranks,
-    individual against the rank's own history). A truncated or corrupt log is a one-line error
-    naming the file and line. In --json, non-finite scores are the strings "Infinity" and "NaN",
+    individual against the rank's own history). A log whose last line was cut (a full disk, a
+    killed run) shows every complete step and says what was cut; a corrupt log is a one-line
+    error naming the file and line. In --json, non-finite scores are the strings "Infinity" and "NaN",
     as in the log.
     """
     _common.check_plot_path(plot, "ranks.png", (("log", log),))  # before reading the log
@@ -69,7 +70,8 @@ def report(
                     "world": data.world, "steps": len(data.steps),
                     "first_step": int(data.steps[0]) if len(data.steps) else None,
                     "last_step": int(data.steps[-1]) if len(data.steps) else None,
-                    "signals": list(data.scores), "ranks": encode(printable(rows))})
+                    "signals": list(data.scores), "cut": printable(data.cut) or None,
+                    "ranks": encode(printable(rows))})
     else:
         _table(data, rows)
     if plot is not None:
@@ -105,6 +107,8 @@ def _table(data: MonitorLog, rows: list[dict]) -> None:
     for r in rows:
         if r["where"]:
             stdout.print(f"rank {r['rank']} at step {r['last_flagged']}: {escape(printable(r['where']))}")
+    if data.cut:
+        stdout.print(f"[yellow]the log ends cut short: {escape(printable(data.cut))}[/]")
     stdout.print("score = robust z / its threshold (a test fires above 1; ∞: a non-finite gradient), against "
                  "the mean of every usable rank: a bad rank pulls it, so at its step the others' scores rise "
                  "too; the flags name the rank whose exclusion explains them. flags: signal/score ×steps")

@@ -62,11 +62,24 @@ def test_report_table_and_plot(logs, tmp_path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
-def test_truncated_and_corrupt_logs_are_one_line_data_errors(logs, tmp_path) -> None:
+def test_a_log_cut_mid_line_shows_every_complete_step_and_says_what_was_cut(logs, tmp_path) -> None:
     lines = logs[0].read_text().splitlines(keepends=True)
     cut = tmp_path / "cut.jsonl"
-    cut.write_text("".join(lines[:4]) + lines[4][:50])
-    assert_one_line_error(run_naig("monitor", "report", cut), 1, "cut.jsonl, line 5", "truncated")
+    cut.write_text("".join(lines[:4]) + lines[4][:50])  # a header, steps 1..3, step 4 cut
+    r = run_naig("monitor", "report", cut)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    text = " ".join(r.stdout.split())  # rich wraps at the terminal's width
+    assert "K = 3 ranks, 3 steps (1..3)" in text, r.stdout
+    assert "line 5 was cut (50 bytes without an end" in text and "3 complete steps" in text, r.stdout
+    doc = json.loads(run_naig("monitor", "report", cut, "--json").stdout)
+    assert doc["steps"] == 3 and doc["cut"].startswith("line 5 was cut")
+
+
+def test_corrupt_logs_are_one_line_data_errors(logs, tmp_path) -> None:
+    lines = logs[0].read_text().splitlines(keepends=True)
+    inner = tmp_path / "inner.jsonl"
+    inner.write_text("".join(lines[:4]) + lines[4][:50] + "\n" + "".join(lines[5:]))
+    assert_one_line_error(run_naig("monitor", "report", inner), 1, "inner.jsonl, line 5", "not JSON")
     rows = logs[1].read_text().splitlines(keepends=True)
     bad = tmp_path / "bad.csv"
     bad.write_text("".join(rows[:3]) + "x,1" + rows[3][3:] + "".join(rows[4:]))

@@ -251,9 +251,15 @@ def test_read_log_names_file_and_line_of_a_truncated_or_corrupt_log(tmp_path) ->
     _run(JsonlRecords(path))
     lines = _lines(path)
     cut = tmp_path / "cut.jsonl"
-    cut.write_text("".join(lines[:5]) + lines[5][:40])
-    with pytest.raises(DataError, match=r"cut\.jsonl, line 6: not JSON \(truncated"):
-        read_log(cut)
+    cut.write_text("".join(lines[:5]) + lines[5][:40])  # a header, 4 steps, the 5th cut (a full disk)
+    log = read_log(cut)
+    np.testing.assert_array_equal(log.steps, [1, 2, 3, 4])
+    assert log.cut.startswith("line 6 was cut (40 bytes without an end") and "4 complete steps" in log.cut
+    assert read_log(path).cut == ""
+    inner = tmp_path / "inner.jsonl"  # a cut line with lines after it is corruption, not a cut end
+    inner.write_text("".join(lines[:5]) + lines[5][:40] + "\n" + "".join(lines[6:]))
+    with pytest.raises(DataError, match=r"inner\.jsonl, line 6: not JSON"):
+        read_log(inner)
     bad = tmp_path / "bad.jsonl"
     bad.write_text("".join(lines[:3]) + '{"type": "step", "step": 3}\n' + "".join(lines[4:]))
     with pytest.raises(DataError, match=r"bad\.jsonl, line 4: a step record without"):
@@ -273,9 +279,14 @@ def test_read_log_csv_errors_and_missing_files(tmp_path) -> None:
     _run(CsvRecords(path))
     lines = _lines(path)
     cut = tmp_path / "cut.csv"
-    cut.write_text("".join(lines[:7]) + lines[7][:30])
-    with pytest.raises(DataError, match=r"cut\.csv, line 8: .* fields, expected"):
-        read_log(cut)
+    cut.write_text("".join(lines[:7]) + lines[7][:30])  # 4 ranks: step 1 whole, step 2's rank 2 cut
+    log = read_log(cut)
+    np.testing.assert_array_equal(log.steps, [1])
+    assert log.cut.startswith("line 8 was cut") and "step 2 is incomplete" in log.cut
+    inner = tmp_path / "inner.csv"
+    inner.write_text("".join(lines[:7]) + lines[7][:30] + "\n" + "".join(lines[8:]))
+    with pytest.raises(DataError, match=r"inner\.csv, line 8: .* fields, expected"):
+        read_log(inner)
     with pytest.raises(DataError, match="no such file"):
         read_log(tmp_path / "none.jsonl")
     (tmp_path / "empty.jsonl").write_text("")

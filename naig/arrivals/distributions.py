@@ -224,10 +224,17 @@ def parse_distribution(spec: str, field: str, *, positive: bool = False) -> Dist
 def parse_distributions(spec: str, field: str, *, positive: bool = False) -> tuple[Distribution, ...]:
     """Parse one spec for every worker or a comma list with one per worker.
 
+    Raises:
+        UsageError: a spec that is not text, an empty item or a malformed distribution, naming ``field``.
+
     Example:
         >>> [d.mean for d in parse_distributions("exp:0.5, exp:1,const:2", "compute")]
         [0.5, 1.0, 2.0]
     """
+    if not isinstance(spec, str):
+        hint = "; join a list with commas" if isinstance(spec, list | tuple) else ""
+        raise UsageError(f"must be a spec text, e.g. 'exp:1' or 'exp:1,exp:2' (got a "
+                         f"{type(spec).__name__}{hint})", field=field, value=spec)
     items = [s for s in spec.split(",")]
     if not spec.strip() or any(not s.strip() for s in items):
         raise UsageError("give one distribution, or one per worker separated by commas, e.g. exp:1,exp:2",

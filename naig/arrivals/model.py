@@ -134,6 +134,9 @@ class ArrivalModel:
             UsageError: a malformed spec (its field named), lists of different lengths, a
                 ``workers`` that contradicts a list, or more than ``MAX_WORKERS``.
         """
+        if isinstance(bandwidth, str | bytes) or not isinstance(bandwidth, Sequence):
+            raise UsageError("must be a list of bytes/s, one per worker link (or () for infinite)",
+                             field="bandwidth", value=bandwidth)
         specs = {"compute": compute, "uplink": uplink, "downlink": downlink, "per_sample": per_sample}
         parsed = {f: parse_distributions(s, f, positive=f == "compute") if s is not None else ()
                   for f, s in specs.items()}

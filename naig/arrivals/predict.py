@@ -24,6 +24,7 @@ import numpy as np
 
 from naig.arrivals.distributions import Distribution
 from naig.arrivals.model import ArrivalModel
+from naig.errors import UsageError
 
 __all__ = ["SKETCH_BYTES", "Prediction", "predict", "ring_allreduce_bytes", "expected_max", "NO_QUADRATURE"]
 
@@ -117,12 +118,21 @@ def _geometric(model: ArrivalModel) -> dict:
 def predict(model: ArrivalModel, *, window: int = 1) -> Prediction:
     """The predictions of the design document for ``model`` with windows of B = ``window`` arrivals.
 
+    Raises:
+        UsageError: ``model`` is not an ``ArrivalModel``, or ``window`` is not an int in 1..K.
+
     Example:
         >>> p = predict(ArrivalModel.from_specs("exp:0.5,exp:1,exp:2,exp:4"))
         >>> round(p.rate, 4), p.mean, [round(x, 3) for x in p.per_worker]
         (3.75, 3.0, [0.875, 2.75, 6.5, 14.0])
     """
+    if not isinstance(model, ArrivalModel):
+        raise UsageError(f"must be an ArrivalModel (e.g. ArrivalModel.from_specs('exp:1,exp:2')), got a "
+                         f"{type(model).__name__}", field="model")
     k = model.workers
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= k:
+        raise UsageError(f"must be an int in 1..{k} (the arrivals a window holds, at most K = {k})",
+                         field="window", value=window)
     cycle = model.mean_compute() if model.mode == "non-blocking" else model.mean_cycle()
     rate = float((1.0 / cycle).sum())
     out: dict = {"rate": rate, "round_time": expected_max(model)}

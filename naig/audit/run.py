@@ -46,7 +46,7 @@ from naig.metric import DEFAULT_LINE, fano_fisher_metric, parse_line
 from naig.sketch.core import SKETCH_DIM, check_seed, tensor_key
 from naig.sketch.kernels import ITEMSIZE, STATS, accumulate_files
 
-__all__ = ["AuditConfig", "FileScore", "AuditResult", "run_audit", "DEFAULT_CHUNK"]
+__all__ = ["AuditConfig", "FileScore", "AuditResult", "run_audit", "DEFAULT_CHUNK", "MAX_SKETCHES"]
 
 SCHEMA_VERSION = 2  # of the audit JSON document (1: before sharded inputs, spread and correlations)
 DEFAULT_CHUNK = 1 << 22  # scalars per batch (16 MiB of float32)
@@ -55,6 +55,9 @@ _SCORES = ("cos", "delta_norm", "energy", "energy_spread", "energy_std", "fricti
            "sketch_ratio", "nonfinite_tensor", "drift")  # FileScore fields in row order
 _TASK_SCALARS = 1 << 16  # a thread's task: whole pieces of at least this many scalars (the last aside)
 _PARTIAL_BUDGET = 1 << 18  # per-piece sums (of STATS floats each) one batch may hold: 38 MB
+
+
+MAX_SKETCHES = 1024  # sketch seeds of one audit: each is a pass over every scalar and STATS floats per file
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,11 @@ class AuditConfig:
         object.__setattr__(self, "beta", parse_beta(self.beta))
         object.__setattr__(self, "line", parse_line(self.line))
         check_seed(self.seed)
-        if isinstance(self.sketches, bool) or not isinstance(self.sketches, int) or self.sketches < 1:
-            raise UsageError("must be an int >= 1, e.g. 8", field="sketches", value=self.sketches)
+        if isinstance(self.sketches, bool) or not isinstance(self.sketches, int) or not (
+                1 <= self.sketches <= MAX_SKETCHES):
+            raise UsageError(f"must be an int in [1, {MAX_SKETCHES}], e.g. 8 (the spread of E falls as "
+                             f"1/√R: {MAX_SKETCHES} sketches divide it by 32)", field="sketches",
+                             value=self.sketches)
         if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
             raise UsageError("must be a positive number of scalars", field="chunk", value=self.chunk)
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:

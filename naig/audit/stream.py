@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from naig.errors import DataError, UsageError
+from naig.io import missing_reason
 from naig.sketch.kernels import DTYPES, ITEMSIZE
 
 __all__ = [
@@ -139,8 +140,8 @@ def _truncation(p: Path) -> str | None:
         return f"is truncated inside its header ({size:,} bytes; the header alone needs {8 + n:,})"
     try:
         need = 8 + n + _data_end(header)
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-        return None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
+        return None  # a header nested too deeply (hostile) is refused as invalid, not measured
     return f"is truncated ({size:,} bytes; its header describes {need:,})" if need > size else None
 
 
@@ -175,7 +176,7 @@ def inspect_file(path: str | os.PathLike[str]) -> FileInfo:
     if p.suffix.lower() in _PICKLE_SUFFIXES:
         raise DataError(f"{p}: pickle formats are never loaded (unsafe); {_convert_hint(p)}")
     if not p.exists():
-        raise DataError(f"{p}: no such file; check the path")
+        raise DataError(f"{p}: {missing_reason(p)}; check the path")
     if not p.is_file():
         raise DataError(f"{p}: not a regular file; pass a .safetensors file or a directory")
     _sniff(p)

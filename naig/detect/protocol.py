@@ -47,7 +47,7 @@ from naig.detect.faults import (
     parse_kinds,
 )
 from naig.detect.scores import BLOCKS, DETECTORS, Scorer, StepStats
-from naig.errors import UsageError
+from naig.errors import DataError, UsageError
 from naig.monitor.signals import MonitorSketch
 from naig.simulate.model import get_preset
 from naig.simulate.workload import Workload, fault_seed, make_optimizer
@@ -297,6 +297,9 @@ def run_seed(ctx: _Context, seed: int, role: str, advance: Callable[[int], None]
         if i >= 0:
             clean[i] = scores
         theta.grad = grads.mean(0)
+        if not bool(torch.isfinite(theta.grad).all()):  # no detector result is true of a diverged run
+            raise DataError(f"the clean training diverged (non-finite gradients at step {t + 1} of seed "
+                            f"{seed}); lower the learning rate, e.g. 1e-3", field="lr", value=cfg.lr)
         opt.step()
         if advance is not None:
             advance(1)

@@ -363,7 +363,8 @@ class Flag:
     Attributes:
         rank: the rank named.
         signal: ``nonfinite`` or one of ``SIGNALS``.
-        score: ``nonfinite``, ``transient`` or ``cusum``.
+        score: ``nonfinite`` or ``overflow`` (for the signal ``nonfinite``: NaN/Inf entries, or every
+            entry finite but ‖g‖² beyond float64), ``transient`` or ``cusum``.
         z: the normalised value u (transient), the CUSUM statistic (cusum; negative for the
             lower side), +inf (non-finite).
         threshold: the threshold it passed (0 for non-finite).
@@ -454,9 +455,12 @@ class Decision:
         return BadRankError(self)
 
 
+_NOT_FINITE = {"overflow": "gradient beyond float64 (no non-finite entry; its squared norm overflows)"}
+
+
 def _describe_flag(f: Flag) -> str:
     if f.signal == "nonfinite":
-        return "non-finite gradient"
+        return _NOT_FINITE.get(f.score, "non-finite gradient")
     if f.score == "cusum":
         side = "low" if f.z < 0 else "high"
         return f"{f.signal} {side} since step {f.since} (cusum {abs(f.z):.3g} > {f.threshold:.3g})"
@@ -571,7 +575,8 @@ class Detector:
         self.step += 1
         if self.step == 1 and not self.quiet and self.warming:
             warn_caller(WARMUP.format(steps=self.warmup, until=self.warmup + 1, rate=self.false_alarm))
-        flags = [Flag(r, "nonfinite", "nonfinite", math.inf, 0.0, self.step)
+        flags = [Flag(r, "nonfinite", "nonfinite" if sig.nonfinite[r] else "overflow", math.inf, 0.0,
+                      self.step)  # overflow: every entry finite, ‖g‖² beyond float64
                  for r in range(self.world) if not sig.usable[r]]
         warming = self.warming
         active = sig.usable.copy()

@@ -12,8 +12,12 @@ Call it on every rank, every step, with this rank's gradients, before reducing t
 
 Each call sketches the gradient (``naig.monitor.signals.MonitorSketch``; the tensors' names key
 the hashes, so every rank must pass the same names), all-gathers one float64 payload per rank
-[S g | ‖g‖² | non-finite count] (m + 2 floats: 128 B with the default 14-float sketch), derives
-the signals and runs the detectors. Every rank gets the same ``Decision``; ``observe`` applies
+[S g | ‖g‖² | non-finite count | layout fingerprint | records lost] (m + 4 floats: 144 B with the
+default 14-float sketch), derives the signals and runs the detectors. The fingerprint (52 bits of a
+hash of every gradient's name and shape) is compared first: ranks that pass different parameters
+stop on every rank with one ``DataError`` naming them. The last float counts the records this
+rank's writers could not write (``naig.monitor.records``: a full disk never ends training), so
+every rank warns once when rank 0's writer fails. Every rank gets the same ``Decision``; ``observe`` applies
 no action itself except ``raise`` (``BadRankError`` on every rank, before the user's update), so
 the user's loop decides what ``skip`` or ``exclude`` means; ``warn`` writes one line (rank, host,
 signal) through ``warnings`` on rank 0. The host names are all-gathered once, at the first call
@@ -32,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -68,9 +73,10 @@ from naig.monitor.signals import (
 )
 from naig.sketch.core import check_seed
 
-__all__ = ["HOST_BYTES", "Monitor"]
+__all__ = ["HOST_BYTES", "TAIL", "Monitor", "layout_fingerprint"]
 
 HOST_BYTES = 64  # a host name is sent once, UTF-8, cut or padded to this many bytes
+TAIL = 2  # floats observe appends to the payload: [layout fingerprint | records lost on this rank]
 
 
 class Monitor:
@@ -128,6 +134,8 @@ class Monitor:
         self.gathered: np.ndarray | None = None
         self.hosts: tuple[str, ...] = ()
         self._sketches: dict[tuple, MonitorSketch] = {}
+        self.records_lost = 0
+        self._lost_here, self._lost_warned = 0, False
 
     def _world_rank(self) -> tuple[int, int]:
         """(K, this rank) in the group; (1, 0) without an initialised process group."""
@@ -136,28 +144,67 @@ class Monitor:
         group = self.group if self.group is not None else dist.group.WORLD
         return dist.get_world_size(group), dist.get_rank(group)
 
-    def observe(self, grads: Mapping[str, Tensor | None] | Tensor) -> Decision:
+    def observe(self, grads: Mapping[str, Tensor | None] | Tensor, *, full_dtensor: bool = False) -> Decision:
         """One step: sketch, all-gather, signals, decision (the same on every rank).
 
         Args:
             grads: {name: gradient} (None entries count as zero: they are skipped) or one flat
                 tensor (named ``"grad"``); float tensors of any dtype and device. Every rank
-                passes the same names and shapes.
+                passes the same names and shapes (checked: a fingerprint of them travels in
+                the payload). A DTensor replicated over its mesh is read from its local tensor;
+                a sharded one needs ``full_dtensor``.
+            full_dtensor: gather a sharded DTensor with ``full_tensor()`` (a collective of its
+                mesh: every rank of the mesh must call ``observe``). Without it a sharded DTensor
+                is refused (a rank's shard of a reduced gradient is not that rank's gradient: for
+                FSDP2 use ``naig.monitor.fsdp``, which reads each rank's gradient before the reduction).
 
         Returns:
             The step's ``Decision``.
 
         Raises:
-            UsageError: ``grads`` empty, not float tensors, or not a mapping or tensor.
-            DataError: a collective that did not finish within ``timeout`` seconds.
+            UsageError: ``grads`` empty, not float tensors (a sparse, meta or sharded DTensor
+                gradient included, naming it), or not a mapping or tensor.
+            DataError: a collective that did not finish within ``timeout`` seconds; ranks that
+                passed different names or shapes (on every rank, naming them).
             BadRankError: a rank was flagged and the action is ``raise`` (on every rank).
         """
-        layout, tensors = _flatten(grads)
+        if not isinstance(full_dtensor, bool):
+            raise UsageError("must be True or False", field="full_dtensor", value=full_dtensor)
+        layout, tensors, shapes = _flatten(grads, full_dtensor)
         sketch = self._sketch(layout, tensors[0].device)
-        decision = self.decide(self.all_gather(pack_tensors(tensors, sketch)))
+        tail = torch.tensor([layout_fingerprint(shapes), float(self._lost_here)], dtype=torch.float64,
+                            device=tensors[0].device)
+        rows = self._check_tail(self.all_gather(torch.cat([pack_tensors(tensors, sketch), tail])))
+        decision = self.decide(rows)
         if decision.flagged and self.action == "raise":
             raise decision.error()
         return decision
+
+    def note_lost_record(self) -> None:
+        """Count one record a writer of this rank could not write (``naig.monitor.records``).
+
+        The count travels in the next ``observe`` payload, so every rank learns of it (and warns once).
+        """
+        self._lost_here += 1
+
+    def _check_tail(self, rows: Tensor) -> Tensor:
+        """Check the ranks' layout fingerprints and note records lost; the payloads without the tail.
+
+        Raises:
+            DataError: on every rank, when ranks passed different names or shapes, naming them.
+        """
+        tail = rows[:, -TAIL:].numpy()
+        prints = tail[:, 0]
+        if not (prints == prints[0]).all():
+            raise DataError(_layout_message(prints))
+        lost = int(tail[:, 1].max())
+        if lost and not self._lost_warned and not self._lost_here:
+            warn_caller(f"naig.monitor: a record writer of rank {int(tail[:, 1].argmax())} could not write "
+                        f"({lost} record{'' if lost == 1 else 's'} lost so far; see that rank's warning); "
+                        "training goes on", RuntimeWarning)
+        self._lost_warned = self._lost_warned or bool(lost)
+        self.records_lost = lost
+        return rows[:, :-TAIL]
 
     @property
     def world(self) -> int:
@@ -314,8 +361,65 @@ class Monitor:
         return tuple(bytes(r.tolist()).rstrip(b"\0").decode(errors="replace") for r in rows)
 
 
-def _flatten(grads: Mapping[str, Tensor | None] | Tensor) -> tuple[tuple[tuple[str, int], ...], list[Tensor]]:
-    """The (name, numel) layout and the given gradients (detached; sketched where they lie).
+def layout_fingerprint(shapes: Sequence[tuple[str, tuple[int, ...]]]) -> float:
+    """A 52-bit hash of the (name, shape) of every gradient, as a float64 (exact: below 2**53).
+
+    Example:
+        >>> layout_fingerprint([("w", (2, 3))]) == layout_fingerprint([("w", (3, 2))])
+        False
+    """
+    digest = hashlib.blake2b(repr(tuple(shapes)).encode(), digest_size=8).digest()
+    return float(int.from_bytes(digest, "little") >> 12)
+
+
+def _layout_message(prints: np.ndarray) -> str:
+    """The one line naming the ranks whose layout differs from the most common one (ties: rank 0's)."""
+    values, counts = np.unique(prints, return_counts=True)
+    common = prints[0] if (counts == counts.max()).sum() > 1 else values[counts.argmax()]
+    odd = [k for k in range(len(prints)) if prints[k] != common]
+    same = [k for k in range(len(prints)) if prints[k] == common]
+    return (f"ranks {', '.join(map(str, odd))} passed Monitor.observe other gradient names or shapes than "
+            f"ranks {', '.join(map(str, same))}; every rank must pass the same parameters (a model that "
+            "differs across ranks?), else the sketches are of different layouts and no signal means anything")
+
+
+def _is_dtensor(g: object) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - a torch without DTensor
+        return False
+    return isinstance(g, DTensor)
+
+
+def _readable(name: str, g: Tensor, full_dtensor: bool) -> Tensor:
+    """The plain strided tensor the monitor sketches for one gradient.
+
+    Raises:
+        UsageError: a sharded DTensor without ``full_dtensor``, a sparse or a meta gradient, naming it.
+    """
+    if _is_dtensor(g):
+        if all(p.is_replicate() for p in g.placements):
+            return g.to_local()
+        if not full_dtensor:
+            raise UsageError(f"{name!r} is a DTensor with placements {tuple(g.placements)}: its local "
+                             "shard is not this rank's gradient; pass full_dtensor=True to gather it "
+                             "(full_tensor(), a collective of its mesh), or monitor FSDP2 with "
+                             "naig.monitor.fsdp",
+                             field="grads")
+        return g.full_tensor()
+    if g.layout != torch.strided:
+        raise UsageError(f"{name!r} is a sparse gradient ({g.layout}); pass it as g.to_dense() (e.g. for "
+                         "nn.Embedding(sparse=True)) or leave it out", field="grads")
+    if g.is_meta:
+        raise UsageError(f"{name!r} is a meta tensor (no data); pass the gradient after backward()",
+                         field="grads")
+    return g
+
+
+def _flatten(grads: Mapping[str, Tensor | None] | Tensor, full_dtensor: bool = False
+             ) -> tuple[tuple[tuple[str, int], ...], list[Tensor], tuple[tuple[str, tuple[int, ...]], ...]]:
+    """The (name, numel) layout, the given gradients (detached; sketched where they lie, no copy) and
+    their (name, shape).
 
     Raises:
         UsageError: for anything but a non-empty mapping of float tensors or one float tensor.
@@ -332,8 +436,9 @@ def _flatten(grads: Mapping[str, Tensor | None] | Tensor) -> tuple[tuple[tuple[s
     bad = [n for n, g in items if not isinstance(g, Tensor) or not g.is_floating_point()]
     if bad:
         raise UsageError(f"not a float tensor: {', '.join(bad[:3])}", field="grads")
+    items = [(n, _readable(n, g, full_dtensor)) for n, g in items]
     if len({g.device for _, g in items}) != 1:
         raise UsageError("gradients on several devices; pass one device's", field="grads")
     layout = tuple((n, g.numel()) for n, g in items)
-    return layout, [g.detach() for _, g in items]
-
+    shapes = tuple((n, tuple(g.shape)) for n, g in items)
+    return layout, [g.detach() for _, g in items], shapes

@@ -21,11 +21,19 @@ are the decision's (``Decision.thresholds``). A non-finite rank scores +inf (sig
 rank's from the pass that decided it (a named rank's from the pass that named it, the others'
 after the named ranks are left out of the mean), as the flags' are.
 
+**Write failures.** A writer is a passenger: a write that fails (a full disk, a read-only folder,
+a logger that raises) never ends training unless ``attach(monitor, on_error="raise")`` asked for
+it. The writer warns once, stops writing, counts each step record it loses in ``lost`` and says the
+count at ``close``; ``Monitor.observe`` carries the count to every rank, which warns once too.
+``read_log`` reads every complete record of a file whose last line was cut and says so in
+``MonitorLog.cut``.
+
 **Step summary** (every writer): ``max_score`` (over ranks and signals), ``max_rank``,
 ``max_signal``, ``flagged`` (the flagged ranks), ``k_eff`` = 1/Σ_k π_k², the effective number of
 ranks of the Gibbs weights π of the Fano–Fisher energies E_k (``naig.gibbs.naig_weights``, β
-``"auto"``: K when the ranks agree, towards 1 when one dominates) and ``b_simple`` (the step's
-gradient noise scale).
+``"auto"``: K when the ranks agree, towards 1 when one dominates; at K = 2 the two drifts from
+the mean are opposite, E_0 = E_1, so K_eff is 2 whatever the ranks: it cannot tell them apart)
+and ``b_simple`` (the step's gradient noise scale).
 
 **JSONL** (``JsonlRecords``, schema ``SCHEMA_VERSION``): one JSON object per line, flushed per
 step. The first line of a run is a header ``{"type": "header", "schema", "naig", "created",
@@ -59,11 +67,13 @@ e.g. ``LoggerRecords(wandb.log)``.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import os
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -73,14 +83,17 @@ import numpy as np
 
 from naig.errors import DataError, UsageError
 from naig.gibbs import naig_weights
+from naig.io import missing_reason
 from naig.monitor.detectors import SCORES, SIDES, SIGNALS, Decision
 from naig.monitor.signals import RankSignals
 
-__all__ = ["CSV_COLUMNS", "PREFIX", "SCHEMA_VERSION", "CsvRecords", "JsonlRecords", "LoggerRecords",
-           "MonitorLog", "Records", "RecordWriter", "TensorBoardRecords", "decision_scalars", "decode",
-           "encode", "flat_scalars", "k_eff", "read_log", "step_record"]
+__all__ = ["CSV_COLUMNS", "ON_ERROR", "PREFIX", "SCHEMA_VERSION", "CsvRecords", "JsonlRecords",
+           "LoggerRecords", "MAX_WORLD", "MonitorLog", "Records", "RecordWriter", "TensorBoardRecords",
+           "decision_scalars", "decode", "encode", "flat_scalars", "k_eff", "read_log", "step_record"]
 
 SCHEMA_VERSION = 1
+ON_ERROR = ("warn", "raise")
+"""What a failed write does (``RecordWriter.attach``): warn and go on (default), or raise."""
 PREFIX = "naig_monitor/"
 _ENCODED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _PER_RANK = ("nonfinite", "usable", "sq_norm", "rel_norm", "energy", "cos", "sq_dist")
@@ -249,25 +262,37 @@ class RecordWriter(ABC):
             raise UsageError("must be True or False", field="per_rank", value=per_rank)
         self.per_rank = per_rank
         self.monitor: Any = None
+        self.on_error = "warn"
+        self.lost = 0
+        self.failure: str | None = None
         self._opened = False
         self._closed = False
         self._offset = 0
 
-    def attach(self, monitor: Any) -> Any:
+    def attach(self, monitor: Any, *, on_error: str = "warn") -> Any:
         """Make this writer ``monitor``'s callback (after any callback it has); returns ``monitor``.
 
         Args:
             monitor: a ``naig.monitor.Monitor`` (its settings go into the header and its detector's
                 thresholds into the scores).
+            on_error: what a failed write does (``ON_ERROR``). ``"warn"`` (default): the monitor
+                is a passenger, so a full disk, a read-only folder or a logger that raises never
+                ends training: one warning names the writer, the step and the error, the writer
+                stops writing and counts each record it did not write in ``lost`` (``close`` says
+                how many), and every rank's ``Monitor.observe`` warns once too. ``"raise"``:
+                the error propagates (rank 0 only, so the other ranks then time out).
 
         Raises:
-            UsageError: when this writer is already attached (it would write every step twice).
+            UsageError: when this writer is already attached (it would write every step twice), or
+                for an ``on_error`` outside ``ON_ERROR``.
         """
+        if on_error not in ON_ERROR:
+            raise UsageError(f"must be one of {', '.join(ON_ERROR)}", field="on_error", value=on_error)
         if self.monitor is not None:
             raise UsageError("is already attached to a monitor; make one writer per monitor",
                              field="callback")
         previous = monitor.callback
-        self.monitor = monitor
+        self.monitor, self.on_error = monitor, on_error
 
         def callback(sig: RankSignals, decision: Decision) -> None:
             if previous is not None:
@@ -292,13 +317,56 @@ class RecordWriter(ABC):
             return
         if not self._opened:
             self._opened = True
-            self._open(self._header(decision))
-        self._write(step_record(sig, decision, step=self._offset + decision.step))
+            self._guarded(lambda: self._open(self._header(decision)), decision.step, record=False)
+        record = step_record(sig, decision, step=self._offset + decision.step)
+        self._guarded(lambda: self._write(record), decision.step)
+
+    def _guarded(self, write: Callable[[], None], step: int, record: bool = True) -> None:
+        """Run ``write`` (a step's ``record``, or the opening header); on a failure apply ``on_error``
+        (see ``attach``). Each step record not written counts in ``lost``; the header does not."""
+        if self.failure is not None:
+            if record:
+                self._count_lost()
+            return
+        try:
+            write()
+        except Exception as exc:  # a passenger: OSError, a logger's own errors, an unusable append file
+            if self.on_error == "raise":
+                raise
+            self._fail(exc, step, record)
+
+    def _fail(self, exc: Exception, step: int, record: bool) -> None:
+        """Stop writing after a failure at ``step``: one warning, the file closed, the record counted."""
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        self.failure = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        try:
+            self._close()
+        except Exception:  # noqa: BLE001 - a full disk fails the final flush too; nothing more to save
+            pass
+        if record:
+            self._count_lost()
+        warnings.warn(f"naig.monitor: {self._describe()} could not write the record of step {step} "
+                      f"({self.failure}); training goes on, this writer writes nothing more and "
+                      "counts the records it loses (close() says how many)", RuntimeWarning, stacklevel=4)
+
+    def _count_lost(self) -> None:
+        self.lost += 1
+        note = getattr(self.monitor, "note_lost_record", None)
+        if callable(note):
+            note()
+
+    def _describe(self) -> str:
+        where = getattr(self, "path", None) or getattr(self, "log_dir", None)
+        return f"{type(self).__name__}({str(where)!r})" if where is not None else type(self).__name__
 
     def close(self) -> None:
-        """Flush and close (idempotent)."""
-        if self._opened and not self._closed:
+        """Flush and close (idempotent); after a write failure, warn once with the records lost."""
+        if self._opened and not self._closed and self.failure is None:
             self._close()
+        if self.failure is not None and not self._closed:
+            warnings.warn(f"naig.monitor: {self._describe()} lost {self.lost} record"
+                          f"{'' if self.lost == 1 else 's'} after {self.failure}", RuntimeWarning,
+                          stacklevel=2)
         self._closed = True
 
     def __enter__(self) -> RecordWriter:
@@ -406,6 +474,8 @@ class JsonlRecords(RecordWriter):
         self.append, self.overwrite = _file_mode(append, overwrite)
         self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append,
                                                                           self.overwrite)
+        if not _rank_known_nonzero() and self.append and self.path.is_file() and self.path.stat().st_size:
+            _last_jsonl_step(self.path, None)  # a file that is not a monitor JSONL: refused before training
         self._fh: IO[str] | None = None
 
     def _open(self, header: dict) -> None:
@@ -427,21 +497,22 @@ class JsonlRecords(RecordWriter):
         self._fh.close()
 
 
-def _last_jsonl_step(path: Path, world: int) -> int:
-    """The last step of an existing monitor JSONL of ``world`` ranks (UsageError otherwise)."""
+def _last_jsonl_step(path: Path, world: int | None) -> int:
+    """The last step of an existing monitor JSONL of ``world`` ranks (any when None; UsageError otherwise)."""
     last, seen = 0, False
     try:
         with path.open(encoding="utf-8") as fh:
             for line in fh:
                 obj = json.loads(line)
                 if obj.get("type") == "header":
-                    if obj.get("schema") != SCHEMA_VERSION or obj.get("world") != world:
+                    if obj.get("schema") != SCHEMA_VERSION or world not in (None, obj.get("world")):
                         raise ValueError("header")
                     seen = True
                 elif obj.get("type") == "step":
                     last = max(last, int(obj["step"]))
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"is not a naig monitor JSONL of schema {SCHEMA_VERSION} and {world} ranks "
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as exc:
+        ranks = "" if world is None else f" and {world} ranks"
+        raise UsageError(f"is not a naig monitor JSONL of schema {SCHEMA_VERSION}{ranks} "
                          f"({type(exc).__name__}); pass another path", field="path",
                          value=str(path)) from None
     if not seen:
@@ -466,6 +537,8 @@ class CsvRecords(RecordWriter):
         self.append, self.overwrite = _file_mode(append, overwrite)
         self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append,
                                                                           self.overwrite)
+        if not _rank_known_nonzero() and self.append and self.path.is_file() and self.path.stat().st_size:
+            _last_csv_step(self.path)  # a file that is not a monitor CSV: refused before training
         self._fh: IO[str] | None = None
         self._csv: Any = None
 
@@ -611,24 +684,39 @@ class Records(RecordWriter):
             raise UsageError(f"pass one or more record writers{got}", field="writers")
         self.writers = tuple(writers)
 
-    def attach(self, monitor: Any) -> Any:
-        """Install on ``monitor`` (see ``RecordWriter.attach``); the writers share its settings."""
+    def attach(self, monitor: Any, *, on_error: str = "warn") -> Any:
+        """Install on ``monitor`` (see ``RecordWriter.attach``); the writers share its settings.
+
+        A writer that fails stops alone (``on_error="warn"``): the others go on writing.
+        """
         if self.monitor is not None or any(w.monitor is not None for w in self.writers):
             raise UsageError("a writer is already attached to a monitor; make one writer per monitor",
                              field="callback")
+        out = super().attach(monitor, on_error=on_error)
         for w in self.writers:
-            w.monitor = monitor
-        return super().attach(monitor)
+            w.monitor, w.on_error = monitor, self.on_error
+        return out
 
     def _open(self, header: dict) -> None:
+        step = self.monitor.decision.step if getattr(self.monitor, "decision", None) is not None else 1
         for w in self.writers:
             w._opened = True
-            w._open(dict(header))
+            w._guarded(lambda w=w: w._open(dict(header)), step, record=False)
         self._offset = max((w._offset for w in self.writers), default=0)
 
     def _write(self, record: dict) -> None:
         for w in self.writers:
-            w._write(dict(record, step=record["step"] - self._offset + w._offset))
+            rec = dict(record, step=record["step"] - self._offset + w._offset)
+            w._guarded(lambda w=w, rec=rec: w._write(rec), record["step"] - self._offset)
+
+    @property
+    def lost(self) -> int:  # type: ignore[override]
+        """The most records any one writer lost."""
+        return max((w.lost for w in self.writers), default=0)
+
+    @lost.setter
+    def lost(self, value: int) -> None:
+        pass  # the writers count their own
 
     def close(self) -> None:
         """Close every writer."""
@@ -654,6 +742,8 @@ class MonitorLog:
         where: per step, rank → where its gradient departs most (a bucket and its parameters),
             for the flagged ranks the integration could place.
         k_eff: (S,) float64 K_eff of each step.
+        cut: what was cut off the end of the file ("" when nothing): a last line without its end
+            (a full disk, a killed writer) is left out and every complete step before it is read.
     """
 
     path: Path
@@ -666,6 +756,7 @@ class MonitorLog:
     flags: tuple[tuple[tuple[int, str, str], ...], ...]
     where: tuple[dict[int, str], ...]
     k_eff: np.ndarray
+    cut: str = ""
 
     def rank_rows(self) -> list[dict]:
         """One dict per rank: rank, host, steps, flagged_steps, flags (``signal/score`` → count),
@@ -677,7 +768,7 @@ class MonitorLog:
             for step_flags in self.flags:
                 for rank, signal, score in step_flags:
                     if rank == k:
-                        key = signal if signal == "nonfinite" else f"{signal}/{score}"
+                        key = signal if signal == score == "nonfinite" else f"{signal}/{score}"
                         counts[key] = counts.get(key, 0) + 1
             hit = np.flatnonzero(self.flagged[:, k])
             rows.append({"rank": k, "host": self.hosts[k] if k < len(self.hosts) else "",
@@ -696,12 +787,18 @@ def _nanmax(x: np.ndarray) -> float:
 def read_log(path: str | os.PathLike) -> MonitorLog:
     """Read a monitor JSONL (``JsonlRecords``) or CSV (``CsvRecords``) file, told apart by its first byte.
 
+    A last line cut short (a full disk, a killed writer) is left out and said in ``MonitorLog.cut``;
+    every complete step before it is read. Memory is bounded by the file: a header declares at most
+    ``MAX_WORLD`` ranks, each step holds its ranks' scores, and a line longer than its ranks need is
+    refused before it is read whole.
+
     Raises:
-        DataError: a missing, empty, truncated or corrupt file, naming the file and line.
+        DataError: a missing, empty or corrupt file (deep nesting, a step beyond int64, a step without
+            a score of a known signal, a line too long included), naming the file and line.
     """
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"{p}: {'no such file' if not p.exists() else 'not a file'}")
+        raise DataError(f"{p}: {missing_reason(p)}")
     with p.open("rb") as fh:
         first = fh.read(1)
     if not first:
@@ -713,40 +810,78 @@ def _bad(p: Path, line: int, what: str) -> DataError:
     return DataError(f"{p}, line {line}: {what}")
 
 
-def _read_jsonl(p: Path) -> MonitorLog:
-    world, hosts, rows = None, (), []
+MAX_WORLD = 1 << 17
+"""The most ranks a monitor log may declare (``read_log`` refuses more before allocating)."""
+_HEADER_BYTES = 1 << 24  # the longest header line read (hosts of MAX_WORLD ranks fit)
+_RANK_BYTES = 4096  # a step line may hold this many bytes per rank (the fields of one rank: ~700)
+_MAX_STEP = (1 << 63) - 1  # steps are int64
+
+
+def _line_limit(world: int | None) -> int:
+    """The longest line ``read_log`` reads before the next header (bytes)."""
+    return _HEADER_BYTES if world is None else max(_HEADER_BYTES, 65536 + _RANK_BYTES * world)
+
+
+def _cut_note(i: int, raw: bytes, steps: int) -> str:
+    return (f"line {i} was cut ({len(raw):,} bytes without an end: a full disk or a killed writer?); "
+            f"read the {steps} complete step{'' if steps == 1 else 's'} before it")
+
+
+def _parse_line(p: Path, i: int, raw: bytes) -> Any:
+    """One JSONL line as an object (DataError for deep nesting or invalid UTF-8; ValueError: not JSON)."""
     try:
-        with p.open(encoding="utf-8") as fh:
-            last = 0
-            for i, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue  # a blank line (e.g. an editor's final newline)
-                try:
-                    obj = decode(json.loads(line))
-                except ValueError as exc:
-                    cut = "" if line.endswith("\n") else " (truncated: the line has no end)"
-                    raise _bad(p, i, f"not JSON{cut}: {str(exc).splitlines()[0][:80]}") from None
-                kind = obj.get("type") if isinstance(obj, dict) else None
-                if kind == "header":
-                    world, hosts = _check_header(p, i, obj, world)
-                    last = 0  # a new run
-                elif kind == "step" and world is not None:
-                    rows.append(_step_row(p, i, obj, world))
-                    if rows[-1][0] <= last:
-                        raise _bad(p, i, f"step {rows[-1][0]} after step {last}: steps must increase "
-                                         "within a run (two runs concatenated without a header, or a "
-                                         "repeated line?)")
-                    last = rows[-1][0]
-                else:
-                    raise _bad(p, i, "expected a naig monitor header first" if world is None
-                               else "not a naig monitor header or step")
+        return decode(json.loads(raw))
+    except RecursionError:
+        raise _bad(p, i, "JSON nested too deeply to be a monitor record") from None
     except UnicodeDecodeError as exc:
-        raise DataError(f"{p}: not UTF-8 text ({exc.reason}); is it a monitor record?") from None
+        if raw.endswith(b"\n"):
+            raise DataError(f"{p}: not UTF-8 text ({exc.reason}); is it a monitor record?") from None
+        raise
+
+
+def _read_jsonl(p: Path) -> MonitorLog:
+    world, hosts, rows, cut = None, (), [], ""
+    with p.open("rb") as fh:
+        last = 0
+        for i in itertools.count(1):
+            limit = _line_limit(world)
+            raw = fh.readline(limit + 1)
+            if not raw:
+                break
+            if len(raw) > limit:
+                raise _bad(p, i, f"longer than {limit:,} bytes (a monitor record of {world or 'its'} ranks "
+                                 "is shorter); is it a monitor record?")
+            if not raw.strip():
+                continue  # a blank line (e.g. an editor's final newline)
+            try:
+                obj = _parse_line(p, i, raw)
+            except DataError:
+                raise
+            except ValueError as exc:
+                if not raw.endswith(b"\n"):  # the last line, cut: every complete record before it counts
+                    cut = _cut_note(i, raw, len(rows))
+                    break
+                raise _bad(p, i, f"not JSON: {str(exc).splitlines()[0][:80]}") from None
+            kind = obj.get("type") if isinstance(obj, dict) else None
+            if kind == "header":
+                world, hosts = _check_header(p, i, obj, world)
+                last = 0  # a new run
+            elif kind == "step" and world is not None:
+                rows.append(_step_row(p, i, obj, world))
+                if rows[-1][0] <= last:
+                    raise _bad(p, i, f"step {rows[-1][0]} after step {last}: steps must increase "
+                                     "within a run (two runs concatenated without a header, or a "
+                                     "repeated line?)")
+                last = rows[-1][0]
+            else:
+                raise _bad(p, i, "expected a naig monitor header first" if world is None
+                           else "not a naig monitor header or step")
     if world is None:
-        raise DataError(f"{p}: no naig monitor header")
+        raise DataError(f"{p}: no naig monitor header" + (f" ({cut})" if cut else ""))
     if not rows:
-        raise DataError(f"{p}: a monitor header but no step recorded; nothing to report")
-    return _log(p, "jsonl", world, hosts, rows)
+        raise DataError(f"{p}: a monitor header but no step recorded; nothing to report"
+                        + (f" ({cut})" if cut else ""))
+    return _log(p, "jsonl", world, hosts, rows, cut)
 
 
 def _check_header(p: Path, i: int, obj: dict, world: int | None) -> tuple[int, tuple[str, ...]]:
@@ -755,6 +890,9 @@ def _check_header(p: Path, i: int, obj: dict, world: int | None) -> tuple[int, t
     k, hosts = obj.get("world"), obj.get("hosts", [])
     if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not isinstance(hosts, list):
         raise _bad(p, i, "a header without a valid world (ranks) or hosts")
+    if k > MAX_WORLD or len(hosts) > k:
+        raise _bad(p, i, f"a header of world = {k:.4g} ranks with {len(hosts)} hosts; a monitor log has at "
+                         f"most {MAX_WORLD:,} ranks and a host per rank")
     if world is not None and k != world:
         raise _bad(p, i, f"a run of {k} ranks appended to one of {world}")
     return k, tuple(str(h) for h in hosts)
@@ -775,6 +913,9 @@ def _step_row(p: Path, i: int, obj: dict, world: int) -> tuple:
     flags = field("flags", lambda v: tuple((_rank(f["rank"], world), str(f["signal"]), str(f["score"]))
                                            for f in _list(v)))
     scores = field("scores", lambda v: {str(s): _score_row(x, world) for s, x in v.items()})
+    if not any(s in SIGNALS for s in scores):
+        raise _bad(p, i, f"a step record with no score of a known signal ({', '.join(SIGNALS)}); got "
+                         f"{_show(sorted(scores))}")
     keff = field("summary", lambda v: float(v["k_eff"]))
     where = {} if "where" not in obj else field(
         "where", lambda v: {_rank(r, world): str(text) for r, text in v.items()})
@@ -787,8 +928,8 @@ def _show(value: object) -> str:
 
 
 def _positive_int(v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError("not an integer >= 1")
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= _MAX_STEP:
+        raise ValueError("not an integer in [1, 2**63)")
     return v
 
 
@@ -812,12 +953,27 @@ def _score_row(v: object, world: int) -> np.ndarray:
     return x
 
 
+def _limited_lines(p: Path, fh: IO[str], limit: int, ends: list[bool]) -> Iterator[str]:
+    """The lines of ``fh``, each at most ``limit`` characters (DataError beyond); ``ends[0]``: the last
+    line read ended with a newline."""
+    for i in itertools.count(1):
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        if len(line) > limit:
+            raise _bad(p, i, f"longer than {limit:,} characters; is it a monitor record?")
+        ends[0] = line.endswith("\n")
+        yield line
+
+
 def _read_csv(p: Path) -> MonitorLog:
     by_step: dict[int, dict] = {}
     hosts: dict[int, str] = {}
+    cut = ""
     try:
         with p.open(newline="", encoding="utf-8") as fh:
-            reader = csv.reader(fh)
+            ends = [True]
+            reader = csv.reader(_limited_lines(p, fh, _HEADER_BYTES, ends))
             head = tuple(next(reader, ()))
             if head != CSV_COLUMNS:
                 missing = [c for c in CSV_COLUMNS if c not in head]
@@ -829,21 +985,34 @@ def _read_csv(p: Path) -> MonitorLog:
             for row in reader:
                 if not row:
                     continue  # a blank line
+                if not ends[0] and len(row) != len(CSV_COLUMNS):  # the last line, cut
+                    cut = f"line {reader.line_num} was cut ({len(row)} of {len(CSV_COLUMNS)} fields)"
+                    break
                 last = _csv_row(p, reader.line_num, row, col, by_step, hosts, last)
     except UnicodeDecodeError as exc:
         raise DataError(f"{p}: not UTF-8 text ({exc.reason}); is it a monitor record?") from None
     except csv.Error as exc:
         raise DataError(f"{p}: not CSV ({exc})") from None
     if not by_step:
-        raise DataError(f"{p}: a monitor header but no step recorded; nothing to report")
+        raise DataError(f"{p}: a monitor header but no step recorded; nothing to report"
+                        + (f" ({cut})" if cut else ""))
     world = max(hosts) + 1
+    if cut and len(by_step[last]["ranks"]) < world:  # the cut step's rows before the cut
+        del by_step[last]
+        cut += f": step {last} is incomplete; read the {len(by_step)} complete steps before it"
+    elif cut:
+        cut += f"; read the {len(by_step)} complete steps before it"
+    if not by_step:
+        raise DataError(f"{p}: no complete step recorded ({cut})")
     rows = []
     for step, d in by_step.items():
-        if sorted(d["ranks"]) != list(range(world)):
-            raise DataError(f"{p}: step {step} has rows for ranks {sorted(d['ranks'])}, not 0..{world - 1}")
+        if len(d["ranks"]) != world or sorted(d["ranks"]) != list(range(world)):
+            shown = sorted(d["ranks"])[:8]
+            raise DataError(f"{p}: step {step} has rows for {len(d['ranks'])} ranks ({shown}...), not the "
+                            f"{world} of 0..{world - 1}")
         scores = {s: np.array([d["scores"][k][s] for k in range(world)]) for s in SIGNALS}
         rows.append((step, d["flagged"], tuple(d["flags"]), scores, d["k_eff"], d["where"]))
-    return _log(p, "csv", world, tuple(hosts[k] for k in range(world)), rows)
+    return _log(p, "csv", world, tuple(hosts[k] for k in range(world)), rows, cut)
 
 
 def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], by_step: dict, hosts: dict,
@@ -859,7 +1028,7 @@ def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], by_step: d
             raise _bad(p, line, f"a row whose {name!r} is not valid: {row[col[name]][:40]!r}") from None
 
     step = field("step", lambda v: _positive_int(int(v)))
-    rank = field("rank", lambda v: _rank(int(v), 1 << 30))
+    rank = field("rank", lambda v: _rank(int(v), MAX_WORLD))
     flagged = row[col["flagged"]] == "1"
     scores = {s: field(f"score_{s}", float) for s in SIGNALS}
     keff = field("k_eff", float)
@@ -882,7 +1051,8 @@ def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], by_step: d
     return step
 
 
-def _log(p: Path, fmt: str, world: int, hosts: tuple[str, ...], rows: list[tuple]) -> MonitorLog:
+def _log(p: Path, fmt: str, world: int, hosts: tuple[str, ...], rows: list[tuple], cut: str = ""
+         ) -> MonitorLog:
     names = [s for s in SIGNALS if any(s in r[3] for r in rows)]
     scores = {s: np.array([r[3].get(s, np.full(world, np.nan)) for r in rows]).reshape(len(rows), world)
               for s in names}
@@ -891,4 +1061,4 @@ def _log(p: Path, fmt: str, world: int, hosts: tuple[str, ...], rows: list[tuple
         flagged[i, r[1]] = True
     return MonitorLog(p, fmt, world, hosts, np.array([r[0] for r in rows], dtype=np.int64), scores, flagged,
                       tuple(r[2] for r in rows), tuple(r[5] for r in rows),
-                      np.array([r[4] for r in rows], dtype=np.float64))
+                      np.array([r[4] for r in rows], dtype=np.float64), cut)

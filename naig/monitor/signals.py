@@ -93,8 +93,9 @@ from naig.metric import DEFAULT_LINE, fano_fisher_metric, parse_line
 from naig.sketch.core import SKETCH_DIM, check_seed
 from naig.sketch.layout_sketch import LayoutSketch
 
-__all__ = ["EXACT_ALWAYS", "MonitorSketch", "NoiseScale", "NoiseScaleAverage", "RankSignals", "check_batch",
-           "check_blocks", "noise_scale", "pack", "pack_tensors", "payload_size", "rank_signals", "unpack"]
+__all__ = ["EXACT_ALWAYS", "MAX_BLOCKS", "MonitorSketch", "NoiseScale", "NoiseScaleAverage", "RankSignals",
+           "check_batch", "check_blocks", "noise_scale", "pack", "pack_tensors", "payload_size",
+           "rank_signals", "unpack"]
 
 EXACT_ALWAYS = frozenset({"sq_norm", "rel_norm"})
 """Quantities that are exact whatever the statistics given (full-dimension float64 norms)."""
@@ -168,15 +169,20 @@ class MonitorSketch:
         return self.layout(flat)[:self.dim]
 
 
+MAX_BLOCKS = 256
+"""The most sketch blocks per rank: m = 3584 floats, a relative spread √(2/m) of 2.4 % (each block
+adds 14 floats to every rank's payload and one hash per gradient entry to every step)."""
+
+
 def check_blocks(blocks: object) -> int:
-    """Validate R, the number of sketch blocks (an int ≥ 1).
+    """Validate R, the number of sketch blocks (an int in [1, ``MAX_BLOCKS``]).
 
     Raises:
         UsageError: anything else, naming ``blocks``.
     """
-    if isinstance(blocks, bool) or not isinstance(blocks, int | np.integer) or blocks < 1:
-        raise UsageError("must be an int >= 1 (the sketch has 14 floats per block)", field="blocks",
-                         value=blocks)
+    if isinstance(blocks, bool) or not isinstance(blocks, int | np.integer) or not 1 <= blocks <= MAX_BLOCKS:
+        raise UsageError(f"must be an int in [1, {MAX_BLOCKS}] (the sketch has 14 floats per block; "
+                         f"{MAX_BLOCKS} blocks measure to 2.4 %)", field="blocks", value=blocks)
     return int(blocks)
 
 

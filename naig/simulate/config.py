@@ -44,6 +44,7 @@ from typing import Any
 from naig.choices import DEVICES, ENGINES, LOCAL_METHODS, OPTIMIZERS, REFERENCES
 from naig.errors import UsageError
 from naig.gibbs import parse_beta
+from naig.io import missing_reason
 from naig.metric import parse_line
 from naig.simulate.faults import FAULT_KINDS, GRADIENT_FAULTS, Fault, check_faults, parse_faults
 from naig.simulate.model import get_preset
@@ -55,6 +56,8 @@ from naig.simulate.settings import (
     as_tuple,
     check,
     check_writable_dir,
+    is_int,
+    is_number,
 )
 from naig.simulate.strategies import STRATEGIES, StrategyOptions, parse_clip
 from naig.sketch.core import check_seed
@@ -113,11 +116,11 @@ class RuleOptions:
         object.__setattr__(self, "beta", parse_beta(self.beta))
         object.__setattr__(self, "clip", parse_clip(self.clip))
         lam = self.dc_lambda
-        check(isinstance(lam, int | float) and math.isfinite(lam) and lam >= 0,
+        check(is_number(lam) and math.isfinite(lam) and lam >= 0,
               "dc_lambda", self.dc_lambda, "DC-ASGD's λ must be finite and >= 0, e.g. 20")
-        check(isinstance(self.byzantine, int) and self.byzantine >= 0, "byzantine", self.byzantine,
+        check(is_int(self.byzantine) and self.byzantine >= 0, "byzantine", self.byzantine,
               "use an int >= 0, e.g. 1")
-        check(self.max_staleness is None or (isinstance(self.max_staleness, int) and self.max_staleness >= 0),
+        check(self.max_staleness is None or (is_int(self.max_staleness) and self.max_staleness >= 0),
               "max_staleness", self.max_staleness,
               "use an int >= 0 (the largest staleness drop-stale keeps), e.g. 4")
         check(self.reference in REFERENCES, "reference", self.reference,
@@ -247,6 +250,9 @@ class SimulateConfig:
             UsageError: an unknown key, two settings, or a bad value (naming it).
         """
         tree = _tuples(dict(tree))
+        for section in ("rules", *SETTINGS):
+            check(section not in tree or isinstance(tree[section], dict), section, tree.get(section),
+                  f"must be a table [{section}] of its keys (a TOML table, a JSON object)")
         settings = [name for name in SETTINGS if name in tree]
         if len(settings) > 1:
             tables = " and ".join(f"[{s}]" for s in settings)
@@ -273,7 +279,8 @@ class SimulateConfig:
             UsageError: field ``config``: the file is missing, unreadable or not TOML/JSON.
         """
         p = Path(path)
-        check(p.exists(), "config", str(path), "cannot read it (no such file); give a .toml or .json file")
+        check(p.exists(), "config", str(path),
+              f"cannot read it ({missing_reason(p)}); give a .toml or .json file")
         check(p.is_file(), "config", str(path),
               "is not a regular file (a folder, a pipe or a device); give a .toml or .json file")
         check(p.stat().st_size <= MAX_CONFIG_BYTES, "config", str(path),
@@ -284,12 +291,18 @@ class SimulateConfig:
             why = getattr(exc, "strerror", None) or exc
             raise UsageError(f"cannot read it ({why}); give a .toml or .json file", field="config",
                              value=str(path)) from None
+        kind = "JSON" if p.suffix.lower() == ".json" else "TOML"
         try:
-            tree = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
+            tree = json.loads(text) if kind == "JSON" else tomllib.loads(text)
         except (ValueError, tomllib.TOMLDecodeError) as exc:
-            raise UsageError(f"is not valid {'JSON' if p.suffix.lower() == '.json' else 'TOML'}: "
-                             f"{str(exc).splitlines()[0]}", field="config", value=str(path)) from None
+            raise UsageError(f"is not valid {kind}: {str(exc).splitlines()[0]}", field="config",
+                             value=str(path)) from None
+        except RecursionError:
+            raise UsageError(f"is {kind} nested too deeply to be a config", field="config",
+                             value=str(path)) from None
         check(isinstance(tree, dict), "config", str(path), "must hold a table (TOML) or an object (JSON)")
+        check(_depth(tree) <= MAX_CONFIG_DEPTH, "config", str(path),
+              f"is nested deeper than {MAX_CONFIG_DEPTH} levels; a config is a table of tables and lists")
         return cls.from_dict(config_tree(tree))
 
     def to_dict(self) -> dict[str, Any]:
@@ -320,7 +333,8 @@ class SimulateConfig:
         The setting stays unless ``changes`` choose another (``_chosen_by``: ``engine`` distributed,
         ``arrivals``, ``lags``, or ``arrivals=None`` for fixed lags): then the old setting's options
         are dropped, as a command line overrides a config file. Options of two settings in
-        ``changes`` are refused, as in ``from_options``.
+        ``changes`` are refused, as in ``from_options``. The ``window`` of the arrivals setting
+        is carried into the distributed one (and back): both have one, so it is applied, not dropped.
 
         Example:
             >>> base = SimulateConfig.from_options(steps=4)
@@ -329,8 +343,11 @@ class SimulateConfig:
         """
         options, current = self.to_options(), self.setting.NAME
         chosen = _chosen_by(changes, current)
-        if chosen != current:  # the changes choose another setting: the old one's options go
-            options = {n: v for n, v in options.items() if OPTIONS.get(n, ("", ""))[0] in ("", "rules")}
+        if chosen != current:  # the changes choose another setting: the old one's options go, but for
+            # `window`, which arrivals and distributed share: it is carried over (checked there), not dropped
+            shared = {chosen, current} == {"arrivals", "distributed"}
+            keep = ("", "rules", "setting") if shared else ("", "rules")
+            options = {n: v for n, v in options.items() if OPTIONS.get(n, ("", ""))[0] in keep}
         return SimulateConfig.from_options(**{**options, **changes})
 
     # -- what the engines read -----------------------------------------------------------------
@@ -421,21 +438,21 @@ class SimulateConfig:
 
     def _check_numbers(self) -> None:
         check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"use {' or '.join(OPTIMIZERS)}")
-        check(isinstance(self.steps, int) and 0 < self.steps <= MAX_STEPS, "steps", self.steps,
+        check(is_int(self.steps) and 0 < self.steps <= MAX_STEPS, "steps", self.steps,
               f"use a positive int up to {MAX_STEPS:,}, e.g. 150")
-        check(isinstance(self.seeds, int) and 0 < self.seeds <= MAX_SEEDS, "seeds", self.seeds,
+        check(is_int(self.seeds) and 0 < self.seeds <= MAX_SEEDS, "seeds", self.seeds,
               f"use a positive int up to {MAX_SEEDS:,}, e.g. 3")
         check(len(self.lr) > 0
-              and all(isinstance(v, int | float) and v > 0 and math.isfinite(v) for v in self.lr),
+              and all(is_number(v) and v > 0 and math.isfinite(v) for v in self.lr),
               "lr", self.lr, "use finite values > 0, e.g. 1e-3 or 3e-4,1e-3,3e-3")
         check(len(set(self.lr)) == len(self.lr), "lr", self.lr, "lists a learning rate twice")
-        check(isinstance(self.batch_size, int) and self.batch_size > 0, "batch_size", self.batch_size,
+        check(is_int(self.batch_size) and self.batch_size > 0, "batch_size", self.batch_size,
               "use a positive int, e.g. 8")
-        check(isinstance(self.eval_every, int) and self.eval_every >= 0, "eval_every", self.eval_every,
+        check(is_int(self.eval_every) and self.eval_every >= 0, "eval_every", self.eval_every,
               "use an int >= 0 (0: validate only at the end)")
-        check(isinstance(self.eval_batches, int) and self.eval_batches > 0, "eval_batches", self.eval_batches,
+        check(is_int(self.eval_batches) and self.eval_batches > 0, "eval_batches", self.eval_batches,
               "use a positive int, e.g. 16")
-        check(isinstance(self.data_bytes, int) and self.data_bytes > 0, "data_bytes", self.data_bytes,
+        check(is_int(self.data_bytes) and self.data_bytes > 0, "data_bytes", self.data_bytes,
               "use a positive int, e.g. 2000000")
         check(self.data is None or isinstance(self.data, str), "data", self.data, "use a file path")
         check(self.log_dir is None or isinstance(self.log_dir, str), "log_dir", self.log_dir,
@@ -535,6 +552,17 @@ def _build(kind: type, values: dict[str, Any], where: str) -> Any:
     if where == "arrivals" and isinstance(values.get("local"), dict):
         values = {**values, "local": _build(LocalUpdates, values["local"], "arrivals.local")}
     return kind(**values)
+
+
+MAX_CONFIG_DEPTH = 8  # tables and lists inside a config: [arrivals.local] and a list are 3
+
+
+def _depth(tree: Any, limit: int = MAX_CONFIG_DEPTH + 1) -> int:
+    """How deep ``tree`` nests dicts and lists (counted up to ``limit``: no recursion beyond it)."""
+    if limit <= 0 or not isinstance(tree, dict | list | tuple):
+        return 0
+    items = tree.values() if isinstance(tree, dict) else tree
+    return 1 + max((_depth(v, limit - 1) for v in items), default=0)
 
 
 def _tuples(tree: Any) -> Any:

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from naig.errors import DataError, UsageError
+from naig.io import missing_reason
 
 __all__ = ["SPLITS", "SPLITS_WITH_TEST", "stdlib_bytes", "load_bytes", "ByteData"]
 
@@ -72,7 +73,7 @@ def load_bytes(path: str | Path | None, limit: int) -> bytes:
         raise DataError("is a directory; pass one text file, e.g. corpus.txt (concatenate "
                         "several files into one first)", field="data", value=str(p))
     if not p.exists():
-        raise DataError("no such file; pass an existing text file", field="data", value=str(p))
+        raise DataError(f"{missing_reason(p)}; pass an existing text file", field="data", value=str(p))
     if not p.is_file():
         raise DataError("is not a regular file (a pipe or a device); pass a text file", field="data",
                         value=str(p))

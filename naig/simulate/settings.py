@@ -39,7 +39,7 @@ from naig.errors import UsageError
 
 __all__ = ["LagsSetting", "ArrivalsSetting", "LocalUpdates", "DistributedSetting", "Setting", "SETTINGS",
            "DEFAULT_LAGS", "MAX_LAG", "MAX_STEPS", "DEFAULT_LOCAL_STEPS", "MAX_TIMEOUT", "LOCAL_USERS",
-           "check", "check_writable_dir", "as_tuple"]
+           "check", "check_writable_dir", "as_tuple", "is_int", "is_number"]
 
 DEFAULT_LAGS = (0, 10, 20, 35)  # the paper's Experiment B
 MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
@@ -77,6 +77,16 @@ def as_tuple(value: object, name: str, example: str) -> tuple:
     return tuple(value)
 
 
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an int and not a bool (a config's ``true`` is not 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """Whether ``value`` is an int or a float and not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def check(ok: bool, name: str, value: object, message: str) -> None:
     """Raise ``UsageError(message, field=name, value=value)`` unless ``ok``."""
     if not ok:
@@ -105,11 +115,12 @@ class LagsSetting:
     def __post_init__(self) -> None:
         object.__setattr__(self, "lags", as_tuple(self.lags, "lags", "0, 10, 20, 35"))
         object.__setattr__(self, "save_at", as_tuple(self.save_at, "save_at", "50, 100"))
-        check(len(self.lags) > 0 and all(isinstance(t, int) and t >= 0 for t in self.lags), "lags", self.lags,
+        check(isinstance(self.warmup_theta0, bool), "warmup_theta0", self.warmup_theta0, "use true or false")
+        check(len(self.lags) > 0 and all(is_int(t) and t >= 0 for t in self.lags), "lags", self.lags,
               "use non-negative ints, one per worker, e.g. 0,10,20,35")
         check(all(t <= MAX_LAG for t in self.lags), "lags", self.lags,
-              f"a lag must be at most {MAX_LAG:,}; any lag >= `steps` already means every gradient is taken "
-              "at θ_0")
+              f"a lag must be at most {MAX_LAG:,}; any lag >= `steps` already means the worker never joins "
+              "(with `warmup_theta0`: every gradient it sends is taken at θ_0)")
         self._check_saving()
 
     @property
@@ -186,13 +197,13 @@ class LocalUpdates:
         if self.steps is not None:
             object.__setattr__(self, "steps", as_tuple(self.steps, "local_steps", "10, 10, 5, 2"))
         h = self.steps
-        check(h is None or (len(h) > 0 and all(isinstance(v, int) and 1 <= v <= MAX_STEPS for v in h)),
+        check(h is None or (len(h) > 0 and all(is_int(v) and 1 <= v <= MAX_STEPS for v in h)),
               "local_steps", h, "use one int >= 1, or one per worker, e.g. 10 or 10,10,5,2")
         lr = self.outer_lr
-        check(lr is None or (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0), "outer_lr", lr,
+        check(lr is None or (is_number(lr) and math.isfinite(lr) and lr > 0), "outer_lr", lr,
               "use a finite value > 0, e.g. 0.7")
         m = self.outer_momentum
-        check(m is None or (isinstance(m, int | float) and math.isfinite(m) and 0 <= m < 1),
+        check(m is None or (is_number(m) and math.isfinite(m) and 0 <= m < 1),
               "outer_momentum", m,
               "use a value in [0, 1), e.g. 0.9 (0: no momentum)")
         check(self.topology is None or self.topology in TOPOLOGIES, "topology", self.topology,
@@ -201,7 +212,7 @@ class LocalUpdates:
         top = self.topology or "one-peer"
         degree = {"one-peer": "d = 1, e.g. 0.5", "two-peer": "d = 2, e.g. 0.5", "ring": "d = 2, e.g. 0.5",
                   "complete": "d = K − 1, e.g. 0.25 for 5 workers"}.get(top, "e.g. 0.5")
-        check(a is None or (isinstance(a, int | float) and math.isfinite(a) and 0 < a <= 1), "gossip_step", a,
+        check(a is None or (is_number(a) and math.isfinite(a) and 0 < a <= 1), "gossip_step", a,
               f"use a value in (0, 1/d] for the largest degree d of a {top} graph ({degree})")
         check(self.form is None or self.form in GASLOC_FORMS, "gasloc_form", self.form,
               f"use one of {', '.join(GASLOC_FORMS)}")
@@ -256,6 +267,8 @@ class ArrivalsSetting:
                   "use a text spec, e.g. exp:1,exp:2")
         if isinstance(self.local, dict):
             object.__setattr__(self, "local", LocalUpdates(**self.local))
+        check(isinstance(self.local, LocalUpdates), "local", self.local,
+              "use a table [arrivals.local] of steps, outer_lr, outer_momentum, topology, gossip_step, form")
         check(self.mode in ARRIVAL_MODES, "mode", self.mode, f"use one of {', '.join(ARRIVAL_MODES)}")
         try:
             k = self.arrival_model().workers  # parses the specs
@@ -266,7 +279,7 @@ class ArrivalsSetting:
             if exc.field not in ("compute", "workers"):
                 raise
             raise UsageError(exc.message, field="arrivals", value=self.compute) from None
-        check(isinstance(self.window, int) and 1 <= self.window <= k, "window", self.window,
+        check(is_int(self.window) and 1 <= self.window <= k, "window", self.window,
               f"use an int in 1..{k} (1: ASGD, {k}: K-batch-async)")
         h = self.local.steps
         check(h is None or len(h) in (1, k), "local_steps", h,
@@ -357,14 +370,16 @@ class DistributedSetting:
         object.__setattr__(self, "slowdown", as_tuple(self.slowdown, "slowdown", "1, 1, 2, 4"))
         check(self.nproc is not None, "nproc", None,
               "is needed with `engine` distributed: the server plus K workers, e.g. 5")
-        check(isinstance(self.nproc, int) and self.nproc >= 2, "nproc", self.nproc,
+        check(is_int(self.nproc) and self.nproc >= 2, "nproc", self.nproc,
               "use an int >= 2: the server plus at least one worker, e.g. 5")
         k = self.workers
-        check(isinstance(self.window, int) and 1 <= self.window <= k, "window", self.window,
+        check(is_int(self.window) and 1 <= self.window <= k, "window", self.window,
               f"use an int in 1..{k} (1: ASGD, {k}: K-batch-async)")
-        check(len(self.slowdown) in (0, k) and all(math.isfinite(v) and v >= 1 for v in self.slowdown),
+        check(len(self.slowdown) in (0, k) and all(is_number(v) and math.isfinite(v) and v >= 1
+                                                     for v in self.slowdown),
               "slowdown", self.slowdown, f"give {k} factors >= 1, one per worker, e.g. {','.join(['1'] * k)}")
-        check(isinstance(self.timeout, int | float) and math.isfinite(self.timeout)
+        check(isinstance(self.sketch_first, bool), "sketch_first", self.sketch_first, "use true or false")
+        check(is_number(self.timeout) and math.isfinite(self.timeout)
               and 0 < self.timeout <= MAX_TIMEOUT, "timeout", self.timeout, "use seconds in (0, 30]")
 
     @property
