@@ -13,8 +13,8 @@ interval, per 1000 steps, and the mean run length between alarms (steps / alarms
 
 **The default** among ``CANDIDATES`` is chosen on the validation seeds: among the candidates
 whose validation false-alarm rate (K = ``ranks``, batch ``batch_size``) is at most 2α, the one
-with the highest mean over fault kinds of P(``horizon``), then the lower mean median delay; the
-test seeds never enter the choice.
+with the highest mean over fault kinds of P(``horizon``), then the lower mean median delay (when
+none is within 2α: the one with the fewest false alarms); the test seeds never enter the choice.
 """
 
 from __future__ import annotations
@@ -127,7 +127,9 @@ def choose(validation: dict[str, dict], alpha: float) -> str:
         v = validation[name]
         delays = [d for d in v["median_delays"] if d is not None]
         mean_delay = -float(np.mean(delays)) if delays else -1e9
-        return (v["false_alarm"]["rate"] <= 2 * alpha, v["mean_p"], mean_delay)
+        within = v["false_alarm"]["rate"] <= 2 * alpha
+        # within the bound: the most detection; else (none within): the fewest false alarms
+        return (within, v["mean_p"] if within else -v["false_alarm"]["rate"], mean_delay)
 
     return max(CANDIDATES, key=score)
 
