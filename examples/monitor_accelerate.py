@@ -1,9 +1,9 @@
-"""naig's monitor in a Hugging Face Accelerate loop: the DDP hook on the prepared model.
+"""naig's monitor in a Hugging Face Accelerate loop: one line after ``prepare``, ``watch(...)``.
 
-``accelerator.prepare(model)`` wraps the model in ``DistributedDataParallel`` when there are
-several processes; register the hook on that model (``MonitorHook(model).register(model)``)
-and attach it to the optimizer underneath Accelerate's wrapper (``optimizer.optimizer``), which
-applies ``skip`` and ``raise`` before the update. The loop itself is Accelerate's usual one.
+``naig.monitor.accelerate.watch(accelerator, model, optimizer, monitor)`` registers the monitor's
+DDP communication hook on the prepared model, attaches it to the torch optimizer inside
+Accelerate's (``skip`` / ``raise`` before the update) and registers the monitor for
+``accelerator.save_state``. The loop itself is Accelerate's usual one.
 
 A small MLP on random 8-feature, 4-class data; each process gets its own shard (the prepared
 DataLoader). At step ``--bad-step`` rank ``--bad-rank`` corrupts its gradient (``--fault``
@@ -20,9 +20,9 @@ On CPU (gloo), several processes on one machine (torchrun; Accelerate reads its 
 On GPUs, Accelerate's own launcher: ``accelerate launch --multi_gpu --num_processes 4
 examples/monitor_accelerate.py OUT`` (drop ``cpu=True`` below). ``accelerate launch --cpu
 --num_processes N`` starts one process unless mpirun is set up (accelerate 1.15's simple launcher),
-so there is nothing to compare; the script says so.
+so there is nothing to compare; ``watch`` says so.
 
-``--no-monitor`` trains the same run without the hook (to compare parameters with ``log``).
+``--no-monitor`` trains the same run without the monitor (to compare parameters with ``log``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from naig.errors import UsageError, run_main
-from naig.monitor import Monitor, MonitorHook
+from naig.monitor import Monitor
+from naig.monitor.accelerate import watch
 from naig.monitor.records import CsvRecords, JsonlRecords, Records
 
 TIMEOUT = 30.0  # seconds, every collective (the process group's and the monitor's; 30 is the most)
@@ -64,7 +65,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fault", choices=("scale", "nan", "flip", "none"), default="scale")
     p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="warn")
     p.add_argument("--window", type=int, default=16, help="the detectors' individual history")
-    p.add_argument("--no-monitor", action="store_true", help="train without the hook")
+    p.add_argument("--no-monitor", action="store_true", help="train without the monitor")
     args = p.parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", 1))
     _in(args.steps, 1, None, "--steps", "training steps")
@@ -98,9 +99,6 @@ def main(argv: list[str]) -> None:
     args = _args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=TIMEOUT))])
-    if acc.num_processes < 2:  # nothing to compare, and no DDP model to hook
-        sys.exit("error: the monitor compares ranks: start 2 or more processes, e.g. torchrun --standalone "
-                 "--nproc-per-node 3 (accelerate launch --cpu starts one process unless mpirun is set up)")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -120,8 +118,7 @@ def main(argv: list[str]) -> None:
                           callback=lambda sig, d: seen.append(list(d.ranks)))
         records = Records(JsonlRecords(args.out / "monitor.jsonl"), CsvRecords(args.out / "monitor.csv"))
         records.attach(monitor)  # rank 0 writes; the other ranks' records do nothing
-        hook = MonitorHook(model, monitor=monitor).register(model)  # model: the prepared DDP model
-        hook.attach(opt.optimizer)  # Accelerate's optimizer wraps the torch one
+        watch(acc, model, opt, monitor)  # one process: says there is nothing to compare
     for xb, yb in loader:
         step[0] += 1
         loss = nn.functional.cross_entropy(model(xb), yb)

@@ -15,6 +15,9 @@ Under torchrun (one or several machines; the same script):
 
     torchrun --nproc-per-node 4 examples/monitor_ddp.py --fault-rank 2 --fault scale
 
+``--comm-hook bf16`` / ``powersgd`` composes the monitor with torch's own DDP hooks: the monitor
+reads each bucket, then that hook compresses and reduces it (``MonitorHook(comm_hook=...)``).
+
 The detectors score each rank against the others (needs 4 ranks or more to see anything but
 enormous departures) and against its own last ``--window`` steps (from step window + 1 on), so
 the default fault step comes after the window. A sign flip is visible only when the ranks'
@@ -30,6 +33,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from naig.distributed.launch import process_group
@@ -58,6 +62,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--action", choices=ACTIONS, default="skip",
                    help="skip (default): no update from a flagged step; log lets a NaN poison the mean")
     p.add_argument("--exact", action="store_true", help="exact cos and distance from the all-reduced mean")
+    p.add_argument("--comm-hook", choices=("none", "bf16", "powersgd"), default="none",
+                   help="torch's DDP hook that reduces each bucket after the monitor has read it")
     p.add_argument("--fault-rank", type=int, default=None, help="this rank corrupts its gradient")
     p.add_argument("--fault", choices=FAULTS, default="nan")
     p.add_argument("--fault-step", type=int, default=None, help="default: window + 4")
@@ -93,6 +99,16 @@ def _corrupt(args: argparse.Namespace, rank: int, step: dict) -> object:
     return hook
 
 
+def _comm_hook(name: str) -> dict:
+    """The ``comm_hook``/``comm_state`` of ``MonitorHook`` for ``--comm-hook`` (none: DDP's all-reduce)."""
+    if name == "bf16":
+        return {"comm_hook": default_hooks.bf16_compress_hook}
+    if name == "powersgd":
+        state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+        return {"comm_hook": powerSGD_hook.powerSGD_hook, "comm_state": state}
+    return {}
+
+
 def _train(args: argparse.Namespace, rank: int, world: int) -> None:
     torch.manual_seed(0)
     cfg = get_preset("gpt-nano")
@@ -108,7 +124,7 @@ def _train(args: argparse.Namespace, rank: int, world: int) -> None:
             print(decision.describe(), flush=True)
 
     monitor = Monitor(window=args.window, action=args.action, batch=args.batch_size, callback=report)
-    hook = MonitorHook(model, monitor=monitor, exact=args.exact).register(ddp)
+    hook = MonitorHook(model, monitor=monitor, exact=args.exact, **_comm_hook(args.comm_hook)).register(ddp)
     hook.attach(opt)
     step = {"now": 0}
     if args.fault_rank is not None:

@@ -1,14 +1,9 @@
-"""naig's monitor in a Lightning run: the DDP communication hook through ``DDPStrategy``.
+"""naig's monitor in a Lightning run: one callback, ``Trainer(callbacks=[MonitorCallback(monitor)])``.
 
-On GPUs Lightning hands the hook to DDP itself:
-``DDPStrategy(ddp_comm_state=hook, ddp_comm_hook=monitor_comm_hook)``. On CPU it does not:
-Lightning 2.6 registers DDP communication hooks only when the root device is CUDA
-(``DDPStrategy._register_ddp_hooks``) and ignores them silently otherwise, so the module
-registers the hook on the DDP model itself in ``on_train_start`` (``hook.register(strategy.model)``)
-when the device is not CUDA. Either way the monitor sees every rank's gradient before the
-all-reduce, bucket by bucket, and decides the same thing on every rank at the last bucket.
-``hook.attach(optimizer)`` (also in ``on_train_start``) applies ``skip`` and ``raise`` before
-Lightning's ``optimizer.step``.
+``naig.monitor.lightning.MonitorCallback`` registers the monitor's DDP communication hook on the
+strategy's DDP model (CPU and CUDA alike), attaches the optimizer (``skip`` / ``raise`` before
+Lightning's ``optimizer.step``), logs to the Trainer's loggers and keeps the detector state in
+Lightning's checkpoints. The LightningModule is the user's own, untouched by the monitor.
 
 A small MLP on random 8-feature, 4-class data; each rank gets its own shard (Lightning's
 ``DistributedSampler``). At step ``--bad-step`` rank ``--bad-rank`` corrupts its gradient
@@ -24,7 +19,7 @@ On CPU (gloo; Lightning starts the other ranks):
     python examples/monitor_lightning.py OUT --devices 3 --steps 30 --bad-step 24
     naig monitor report OUT/monitor.jsonl
 
-``--no-monitor`` trains the same run without the hook (to compare parameters with ``log``).
+``--no-monitor`` trains the same run without the callback (to compare parameters with ``log``).
 """
 
 from __future__ import annotations
@@ -43,11 +38,16 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from naig.distributed.launch import RENDEZVOUS_SECONDS
 from naig.errors import UsageError, run_main
-from naig.monitor import Monitor, MonitorHook, monitor_comm_hook
+from naig.monitor import Monitor
+from naig.monitor.lightning import MonitorCallback
 from naig.monitor.records import JsonlRecords, Records, TensorBoardRecords
 
-TIMEOUT = 30.0  # seconds, every collective (Lightning's group and the monitor's gathers; 30 at most)
+TIMEOUT = 30.0  # seconds, each of the monitor's gathers (30 at most)
+# Lightning's group: its timeout also bounds the start-up rendezvous, which on a loaded machine
+# (3 processes importing torch and Lightning on 2 cores) took longer than 30 s
+GROUP_TIMEOUT = RENDEZVOUS_SECONDS
 
 
 def _in(value: int, low: int, high: int | None, option: str, why: str) -> None:
@@ -69,7 +69,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="warn")
     p.add_argument("--window", type=int, default=16, help="the detectors' individual history")
     p.add_argument("--tensorboard", type=Path, default=None, help="also write TensorBoard scalars here")
-    p.add_argument("--no-monitor", action="store_true", help="train without the hook")
+    p.add_argument("--no-monitor", action="store_true", help="train without the callback")
     args = p.parse_args(argv)
     _in(args.devices, 1, None, "--devices", "CPU processes")
     _in(args.steps, 1, None, "--steps", "training steps")
@@ -85,22 +85,14 @@ def _args(argv: list[str]) -> argparse.Namespace:
 class Net(L.LightningModule):
     """An MLP whose rank ``bad_rank`` corrupts its gradient at step ``bad_step``."""
 
-    def __init__(self, args: argparse.Namespace, hook: MonitorHook | None) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4))
-        self.args, self.hook = args, hook
+        self.args = args
 
     def on_fit_start(self) -> None:
         for p in self.parameters():
             p.register_hook(self._fault)  # runs before the gradient reaches DDP's bucket
-
-    def on_train_start(self) -> None:
-        if self.hook is None:
-            return
-        strategy = self.trainer.strategy
-        if strategy.root_device.type != "cuda":  # Lightning registers DDP comm hooks on CUDA only
-            self.hook.register(strategy.model)
-        self.hook.attach(strategy.optimizers[0])  # skip / raise before the update
 
     def _fault(self, grad: torch.Tensor) -> torch.Tensor:
         a = self.args
@@ -137,7 +129,8 @@ def main(argv: list[str]) -> None:
     warnings.filterwarnings("ignore", ".*does not have many workers.*")  # Lightning's DataLoader advice
     torch.manual_seed(0)
     seen: list[list[int]] = []
-    monitor = hook = records = None
+    monitor = records = None
+    callbacks = []
     if not args.no_monitor:
         monitor = Monitor(action=args.action, window=args.window, timeout=TIMEOUT,
                           callback=lambda sig, d: seen.append(list(d.ranks)))
@@ -146,14 +139,12 @@ def main(argv: list[str]) -> None:
             writers.append(TensorBoardRecords(args.tensorboard, per_rank=True))
         records = Records(*writers)
         records.attach(monitor)  # rank 0 writes; the other ranks' records do nothing
-    model = Net(args, None)
-    if monitor is not None:
-        hook = model.hook = MonitorHook(model, monitor=monitor)
-    strategy = DDPStrategy(ddp_comm_state=hook, ddp_comm_hook=monitor_comm_hook if hook else None,
-                           process_group_backend="gloo", timeout=timedelta(seconds=TIMEOUT))
+        callbacks.append(MonitorCallback(monitor))
+    model = Net(args)
+    strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=GROUP_TIMEOUT))
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=args.steps,
                         max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+                        enable_model_summary=False, callbacks=callbacks)
     trainer.fit(model, _data(args))
     if records is not None:
         records.close()

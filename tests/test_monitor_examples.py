@@ -58,6 +58,12 @@ def test_monitor_ddp_names_the_nan_rank_and_skips_its_step(tmp_path: Path) -> No
     _check(out, 3, 1, "bucket 0")
 
 
+def test_monitor_ddp_composed_with_bf16_compression_still_names_the_nan_rank(tmp_path: Path) -> None:
+    out = _run(tmp_path, "monitor_ddp.py", [sys.executable],
+               ["--nproc", "3", "--fault-rank", "1", "--fault", "nan", "--comm-hook", "bf16", *SHORT])
+    _check(out, 3, 1, "bucket 0")
+
+
 def test_monitor_fsdp2_under_torchrun_names_the_nan_rank(tmp_path: Path) -> None:
     out = _run(tmp_path, "monitor_fsdp2.py",
                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"],

@@ -1,5 +1,6 @@
 """The monitor's recipes on real processes (gloo, 3 ranks): examples/monitor_lightning.py and
-examples/monitor_accelerate.py each run a few steps with a rank sending ×1000 gradients at step 24.
+examples/monitor_accelerate.py each run a few steps with a rank sending ×1000 gradients at step 24;
+examples/monitor_transformers.py 12 steps with a ×1000 loss at step 12.
 
 Each recipe runs twice, with the monitor in ``log`` mode and without it: the bad rank is named
 (rank and host) at its step and at no earlier step, every rank saw the same flagged ranks at
@@ -89,4 +90,22 @@ def test_accelerate_recipe_under_torchrun_names_the_bad_rank_and_log_mode_is_inv
     _check(outs["monitored"], bad_rank=1)
     csv_rows = (outs["monitored"] / "monitor.csv").read_text().splitlines()
     assert len(csv_rows) == 1 + STEPS * WORLD
+    _same_params(outs["monitored"], outs["plain"])
+
+
+def test_transformers_recipe_under_torchrun_names_the_bad_rank_and_log_mode_is_invisible(tmp_path) -> None:
+    pytest.importorskip("transformers", reason="the Trainer recipe needs the transformers extra")
+    script = str(ROOT / "examples" / "monitor_transformers.py")
+    outs, stdout = {}, ""
+    for name, extra in (("monitored", ["--action", "log"]), ("plain", ["--no-monitor"])):
+        out = tmp_path / name
+        out.mkdir()
+        r = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                  str(WORLD), script, str(out), "--steps", "12", "--bad-step", "12", "--window", "8",
+                  "--bad-rank", "1", *extra], tmp_path)
+        outs[name], stdout = out, stdout + r.stdout
+    assert "3 processes, 12 steps; flagged steps: {12: [1]}" in stdout
+    lines = (outs["monitored"] / "monitor.jsonl").read_text().splitlines()
+    steps = [decode(json.loads(x)) for x in lines][1:]
+    assert [s["step"] for s in steps] == list(range(1, 13)) and steps[-1]["flagged"] == [1]
     _same_params(outs["monitored"], outs["plain"])

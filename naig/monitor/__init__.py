@@ -8,7 +8,10 @@ gradient noise scale (``signals``); robust detectors score each rank against the
 against its own history and name the bad rank (``detectors``); ``Monitor.observe`` does both
 in a custom loop (``observe``); ``MonitorHook`` with ``monitor_comm_hook`` does it inside
 ``DistributedDataParallel`` (``ddp``); ``fully_shard_monitor`` inside FSDP2 (``fsdp``).
-``NaigCommHook`` (``routing``) is the older DDP hook that routes the all-reduce by π.
+Framework integrations, one line each: ``lightning.MonitorCallback`` (a Lightning callback),
+``transformers.MonitorCallback`` (a Hugging Face ``Trainer`` callback), ``accelerate.watch``
+(optional extras; imported only from those modules). ``NaigCommHook`` (``routing``) is the older
+DDP hook that routes the all-reduce by π.
 
 Importing this package loads neither scipy nor the simulator.
 """
