@@ -94,7 +94,7 @@ def test_fsdp_segments_are_the_permuted_layout(world: int) -> None:
     flat = torch.cat([t.reshape(-1) for t in state.values()])
     inp = torch.where(torch.from_numpy(perm >= 0), flat[torch.from_numpy(np.maximum(perm, 0))], 123.0)
     segments, total = layout_segments(sizes, world)
-    assert total == perm.size
+    assert total == perm.size and segments.shape == (world * len(sizes), 4)  # nothing of the input's size
     sk = LayoutSketch.from_segments(names, segments, total, seed=9, blocks=2)
     for impl in CPU_IMPLS:
         _payload_ok(sk(inp, impl), state, 9, 2)  # the padding (123.0) is not read

@@ -11,16 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-if not torch.cuda.is_available():
+if not torch.cuda.is_available():  # read by triton when it is imported (and by its lazy imports after)
     os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton", reason="the CUDA body of the sketch needs triton (pip install 'naig[triton]')")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+pytest.importorskip("triton", reason="the CUDA sketch needs triton (pip install 'naig[triton]')")
 
 from naig.sketch.core import sketch_reference  # noqa: E402
 from naig.sketch.layout_sketch import LayoutSketch  # noqa: E402
 from naig.sketch.triton_sketch import BLOCK, launch_plan  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-pytestmark = pytest.mark.skipif(DEVICE.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1",
+pytestmark = pytest.mark.skipif(DEVICE.type == "cpu" and not INTERPRETED,
                                 reason="no GPU and the interpreter is off")
 
 

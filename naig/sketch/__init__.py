@@ -10,6 +10,10 @@ One contract, four bodies behind one dispatcher, ``sketch_state_dict(..., impl=)
 - ``"torch"``: ``torch_sketch.TorchSketch``, an ``index_add_`` on flat vectors, on any
   device; the simulator and ``naig.Router`` use it.
 
+The monitor's sketch, ``layout_sketch.LayoutSketch``, stores no hash arrays: it recomputes
+the codes while it reads the tensors in place (the C kernel on CPU, ``triton_sketch`` on
+CUDA) and returns S x with ‖x‖² and the non-finite count from that one read.
+
 Notes:
     The sketch is a CountSketch with 14 buckets (Charikar et al. 2002): for fixed
     x, y and a uniformly random hash, E[⟨Sx, Sy⟩] = ⟨x, y⟩ and

@@ -31,11 +31,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 from torch import Tensor
 
+from naig.errors import UsageError
 from naig.sketch.core import SKETCH_DIM
+
+try:  # optional: ``pip install 'naig[triton]'`` (CUDA builds of torch ship it)
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = tl = None
 
 __all__ = ["BLOCK", "Plan", "launch_plan", "sketch_payload"]
 
@@ -44,78 +49,80 @@ _WARPS = 8
 _COLS = 16  # the 14 buckets padded to a power of two
 
 
-@triton.jit
-def _splitmix(z):
-    z = z + 0x9E3779B97F4A7C15
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-    return z ^ (z >> 31)
+if triton is not None:
+
+    @triton.jit
+    def _splitmix(z):
+        z = z + 0x9E3779B97F4A7C15
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+        return z ^ (z >> 31)
 
 
-@triton.jit
-def _payload_kernel(x_ptr, seg_ptr, first_ptr, keys_ptr, part_ptr, n_seg, n_prog, key_col, n_keys,
-                    RG: tl.constexpr, BLOCK: tl.constexpr, COLS: tl.constexpr):
-    """RG ≤ 4 blocks (key columns key_col … key_col + RG − 1) of every segment's chunks of this program."""
-    pid = tl.program_id(0)
-    lane = tl.arange(0, BLOCK)
-    cols = tl.arange(0, COLS)
-    sq = tl.zeros([BLOCK], dtype=tl.float64)
-    bad = tl.zeros([BLOCK], dtype=tl.float64)
-    acc0 = tl.zeros([BLOCK, COLS], dtype=tl.float64)
-    acc1 = tl.zeros([BLOCK, COLS], dtype=tl.float64)
-    acc2 = tl.zeros([BLOCK, COLS], dtype=tl.float64)
-    acc3 = tl.zeros([BLOCK, COLS], dtype=tl.float64)
-    for p in range(n_seg):
-        off = tl.load(seg_ptr + 4 * p)
-        length = tl.load(seg_ptr + 4 * p + 1)
-        start = tl.load(seg_ptr + 4 * p + 2).to(tl.uint64)
-        row = tl.load(seg_ptr + 4 * p + 3)
-        first = tl.load(first_ptr + p)
-        n_chunks = (length + BLOCK - 1) // BLOCK
-        c0 = (pid - first % n_prog + n_prog) % n_prog
-        k0 = tl.load(keys_ptr + row * n_keys + key_col).to(tl.uint64, bitcast=True) + start
-        k1 = k0
-        k2 = k0
-        k3 = k0
-        if RG > 1:
-            k1 = tl.load(keys_ptr + row * n_keys + key_col + 1).to(tl.uint64, bitcast=True) + start
-        if RG > 2:
-            k2 = tl.load(keys_ptr + row * n_keys + key_col + 2).to(tl.uint64, bitcast=True) + start
-        if RG > 3:
-            k3 = tl.load(keys_ptr + row * n_keys + key_col + 3).to(tl.uint64, bitcast=True) + start
-        for c in range(c0, n_chunks, n_prog):
-            idx = lane.to(tl.int64) + c * BLOCK
-            mask = idx < length
-            v = tl.load(x_ptr + off + idx, mask=mask, other=0.0).to(tl.float64)
-            sq += v * v
-            bad += tl.where((v - v) != 0.0, 1.0, 0.0)  # v − v is NaN exactly for NaN and ±inf
-            i = idx.to(tl.uint64)
-            acc0 += _hit(k0 + i, v, cols)
+    @triton.jit
+    def _payload_kernel(x_ptr, seg_ptr, first_ptr, keys_ptr, part_ptr, n_seg, n_prog, key_col, n_keys,
+                        RG: tl.constexpr, BLOCK: tl.constexpr, COLS: tl.constexpr):
+        """RG ≤ 4 blocks (key columns key_col … key_col + RG − 1) of this program's chunks."""
+        pid = tl.program_id(0)
+        lane = tl.arange(0, BLOCK)
+        cols = tl.arange(0, COLS)
+        sq = tl.zeros([BLOCK], dtype=tl.float64)
+        bad = tl.zeros([BLOCK], dtype=tl.float64)
+        acc0 = tl.zeros([BLOCK, COLS], dtype=tl.float64)
+        acc1 = tl.zeros([BLOCK, COLS], dtype=tl.float64)
+        acc2 = tl.zeros([BLOCK, COLS], dtype=tl.float64)
+        acc3 = tl.zeros([BLOCK, COLS], dtype=tl.float64)
+        for p in range(n_seg):
+            off = tl.load(seg_ptr + 4 * p)
+            length = tl.load(seg_ptr + 4 * p + 1)
+            start = tl.load(seg_ptr + 4 * p + 2).to(tl.uint64)
+            row = tl.load(seg_ptr + 4 * p + 3)
+            first = tl.load(first_ptr + p)
+            n_chunks = (length + BLOCK - 1) // BLOCK
+            c0 = (pid - first % n_prog + n_prog) % n_prog
+            k0 = tl.load(keys_ptr + row * n_keys + key_col).to(tl.uint64, bitcast=True) + start
+            k1 = k0
+            k2 = k0
+            k3 = k0
             if RG > 1:
-                acc1 += _hit(k1 + i, v, cols)
+                k1 = tl.load(keys_ptr + row * n_keys + key_col + 1).to(tl.uint64, bitcast=True) + start
             if RG > 2:
-                acc2 += _hit(k2 + i, v, cols)
+                k2 = tl.load(keys_ptr + row * n_keys + key_col + 2).to(tl.uint64, bitcast=True) + start
             if RG > 3:
-                acc3 += _hit(k3 + i, v, cols)
-    base = part_ptr + pid.to(tl.int64) * (RG * COLS + 2)
-    tl.store(base + cols, tl.sum(acc0, axis=0))
-    if RG > 1:
-        tl.store(base + COLS + cols, tl.sum(acc1, axis=0))
-    if RG > 2:
-        tl.store(base + 2 * COLS + cols, tl.sum(acc2, axis=0))
-    if RG > 3:
-        tl.store(base + 3 * COLS + cols, tl.sum(acc3, axis=0))
-    tl.store(base + RG * COLS, tl.sum(sq, axis=0))
-    tl.store(base + RG * COLS + 1, tl.sum(bad, axis=0))
+                k3 = tl.load(keys_ptr + row * n_keys + key_col + 3).to(tl.uint64, bitcast=True) + start
+            for c in range(c0, n_chunks, n_prog):
+                idx = lane.to(tl.int64) + c * BLOCK
+                mask = idx < length
+                v = tl.load(x_ptr + off + idx, mask=mask, other=0.0).to(tl.float64)
+                sq += v * v
+                bad += tl.where((v - v) != 0.0, 1.0, 0.0)  # v − v is NaN exactly for NaN and ±inf
+                i = idx.to(tl.uint64)
+                acc0 += _hit(k0 + i, v, cols)
+                if RG > 1:
+                    acc1 += _hit(k1 + i, v, cols)
+                if RG > 2:
+                    acc2 += _hit(k2 + i, v, cols)
+                if RG > 3:
+                    acc3 += _hit(k3 + i, v, cols)
+        base = part_ptr + pid.to(tl.int64) * (RG * COLS + 2)
+        tl.store(base + cols, tl.sum(acc0, axis=0))
+        if RG > 1:
+            tl.store(base + COLS + cols, tl.sum(acc1, axis=0))
+        if RG > 2:
+            tl.store(base + 2 * COLS + cols, tl.sum(acc2, axis=0))
+        if RG > 3:
+            tl.store(base + 3 * COLS + cols, tl.sum(acc3, axis=0))
+        tl.store(base + RG * COLS, tl.sum(sq, axis=0))
+        tl.store(base + RG * COLS + 1, tl.sum(bad, axis=0))
 
 
-@triton.jit
-def _hit(z, v, cols):
-    """(BLOCK, COLS): v_i signed by h_i & 1 in column (h_i >> 32) mod 14, h = splitmix64(z)."""
-    h = _splitmix(z)
-    bucket = ((h >> 32) % 14).to(tl.int32)
-    signed = tl.where((h & 1) == 1, -v, v)
-    return tl.where(bucket[:, None] == cols[None, :], signed[:, None], 0.0)
+    @triton.jit
+    def _hit(z, v, cols):
+        """(BLOCK, COLS): v_i signed by h_i & 1 in column (h_i >> 32) mod 14, h = splitmix64(z)."""
+        h = _splitmix(z)
+        bucket = ((h >> 32) % 14).to(tl.int32)
+        signed = tl.where((h & 1) == 1, -v, v)
+        return tl.where(bucket[:, None] == cols[None, :], signed[:, None], 0.0)
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,9 @@ def sketch_payload(x: Tensor, plan: Plan) -> Tensor:
     Returns:
         (14·R + 2,) float64 on x's device (no host synchronisation).
     """
+    if triton is None:
+        raise UsageError("triton is not importable (pip install 'naig[triton]')", field="impl",
+                         value="triton")
     r = plan.blocks
     out = torch.zeros(SKETCH_DIM * r + 2, dtype=torch.float64, device=x.device)
     n_seg = plan.segments.shape[0]
