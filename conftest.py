@@ -3,6 +3,14 @@ collection (``--doctest-modules`` imports every module of naig/) when their extr
 their tests skip with a reason (``pytest.importorskip``)."""
 
 import importlib.util
+import os
+
+import torch
+
+# Without CUDA the Triton kernels run interpreted; the variable must be set before anything imports
+# triton, and one xdist worker runs many test files.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _EXTRAS = {"naig/monitor/lightning.py": "lightning", "naig/monitor/transformers.py": "transformers",
            "naig/monitor/accelerate.py": "accelerate"}

@@ -90,8 +90,10 @@ def resolve_beta(beta: float | str, energies: np.ndarray, *, history: bool = Fal
         UsageError: if ``beta`` is neither ``"auto"`` nor a finite float ≥ 0.
 
     Example:
-        >>> resolve_beta("auto", np.array([0.0, 2.0, 4.0, np.nan]))
-        0.3333333333333333
+        >>> resolve_beta("auto", np.array([0.0, 2.0, 4.0, 6.0, np.nan]))  # 1 / median of 2, 4, 6
+        0.25
+        >>> resolve_beta("auto", np.array([0.0, 2.0, 4.0, np.nan]))  # two positive: 1 / the smaller
+        0.5
     """
     if beta != "auto":
         if not isinstance(beta, int | float | np.floating) or not (math.isfinite(beta) and beta >= 0):

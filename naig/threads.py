@@ -6,7 +6,7 @@ thread brings nothing when the machine is quiet and, when another process keeps 
 every parallel region waits for the descheduled thread (``benchmarks/threads.py`` measured
 ``naig simulate`` at 1 vs 2 threads, quiet and beside a busy process; docs/results/benchmarks.md).
 So ``simulate`` and ``detect`` default to ``DEFAULT_THREADS`` per process, the distributed
-engine's workers included, and take ``--threads N`` for larger models.
+engine's workers included, and take a thread count (the ``threads`` field) for larger models.
 
 Example:
     >>> import torch
@@ -30,7 +30,7 @@ from naig.errors import UsageError
 __all__ = ["DEFAULT_THREADS", "MAX_THREADS", "check_threads", "torch_threads"]
 
 DEFAULT_THREADS = 1
-"""Intra-op threads per process unless ``--threads`` says otherwise (see the module)."""
+"""Intra-op threads per process unless the ``threads`` field says otherwise (see the module)."""
 MAX_THREADS = 1024
 """More threads than any machine has cores: refused as a typo."""
 

