@@ -61,7 +61,7 @@ COMMON, RULES, LAGS, ARRIVALS, LOCAL, DISTRIBUTED, OUTPUT = (
 EXAMPLES = """**Examples**
 
 ```
-naig simulate                                      # fixed lags 0,10,20,35; ~1 min on 2 cores
+naig simulate                                      # fixed lags 0,10,20,35; ~2 min on 2 cores
 naig simulate --arrivals exp:1,exp:1,exp:2,exp:4   # staleness from worker speeds
 naig simulate --lr 3e-4,1e-3,3e-3 --seeds 5        # each rule's lr chosen on validation
 naig simulate --faults 1:signflip:10 --lags 3,3,3,3 --strategies naig,hogwild,median,krum

@@ -153,7 +153,7 @@ _CHOSEN_BY = {"lags": "`lags`", "arrivals": "`arrivals`", "distributed": "`engin
 
 @dataclass(frozen=True)
 class SimulateConfig:
-    """Everything that determines a simulation (defaults: ~1 minute on 2 CPU cores).
+    """Everything that determines a simulation (defaults: ~2 minutes on 2 CPU cores).
 
     Every part is checked on construction (``dataclasses.replace`` checks again), before
     anything is trained or written; build one from option names with ``from_options``,
