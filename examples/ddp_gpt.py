@@ -31,8 +31,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from naig.distributed import HookRecord, NaigCommHook
 from naig.distributed.launch import process_group
+from naig.errors import run_main
 from naig.simulate.data import ByteData, load_bytes
 from naig.simulate.model import GPT, get_preset, lm_loss
+from naig.threads import check_threads
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -70,7 +72,7 @@ def main(argv: list[str]) -> None:
 
 
 def _train(args: argparse.Namespace, rank: int, world: int) -> None:
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(check_threads(args.threads, "--threads"))
     torch.manual_seed(0)
     cfg = get_preset("gpt-nano")
     data = ByteData.from_bytes(load_bytes(None, args.data_bytes))
@@ -104,4 +106,4 @@ def _train(args: argparse.Namespace, rank: int, world: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_main(main, sys.argv[1:])

@@ -44,6 +44,7 @@ from naig.errors import UsageError, run_main
 from naig.monitor import Monitor
 from naig.monitor.accelerate import watch
 from naig.monitor.records import CsvRecords, JsonlRecords, Records
+from naig.threads import DEFAULT_THREADS, check_threads
 
 TIMEOUT = 30.0  # seconds, every collective (the process group's and the monitor's; 30 is the most)
 
@@ -66,7 +67,10 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="warn")
     p.add_argument("--window", type=int, default=16, help="the detectors' individual history")
     p.add_argument("--no-monitor", action="store_true", help="train without the monitor")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help="torch CPU threads per rank (default 1: a model this small only loses time to more)")
     args = p.parse_args(argv)
+    torch.set_num_threads(check_threads(args.threads, "--threads"))
     world = int(os.environ.get("WORLD_SIZE", 1))
     _in(args.steps, 1, None, "--steps", "training steps")
     if args.fault != "none" and world > 1:

@@ -41,6 +41,7 @@ from naig.errors import UsageError, run_main
 from naig.monitor import ACTIONS, BadRankError, Decision, Monitor, MonitorHook, RankSignals
 from naig.simulate.data import ByteData, load_bytes
 from naig.simulate.model import GPT, get_preset, lm_loss
+from naig.threads import DEFAULT_THREADS, check_threads
 
 FAULTS = ("nan", "scale", "flip")
 
@@ -68,7 +69,10 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fault", choices=FAULTS, default="nan")
     p.add_argument("--fault-step", type=int, default=None, help="default: window + 4")
     p.add_argument("--data-bytes", type=int, default=300_000)
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help="torch CPU threads per rank (default 1: a model this small only loses time to more)")
     args = p.parse_args(argv)
+    torch.set_num_threads(check_threads(args.threads, "--threads"))
     if args.fault_step is None:
         args.fault_step = args.window + 4
     world = int(os.environ.get("WORLD_SIZE", args.nproc))

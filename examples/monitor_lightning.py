@@ -43,6 +43,7 @@ from naig.errors import UsageError, run_main
 from naig.monitor import Monitor
 from naig.monitor.lightning import MonitorCallback
 from naig.monitor.records import JsonlRecords, Records, TensorBoardRecords
+from naig.threads import DEFAULT_THREADS, check_threads
 
 TIMEOUT = 30.0  # seconds, each of the monitor's gathers (30 at most)
 # Lightning's group: its timeout also bounds the start-up rendezvous, which on a loaded machine
@@ -70,7 +71,10 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=16, help="the detectors' individual history")
     p.add_argument("--tensorboard", type=Path, default=None, help="also write TensorBoard scalars here")
     p.add_argument("--no-monitor", action="store_true", help="train without the callback")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help="torch CPU threads per rank (default 1: a model this small only loses time to more)")
     args = p.parse_args(argv)
+    torch.set_num_threads(check_threads(args.threads, "--threads"))
     _in(args.devices, 1, None, "--devices", "CPU processes")
     _in(args.steps, 1, None, "--steps", "training steps")
     if args.fault != "none":

@@ -34,6 +34,7 @@ from naig.errors import UsageError, run_main
 from naig.monitor import Monitor
 from naig.monitor.records import JsonlRecords
 from naig.monitor.transformers import MonitorCallback
+from naig.threads import DEFAULT_THREADS, check_threads
 
 TIMEOUT = 30  # seconds, every collective (the Trainer's ddp_timeout and the monitor's)
 
@@ -47,7 +48,10 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="warn")
     p.add_argument("--window", type=int, default=16, help="the detectors' history")
     p.add_argument("--no-monitor", action="store_true", help="train without the callback")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help="torch CPU threads per rank (default 1: a model this small only loses time to more)")
     args = p.parse_args(argv)
+    torch.set_num_threads(check_threads(args.threads, "--threads"))
     world = int(os.environ.get("WORLD_SIZE", 1))
     if args.steps < 1:
         raise UsageError(f"--steps {args.steps}: must be >= 1 (training steps)")

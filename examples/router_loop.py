@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 from collections import deque
 from pathlib import Path
 
 import torch
 
 import naig
+from naig.errors import run_main
 from naig.io import save_gradients
+from naig.threads import check_threads
 
 WORKERS = 4
 
@@ -91,7 +94,7 @@ def _save(folder: Path, grads: list[dict], taus: list[int], step: int) -> None:
         save_gradients(folder / f"worker{k}.safetensors", g, lag=tau, step=step, worker=k)
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--max-lag", type=int, default=8)
@@ -99,8 +102,8 @@ def main() -> None:
     parser.add_argument("--save", type=Path, default=None, help="write the last step's gradients here")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: a model this small only loses time to more)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(check_threads(args.threads, "--threads"))
     for rule in ("naig", "hogwild"):
         losses = train(rule, args, save=args.save if rule == "naig" else None)
         trace = " ".join(f"{v:.4f}" for v in losses)
@@ -108,4 +111,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, sys.argv[1:])

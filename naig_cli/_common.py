@@ -68,6 +68,7 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "sketches": "--sketches",
     "chunk": "--chunk-mb",
     "threads": "--threads",
+    "jobs": "--jobs",
     "csv": "--csv",
     "tol": "--tol",
     "lags": "--lags",

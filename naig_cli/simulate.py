@@ -61,7 +61,7 @@ COMMON, RULES, LAGS, ARRIVALS, LOCAL, DISTRIBUTED, OUTPUT = (
 EXAMPLES = """**Examples**
 
 ```
-naig simulate                                      # fixed lags 0,10,20,35; ~2 min on 2 cores
+naig simulate                                      # fixed lags 0,10,20,35; < 1 min on 2 cores
 naig simulate --arrivals exp:1,exp:1,exp:2,exp:4   # staleness from worker speeds
 naig simulate --lr 3e-4,1e-3,3e-3 --seeds 5        # each rule's lr chosen on validation
 naig simulate --faults 1:signflip:10 --lags 3,3,3,3 --strategies naig,hogwild,median,krum
@@ -97,7 +97,7 @@ def simulate(
         "diloco-naig-exact, gasloc, gossip-adam, local-sgd, allreduce.", COMMON,
         "naig,naig-blind,fresh-only,hogwild,staleness,sync (without fresh-only beside --arrivals or "
         "--engine distributed)")] = None,
-    steps: Annotated[int | None, _o("--steps", "Server steps per run.", COMMON, "150")] = None,
+    steps: Annotated[int | None, _o("--steps", "Server steps per run.", COMMON, "100")] = None,
     seeds: Annotated[int | None, _o("--seeds", "Number of seeds (0..N-1).", COMMON, "3")] = None,
     lr: Annotated[str | None, _o(
         "--lr", "Learning rate, or a comma list: each rule's is chosen on validation, reported on a test "
@@ -111,6 +111,9 @@ def simulate(
     threads: Annotated[int | None, _o(
         "--threads", "torch CPU threads per process (each worker's too with --engine distributed).",
         COMMON, "1")] = None,
+    jobs: Annotated[int | None, _o(
+        "--jobs", "Runs side by side, one process each (0: one per CPU core; 1 with --engine distributed or "
+        "a GPU).", COMMON, "0")] = None,
     model: Annotated[Model | None, _o("--model", "Model preset.", COMMON, "gpt-nano")] = None,
     data: Annotated[str | None, _o("--data", "Text file.", COMMON, "the stdlib's .py files")] = None,
     data_bytes: Annotated[int | None, _o(
@@ -237,7 +240,8 @@ def _options(**given: Any) -> dict[str, Any]:
         strategies=None if g["strategies"] is None else _split(g["strategies"]) or ("",), steps=g["steps"],
         seeds=g["seeds"], lr=floats("lr"), optimizer=_value(g["optimizer"]),
         batch_size=g["batch_size"], eval_every=g["eval_every"], device=_value(g["device"]),
-        threads=g["threads"], model=_value(g["model"]), data=g["data"], data_bytes=g["data_bytes"],
+        threads=g["threads"], jobs=g["jobs"], model=_value(g["model"]), data=g["data"],
+        data_bytes=g["data_bytes"],
         sketch_seed=g["sketch_seed"],
         faults=faults or None, log_dir=g["log_dir"], beta=g["beta"], dc_lambda=g["dc_lambda"],
         byzantine=g["byzantine"], max_staleness=g["max_staleness"], clip=g["clip"],
@@ -364,12 +368,12 @@ def _reporter(advance: Callable[..., None], runs: int) -> Callable[[StepEvent], 
     (and, in a long run, at an evaluation at most every ``HEARTBEAT_SECONDS``)."""
     done = {"runs": 0, "said": time.monotonic()}
     if sys.stderr.isatty():  # a run's progress may jump (a diloco round is H steps): advance by the jump
-        last: dict[str, Any] = {"run": None, "step": 0}
+        last: dict[tuple[str, int, float], int] = {}  # runs side by side (--jobs) interleave their events
 
         def bar(e: StepEvent) -> None:
             run = (e.strategy, e.seed, e.lr)
-            advance(e.step - (last["step"] if last["run"] == run else 0))
-            last.update(run=run, step=e.step)
+            advance(e.step - last.get(run, 0))
+            last[run] = e.step
 
         return bar
 

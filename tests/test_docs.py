@@ -9,6 +9,9 @@
   one empty folder (with a link to examples/), so a block may use the files an earlier block of
   the same page wrote. A block right after ``<!-- no-test: REASON -->`` is skipped; REASON is one
   of ``NO_TEST_REASONS`` (a GPU, several machines, set-up, a server, or minutes of run time).
+  A block right after ``<!-- needs: MODULE -->`` (an optional extra; the page's prose says how to
+  install it) runs only where MODULE imports; without it the page stops there, skipped with the
+  reason, since later blocks may use what that block writes.
 """
 
 from __future__ import annotations
@@ -26,19 +29,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_TEST_REASONS = ("gpu", "several machines", "set-up", "server", "long")
-_FENCE = re.compile(r"^(?P<marker><!-- no-test: (?P<reason>[^>]*?) -->\n(?:[ \t]*\n)*)?"
+_FENCE = re.compile(r"^(?:<!-- needs: (?P<needs>[\w.]+) -->\n(?:[ \t]*\n)*)?"
+                    r"(?P<marker><!-- no-test: (?P<reason>[^>]*?) -->\n(?:[ \t]*\n)*)?"
                     r"```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^```[ \t]*$", flags=re.S | re.M)
 _MARKER = re.compile(r"^<!-- no-test:", flags=re.M)
+_NEEDS = re.compile(r"^<!-- needs:", flags=re.M)
 
 
 @dataclass(frozen=True)
 class Snippet:
-    """One fenced block of a page: its language, its code and why it is not run (None: it runs)."""
+    """One fenced block of a page: its language, its code, why it is not run (None: it runs), the
+    optional module it needs (None: none) and its line."""
 
     lang: str
     code: str
     skip: str | None
     line: int
+    needs: str | None = None
 
 
 def _pages() -> list[Path]:
@@ -47,7 +54,7 @@ def _pages() -> list[Path]:
 
 def _snippets(page: Path) -> list[Snippet]:
     text = page.read_text(encoding="utf-8")
-    return [Snippet(m["lang"], m["body"], m["reason"], text.count("\n", 0, m.start()) + 1)
+    return [Snippet(m["lang"], m["body"], m["reason"], text.count("\n", 0, m.start()) + 1, m["needs"])
             for m in _FENCE.finditer(text)]
 
 
@@ -161,6 +168,8 @@ def test_the_snippet_markers_are_well_formed():
         text = page.read_text(encoding="utf-8")
         attached = [s for s in _snippets(page) if s.skip is not None]
         assert len(_MARKER.findall(text)) == len(attached), f"{_name(page)}: a no-test marker before no block"
+        needing = [s for s in _snippets(page) if s.needs is not None]
+        assert len(_NEEDS.findall(text)) == len(needing), f"{_name(page)}: a needs marker before no block"
         for s in attached:
             assert s.skip.split(" (")[0] in NO_TEST_REASONS, f"{_name(page)}:{s.line}: reason {s.skip!r}"
             assert s.lang in ("python", "bash"), f"{_name(page)}:{s.line}: only code blocks are marked"
@@ -193,5 +202,10 @@ def _pages_to_run() -> list[Path]:
 def test_every_snippet_of_the_page_runs_in_order(tmp_path, page):
     (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
     for snippet in _runnable(page):
+        where = f"{_name(page)}:{snippet.line}"
+        missing = snippet.needs is not None and importlib.util.find_spec(snippet.needs) is None
+        if snippet.skip is None and missing:
+            pytest.skip(f"{where} and the blocks after it need {snippet.needs}, which is not installed "
+                        "(the page says which extra holds it; `.[dev]` holds them all)")
         if snippet.skip is None:
-            _run(snippet, tmp_path, f"{_name(page)}:{snippet.line}")
+            _run(snippet, tmp_path, where)

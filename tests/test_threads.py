@@ -1,6 +1,10 @@
 """torch's CPU threads, chosen on purpose (naig.threads) and applied by every training command."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from naig.threads import DEFAULT_THREADS, MAX_THREADS, check_threads, torch_thre
 from naig_cli.main import app
 from tests.conftest import assert_one_line_error, run_naig
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(steps=2, seeds=1, data_bytes=200_000, lags=(0, 1), eval_every=0, strategies=("hogwild",))
 
 
@@ -69,3 +74,23 @@ def test_distributed_workers_run_with_the_threads_asked_for() -> None:
 def test_cli_refuses_bad_threads_in_one_line() -> None:
     for cmd in (["simulate"], ["detect"]):
         assert_one_line_error(run_naig(*cmd, "--threads", "0"), 2, "--threads")
+
+
+EXAMPLES = {  # script: (the extra it needs, its positional arguments)
+    "ddp_gpt.py": (None, []), "router_loop.py": (None, []), "monitor_ddp.py": (None, []),
+    "monitor_fsdp2.py": (None, []), "monitor_accelerate.py": ("accelerate", ["out"]),
+    "monitor_lightning.py": ("lightning", ["out"]), "monitor_transformers.py": ("transformers", ["out"])}
+
+
+@pytest.mark.parametrize("script", sorted(EXAMPLES))
+def test_every_training_example_takes_threads_and_refuses_a_bad_count(script: str, tmp_path) -> None:
+    """Each example that trains takes ``--threads`` and refuses 0 in one line, exit 2, before any work."""
+    extra, positional = EXAMPLES[script]
+    if extra:
+        pytest.importorskip(extra, reason=f"{script} needs the {extra} extra")
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / script), *positional, "--threads", "0"],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       timeout=120, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout[-500:], r.stderr[-500:])
+    assert "--threads" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "out").exists()

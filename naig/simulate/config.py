@@ -3,7 +3,7 @@
 ::
 
     SimulateConfig          strategies, steps, seeds, lr, optimizer, batch_size, eval_every,
-    │                       eval_batches, device, threads, model, data, data_bytes, sketch_seed, line,
+    │                       eval_batches, device, threads, jobs, model, data, data_bytes, sketch_seed, line,
     │                       log_dir, faults
     ├── rules               RuleOptions: beta, dc_lambda, byzantine, max_staleness, clip, reference
     └── setting             exactly one of (naig.simulate.settings):
@@ -48,6 +48,7 @@ from naig.io import missing_reason
 from naig.metric import parse_line
 from naig.simulate.faults import FAULT_KINDS, GRADIENT_FAULTS, Fault, check_faults, parse_faults
 from naig.simulate.model import get_preset
+from naig.simulate.parallel import MAX_JOBS, resolve_jobs
 from naig.simulate.settings import (
     SETTINGS,
     LagsSetting,
@@ -130,8 +131,8 @@ class RuleOptions:
 # option name → (section of the tree, field); "setting" is the chosen setting's own table
 OPTIONS: dict[str, tuple[str, str]] = {
     **{name: ("", name) for name in ("strategies", "steps", "seeds", "lr", "optimizer", "batch_size",
-                                     "eval_every", "eval_batches", "device", "threads", "model", "data",
-                                     "data_bytes", "sketch_seed", "line", "log_dir", "faults")},
+                                     "eval_every", "eval_batches", "device", "threads", "jobs", "model",
+                                     "data", "data_bytes", "sketch_seed", "line", "log_dir", "faults")},
     **{name: ("rules", name) for name in ("beta", "dc_lambda", "byzantine", "max_staleness", "clip",
                                           "reference")},
     **{name: ("lags", name) for name in ("lags", "warmup_theta0", "save_grads", "save_at")},
@@ -153,7 +154,7 @@ _CHOSEN_BY = {"lags": "`lags`", "arrivals": "`arrivals`", "distributed": "`engin
 
 @dataclass(frozen=True)
 class SimulateConfig:
-    """Everything that determines a simulation (defaults: ~2 minutes on 2 CPU cores).
+    """Everything that determines a simulation (defaults: under a minute on 2 CPU cores, runs side by side).
 
     Every part is checked on construction (``dataclasses.replace`` checks again), before
     anything is trained or written; build one from option names with ``from_options``,
@@ -164,7 +165,7 @@ class SimulateConfig:
     """
 
     strategies: tuple[str, ...] | None = None  # rules to compare (None: DEFAULT_STRATEGIES of the setting)
-    steps: int = 150  # server steps (optimizer updates) per run
+    steps: int = 100  # server steps (optimizer updates) per run
     seeds: int = 3  # independent seeds 0..seeds−1 (init, data streams, val batches)
     lr: tuple[float, ...] = (1e-3,)  # learning rate (every default strategy's best of 3e-4, 1e-3, 3e-3
     #                                  on validation, 3 seeds); several: each strategy's is tuned
@@ -174,6 +175,7 @@ class SimulateConfig:
     eval_batches: int = 16  # validation batches (of 2 × batch_size sequences) per evaluation
     device: str = "cpu"  # "cpu", "cuda" or "auto"
     threads: int = DEFAULT_THREADS  # torch CPU threads per process (naig.threads: 1 suits small models)
+    jobs: int = 0  # runs side by side, one process each (0: one per CPU core; naig.simulate.parallel)
     model: str = "gpt-nano"  # preset name in naig.simulate.model.PRESETS
     data: str | None = None  # text file; None = the stdlib's .py files
     data_bytes: int = 2_000_000  # use the first this many bytes of the corpus
@@ -201,6 +203,9 @@ class SimulateConfig:
         object.__setattr__(self, "line", parse_line(self.line))
         self._check_numbers()
         check_threads(self.threads)
+        check(is_int(self.jobs) and 0 <= self.jobs <= MAX_JOBS, "jobs", self.jobs,
+              f"use an int from 0 to {MAX_JOBS} (processes running runs side by side; 0: one per core), "
+              "e.g. 2")
         self._check_strategies()
         check_seed(self.sketch_seed, "sketch_seed")
         get_preset(self.model)
@@ -211,7 +216,7 @@ class SimulateConfig:
         self._check_setting()
         self._check_faults()
         self.strategy_warnings()  # every strategy is defined in this setting and batch size
-        resolve_device(self.device)
+        resolve_jobs(self, self.seeds * len(self.strategies) * len(self.lr), resolve_device(self.device))
 
     # -- building ------------------------------------------------------------------------------
 

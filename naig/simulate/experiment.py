@@ -217,9 +217,13 @@ class SimulatedSession:
 
     def __init__(self, config: SimulateConfig) -> None:
         from naig.simulate.engines import buffer_rows
+        from naig.simulate.parallel import resolve_jobs
 
         self.workload = Workload(config)
-        self.workload.check_memory(*buffer_rows(config))  # before any run: refused, not attempted
+        rows, option = buffer_rows(config)
+        jobs = resolve_jobs(config, config.seeds * len(config.strategies) * len(config.lr),
+                            self.workload.device.type)  # each process side by side holds its own
+        self.workload.check_memory(rows * jobs, option)  # before any run: refused, not attempted
 
     def run(self, rule: str, seed: int, lr: float, ctx: RunContext) -> RunResult:
         """Start the rule's run on its engine (``engines.select``) and drive it."""
@@ -281,7 +285,13 @@ def _run_experiment(config: SimulateConfig, open_session: Callable[[SimulateConf
     try:
         with session:
             try:
-                _run_all(session, planned, progress, runs, untrained, saved)
+                jobs = _jobs(session, config, len(planned))
+                if jobs > 1:
+                    from naig.simulate.parallel import run_parallel
+
+                    run_parallel(session, planned, jobs, progress, runs, untrained, saved)
+                else:
+                    _run_all(session, planned, progress, runs, untrained, saved)
             except KeyboardInterrupt:
                 interrupted = True
                 partial = session.partial()
@@ -297,6 +307,15 @@ def _run_experiment(config: SimulateConfig, open_session: Callable[[SimulateConf
     return SimulateResult(config, str(w.device), w.n_params, untrained_mean, ROUTING_BYTES, 4 * w.n_params,
                           tuple(runs), summaries, tuple(saved), environment(str(w.device)), interrupted, best,
                           distributed=session.block(), not_run=not_run)
+
+
+def _jobs(session: Session, config: SimulateConfig, runs: int) -> int:
+    """Processes for the runs (``naig.simulate.parallel.resolve_jobs``); 1 for the distributed engine."""
+    from naig.simulate.parallel import resolve_jobs
+
+    if not isinstance(session, SimulatedSession):
+        return resolve_jobs(config, runs, "cpu")  # refuses an explicit jobs > 1 there; else 1
+    return resolve_jobs(config, runs, session.workload.device.type)
 
 
 def _run_all(session: Session, planned: list[tuple[int, str, float]],

@@ -1,0 +1,58 @@
+"""Runs side by side (naig.simulate.parallel): identical results, every event heard, refused where it
+does not apply."""
+
+import dataclasses
+
+import pytest
+
+from naig.errors import UsageError
+from naig.simulate import SimulateConfig, run_experiment
+from naig.simulate.parallel import available_cores, resolve_jobs
+
+BASE = dict(steps=6, seeds=2, data_bytes=200_000, lags=(0, 2), eval_every=3, strategies=("naig", "hogwild"))
+
+
+def _numbers(run) -> dict:
+    """Every field of a run but its wall time (NaN-free here, so == compares every number)."""
+    return {k: v for k, v in dataclasses.asdict(run).items() if k != "ms_per_step"}
+
+
+def test_two_processes_give_every_number_of_one_process_and_every_event(tmp_path) -> None:
+    events: dict[int, list] = {1: [], 2: []}
+    results = {}
+    for jobs in (1, 2):
+        cfg = SimulateConfig.from_options(**BASE, jobs=jobs, log_dir=str(tmp_path / str(jobs)))
+        results[jobs] = run_experiment(cfg, events[jobs].append)
+    one, two = results[1], results[2]
+    assert [_numbers(r) for r in one.runs] == [_numbers(r) for r in two.runs]
+    assert one.untrained_val_loss == two.untrained_val_loss
+    key = lambda e: (e.strategy, e.seed, e.lr, e.step, e.val_loss)  # noqa: E731
+    assert sorted(map(key, events[1])) == sorted(map(key, events[2])) and len(events[2]) == 4 * 6
+    logs = {jobs: sorted(p.name for p in (tmp_path / str(jobs)).iterdir()) for jobs in (1, 2)}
+    assert logs[1] == logs[2] and len(logs[2]) == 4
+    for name in logs[1]:
+        assert (tmp_path / "1" / name).read_text() == (tmp_path / "2" / name).read_text()
+
+
+def test_auto_is_one_process_per_core_at_most_one_per_run() -> None:
+    cfg = SimulateConfig.from_options(**BASE)
+    assert cfg.jobs == 0
+    assert resolve_jobs(cfg, 4, "cpu") == min(available_cores(), 4)
+    assert resolve_jobs(cfg, 1, "cpu") == 1
+    assert resolve_jobs(SimulateConfig.from_options(**BASE, jobs=3), 2, "cpu") == 2
+    assert resolve_jobs(cfg, 4, "cuda") == 1
+
+
+@pytest.mark.parametrize("bad", [-1, 1025, True, 2.0, "2"])
+def test_bad_jobs_are_refused_naming_the_option(bad) -> None:
+    with pytest.raises(UsageError, match="jobs"):
+        SimulateConfig.from_options(**BASE, jobs=bad)
+
+
+def test_jobs_beyond_one_is_refused_where_runs_cannot_go_side_by_side() -> None:
+    with pytest.raises(UsageError, match="distributed engine runs its own processes"):
+        SimulateConfig.from_options(engine="distributed", nproc=3, steps=2, seeds=1, jobs=2)
+    assert SimulateConfig.from_options(engine="distributed", nproc=3, steps=2, seeds=1, jobs=0).jobs == 0
+    cfg = SimulateConfig.from_options(**BASE, jobs=2)
+    with pytest.raises(UsageError, match="CUDA"):
+        resolve_jobs(cfg, 4, "cuda")
