@@ -1,12 +1,13 @@
 """torch's intra-op CPU threads, set on purpose by every command that trains or computes gradients.
 
 torch starts with one intra-op thread per core. For naig's models (gpt-nano: 120k parameters, a
-few ms per step) the per-operation work is too small to split: on a 2-core machine a second
-thread brings nothing when the machine is quiet and, when another process keeps a core busy,
-every parallel region waits for the descheduled thread (``benchmarks/threads.py`` measured
-``naig simulate`` at 1 vs 2 threads, quiet and beside a busy process; docs/results/benchmarks.md).
-So ``simulate`` and ``detect`` default to ``DEFAULT_THREADS`` per process, the distributed
-engine's workers included, and take a thread count (the ``threads`` field) for larger models.
+few ms per step) that is a poor trade: ``benchmarks/threads.py`` measured a step of ``naig
+simulate`` on the 2-core machine at 0.78× the time with a second thread when quiet, but 1.98×
+beside one busy process (every parallel region waits for the descheduled thread) and 12.6× on a
+loaded machine (docs/results/benchmarks.md). So ``simulate`` and ``detect`` default to
+``DEFAULT_THREADS`` per process, the distributed engine's workers included, and use the cores
+for processes instead (``simulate``'s runs side by side, ``naig.simulate.parallel``); each takes a
+thread count (the ``threads`` field) for larger models.
 
 Example:
     >>> import torch
