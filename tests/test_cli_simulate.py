@@ -5,6 +5,7 @@ import inspect
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -363,27 +364,48 @@ def test_local_updates_report_bytes_seconds_and_samples() -> None:
     assert "  gasloc (adamw → mixed gossip on ring lr 0.7 m 0.9; H 2,2,2,2): " in text
 
 
-def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid() -> None:
-    """SIGINT after the first run finished: exit 130, a valid JSON document with that run only."""
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str) -> None:
+    """SIGINT after runs finished: exit 130, a valid JSON document with finished runs only (one
+    process: in planned order, the first recorded once the second ends; two side by side: the runs
+    whose results had come back when the signal did, the children stopped)."""
     import signal
 
     cmd = [sys.executable, "-m", "naig_cli", "simulate", "--steps", "40", "--seeds", "3", "--data-bytes",
-           "200000", "--eval-every", "0", "--strategies", "hogwild,naig", "--lags", "0,2", "--json"]
+           "200017", "--eval-every", "0", "--strategies", "hogwild,naig", "--lags", "0,2", "--json",
+           "--jobs", jobs]  # 200017: this test's processes, found by their command line
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        first = proc.stderr.readline()  # the first run's last step: its result follows
-        assert first.startswith("hogwild seed 0 lr 0.001 step 40/40"), first
-        second = proc.stderr.readline()  # the second run ended: the first is recorded
-        assert second.startswith("naig seed 0 lr 0.001 step 40/40"), second
+        lines = [proc.stderr.readline() for _ in range(2 if jobs == "1" else 4)]  # runs' last steps
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
+    assert all(" step 40/40 " in line for line in lines), lines
+    if jobs == "1":
+        assert lines[0].startswith("hogwild seed 0 ") and lines[1].startswith("naig seed 0 "), lines
     assert proc.returncode == 130, err
     doc = json.loads(out)
     assert doc["interrupted"] is True and 1 <= len(doc["runs"]) < 6
-    assert doc["runs"][0]["strategy"] == "hogwild" and doc["runs"][0]["final_val_loss"] < 5.0
+    finished = [(r["strategy"], r["seed"]) for r in doc["runs"]]
+    assert len(set(finished)) == len(finished) and (jobs == "2" or finished[0] == ("hogwild", 0)), finished
+    assert all(r["updates"] == 40 and r["final_val_loss"] < 5.0 for r in doc["runs"])
     assert "error: interrupted" in err and "Traceback" not in err
+    time.sleep(0.5)
+    assert not _processes_with(f"--jobs\x00{jobs}\x00"), "a run process outlived the CLI"
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Live processes whose command line holds ``marker`` (forked children keep their parent's)."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            line = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "naig_cli\x00simulate" in line and "200017" in line and marker in line:
+            pids.append(int(proc.name))
+    return pids
 
 
 CONFIG_TOML = """

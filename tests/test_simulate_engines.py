@@ -16,7 +16,7 @@ import torch
 from naig.choices import LOCAL_METHODS
 from naig.errors import UsageError
 from naig.simulate import SimulateConfig, Workload, run_experiment
-from naig.simulate.engines import select, start
+from naig.simulate.engines import GOSSIP_METHODS, select, start
 from naig.simulate.faults import FAULT_KINDS, PROCESS_FAULTS
 from naig.simulate.strategies import STRATEGIES
 
@@ -91,7 +91,8 @@ def test_every_simulated_engine_runs_or_refuses_every_rule(setting: str, rule: s
         return
     assert (setting, rule) not in REFUSED
     engine = select(cfg, rule)
-    assert engine.NAME == ("local" if rule in LOCAL_METHODS else setting)
+    expected = "gossip" if rule in GOSSIP_METHODS else "local" if rule in LOCAL_METHODS else setting
+    assert engine.NAME == expected
     result = run_experiment(cfg)
     (run,) = result.runs
     assert run.strategy == rule and run.updates > 0 and run.diverged_at is None

@@ -1,7 +1,7 @@
 """The live check of ``naig detect``: the same scores from a real run of K gloo processes.
 
 ``python -m naig.detect.live OUT.json`` makes this process rank 0 of ``RANKS`` and starts the
-other ranks (``naig.distributed.launch.process_group``). For each fault cell of ``CELLS`` and each
+other ranks (``naig.launch.process_group``). For each fault cell of ``CELLS`` and each
 seed of ``SEEDS``, every rank trains the small GPT of the benchmark (the same text, model,
 minibatch streams ``stream_seed(seed, rank)`` and Adam) in a custom data-parallel loop: it
 computes its gradient, the rank drawn for this step (the same draw on every rank) replaces it by
@@ -141,7 +141,7 @@ def overlap(a: list[float], b: list[float]) -> bool:
 
 def main(out: str) -> None:
     """Run every cell and seed on ``RANKS`` gloo processes; rank 0 writes ``out`` (JSON)."""
-    from naig.distributed.launch import process_group
+    from naig.launch import process_group
 
     torch.set_num_threads(1)
     cfg = DetectConfig(ranks=RANKS, faults=("scale", "noise"), calibration=12, validation=0, test=3)

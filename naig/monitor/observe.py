@@ -47,8 +47,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from naig.distributed.launch import MAX_TIMEOUT
 from naig.errors import DataError, UsageError, warn_caller
+from naig.launch import MAX_TIMEOUT
 from naig.metric import DEFAULT_LINE, parse_line
 from naig.monitor.detectors import (
     DEFAULT_CLIP,

@@ -32,8 +32,9 @@ from naig.errors import UsageError
 
 if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
-    from naig.simulate.experiment import SimulatedSession, StepEvent
+    from naig.simulate.engines.simulated import SimulatedSession
     from naig.simulate.results import RunResult
+    from naig.simulate.runs import StepEvent
 
 __all__ = ["MAX_JOBS", "available_cores", "resolve_jobs", "run_parallel"]
 
@@ -63,7 +64,7 @@ def resolve_jobs(config: SimulateConfig, runs: int, device_type: str) -> int:
     Raises:
         UsageError: ``jobs > 1`` with the distributed engine, a CUDA device, or no ``fork``.
     """
-    why = ("the distributed engine runs its own processes (set their number with --nproc)"
+    why = ("the distributed engine runs its own processes (their number is `nproc`)"
            if config.setting.NAME == "distributed" else
            "runs on a CUDA device share it from one process" if device_type == "cuda" else
            "this platform cannot fork (runs side by side need it)" if "fork" not in mp.get_all_start_methods()
@@ -83,10 +84,8 @@ def _child_init() -> None:
 
 def _child_run(seed: int, rule: str, lr: float) -> tuple[RunResult, float, list[str]]:
     """One run in a child: its result, its seed's untrained loss and the files it saved."""
-    from naig.simulate.experiment import _context
-
     assert _SESSION is not None
-    ctx = _context(_SESSION.workload, seed, _EVENTS.put)
+    ctx = _SESSION.context(seed, _EVENTS.put)
     result = _SESSION.run(rule, seed, lr, ctx)
     return result, ctx.untrained, list(ctx.saved)
 

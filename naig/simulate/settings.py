@@ -36,6 +36,7 @@ from typing import ClassVar
 from naig.arrivals import ArrivalModel
 from naig.choices import ARRIVAL_MODES, GASLOC_FORMS, LOCAL_METHODS, TOPOLOGIES
 from naig.errors import UsageError
+from naig.launch import MAX_TIMEOUT  # distributed: the longest a message may take, seconds
 
 __all__ = ["LagsSetting", "ArrivalsSetting", "LocalUpdates", "DistributedSetting", "Setting", "SETTINGS",
            "DEFAULT_LAGS", "MAX_LAG", "MAX_STEPS", "DEFAULT_LOCAL_STEPS", "MAX_TIMEOUT", "LOCAL_USERS",
@@ -45,7 +46,6 @@ DEFAULT_LAGS = (0, 10, 20, 35)  # the paper's Experiment B
 MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
 MAX_STEPS = 10**9  # server steps per run, and inner steps per phase
 DEFAULT_LOCAL_STEPS = 10  # inner steps H per round when the local block does not set them
-MAX_TIMEOUT = 30.0  # distributed: the longest a message may take, seconds
 
 
 def check_writable_dir(path: str, name: str) -> None:

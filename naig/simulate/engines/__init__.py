@@ -3,69 +3,28 @@
 =================  ==========================================================================
 ``lags``           fixed lags τ_k: every rule of ``naig.simulate.strategies`` in lockstep
 ``arrivals``       gradient arrivals on a simulated clock (``sync``: timed synchronous rounds)
-``local``          local updates and gossip on the same clock (diloco, diloco-naig, gasloc, ...)
+``local``          local updates through a server on the same clock (diloco, diloco-naig, ...)
+``gossip``         decentralised local updates, no server (gasloc, gossip-adam)
 ``distributed``    real processes on ``torch.distributed``: a parameter server and K workers
 =================  ==========================================================================
 
-``select`` is the one place where a (setting, rule) pair is given its engine, and
-``open_session`` the one place where the experiment is given its session.
+``registry.select`` is the one place where a (setting, rule) pair is given its engine, and
+``open_session`` the one place where the experiment is given its session (``simulated``: the
+simulated engines in this process; ``distributed``: the processes). The run contracts they
+implement are in ``naig.simulate.runs``, which imports no engine.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from naig.choices import LOCAL_METHODS
+from naig.simulate.engines.registry import GOSSIP_METHODS, buffer_rows, select, start
 
 if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
-    from naig.simulate.engines.base import Engine, Run
-    from naig.simulate.experiment import Session
-    from naig.simulate.workload import Workload
+    from naig.simulate.runs import Session
 
-__all__ = ["select", "start", "open_session", "buffer_rows"]
-
-
-def select(config: SimulateConfig, rule: str) -> Engine:
-    """The simulated engine that runs ``rule`` in ``config``'s setting.
-
-    Fixed lags run every gradient rule; with arrivals, the local-update methods run on the
-    local engine and the gradient rules (``sync`` as timed rounds) on the arrivals engine.
-    """
-    if config.setting.NAME == "lags":
-        from naig.simulate.engines.lags import LagsEngine
-
-        return LagsEngine
-    if rule in LOCAL_METHODS:
-        from naig.simulate.engines.local import LocalEngine
-
-        return LocalEngine
-    from naig.simulate.engines.arrivals import ArrivalsEngine
-
-    return ArrivalsEngine
-
-
-def buffer_rows(config: SimulateConfig) -> tuple[int, str]:
-    """The most (n,)-sized float32 buffers any run of ``config`` keeps, and the option that sets them.
-
-    Fixed lags: K gradients, K stale parameter rows and the ring of min(max τ, steps − 1) + 1
-    versions; arrivals: 2B window rows and at most K + 1 versions; local updates: per worker a
-    replica, a gradient, a pseudo-gradient and AdamW's two moments; plus θ and its optimizer (3);
-    gasloc and gossip-adam: at most 9 per worker (docs/design.md §13).
-    """
-    s, k = config.setting, config.workers
-    if s.NAME == "lags":
-        return 2 * k + min(max(s.lags), config.steps - 1) + 1 + 3, "lags"
-    local = 5 * k + 3 if any(r in LOCAL_METHODS for r in config.strategies) else 0
-    if {"gasloc", "gossip-adam"} & set(config.strategies):  # + θ^i, previous, proposals (Adam's moments)
-        local = 9 * k + 3
-    return max(2 * config.window + k + 1 + 3, local), "arrivals" if s.NAME == "arrivals" else "nproc"
-
-
-def start(workload: Workload, rule: str, seed: int, lr: float | None = None) -> Run:
-    """A simulated run of ``rule`` at step 0 on its engine (``lr``: default the first configured)."""
-    config = workload.config
-    return select(config, rule).start(workload, rule, seed, config.lr[0] if lr is None else lr)
+__all__ = ["select", "start", "open_session", "buffer_rows", "GOSSIP_METHODS"]
 
 
 def open_session(config: SimulateConfig) -> Session | None:
@@ -75,6 +34,6 @@ def open_session(config: SimulateConfig) -> Session | None:
         from naig.simulate.engines.distributed import open_distributed
 
         return open_distributed(config)
-    from naig.simulate.experiment import SimulatedSession
+    from naig.simulate.engines.simulated import SimulatedSession
 
     return SimulatedSession(config)

@@ -34,7 +34,7 @@ Example:
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -47,6 +47,7 @@ from naig.simulate.engines.local import (
     LocalRun,
     outer_options,
     pseudo_gradients,
+    resolve_method,
     round_steps,
 )
 from naig.simulate.workload import make_optimizer
@@ -54,7 +55,7 @@ from naig.simulate.workload import make_optimizer
 if TYPE_CHECKING:
     from naig.simulate.workload import Workload
 
-__all__ = ["gossip_matrix", "round_graph", "gasloc_update", "GaslocRun", "GossipAdamRun"]
+__all__ = ["GossipEngine", "gossip_matrix", "round_graph", "gasloc_update", "GaslocRun", "GossipAdamRun"]
 
 _PEER = 4  # worker_stream component of a gossip-adam worker's random peer choices
 _GRAPH = 5  # worker_stream component (worker 0) of gasloc's graph of each round
@@ -340,3 +341,17 @@ class GossipAdamRun(LocalRun):
     def describe(self) -> dict[str, Any]:
         """See ``LocalRun.describe``; plus the number of pairwise exchanges."""
         return {**super().describe(), "exchanges": self.exchanges}
+
+
+class GossipEngine:
+    """The decentralised local-update methods (gasloc, gossip-adam) on the arrival clock: no server,
+    so no faults (the config refuses them, naming the methods)."""
+
+    NAME: ClassVar[str] = "gossip"
+    FAULT_KINDS: ClassVar[frozenset[str]] = frozenset()
+
+    @staticmethod
+    def start(workload: Workload, rule: str, seed: int, lr: float) -> LocalRun:
+        """A gasloc or gossip-adam run at time 0."""
+        method = resolve_method(rule, workload.config, lr)
+        return (GaslocRun if rule == "gasloc" else GossipAdamRun)(workload, method, seed, lr)

@@ -226,15 +226,9 @@ class LocalEngine:
 
     @staticmethod
     def start(workload: Workload, rule: str, seed: int, lr: float) -> LocalRun:
-        """A local-update run at time 0 (``engines.gossip``'s runs for gasloc and gossip-adam, else a
-        ``RoundRun``)."""
-        from naig.simulate.engines.gossip import GaslocRun, GossipAdamRun  # it builds on this module
-
+        """A local-update run through a server at time 0 (a ``RoundRun``; the gossip methods are
+        ``engines.gossip``'s)."""
         method = resolve_method(rule, workload.config, lr)
-        if rule == "gasloc":
-            return GaslocRun(workload, method, seed, lr)
-        if rule == "gossip-adam":
-            return GossipAdamRun(workload, method, seed, lr)
         return RoundRun(workload, method, seed, lr, _pseudo_rule(workload, method, lr))
 
 

@@ -49,8 +49,8 @@ from naig.simulate.engines.distributed.transport import (
     Head,
     Link,
 )
-from naig.simulate.experiment import RunContext, StepEvent, evaluates, evaluation_points
 from naig.simulate.results import RunResult, pi_stats
+from naig.simulate.runs import RunContext, StepEvent, evaluates, evaluation_points
 from naig.simulate.server import ServerState
 from naig.simulate.strategies import Batch, Strategy, Update
 from naig.simulate.workload import Workload

@@ -22,7 +22,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,15 +30,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from naig.distributed.launch import LocalCluster, backend_for, init, under_launcher, watch_parent
 from naig.errors import UsageError
+from naig.launch import LocalCluster, backend_for, init, under_launcher, watch_parent
 from naig.simulate.config import SimulateConfig, config_tree
 from naig.simulate.engines.base import NoWorkerLeft
 from naig.simulate.engines.distributed.server import ParameterServer
 from naig.simulate.engines.distributed.transport import Link, pair_groups
 from naig.simulate.engines.distributed.worker import Worker
-from naig.simulate.experiment import RunContext
 from naig.simulate.results import RunResult
+from naig.simulate.runs import RunContext, StepEvent, make_context
 from naig.simulate.workload import Workload
 
 __all__ = ["DETERMINISM", "DistributedSession", "open_distributed", "worker_main", "config_to_json",
@@ -141,6 +141,10 @@ class DistributedSession:
         _device(config)
         self.workload = Workload(config)  # before the processes: a bad corpus is refused at once
         self.workload.check_memory(2 * config.window + config.workers + 4, "nproc")  # the server's buffers
+
+    def context(self, seed: int, progress: Callable[[StepEvent], None] | None) -> RunContext:
+        """What the runs of ``seed`` share, evaluated here on the server (``runs.make_context``)."""
+        return make_context(self.workload, seed, progress)
 
     def __enter__(self) -> DistributedSession:
         try:
