@@ -56,3 +56,11 @@ def test_jobs_beyond_one_is_refused_where_runs_cannot_go_side_by_side() -> None:
     cfg = SimulateConfig.from_options(**BASE, jobs=2)
     with pytest.raises(UsageError, match="CUDA"):
         resolve_jobs(cfg, 4, "cuda")
+
+
+def test_cli_refuses_bad_jobs_in_one_line_in_every_mode() -> None:
+    from tests.conftest import assert_one_line_error, run_naig
+
+    assert_one_line_error(run_naig("simulate", "--jobs", "-1"), 2, "--jobs")
+    assert_one_line_error(run_naig("simulate", "--engine", "distributed", "--nproc", "3", "--jobs", "2"), 2,
+                          "--jobs")
