@@ -22,6 +22,15 @@ def run_naig(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def default_sigint() -> None:
+    """``preexec_fn`` for a child that is sent SIGINT as a Ctrl-C: the default handler, even when
+    the tests run with SIGINT ignored (a background job of a non-interactive shell inherits SIG_IGN,
+    and Python then installs no KeyboardInterrupt handler)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def assert_one_line_error(r: subprocess.CompletedProcess, code: int, *needles: str) -> None:
     """Exit ``code``, stderr is one line starting with 'error: ' and naming ``needles``."""
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)

@@ -16,7 +16,7 @@ from naig.simulate import SimulateConfig
 from naig.simulate.config import DEFAULT_STRATEGIES
 from naig_cli import simulate as cli
 from naig_cli.main import app
-from tests.conftest import assert_one_line_error, run_naig
+from tests.conftest import assert_one_line_error, default_sigint, run_naig
 
 TINY = ["simulate", "--steps", "6", "--seeds", "1", "--data-bytes", "200000",
         "--lags", "0,2", "--eval-every", "3"]
@@ -374,7 +374,8 @@ def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str) -> N
     cmd = [sys.executable, "-m", "naig_cli", "simulate", "--steps", "40", "--seeds", "3", "--data-bytes",
            "200017", "--eval-every", "0", "--strategies", "hogwild,naig", "--lags", "0,2", "--json",
            "--jobs", jobs]  # 200017: this test's processes, found by their command line
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     try:
         lines = [proc.stderr.readline() for _ in range(2 if jobs == "1" else 4)]  # runs' last steps
         proc.send_signal(signal.SIGINT)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import leftover_processes
+from tests.conftest import default_sigint, leftover_processes
 
 TINY = ["--engine", "distributed", "--seeds", "1", "--data-bytes", "100000", "--eval-every", "0"]
 N_PARAMS = 120_576  # gpt-nano
@@ -171,7 +171,8 @@ def test_ctrl_c_prints_partial_results_and_leaves_no_process(tmp_path: Path) -> 
            "--eval-every", "5", "--strategies", "hogwild", "--json"]
     log = tmp_path / "stderr.txt"
     with log.open("w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                                preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + TIMEOUT
         def steps_done() -> int:  # the last progress line's step (a line at an evaluation every 10 s)
