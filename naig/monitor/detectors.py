@@ -26,11 +26,12 @@ follow one law, so they are **pooled**: the last ``window`` clean steps × K ran
 values: 192 at K = 3, 512 at K = 8 with the default window of 64) give one location and scale
 per signal, m = median and s = 1.4826 · MAD of the pool, and every rank is scored by
 
-    u_k = (y_k − m) / max(s, ``min_scale``).
+    u_k = (y_k − m) / max(s_k, ``min_scale``),   s_k ≥ s (see "Scale that keeps up").
 
-A step's values enter the pool only when no rank is flagged at it, and a rank's only when it is
-in the reference and none of its change statistics is above half its threshold, so a rank that
-goes bad does not widen the scale it is judged by.
+A rank's values enter the pool only when it is usable and was not named in the last ``hold``
+steps, so a rank that goes bad does not widen the scale it is judged by once it is named.
+(Leaving out ranks whose change statistic is merely high was tried and rejected: it keeps the
+calm values only, so the scale shrinks and clean ranks are flagged more often.)
 
 **Assumption: exchangeable clean ranks.** Pooling is right when, absent a fault, the ranks are
 interchangeable: the same model, the same data distribution, the same batch size, the same
@@ -48,17 +49,39 @@ non-finite checks run; the ``Decision`` says so (``Decision.warmup``) and the de
 once at its first step (``WARMUP``) unless ``quiet``. A resumed run restores the pool with
 ``load_state_dict`` and has no second warm-up.
 
-**Tails.** Real gradient statistics have heavier tails than normal (the log-norm of a byte-level
-model's small-batch gradients: |u| > 4 in 0.5% of clean pooled values, 90 times the normal
-rate), and the tests' thresholds lie far in the tail (α ≈ 4·10⁻⁵ per test at K = 4). So each
-signal's tail is fitted on its pool by peaks over a threshold (Pickands 1975; Balkema & de Haan
-1974, an exponential tail): q the pool's 90% quantile of |u| (u for one-sided signals) and β the
-mean excess over q; the tail's (1 − α) quantile is then q + β·ln(0.1/α). Its ratio to the same fit
-for normal values, τ = max(1, (q + β ln(0.1/α)) / (q_N + β_N ln(0.1/α))), widens that signal's
-scale (u is divided by τ) for both tests: τ ≈ 1 for normal values, larger for heavy tails.
+**Scale that keeps up.** The cross-rank spread of a signal changes as training goes on (measured:
+the log-norm's spread doubles over the first 40 steps of the small GPT at batch 8, and triples
+over 80 steps at batch 64), so a scale from the whole pool lags a growing spread and clean ranks
+are flagged. Each rank k is therefore scored on its own scale s_k, the larger of the pooled scale
+and the spread of the *other* ranks' pooled values over the last ``RECENT_STEPS`` (4) steps
+(1.4826 · MAD about their median): it follows a growing spread within a few steps, a shrinking
+one only costs power, and a rank that departs does not widen its own scale. It does widen the
+others' (the median each clean rank is centred on moves), so at K = 4 a small persistent shift is
+found more slowly than against the pooled scale alone (tests/test_monitor_detectors.py measures
+it); the false-alarm rate is the reason (docs/results/monitor-detection.md).
+
+**Tails.** Real gradient statistics have heavier tails than normal (measured on the small GPT's
+clean runs: the normalised log-norm exceeds the normal-theory threshold of α = 3.6·10⁻⁵ about
+50 times as often), and the tests' thresholds lie far in the tail. So each detector keeps a
+*tail record*: the normalised values u of the last ``TAIL_STEPS`` (1024) clean steps (the pool's
+ranks at the steps it pooled, each u as it was scored), and every ``RECALIBRATE`` (8; 32 once
+the record holds 64 steps) clean steps fits each signal's thresholds on it (on the pool
+normalised by itself while the record is shorter than the pool):
+
+- the transient threshold t is the larger of the normal-theory one below and the record's
+  (1 − α) quantile by peaks over a threshold (``tail_quantile``: Pickands 1975; Balkema & de
+  Haan 1974; a generalised Pareto law fitted to the top 10%, at least 16 values, by probability-
+  weighted moments, Hosking & Wallis 1987, its shape shrunk toward an exponential tail while few
+  values back it);
+- the CUSUM threshold h is the larger of the normal-theory h and the h whose run length is 1/α
+  when the increments follow the record's empirical law (``cusum_threshold_sample``, the
+  Brook–Evans chain with the empirical CDF; both sides for ``norm``).
+
+Both are in the state, so a resumed detector decides as the uninterrupted one. A fit needs 32
+values, so at the first scored steps (16 × K pooled values) only normal theory applies.
 
 **Transient tests** (``transient``), for one-step faults: a rank is flagged when u_k passes t,
-the (1 − α) quantile of the robust z of a normal value against n pooled normal values
+at least the (1 − α) quantile of the robust z of a normal value against n pooled normal values
 (``robust_threshold``: it accounts for the median and MAD being estimated; n is the pool size,
 rounded down to one of ``POOL_SIZES``; above 256 the 256 threshold, slightly conservative).
 
@@ -71,7 +94,7 @@ with reference δ (``delta``: half the shift in pooled standard deviations it is
 default 1) and clipping c (``clip``, default 3: one outlier adds at most c − δ, so the transient
 test, not the CUSUM, answers for single steps). A side alarms when S_t > h; the step the change
 began is the step after S was last 0 (``Flag.since``); S restarts from 0 after an alarm, so a
-rank that stays bad is named again every few steps. h is set from the average run length to a
+rank that stays bad is named again every few steps. h is at least the value from the average run length to a
 false alarm: with N(0, 1) values the alarms of one side form a renewal process of rate
 1/ARL₀(h), and h is the value with ARL₀ = 1/α (``cusum_threshold``: Brook & Evans's Markov
 chain on 200 states, exact for the clipped normal increments up to the discretisation).
@@ -80,8 +103,9 @@ chain on 200 states, exact for the clipped normal increments up to the discretis
 flags any rank (family-wise, per step). It is split evenly (Bonferroni, valid whatever the
 dependence) over the tests of a step: α = false_alarm / (K · Σ_signals (transient + CUSUM
 sides)); with every signal and both scores that is 9 tests per rank. Correlated signals make the
-realised rate lower than false_alarm; heavier-than-normal tails make it higher
-(docs/results/monitor-detection.md measures it on real training).
+realised rate lower than false_alarm; tails heavier than the record shows, and a spread that
+moves faster than the scale follows, make it higher (docs/results/monitor-detection.md measures
+it on real training).
 
 **Naming one rank.** cos, distance and energy are measured against the mean, which a bad rank
 pulls: with K = 3 and one rank ×1000, ḡ is a third of that rank and every rank's distance to it
@@ -127,8 +151,9 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -140,8 +165,8 @@ from naig.monitor.signals import RankSignals
 __all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "MAD_SCALE", "DEFAULT_DETECTOR", "DEFAULT_SIGNALS",
            "DEFAULT_SCORES", "DEFAULT_WINDOW", "DEFAULT_WARMUP", "DEFAULT_DELTA", "DEFAULT_CLIP",
            "DEFAULT_HOLD", "POOL_SIZES", "STATE_VERSION", "TWO_RANKS", "WARMUP", "BadRankError", "Decision",
-           "Detector", "Flag", "check_action", "cusum_arl", "cusum_threshold", "null_tail",
-           "robust_threshold", "robust_z", "signal_values"]
+           "Detector", "Flag", "check_action", "cusum_arl", "cusum_threshold", "cusum_threshold_sample",
+           "gpd_fit", "null_tail", "robust_threshold", "robust_z", "signal_values", "tail_quantile"]
 
 SIGNALS = ("norm", "cos", "distance", "energy")
 SCORES = ("transient", "cusum")
@@ -153,12 +178,20 @@ NULL_DRAWS, NULL_BUDGET, NULL_MAX_N, NULL_SEED = 400_000, 4_000_000, 256, 201806
 POOL_SIZES = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 """The pool sizes thresholds are computed for: a pool of n values uses the largest size ≤ n."""
 ARL_STATES = 200  # Brook–Evans states of the CUSUM's Markov chain
-TAIL_FRACTION, TAIL_MIN = 0.1, 40
-"""The pool's top 10% (of |u|, or u for one-sided signals) fits the tail; at least 40 pooled values."""
-TAIL_NORMAL = {"both": (1.6448536, 0.4167724), "upper": (1.2815516, 0.4735461)}
-"""The same fit for normal values: the 90% quantile q and the mean excess over it, E[X − q | X > q]."""
-STATE_VERSION = 2
-"""The layout version of ``Detector.state_dict`` (``load_state_dict`` refuses another)."""
+TAIL_FRACTION, TAIL_MIN_EXCEED, XI_PRIOR, XI_MIN, XI_MAX = 0.1, 16, 100, -0.25, 0.45
+"""Peaks over a threshold: the top 10% of a sample fits the tail (at least its top 16 values, from
+a sample of 32); the fitted shape ξ of k excesses is shrunk toward 0 (an exponential tail) as
+ξ·k/(k + 100), and kept in [−0.25, 0.45] (the PWM estimator's reliable range)."""
+RECENT_STEPS = 4
+"""The last pooled steps whose spread (of the other ranks) a rank's scale may not fall below (see
+"Scale that keeps up")."""
+TAIL_STEPS, RECALIBRATE, SAMPLE_ARL_STATES = 1024, 8, 100
+"""Clean steps of normalised values kept to fit the tails (K × 1024 per signal), clean steps
+between two fits (4 × as many once the record holds 64 steps), Brook–Evans states of the
+empirical CUSUM chain."""
+STATE_VERSION = 3
+"""The layout version of ``Detector.state_dict`` (``load_state_dict`` also reads version 2, whose
+states have no tail record: the tails are then fitted afresh)."""
 TWO_RANKS = ("monitor with 2 ranks: cos, distance and energy are measured against the mean, where "
              "d_0 = -d_1, so they cannot tell the two ranks apart and are not scored; only non-finite "
              "gradients and the norm are; use 3 or more ranks to compare ranks")
@@ -313,6 +346,37 @@ def _phi(x: np.ndarray) -> np.ndarray:
     return 1.0 - _sf(np.asarray(x, dtype=np.float64))
 
 
+def _normal_increments(delta: float, clip: float) -> Callable[[np.ndarray], np.ndarray]:
+    """F_X(x) = P(clip(u) − δ ≤ x) for u ~ N(0, 1): 0 below −c − δ, Φ(x + δ) between, 1 from c − δ on."""
+    def cdf(x: np.ndarray) -> np.ndarray:
+        out = _phi(x + delta)
+        return np.where(x < -clip - delta, 0.0, np.where(x >= clip - delta, 1.0, out))
+    return cdf
+
+
+def _sample_increments(sample: np.ndarray, delta: float, clip: float) -> Callable[[np.ndarray], np.ndarray]:
+    """F_X(x) = P(clip(u) − δ ≤ x) for u drawn from the empirical law of ``sample`` (sorted, finite)."""
+    n = len(sample)
+
+    def cdf(x: np.ndarray) -> np.ndarray:
+        out = np.searchsorted(sample, x + delta, side="right") / n
+        return np.where(x < -clip - delta, 0.0, np.where(x >= clip - delta, 1.0, out))
+    return cdf
+
+
+def _arl(h: float, cdf: Callable[[np.ndarray], np.ndarray], states: int) -> float:
+    """Brook & Evans (1972): ARL₀ from S = 0 of S_t = max(0, S_{t−1} + X_t) > h, X_t i.i.d. ~ ``cdf``."""
+    w = 2.0 * h / (2 * states - 1)
+    v = np.arange(states) * w
+    edges = (np.arange(states) + 0.5) * w  # upper edge of each cell; the last is h
+    upper = cdf(edges[None, :] - v[:, None])  # P(next ≤ edge_j | v_i)
+    p = np.diff(np.concatenate([np.zeros((states, 1)), upper], axis=1), axis=1)
+    try:
+        return float(np.linalg.solve(np.eye(states) - p, np.ones(states))[0])
+    except np.linalg.LinAlgError:  # a set of states the chain never leaves: no alarm from there
+        return math.inf
+
+
 def cusum_arl(h: float, delta: float, clip: float, states: int = ARL_STATES) -> float:
     """ARL₀: mean steps to the first alarm of S_t = max(0, S_{t−1} + clip(u_t, ±c) − δ) > h from S = 0.
 
@@ -325,17 +389,18 @@ def cusum_arl(h: float, delta: float, clip: float, states: int = ARL_STATES) -> 
         delta: the reference δ ≥ 0.
         clip: c > δ, the clipping of each value.
     """
-    w = 2.0 * h / (2 * states - 1)
-    v = np.arange(states) * w
-    edges = (np.arange(states) + 0.5) * w  # upper edge of each cell; the last is h
-    # F_X(x) = P(clip(u) − δ ≤ x): 0 below −c − δ, Φ(x + δ) between, 1 from c − δ on
-    def cdf(x: np.ndarray) -> np.ndarray:
-        out = _phi(x + delta)
-        return np.where(x < -clip - delta, 0.0, np.where(x >= clip - delta, 1.0, out))
-    upper = cdf(edges[None, :] - v[:, None])  # P(next ≤ edge_j | v_i)
-    p = np.diff(np.concatenate([np.zeros((states, 1)), upper], axis=1), axis=1)
-    arl = np.linalg.solve(np.eye(states) - p, np.ones(states))
-    return float(arl[0])
+    return _arl(h, _normal_increments(delta, clip), states)
+
+
+def _solve_h(arl: Callable[[float], float], target: float, lo: float = 1e-3, steps: int = 40) -> float:
+    """The smallest h (to bisection precision) with arl(h) ≥ target; arl increases with h."""
+    hi = max(2.0 * lo, 1.0)
+    while arl(hi) < target:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if arl(mid) < target else (lo, mid)
+    return hi
 
 
 @lru_cache(maxsize=256)
@@ -351,13 +416,112 @@ def cusum_threshold(alpha: float, delta: float = DEFAULT_DELTA, clip: float = DE
     if not isinstance(alpha, int | float) or not 0 < alpha < 0.5:
         raise UsageError("must be in (0, 0.5)", field="alpha", value=alpha)
     _check_cusum(delta, clip)
-    lo, hi = 1e-3, 1.0
-    while cusum_arl(hi, delta, clip) < 1.0 / alpha:
-        lo, hi = hi, 2.0 * hi
-    for _ in range(40):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if cusum_arl(mid, delta, clip) < 1.0 / alpha else (lo, mid)
-    return hi
+    return _solve_h(lambda h: cusum_arl(h, delta, clip), 1.0 / alpha)
+
+
+def cusum_threshold_sample(sample: np.ndarray, alpha: float, delta: float = DEFAULT_DELTA,
+                           clip: float = DEFAULT_CLIP, states: int = SAMPLE_ARL_STATES, low: float = 0.0
+                           ) -> float:
+    """h with ARL₀ = 1/alpha when the values u_t are i.i.d. from the empirical law of ``sample``.
+
+    The same Brook–Evans chain as ``cusum_arl`` with the empirical CDF of clip(u) − δ in place of
+    the normal one: heavier tails than normal (more mass near ±c) make the ARL at a given h
+    shorter, so this h is larger than ``cusum_threshold``'s.
+
+    Args:
+        sample: (n,) float64 normalised clean values (n ≥ 1; non-finite values are dropped).
+        alpha: the per-step false-alarm rate, in (0, 0.5).
+        low: the answer is at least this (``low`` itself when its run length already reaches
+            1/alpha: one chain solved; a detector passes the normal-theory h).
+
+    Raises:
+        UsageError: alpha outside (0, 0.5), δ < 0, c ≤ δ or no finite value.
+    """
+    if not isinstance(alpha, int | float) or not 0 < alpha < 0.5:
+        raise UsageError("must be in (0, 0.5)", field="alpha", value=alpha)
+    _check_cusum(delta, clip)
+    v = np.sort(np.asarray(sample, dtype=np.float64).ravel())
+    v = v[np.isfinite(v)]
+    if len(v) == 0:
+        raise UsageError("needs at least one finite value", field="sample")
+    cdf = _sample_increments(v, float(delta), float(clip))
+    if v[-1] <= delta:  # no increment above 0: S never leaves 0
+        return math.inf
+    arl = lambda h: _arl(h, cdf, states)  # noqa: E731
+    if low > 0 and arl(low) >= 1.0 / alpha:
+        return float(low)
+    return _solve_h(arl, 1.0 / alpha, lo=max(low, 1e-3), steps=12 if low > 0 else 24)
+
+
+def gpd_fit(excess: np.ndarray) -> tuple[float, float]:
+    """Probability-weighted-moment estimates (ξ, σ) of a generalised Pareto law from its excesses.
+
+    P(X > x) = (1 + ξx/σ)^(−1/ξ) (ξ = 0: e^(−x/σ)). Hosking & Wallis (1987), with their k = −ξ:
+    a₀ = mean x, a₁ = mean (1 − p_i) x_(i), p_i = (i − 0.35)/n; k = a₀/(a₀ − 2a₁) − 2 and
+    σ = 2a₀a₁/(a₀ − 2a₁). Reliable for ξ < 1/2.
+
+    Args:
+        excess: (n,) float64 non-negative excesses over a threshold, n ≥ 2, not all 0.
+
+    Raises:
+        UsageError: fewer than 2 values, a negative or non-finite one, or all 0.
+    """
+    x = np.sort(np.asarray(excess, dtype=np.float64).ravel())
+    if len(x) < 2 or not np.isfinite(x).all() or x[0] < 0 or x[-1] == 0:
+        raise UsageError("needs at least 2 finite non-negative excesses, not all 0", field="excess")
+    n = len(x)
+    a0 = float(x.mean())
+    a1 = float(np.mean((1.0 - (np.arange(1, n + 1) - 0.35) / n) * x))
+    d = a0 - 2.0 * a1
+    if d <= 0:  # an extremely heavy sample: the estimate is outside the PWM's range
+        return XI_MAX, a0 * (1.0 - XI_MAX)
+    return 2.0 - a0 / d, 2.0 * a0 * a1 / d
+
+
+def tail_quantile(sample: np.ndarray, alpha: float, side: str, fraction: float = TAIL_FRACTION,
+                  minimum: int = TAIL_MIN_EXCEED) -> float:
+    """The (1 − α) quantile of u (``upper``) or |u| (``both``) by peaks over a threshold.
+
+    Pickands (1975), Balkema & de Haan (1974): above q, the sample's (1 − ``fraction``)
+    quantile (at least its top ``minimum`` values), the excesses follow a generalised Pareto law
+    (``gpd_fit``: ξ of k excesses shrunk to ξ·k/(k + ``XI_PRIOR``), clipped to [``XI_MIN``,
+    ``XI_MAX``]); with ζ = P(u > q), the quantile is q + σ/ξ·((ζ/α)^ξ − 1)
+    (q + σ·ln(ζ/α) at ξ = 0). An α above ζ is read off the sample directly.
+
+    Args:
+        sample: (n,) float64 normalised clean values (non-finite values are dropped).
+        alpha: the tail probability, in (0, 0.5).
+        side: ``upper`` or ``both``.
+        fraction: the share of the sample above q.
+        minimum: the fewest excesses a fit needs.
+
+    Returns:
+        The quantile, or NaN when fewer than ``minimum`` values lie above q.
+
+    Raises:
+        UsageError: alpha outside (0, 0.5) or an unknown side.
+    """
+    if not isinstance(alpha, int | float) or not 0 < alpha < 0.5:
+        raise UsageError("must be in (0, 0.5)", field="alpha", value=alpha)
+    if side not in ("upper", "both"):
+        raise UsageError("use upper or both", field="side", value=side)
+    v = np.asarray(sample, dtype=np.float64).ravel()
+    v = v[np.isfinite(v)]
+    a = np.sort(np.abs(v) if side == "both" else v)
+    top = max(minimum, int(fraction * len(a)))
+    if len(a) < 2 * minimum:
+        return math.nan
+    q = float(a[-top - 1])
+    excess = a[-top:] - q
+    if excess.max() == 0:
+        return math.nan
+    zeta = top / len(a)
+    if alpha >= zeta:
+        return float(np.quantile(a, 1.0 - alpha))
+    xi, sigma = gpd_fit(excess)
+    xi = min(max(xi * top / (top + XI_PRIOR), XI_MIN), XI_MAX)
+    r = math.log(zeta / alpha)
+    return q + sigma * (r if abs(xi) < 1e-9 else math.expm1(xi * r) / xi)
 
 
 def _check_cusum(delta: object, clip: object) -> None:
@@ -541,7 +705,11 @@ class Detector:
         self.stat = np.zeros((len(self.signals), self.world, 2))  # CUSUM S (upper, lower)
         self.start = np.zeros((len(self.signals), self.world, 2), dtype=np.int64)  # step the excursion began
         self.named = np.zeros(self.world, dtype=np.int64)  # last step each rank was named (0: never)
-        self._stats: dict[str, tuple[float, float, int]] = {}
+        self.tails: dict[str, deque[np.ndarray]] = {s: deque(maxlen=TAIL_STEPS) for s in self.signals}
+        self.recent: dict[str, deque[np.ndarray]] = {s: deque(maxlen=RECENT_STEPS) for s in self.signals}
+        self.calibration: dict[str, tuple[float, float]] = {}  # signal → (transient t, CUSUM h) fitted
+        self.fresh = 0  # clean steps recorded since the last fit
+        self._stats: dict[str, tuple[float, float, int] | np.ndarray] = {}
 
     @property
     def tests_per_rank(self) -> int:
@@ -556,10 +724,15 @@ class Detector:
 
     @property
     def cusum_h(self) -> float:
-        """h, each CUSUM side's threshold at the per-test rate ``alpha`` (NaN when not used)."""
+        """h for normal values at the per-test rate ``alpha``: the floor of every signal's CUSUM
+        threshold (NaN when not used; see "Tails" for the fitted one, ``cusum_threshold_of``)."""
         if "cusum" not in self.scores or self.world <= 2:
             return math.nan
         return cusum_threshold(self.alpha, self.delta, self.clip)
+
+    def cusum_threshold_of(self, name: str) -> float:
+        """A signal's CUSUM threshold now: the larger of ``cusum_h`` and the h fitted on its tail record."""
+        return max(self.cusum_h, self._fitted(name)[1])
 
     @property
     def warming(self) -> bool:
@@ -664,27 +837,33 @@ class Detector:
         return out
 
     def _normalise(self, name: str, y: np.ndarray) -> np.ndarray:
-        loc, scale, _ = self._pool_stats(name)
-        return (y - loc) / (max(scale, self.min_scale) * self._tail(name))
+        return (y - self._pool_stats(name)[0]) / np.maximum(self._scale(name), self.min_scale)
 
-    def _tail(self, name: str) -> float:
-        """τ ≥ 1, how much heavier than normal the pool's tail is at the tests' level (see "Tails")."""
-        key = "tail:" + name
-        if key not in self._stats:
-            loc, scale, n = self._pool_stats(name)
-            v = np.concatenate(list(self.pool[name])) if self.pool[name] else np.zeros(0)
-            v = (v[np.isfinite(v)] - loc) / max(scale, self.min_scale)
-            two = SIDES[name] == "both"
-            a = np.abs(v) if two else v
-            tau = 1.0
-            if len(a) >= TAIL_MIN:
-                q = float(np.quantile(a, 1.0 - TAIL_FRACTION))
-                excess = a[a > q] - q
-                big = math.log(TAIL_FRACTION / self.alpha)
-                ref_q, ref_b = TAIL_NORMAL["both" if two else "upper"]
-                tau = max(1.0, (q + float(excess.mean()) * big) / (ref_q + ref_b * big))
-            self._stats[key] = (tau, 0.0, 0)
-        return self._stats[key][0]
+    def _fitted(self, name: str) -> tuple[float, float]:
+        """(t, h) fitted on the signal's tail record (NaN where it is too short; see "Tails")."""
+        if name not in self.calibration:
+            sample = self._tail_sample(name)
+            side = "both" if SIDES[name] == "both" else "upper"
+            t = tail_quantile(sample, self.alpha, side) if len(sample) else math.nan
+            h = math.nan
+            if "cusum" in self.scores and len(sample) >= TAIL_MIN_EXCEED / TAIL_FRACTION:
+                low = self.cusum_h
+                h = cusum_threshold_sample(sample, self.alpha, self.delta, self.clip, low=low)
+                if side == "both":
+                    h = max(h, cusum_threshold_sample(-sample, self.alpha, self.delta, self.clip, low=h))
+            self.calibration[name] = (t, h)
+        return self.calibration[name]
+
+    def _tail_sample(self, name: str) -> np.ndarray:
+        """The record's finite normalised values, or the pool normalised by itself while it holds more."""
+        rec = np.concatenate(list(self.tails[name])) if self.tails[name] else np.zeros(0)
+        rec = rec[np.isfinite(rec)]
+        pool = np.concatenate(list(self.pool[name])) if self.pool[name] else np.zeros(0)
+        pool = pool[np.isfinite(pool)]
+        if len(rec) >= len(pool):
+            return rec
+        loc, scale, _ = self._pool_stats(name)
+        return (pool - loc) / max(scale, self.min_scale) if len(pool) and math.isfinite(scale) else rec
 
     def _individual(self, name: str, y: np.ndarray) -> np.ndarray:
         """K ≤ 2: the robust z of each rank's own value against its own pooled history."""
@@ -708,13 +887,37 @@ class Detector:
                 self._stats[name] = (med, MAD_SCALE * float(np.median(np.abs(v - med))), len(v))
         return self._stats[name]
 
+    def _scale(self, name: str) -> np.ndarray:
+        """(K,) each rank's scale: the larger of the pooled one and the spread of the other ranks over
+        the last ``RECENT_STEPS`` steps (1.4826·MAD about their median; see "Scale that keeps up")."""
+        key = "recent:" + name
+        if key not in self._stats:
+            scale = np.full(self.world, self._pool_stats(name)[1])
+            if self.recent[name]:
+                k = self.world
+                rows = np.array(self.recent[name])  # (T, K)
+                others = np.array([[j for j in range(k) if j != r] for r in range(k)])
+                v = rows[:, others].transpose(1, 0, 2).reshape(k, -1)  # (K, T·(K − 1)), NaN where unused
+                enough = np.isfinite(v).sum(axis=1) >= 2 * RECENT_STEPS
+                if enough.any():
+                    with np.errstate(all="ignore"), warnings.catch_warnings():
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        mid = np.nanmedian(v, axis=1, keepdims=True)
+                        loo = MAD_SCALE * np.nanmedian(np.abs(v - mid), axis=1)
+                    scale = np.where(enough & (loo > scale), loo, scale)
+            self._stats[key] = scale
+        return self._stats[key]
+
     def _transient_threshold(self, name: str) -> float:
         if self.world <= 2:
             n = min(sum(1 for _ in self.pool[name]), NULL_MAX_N)
         else:
             n = self._pool_stats(name)[2]
         sizes = [s for s in POOL_SIZES if s <= n]
-        return robust_threshold(self.alpha, sizes[-1], SIDES[name]) if sizes else math.inf
+        if not sizes:
+            return math.inf
+        t = robust_threshold(self.alpha, sizes[-1], SIDES[name])
+        return t if self.world <= 2 else max(t, self._fitted(name)[0])
 
     def _flags(self, out: _Pass, i: int, name: str, u: np.ndarray) -> None:
         """Transient and CUSUM flags of one signal into ``out`` (candidate statistics too)."""
@@ -728,7 +931,7 @@ class Detector:
                     out.flags.append(Flag(int(r), name, "transient", v, t, self.step))
         if "cusum" not in self.scores or self.world <= 2:
             return
-        h = self.cusum_h
+        h = self.cusum_threshold_of(name)
         inc = np.clip(np.where(ok, u, 0.0), -self.clip, self.clip)
         old = self.stat[i]
         new = np.stack([np.maximum(0.0, old[:, 0] + inc - self.delta),
@@ -775,8 +978,15 @@ class Detector:
             if y is None:
                 continue
             self.pool[name].append(np.where(keep, y, np.nan))
+            self.recent[name].append(np.where(keep, y, np.nan))
             self._stats.pop(name, None)
-            self._stats.pop("tail:" + name, None)
+            self._stats.pop("recent:" + name, None)
+            u = first.u.get(name)
+            if self.world > 2 and u is not None and np.isfinite(u[keep]).any():
+                self.tails[name].append(np.where(keep, u, np.nan))
+        self.fresh += 1
+        if self.fresh >= RECALIBRATE * (1 if len(self.tails[self.signals[0]]) < TAIL_STEPS // 16 else 4):
+            self.calibration, self.fresh = {}, 0
 
     def _thresholds(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {s: {} for s in self.scores}
@@ -786,14 +996,18 @@ class Detector:
             if "transient" in self.scores:
                 out["transient"][name] = math.nan if blind else self._transient_threshold(name)
             if "cusum" in self.scores:
-                out["cusum"][name] = math.nan if blind else self.cusum_h
+                out["cusum"][name] = math.nan if blind or self.world <= 2 else self.cusum_threshold_of(name)
         return out
 
     def state_dict(self) -> dict:
         """The whole state as plain JSON values (NaN as None): settings, step, pool, CUSUM, namings."""
         return {"version": STATE_VERSION, "settings": self.settings(), "step": self.step,
                 "pool": {s: [_plain(row) for row in self.pool[s]] for s in self.signals},
-                "stat": self.stat.tolist(), "start": self.start.tolist(), "named": self.named.tolist()}
+                "stat": self.stat.tolist(), "start": self.start.tolist(), "named": self.named.tolist(),
+                "tails": {s: [_plain(row) for row in self.tails[s]] for s in self.signals},
+                "recent": {s: [_plain(row) for row in self.recent[s]] for s in self.signals},
+                "calibration": {s: _plain(np.array(v)) for s, v in self.calibration.items()},
+                "fresh": self.fresh}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()`` of a detector with the same settings.
@@ -802,9 +1016,10 @@ class Detector:
             UsageError: another version, other settings (naming the first that differs) or a
                 malformed state.
         """
-        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+        if not isinstance(state, Mapping) or state.get("version") not in (2, STATE_VERSION):
             got = state.get("version") if isinstance(state, Mapping) else type(state).__name__
-            raise UsageError(f"not a detector state of version {STATE_VERSION}", field="state", value=got)
+            raise UsageError(f"not a detector state of version 2 or {STATE_VERSION}", field="state",
+                             value=got)
         mine, theirs = self.settings(), dict(state.get("settings", {}))
         for key, value in mine.items():
             other = theirs.get(key)
@@ -816,18 +1031,31 @@ class Detector:
             stat = np.array(state["stat"], dtype=np.float64).reshape(s, k, 2)
             start = np.array(state["start"], dtype=np.int64).reshape(s, k, 2)
             named = np.array(state["named"], dtype=np.int64).reshape(k)
-            pool = {n: deque((np.array([math.nan if v is None else v for v in row], dtype=np.float64)
-                              .reshape(k) for row in state["pool"][n]), maxlen=self.window)
-                    for n in self.signals}
+            pool = {n: _rows(state["pool"][n], k, self.window) for n in self.signals}
             step = int(state["step"])
+            v3 = state["version"] == STATE_VERSION
+            tails = {n: _rows(state["tails"][n] if v3 else [], k, TAIL_STEPS) for n in self.signals}
+            recent = {n: _rows(state["recent"][n] if v3 else [], k, RECENT_STEPS) for n in self.signals}
+            calibration = {n: tuple(math.nan if v is None else float(v) for v in state["calibration"][n])
+                           for n in (state["calibration"] if v3 else {})}
+            fresh = int(state["fresh"]) if v3 else 0
+            if any(n not in self.signals or len(v) != 2 for n, v in calibration.items()):
+                raise ValueError("a calibration entry is not (t, h) of a signal")
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"malformed detector state ({exc})", field="state") from None
         self.stat, self.start, self.named, self.pool, self.step = stat, start, named, pool, step
+        self.tails, self.recent, self.calibration, self.fresh = tails, recent, calibration, fresh
         self._stats = {}
 
 
 def _plain(row: np.ndarray) -> list[float | None]:
     return [float(v) if math.isfinite(v) else None for v in row]
+
+
+def _rows(rows: list, k: int, maxlen: int) -> deque[np.ndarray]:
+    """A deque of (k,) float64 rows from their plain values (None as NaN)."""
+    return deque((np.array([math.nan if v is None else v for v in row], dtype=np.float64).reshape(k)
+                  for row in rows), maxlen=maxlen)
 
 
 def _median_of_others(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
