@@ -6,6 +6,7 @@ and starts ranks 1 and 2. Each run trains a tiny MLP with ``Monitor.observe`` an
 all-reduce, every rank recording the warnings it saw:
 
 - ``full``: ``JsonlRecords("/dev/full")`` (a real full device: every write is ENOSPC);
+- ``ddp_full``: the same under DDP with ``MonitorHook`` (the count travels in the hook's payload);
 - ``proc``: a record file under ``/proc`` (no file can be made there);
 - ``fills`` (when the test mounted a 64 KiB tmpfs, ``fills=DIR``): a disk that fills mid-run;
 - ``readonly`` (a read-only tmpfs, ``readonly=DIR``);
@@ -31,7 +32,7 @@ from torch import nn
 
 from naig.distributed.launch import process_group
 from naig.errors import DataError, UsageError
-from naig.monitor import Monitor
+from naig.monitor import Monitor, MonitorHook
 from naig.monitor.records import JsonlRecords
 from tests.monitor_rank_tools import exit_after, rank_batch
 
@@ -69,6 +70,28 @@ def _train(rank: int, path: str | None, steps: int = STEPS) -> dict:
             writer.close()
     return {"steps": done, "warnings": [str(w.message) for w in seen if "naig.monitor" in str(w.message)],
             "lost": writer.lost if writer is not None else None, "records_lost": monitor.records_lost}
+
+
+def _train_ddp(rank: int, path: str) -> dict:
+    """``steps`` DDP steps with ``MonitorHook`` and a JSONL writer at ``path``; what this rank saw."""
+    model = _model()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    monitor = Monitor(timeout=TIMEOUT)
+    writer = JsonlRecords(path)
+    writer.attach(monitor)
+    hook = MonitorHook(model, monitor=monitor).register(ddp)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for step in range(1, STEPS + 1):
+            x, y = rank_batch(rank, step, 16)
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        writer.close()
+    hook.detach()
+    return {"steps": hook.step, "warnings": [str(w.message) for w in seen if "naig.monitor" in str(w.message)],
+            "lost": writer.lost, "records_lost": monitor.records_lost}
 
 
 def _layout(rank: int) -> dict:
@@ -115,7 +138,8 @@ def main(out: str, dirs: dict[str, str]) -> None:
     extra = [f"{k}={v}" for k, v in dirs.items()]
     argv = [sys.executable, "-m", "tests.adversarial_monitor_ranks", out, *extra]
     with process_group(WORLD, argv, timeout=TIMEOUT) as (rank, _):
-        doc: dict = {"full": _train(rank, "/dev/full"), "proc": _train(rank, PROC, 5)}
+        doc: dict = {"full": _train(rank, "/dev/full"), "proc": _train(rank, PROC, 5),
+                     "ddp_full": _train_ddp(rank, "/dev/full")}
         for name in ("fills", "readonly"):
             if name in dirs:
                 doc[name] = _train(rank, str(Path(dirs[name]) / "monitor.jsonl"))

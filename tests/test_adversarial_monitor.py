@@ -357,7 +357,7 @@ def ranks(tmp_path_factory) -> dict:
             subprocess.run(["umount", str(d)], capture_output=True, timeout=30)
 
 
-@pytest.mark.parametrize("disk", ["full", "proc", "fills", "readonly"])
+@pytest.mark.parametrize("disk", ["full", "proc", "fills", "readonly", "ddp_full"])
 def test_a_full_or_unwritable_disk_leaves_training_running_on_every_rank_with_one_warning_each(
         ranks: dict, disk: str) -> None:
     if disk not in ranks["ranks"][0]:

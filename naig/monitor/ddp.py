@@ -28,9 +28,10 @@ DDP's own all-reduce of the mean): no payload, no gather, no decision, no action
 hook packs [S g_b | ‖g_b‖² | non-finite count of g_b] (``naig.monitor.signals.pack``: the
 ``MonitorSketch`` keyed by the parameters' names, so the buckets' sketches sum to the sketch of
 the whole gradient, the one ``Monitor.observe`` would compute) and starts an all-gather of it
-without waiting (``per_bucket=True``: m + 2 float64 per bucket, 128 B with the default sketch);
+without waiting (``per_bucket=True``: m + 3 float64 per bucket, 136 B with the default sketch:
+the payload and this rank's count of records its writers lost, so every rank learns of a failed write);
 with ``per_bucket=False`` it keeps the payloads and all-gathers their sum once, at the last
-bucket (128 B per step, but a flag can then not name a bucket).
+bucket (136 B per step, but a flag can then not name a bucket).
 
 **At the last bucket** (``bucket.is_last()``) it waits for the gathers, sums every rank's
 buckets into its step payload, derives the signals and runs the detectors
@@ -71,8 +72,8 @@ them at the first bucket (``UsageError``). A closure passed to ``optimizer.step(
 (Lightning passes one: the backward pass runs inside ``step``) is wrapped, so the action is
 applied after the closure's backward and before the update.
 
-**Bytes beyond DDP's own**, per rank and step: (m + 2)·8·B with B buckets (``per_bucket``), or
-(m + 2)·8 (``per_bucket=False``); + 16 with ``exact``; + 64 once for the host names
+**Bytes beyond DDP's own**, per rank and step: (m + 3)·8·B with B buckets (``per_bucket``), or
+(m + 3)·8 (``per_bucket=False``); + 16 with ``exact``; + 64 once for the host names
 (``MonitorHook.extra_bytes``).
 
 Example (not run here; see examples/monitor_ddp.py)::
@@ -246,20 +247,28 @@ class GradientMonitor:
     def _add_part(self, index: int, names: tuple[str, ...], payload: Tensor) -> _Part:
         part = _Part(index, names, payload)
         if self.per_bucket:
-            part.wait = self.monitor.start_gather(payload)
-            self.extra_bytes += payload.numel() * payload.element_size()
+            sent = self._with_lost(payload)
+            part.wait = self.monitor.start_gather(sent)
+            self.extra_bytes += sent.numel() * sent.element_size()
         self.parts.append(part)
         return part
+
+    def _with_lost(self, payload: Tensor) -> Tensor:
+        """The payload and this rank's count of records its writers lost (so every rank learns of it)."""
+        lost = torch.tensor([float(self.monitor.lost_here)], dtype=payload.dtype, device=payload.device)
+        return torch.cat([payload, lost])
 
     def _finish(self, exact: tuple[float, float] | None = None) -> Decision:
         """Gather (what is left), decide, keep the decision for the optimizer hook."""
         if self.per_bucket:
-            rows = torch.stack([p.wait() for p in self.parts], dim=1)  # (K, B, m + 2)
+            rows = torch.stack([p.wait() for p in self.parts], dim=1)  # (K, B, m + 3)
         else:
-            total = torch.stack([p.payload for p in self.parts]).sum(dim=0)
+            total = self._with_lost(torch.stack([p.payload for p in self.parts]).sum(dim=0))
             self.extra_bytes += total.numel() * total.element_size()
-            rows = self.monitor.all_gather(total).unsqueeze(1)  # (K, 1, m + 2)
+            rows = self.monitor.all_gather(total).unsqueeze(1)  # (K, 1, m + 3)
         per_part = rows.to(torch.float64).numpy()
+        self.monitor.note_gathered_lost(per_part[:, :, -1].max(axis=1))
+        per_part = per_part[:, :, :-1]
         dots = dists = None
         if exact is not None:
             mine = torch.tensor(exact, dtype=torch.float64)
@@ -325,7 +334,7 @@ class MonitorHook(GradientMonitor):
         monitor: a ``Monitor`` (default ``Monitor()``: log only); its ``process_group`` must be
             the group DDP reduces over (None: the default group).
         exact: exact ⟨g_k, ḡ⟩ and ‖g_k − ḡ‖² from the all-reduced buckets (see the module).
-        per_bucket: one all-gather per bucket (names the bucket) or one per step (128 B).
+        per_bucket: one all-gather per bucket (names the bucket) or one per step (136 B).
         comm_hook: the communication hook that reduces each bucket once the monitor has read it,
             called as ``comm_hook(comm_state, bucket)`` (e.g. torch's ``bf16_compress_hook`` or
             ``powerSGD_hook``); None: DDP's own all-reduce of the mean.

@@ -197,14 +197,27 @@ class Monitor:
         prints = tail[:, 0]
         if not (prints == prints[0]).all():
             raise DataError(_layout_message(prints))
-        lost = int(tail[:, 1].max())
-        if lost and not self._lost_warned and not self._lost_here:
-            warn_caller(f"naig.monitor: a record writer of rank {int(tail[:, 1].argmax())} could not write "
-                        f"({lost} record{'' if lost == 1 else 's'} lost so far; see that rank's warning); "
-                        "training goes on", RuntimeWarning)
-        self._lost_warned = self._lost_warned or bool(lost)
-        self.records_lost = lost
+        self.note_gathered_lost(tail[:, 1])
         return rows[:, :-TAIL]
+
+    @property
+    def lost_here(self) -> int:
+        """Records this rank's writers could not write (``note_lost_record``)."""
+        return self._lost_here
+
+    def note_gathered_lost(self, lost: np.ndarray) -> None:
+        """Every rank's count of lost records, as gathered: warn once on a rank that did not lose them.
+
+        Args:
+            lost: (K,) float64, each rank's ``lost_here`` as it sent it.
+        """
+        most = int(np.max(lost)) if len(lost) else 0
+        if most and not self._lost_warned and not self._lost_here:
+            warn_caller(f"naig.monitor: a record writer of rank {int(np.argmax(lost))} could not write "
+                        f"({most} record{'' if most == 1 else 's'} lost so far; see that rank's warning); "
+                        "training goes on", RuntimeWarning)
+        self._lost_warned = self._lost_warned or bool(most)
+        self.records_lost = most
 
     @property
     def world(self) -> int:
