@@ -90,8 +90,8 @@ def _train_ddp(rank: int, path: str) -> dict:
             opt.step()
         writer.close()
     hook.detach()
-    return {"steps": hook.step, "warnings": [str(w.message) for w in seen if "naig.monitor" in str(w.message)],
-            "lost": writer.lost, "records_lost": monitor.records_lost}
+    said = [str(w.message) for w in seen if "naig.monitor" in str(w.message)]
+    return {"steps": hook.step, "warnings": said, "lost": writer.lost, "records_lost": monitor.records_lost}
 
 
 def _layout(rank: int) -> dict:
