@@ -53,9 +53,9 @@ def report(
 ) -> None:
     """Per-rank table of a monitor log: steps, flags, max score per signal, last flagged step, host.
 
-    A score is a test's robust z over its threshold (a test fires above 1; ∞: a non-finite
-    gradient); the max is over the log's steps and the two scores (relative to the other ranks,
-    individual against the rank's own history). A log whose last line was cut (a full disk, a
+    A score is a test's statistic over its threshold (a test fires above 1; ∞: a non-finite
+    gradient); the max is over the log's steps and the two tests (transient: the rank's value
+    against the other ranks'; CUSUM: its change statistic). A log whose last line was cut (a full disk, a
     killed run) shows every complete step and says what was cut; a corrupt log is a one-line
     error naming the file and line. In --json, non-finite scores are the strings "Infinity" and "NaN",
     as in the log.
@@ -109,9 +109,11 @@ def _table(data: MonitorLog, rows: list[dict]) -> None:
             stdout.print(f"rank {r['rank']} at step {r['last_flagged']}: {escape(printable(r['where']))}")
     if data.cut:
         stdout.print(f"[yellow]the log ends cut short: {escape(printable(data.cut))}[/]")
-    stdout.print("score = robust z / its threshold (a test fires above 1; ∞: a non-finite gradient), against "
-                 "the mean of every usable rank: a bad rank pulls it, so at its step the others' scores rise "
-                 "too; the flags name the rank whose exclusion explains them. flags: signal/score ×steps")
+    stdout.print("score = a test's statistic over its threshold, the larger of |u|/t (transient: the "
+                 "rank's value against the other ranks') and |S|/h (its CUSUM); a test fires above 1; ∞: a "
+                 "non-finite gradient. cos, distance and energy are measured against the mean, which a bad "
+                 "rank pulls, so at its step the others' scores rise too; the flags name the rank whose "
+                 "exclusion explains them. flags: signal/test ×steps")
 
 
 def _plot(data: MonitorLog, path: str) -> None:
@@ -143,8 +145,9 @@ def _plot(data: MonitorLog, path: str) -> None:
         ax.set_ylabel(f"{name} score")
     axes[0, 0].legend(fontsize=7, ncol=min(data.world, 4), loc="upper left")
     axes[-1, 0].set_xlabel("step")
-    fig.suptitle(f"{data.path.name}: score = z/threshold against the mean of every usable rank (a test fires "
-                 "above the dashed line);\n× the rank named by that signal; non-finite at the top edge",
+    fig.suptitle(f"{data.path.name}: score = statistic/threshold, the larger of the transient test and "
+                 "the CUSUM (a test fires above the dashed line);\n× the rank named by that signal; "
+                 "non-finite at the top edge",
                  fontsize=9)
     fig.tight_layout()
     _common.save_figure(fig, path)

@@ -151,7 +151,6 @@ Example:
 from __future__ import annotations
 
 import math
-import warnings
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -900,10 +899,8 @@ class Detector:
                 v = rows[:, others].transpose(1, 0, 2).reshape(k, -1)  # (K, T·(K − 1)), NaN where unused
                 enough = np.isfinite(v).sum(axis=1) >= 2 * RECENT_STEPS
                 if enough.any():
-                    with np.errstate(all="ignore"), warnings.catch_warnings():
-                        warnings.simplefilter("ignore", RuntimeWarning)
-                        mid = np.nanmedian(v, axis=1, keepdims=True)
-                        loo = MAD_SCALE * np.nanmedian(np.abs(v - mid), axis=1)
+                    mid = _nan_median_rows(v)
+                    loo = MAD_SCALE * _nan_median_rows(np.abs(v - mid[:, None]))
                     scale = np.where(enough & (loo > scale), loo, scale)
             self._stats[key] = scale
         return self._stats[key]
@@ -1056,6 +1053,17 @@ def _rows(rows: list, k: int, maxlen: int) -> deque[np.ndarray]:
     """A deque of (k,) float64 rows from their plain values (None as NaN)."""
     return deque((np.array([math.nan if v is None else v for v in row], dtype=np.float64).reshape(k)
                   for row in rows), maxlen=maxlen)
+
+
+def _nan_median_rows(v: np.ndarray) -> np.ndarray:
+    """(R,) the median of each row's finite values of an (R, n) array (NaN for a row with none);
+    a sort instead of ``np.nanmedian`` (several times faster on these small rows, and silent)."""
+    x = np.sort(v, axis=1)  # NaN last
+    n = np.isfinite(x).sum(axis=1)
+    rows = np.arange(len(x))
+    lo, hi = x[rows, np.maximum(n - 1, 0) // 2], x[rows, np.maximum(n, 1) // 2]
+    med = np.where(n % 2 == 1, lo, 0.5 * (lo + hi))
+    return np.where(n > 0, med, np.nan)
 
 
 def _median_of_others(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
