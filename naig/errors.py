@@ -25,7 +25,10 @@ import sys
 import warnings
 from collections.abc import Callable
 
-__all__ = ["NaigError", "DataError", "UsageError", "VerificationError", "run_main", "warn_caller"]
+__all__ = ["NaigError", "DataError", "UsageError", "VerificationError", "SEED_MAX", "check_seed", "run_main",
+           "warn_caller"]
+
+SEED_MAX = (1 << 64) - 1  # seeds are uint64
 
 _NO_VALUE = object()
 
@@ -75,6 +78,27 @@ class VerificationError(NaigError):
     """A mathematical certificate failed to verify. Exit code 1."""
 
     exit_code = 1
+
+
+def check_seed(seed: object, field: str = "seed") -> int:
+    """Validate a seed (a sketch's, a simulation's): an int with 0 <= seed < 2^64 (a uint64).
+
+    Args:
+        seed: the value to check (an ``int`` or a numpy integer; not a bool).
+        field: the argument name errors carry (``UsageError.field``).
+
+    Returns:
+        The seed as an ``int``.
+
+    Raises:
+        UsageError: for a non-int, negative or too large seed.
+    """
+    if isinstance(seed, bool) or not hasattr(type(seed), "__index__"):  # int, numpy integers
+        raise UsageError("must be an int in 0..2^64-1, e.g. 0", field=field, value=seed)
+    value = seed.__index__()
+    if not 0 <= value <= SEED_MAX:
+        raise UsageError("must be an int in 0..2^64-1, e.g. 0", field=field, value=seed)
+    return int(value)
 
 
 def run_main(main: Callable[[list[str]], object], argv: list[str]) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from naig.arrivals.distributions import MEAN_RANGE, Distribution, parse_distributions
 from naig.choices import ARRIVAL_MODES
-from naig.errors import UsageError
+from naig.errors import UsageError, check_seed
 
 __all__ = ["MODES", "MAX_WORKERS", "ArrivalModel", "check_seed"]
 
@@ -30,17 +30,6 @@ MODES = ARRIVAL_MODES  # naig.choices
 # Most workers a model may have: each holds per-worker specs, random streams and report rows
 # (measured: naig staleness with 100,000 workers and 100,000 updates takes 13 s and 0.23 GB; 10⁸ did not fit).
 MAX_WORKERS = 1_000_000
-
-
-def check_seed(seed: object) -> int:
-    """A seed must be an int in 0..2^64−1; returns it.
-
-    Raises:
-        UsageError: with field ``seed``.
-    """
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= int(seed) < 2**64:
-        raise UsageError("use an integer in 0..2^64-1", field="seed", value=seed)
-    return int(seed)
 
 
 def _per_worker(items: Sequence, k: int, field: str) -> tuple:

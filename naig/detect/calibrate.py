@@ -32,6 +32,8 @@ import math
 
 import numpy as np
 
+from naig.simulate.stats import t_interval as mean_interval
+
 __all__ = ["threshold", "auc", "t_interval", "clopper_pearson", "Interval"]
 
 Interval = tuple[float, float, float]  # mean (or rate), low, high
@@ -65,18 +67,15 @@ def auc(pos: np.ndarray, neg: np.ndarray) -> float:
 
 
 def t_interval(values: np.ndarray) -> Interval:
-    """(mean, low, high): Student's t 95% interval of the mean over seeds, clipped to [0, 1]."""
-    from scipy import stats
-
+    """(mean, low, high) of a rate over seeds: ``naig.simulate.stats.t_interval`` (Student's t, 95%)
+    of its finite values, clipped to [0, 1] (NaN bounds below 2 values, all NaN for none)."""
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
     if not len(v):
         return math.nan, math.nan, math.nan
+    low, high = mean_interval(v)
     mean = float(v.mean())
-    if len(v) < 2:
-        return mean, math.nan, math.nan
-    half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
-    return mean, max(0.0, mean - half), min(1.0, mean + half)
+    return (mean, math.nan, math.nan) if math.isnan(low) else (mean, max(0.0, low), min(1.0, high))
 
 
 def clopper_pearson(flagged: int, total: int) -> Interval:

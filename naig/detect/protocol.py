@@ -57,7 +57,7 @@ __all__ = ["DetectConfig", "SeedRun", "ROLES", "run_protocol", "run_seed", "buil
 
 ROLES = ("calibration", "validation", "test")
 MAX_SEEDS = 10_000
-MAX_STEPS = 1_000_000
+MAX_PROTOCOL_STEPS = 1_000_000  # scored steps (warm-up + steps) of one per-step protocol run
 REPLICA_SEED = 1_000_000  # the other initialisation of seed s (``replica``) is that of seed s + this
 
 
@@ -100,10 +100,11 @@ class DetectConfig:
             role = max(ROLES, key=lambda r: getattr(self, r))
             raise UsageError(f"too many seeds: `calibration` + `validation` + `test` = {seeds:,}, at most "
                              f"{MAX_SEEDS:,}; use a smaller `{role}`", field=role, value=getattr(self, role))
-        if self.steps + self.warmup > MAX_STEPS:
+        if self.steps + self.warmup > MAX_PROTOCOL_STEPS:
             name = "steps" if self.steps >= self.warmup else "warmup"
             raise UsageError(f"too many steps: `warmup` + `steps` = {self.steps + self.warmup:,}, at most "
-                             f"{MAX_STEPS:,}; use a smaller `{name}`", field=name, value=getattr(self, name))
+                             f"{MAX_PROTOCOL_STEPS:,}; use a smaller `{name}`", field=name,
+                             value=getattr(self, name))
         fa = self.false_alarm
         if isinstance(fa, bool) or not isinstance(fa, int | float) or not 0 < fa < 0.5:
             raise UsageError("must be a rate in (0, 0.5), e.g. 0.001", field="false_alarm", value=fa)

@@ -50,6 +50,7 @@ from naig.simulate.faults import FAULT_KINDS, GRADIENT_FAULTS, Fault, check_faul
 from naig.simulate.model import get_preset
 from naig.simulate.parallel import MAX_JOBS, resolve_jobs
 from naig.simulate.settings import (
+    MAX_STEPS,
     SETTINGS,
     LagsSetting,
     LocalUpdates,
@@ -82,7 +83,6 @@ __all__ = [
     "resolve_device",
 ]
 
-MAX_STEPS = 10**9  # server steps per run
 MAX_CONFIG_BYTES = 64 * 2**20  # a --json result of many runs fits; a device or a runaway file does not
 MAX_SEEDS = 10**6  # a run takes seconds at the least: more seeds than any experiment can finish is a typo
 DEFAULT_STRATEGIES = {  # naig, its content-blind ablation, an oracle (lockstep), baselines, the ideal

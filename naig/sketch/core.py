@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from naig.errors import UsageError
+from naig.errors import check_seed
 
 __all__ = [
     "check_seed",
@@ -52,21 +52,6 @@ __all__ = [
 
 SKETCH_DIM = 14  # g2 coordinates: the sketch's number of buckets
 MASK = (1 << 64) - 1  # 64-bit unsigned wrap-around
-
-
-def check_seed(seed: object, field: str = "seed") -> int:
-    """Validate a sketch seed: an int with 0 <= seed < 2^64 (a uint64).
-
-    Args:
-        seed: the value to check.
-        field: the argument name errors carry (``UsageError.field``).
-
-    Raises:
-        UsageError: for a non-int, negative or too large seed.
-    """
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed <= MASK:
-        raise UsageError("a sketch seed must be an int in 0..2^64-1, e.g. 0", field=field, value=seed)
-    return int(seed)
 
 
 _FNV_OFFSET, _FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
