@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from naig.simulate.engines import open_session
-from naig.simulate.parallel import resolve_jobs, run_parallel
+from naig.simulate.parallel import run_parallel
 from naig.simulate.results import RunResult, SimulateResult, summarise
 from naig.simulate.runs import (
     RunContext,
@@ -89,9 +89,8 @@ def _run_experiment(config: SimulateConfig, open_session: Callable[[SimulateConf
     try:
         with session:
             try:
-                jobs = resolve_jobs(config, len(planned), session.workload.device.type)
-                if jobs > 1:  # a simulated session (resolve_jobs gives 1 for the distributed engine)
-                    run_parallel(session, planned, jobs, progress, runs, untrained, saved)
+                if session.jobs > 1:  # a simulated session (the distributed engine's is 1)
+                    run_parallel(session, planned, session.jobs, progress, runs, untrained, saved)
                 else:
                     _run_all(session, planned, progress, runs, untrained, saved)
             except KeyboardInterrupt:

@@ -64,6 +64,7 @@ class Session(Protocol):
     """An engine opened for one experiment (a workload; the distributed engine: its processes too)."""
 
     workload: Workload
+    jobs: int  # runs side by side (``naig.simulate.parallel``; 1 where that does not apply)
 
     def context(self, seed: int, progress: Callable[[StepEvent], None] | None) -> RunContext:
         """What the runs of ``seed`` share (``make_context`` on the session's workload)."""

@@ -23,9 +23,9 @@ class SimulatedSession:
     def __init__(self, config: SimulateConfig) -> None:
         self.workload = Workload(config)
         rows, option = buffer_rows(config)
-        jobs = resolve_jobs(config, config.seeds * len(config.strategies) * len(config.lr),
-                            self.workload.device.type)  # each process side by side holds its own
-        self.workload.check_memory(rows * jobs, option)  # before any run: refused, not attempted
+        self.jobs = resolve_jobs(config, config.seeds * len(config.strategies) * len(config.lr),
+                                 self.workload.device.type)  # each process side by side holds its own
+        self.workload.check_memory(rows * self.jobs, option)  # before any run: refused, not attempted
 
     def run(self, rule: str, seed: int, lr: float, ctx: RunContext) -> RunResult:
         """Start the rule's run on its engine (``engines.select``) and drive it."""

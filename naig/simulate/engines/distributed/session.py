@@ -135,6 +135,7 @@ class DistributedSession:
         self.cluster: LocalCluster | None = None
         self.server: ParameterServer | None = None
         self.run_id = 0
+        self.jobs = 1  # the runs share the processes: one at a time
         self.interrupted = False
         self.threads: list[int] = []  # torch.get_num_threads() measured on each rank, by rank
         self._stack = ExitStack()
