@@ -1072,12 +1072,7 @@ def _median_of_others(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
     v = np.where(ref & np.isfinite(x), x, np.nan)
     m = np.broadcast_to(v, (k, k)).copy()
     np.fill_diagonal(m, np.nan)
-    m.sort(axis=1)  # NaN last
-    n = np.isfinite(m).sum(axis=1)
-    rows = np.arange(k)
-    lo, hi = m[rows, np.maximum(n - 1, 0) // 2], m[rows, np.maximum(n, 1) // 2]
-    med = np.where(n % 2 == 1, lo, 0.5 * (lo + np.where(n > 0, hi, np.nan)))
-    return np.where(n > 0, med, np.nan)
+    return _nan_median_rows(m)
 
 
 @dataclass
