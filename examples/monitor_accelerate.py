@@ -28,6 +28,7 @@ so there is nothing to compare; ``watch`` says so.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -101,6 +102,17 @@ def _fault(args: argparse.Namespace, rank: int, step: list[int]):
 
 def main(argv: list[str]) -> None:
     args = _args(argv)
+    group = _train(args)
+    gc.collect()  # the Accelerator, its DDP model and DDP's reducer are gone (their cycles too)...
+    del group  # ...so this is the group's last reference: its gloo threads are joined without the GIL
+
+
+def _train(args: argparse.Namespace) -> object:
+    """Train; return the (destroyed) process group, for ``main`` to let go of last.
+
+    A group that dies inside DDP's reducer is torn down with the GIL held, while a gloo thread may
+    still need the GIL to free its last work item: a deadlock at exit, seen under load.
+    """
     args.out.mkdir(parents=True, exist_ok=True)
     acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=TIMEOUT))])
     torch.manual_seed(0)
@@ -142,7 +154,9 @@ def main(argv: list[str]) -> None:
         flagged = {i + 1: r for i, r in enumerate(seen) if r}
         print(f"{acc.num_processes} processes, {step[0]} steps; flagged steps: {flagged or 'none'}")
     acc.wait_for_everyone()  # no process leaves while another still talks to it
+    group = torch.distributed.group.WORLD
     acc.end_training()
+    return group
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ On CPU (gloo), several processes (torchrun; the Trainer reads its environment):
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -89,6 +90,17 @@ class FaultyTrainer(Trainer):
 
 def main(argv: list[str]) -> None:
     args = _args(argv)
+    group = _train(args)
+    gc.collect()  # the Trainer, its DDP model and DDP's reducer are gone (their cycles too)...
+    del group  # ...so this is the group's last reference: its gloo threads are joined without the GIL
+
+
+def _train(args: argparse.Namespace) -> object:
+    """Train; return the (destroyed) process group, for ``main`` to let go of last.
+
+    A group that dies inside DDP's reducer is torn down with the GIL held, while a gloo thread may
+    still need the GIL to free its last work item: a deadlock at exit, seen under load.
+    """
     args.out.mkdir(parents=True, exist_ok=True)
     warnings.filterwarnings("ignore", module="transformers")
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -114,7 +126,9 @@ def main(argv: list[str]) -> None:
         flagged = {i + 1: r for i, r in enumerate(seen) if r}
         print(f"{world} processes, {args.steps} steps; flagged steps: {flagged or 'none'}")
     trainer.accelerator.wait_for_everyone()  # no process leaves while another still talks to it
+    group = torch.distributed.group.WORLD
     trainer.accelerator.end_training()
+    return group
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ same, ``InitProcessGroupKwargs``). Rank 0 writes what each rank saw.
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import sys
@@ -119,6 +120,7 @@ def main(out: str) -> None:
                "runs": runs}
         Path(out).write_text(json.dumps(doc))
     acc.wait_for_everyone()
+    gc.collect()  # every run's DDP model and reducer die before the group (examples/monitor_accelerate.py)
     acc.end_training()
 
 

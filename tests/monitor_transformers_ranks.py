@@ -22,6 +22,7 @@ A recording callback listed before the monitor's keeps what ``on_log`` hands the
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -149,6 +150,7 @@ def main(out: str) -> None:
         doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "resume_step": SAVE_STEPS,
                "runs": runs}
         Path(out).write_text(json.dumps(doc))
+    gc.collect()  # every run's DDP model and reducer die before the group (examples/monitor_transformers.py)
     dist.destroy_process_group()
 
 
