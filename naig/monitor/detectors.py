@@ -156,11 +156,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from naig.errors import DataError, UsageError, warn_caller
-from naig.monitor.signals import RankSignals
+
+if TYPE_CHECKING:
+    from naig.monitor.signals import RankSignals
 
 __all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "MAD_SCALE", "DEFAULT_DETECTOR", "DEFAULT_SIGNALS",
            "DEFAULT_SCORES", "DEFAULT_WINDOW", "DEFAULT_WARMUP", "DEFAULT_DELTA", "DEFAULT_CLIP",

@@ -77,7 +77,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -85,7 +85,9 @@ from naig.errors import DataError, UsageError
 from naig.gibbs import naig_weights
 from naig.io import missing_reason
 from naig.monitor.detectors import SCORES, SIDES, SIGNALS, Decision
-from naig.monitor.signals import RankSignals
+
+if TYPE_CHECKING:
+    from naig.monitor.signals import RankSignals
 
 __all__ = ["CSV_COLUMNS", "ON_ERROR", "PREFIX", "SCHEMA_VERSION", "CsvRecords", "JsonlRecords",
            "LoggerRecords", "MAX_WORLD", "MonitorLog", "Records", "RecordWriter", "TensorBoardRecords",
