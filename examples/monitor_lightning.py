@@ -19,7 +19,8 @@ On CPU (gloo; Lightning starts the other ranks):
     python examples/monitor_lightning.py OUT --devices 3 --steps 30 --bad-step 24
     naig monitor report OUT/monitor.jsonl
 
-``--no-monitor`` trains the same run without the callback (to compare parameters with ``log``).
+That ``log`` leaves training bit-identical to the fit without the callback is tested in
+tests/test_monitor_lightning.py.
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="warn")
     p.add_argument("--window", type=int, default=16, help="the detectors' individual history")
     p.add_argument("--tensorboard", type=Path, default=None, help="also write TensorBoard scalars here")
-    p.add_argument("--no-monitor", action="store_true", help="train without the callback")
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                    help="torch CPU threads per rank (default 1: a model this small only loses time to more)")
     args = p.parse_args(argv)
@@ -81,7 +81,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
         _in(args.bad_rank, 0, args.devices - 1, "--bad-rank", f"a rank of --devices {args.devices}")
         _in(args.bad_step, 1, args.steps, "--bad-step", f"a step of --steps {args.steps}")
     jsonl = args.out / "monitor.jsonl"  # checked before Lightning starts the other ranks (they run this too)
-    if not args.no_monitor and "LOCAL_RANK" not in os.environ and jsonl.exists() and jsonl.stat().st_size:
+    if "LOCAL_RANK" not in os.environ and jsonl.exists() and jsonl.stat().st_size:
         raise UsageError(f"{jsonl} exists: pass another folder, or remove it")
     return args
 
@@ -133,30 +133,24 @@ def main(argv: list[str]) -> None:
     warnings.filterwarnings("ignore", ".*does not have many workers.*")  # Lightning's DataLoader advice
     torch.manual_seed(0)
     seen: list[list[int]] = []
-    monitor = records = None
-    callbacks = []
-    if not args.no_monitor:
-        monitor = Monitor(action=args.action, window=args.window, timeout=TIMEOUT,
-                          callback=lambda sig, d: seen.append(list(d.ranks)))
-        writers = [JsonlRecords(args.out / "monitor.jsonl")]
-        if args.tensorboard is not None:
-            writers.append(TensorBoardRecords(args.tensorboard, per_rank=True))
-        records = Records(*writers)
-        records.attach(monitor)  # rank 0 writes; the other ranks' records do nothing
-        callbacks.append(MonitorCallback(monitor))
+    monitor = Monitor(action=args.action, window=args.window, timeout=TIMEOUT,
+                      callback=lambda sig, d: seen.append(list(d.ranks)))
+    writers = [JsonlRecords(args.out / "monitor.jsonl")]
+    if args.tensorboard is not None:
+        writers.append(TensorBoardRecords(args.tensorboard, per_rank=True))
+    records = Records(*writers)
+    records.attach(monitor)  # rank 0 writes; the other ranks' records do nothing
     model = Net(args)
     strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=GROUP_TIMEOUT))
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=args.steps,
                         max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=callbacks)
+                        enable_model_summary=False, callbacks=[MonitorCallback(monitor)])
     trainer.fit(model, _data(args))
-    if records is not None:
-        records.close()
+    records.close()
     rank = trainer.global_rank
-    if monitor is not None:
-        (args.out / "ranks").mkdir(exist_ok=True)
-        (args.out / "ranks" / f"rank{rank}.json").write_text(json.dumps(
-            {"rank": rank, "flagged": seen, "hosts": list(monitor.hosts)}))
+    (args.out / "ranks").mkdir(exist_ok=True)
+    (args.out / "ranks" / f"rank{rank}.json").write_text(json.dumps(
+        {"rank": rank, "flagged": seen, "hosts": list(monitor.hosts)}))
     if rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out / "params.pt")
         flagged = {i + 1: r for i, r in enumerate(seen) if r}

@@ -15,7 +15,8 @@ On CPU (gloo), several processes (torchrun; the Trainer reads its environment):
     torchrun --standalone --nproc-per-node 3 examples/monitor_transformers.py OUT
     naig monitor report OUT/monitor.jsonl
 
-``--no-monitor`` trains the same run without the callback (to compare parameters with ``log``).
+That ``log`` leaves training bit-identical to the run without the callback is tested in
+tests/test_monitor_transformers.py.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--bad-step", type=int, default=20, help="1-based; after the detectors' warm-up")
     p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="warn")
     p.add_argument("--window", type=int, default=16, help="the detectors' history")
-    p.add_argument("--no-monitor", action="store_true", help="train without the callback")
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                    help="torch CPU threads per rank (default 1: a model this small only loses time to more)")
     args = p.parse_args(argv)
@@ -59,7 +59,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     if not 0 <= args.bad_rank < world or not 1 <= args.bad_step <= args.steps:
         raise UsageError(f"--bad-rank {args.bad_rank} / --bad-step {args.bad_step}: must be a rank of the "
                          f"{world} processes and a step of --steps {args.steps}")
-    if not args.no_monitor and (args.out / "monitor.jsonl").exists():
+    if (args.out / "monitor.jsonl").exists():
         raise UsageError(f"{args.out / 'monitor.jsonl'} exists: pass another folder, or remove it")
     return args
 
@@ -106,19 +106,17 @@ def _train(args: argparse.Namespace) -> object:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16))
-    callbacks, seen = [], []
-    if not args.no_monitor:
-        monitor = Monitor(action=args.action, window=args.window, timeout=TIMEOUT,
-                          callback=lambda sig, d: seen.append(list(d.ranks)))
-        JsonlRecords(args.out / "monitor.jsonl").attach(monitor)  # rank 0 writes
-        callbacks.append(MonitorCallback(monitor))
+    seen: list[list[int]] = []
+    monitor = Monitor(action=args.action, window=args.window, timeout=TIMEOUT,
+                      callback=lambda sig, d: seen.append(list(d.ranks)))
+    JsonlRecords(args.out / "monitor.jsonl").attach(monitor)  # rank 0 writes
     targs = TrainingArguments(output_dir=str(args.out / "trainer"), use_cpu=True, max_steps=args.steps,
                               per_device_train_batch_size=4, logging_steps=10, save_strategy="no",
                               report_to=[], ddp_backend="gloo", ddp_timeout=TIMEOUT, disable_tqdm=True,
                               learning_rate=1e-3, ddp_find_unused_parameters=False)
     world = int(os.environ.get("WORLD_SIZE", 1))
     trainer = FaultyTrainer(model=model, args=targs, train_dataset=Tokens(4 * world * args.steps),
-                            callbacks=callbacks)
+                            callbacks=[MonitorCallback(monitor)])
     trainer.bad_rank, trainer.bad_step = args.bad_rank, args.bad_step
     trainer.train()
     if trainer.args.process_index == 0:
