@@ -111,7 +111,9 @@ def _monitor_log(path: Path, steps: int = 6) -> Path:
         mean = g.mean(0)
         sig = rank_signals(rng.normal(size=(3, 14)), (g * g).sum(1), np.zeros(3), dots=g @ mean,
                            sq_dists=((g - mean) ** 2).sum(1))
-        mon.callback(sig, mon.detector.update(sig))
+        d = mon.detector.update(sig)
+        for w in mon.writers:
+            w(sig, d)
     writer.close()
     return path
 

@@ -27,8 +27,9 @@ def logs(tmp_path_factory) -> tuple:
         g[BAD_RANK] *= 1000.0 if step == BAD_STEP else 1.0
         g[NAN_RANK, 0] = np.nan if step == NAN_STEP else g[NAN_RANK, 0]
         sig = rank_signals(np.nan_to_num(g) @ proj, (g * g).sum(1), (~np.isfinite(g)).sum(1))
-        mon.callback(sig, mon.detector.update(sig))
-    mon.callback = None
+        dec = mon.detector.update(sig)
+        for w in mon.writers:
+            w(sig, dec)
     return d / "m.jsonl", d / "m.csv"
 
 

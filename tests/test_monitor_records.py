@@ -53,7 +53,8 @@ def _run(writer, seed: int = 0, monitor: Monitor | None = None) -> list:
     out = []
     for sig in _stream(seed):
         d = mon.detector.update(sig)
-        mon.callback(sig, d)
+        for w in mon.writers:
+            w(sig, d)
         out.append(d)
     writer.close()
     return out
@@ -201,11 +202,30 @@ def test_a_writer_not_attached_says_how(tmp_path) -> None:
         JsonlRecords(tmp_path / "m.jsonl")(sig, d)
 
 
-def test_attach_keeps_an_existing_callback(tmp_path) -> None:
-    seen = []
-    mon = Monitor(window=WINDOW, callback=lambda s, d: seen.append(d.step))
-    _run(JsonlRecords(tmp_path / "m.jsonl"), monitor=mon)
-    assert seen == list(range(1, STEPS + 1)) and len(read_log(tmp_path / "m.jsonl").steps) == STEPS
+def test_attach_adds_a_writer_after_the_callback_and_leaves_the_callback_alone(tmp_path) -> None:
+    """``observe`` calls the callback, then each writer in the order added; attach rebinds nothing."""
+    import torch
+
+    order = []
+
+    def callback(s, d):
+        order.append(("callback", d.step))
+
+    mon = Monitor(window=4, callback=callback)
+    jsonl, logged = JsonlRecords(tmp_path / "m.jsonl"), LoggerRecords(lambda row: order.append(("logger",)))
+    jsonl.attach(mon)
+    logged.attach(mon)
+    assert mon.callback is callback and mon.writers == [jsonl, logged]
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        mon.observe({"w": torch.randn(10, generator=g), "b": torch.randn(3, generator=g)})
+    jsonl.close()
+    assert order == [x for step in (1, 2, 3) for x in (("callback", step), ("logger",))]
+    assert len(read_log(tmp_path / "m.jsonl").steps) == 3
+    with pytest.raises(UsageError, match="already"):
+        mon.add_writer(logged)
+    with pytest.raises(UsageError, match="writer"):
+        mon.add_writer("not a writer")
 
 
 def test_logger_gets_flat_scalars_summary_by_default_per_rank_on_request() -> None:

@@ -100,6 +100,7 @@ class Monitor:
         action: one of ``ACTIONS``.
         timeout: seconds each collective may take, in (0, 30].
         callback: called on every rank with each step's (``RankSignals``, ``Decision``).
+            Record writers come after it, in the order added (``add_writer``).
 
     Raises:
         UsageError: for a bad argument, naming it.
@@ -109,6 +110,7 @@ class Monitor:
         decision: the latest ``Decision``.
         gathered: the latest gathered payloads, (K, m + 2) float64.
         hosts: each rank's host name (after the first call).
+        writers: the record writers each step goes to, in order (``add_writer``).
     """
 
     def __init__(self, *, process_group: dist.ProcessGroup | None = None, blocks: int = 1, seed: int = 0,
@@ -136,6 +138,23 @@ class Monitor:
         self._sketches: dict[tuple, MonitorSketch] = {}
         self.records_lost = 0
         self._lost_here, self._lost_warned = 0, False
+        self.writers: list[Callable[[RankSignals, Decision], None]] = []
+
+    def add_writer(self, writer: Callable[[RankSignals, Decision], None]) -> None:
+        """Hand every step's (``RankSignals``, ``Decision``) to ``writer`` too, after ``callback`` and
+        the writers added before it; on every rank (a ``naig.monitor.records`` writer writes on rank 0
+        only). ``RecordWriter.attach(monitor)`` calls this.
+
+        Raises:
+            UsageError: ``writer`` is not callable, or already added.
+        """
+        if not callable(writer):
+            raise UsageError("must be callable with (RankSignals, Decision)", field="writer",
+                             value=type(writer).__name__)
+        if any(w is writer for w in self.writers):
+            raise UsageError("is already added to this monitor; it would write every step twice",
+                             field="writer")
+        self.writers.append(writer)
 
     def _world_rank(self) -> tuple[int, int]:
         """(K, this rank) in the group; (1, 0) without an initialised process group."""
@@ -296,6 +315,8 @@ class Monitor:
         self.gathered, self.signals, self.decision = np.array(rows, dtype=np.float64), sig, decision
         if self.callback is not None:
             self.callback(sig, decision)
+        for writer in self.writers:
+            writer(sig, decision)
         if decision.flagged and self.action == "warn" and self.rank == 0:
             warn_caller(decision.describe())
         return decision

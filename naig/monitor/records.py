@@ -1,14 +1,14 @@
 """The monitor's records: JSONL, CSV, TensorBoard or any logger, written by rank 0 only.
 
-A writer is the ``Monitor``'s callback; ``attach`` installs it and reads the settings it needs
-(the thresholds behind the scores)::
+A writer is added to the ``Monitor`` (``attach`` calls ``Monitor.add_writer``) and reads the
+monitor's settings for the header::
 
     records = Records(JsonlRecords("monitor.jsonl"), TensorBoardRecords("runs/monitor"))
     monitor = records.attach(Monitor(action="warn"))     # every rank; only rank 0 writes
     ...                                                  # train (observe, or a DDP/FSDP hook)
     records.close()
 
-Every rank calls the callback with the same data (the decision is made from gathered data); rank
+Every rank calls its writers with the same data (the decision is made from gathered data); rank
 0 of the monitor's group writes, the other ranks do nothing.
 
 **Scores.** The detectors score each signal of each rank with a transient test (its normalised
@@ -272,7 +272,8 @@ class RecordWriter(ABC):
         self._offset = 0
 
     def attach(self, monitor: Any, *, on_error: str = "warn") -> Any:
-        """Make this writer ``monitor``'s callback (after any callback it has); returns ``monitor``.
+        """Add this writer to ``monitor`` (``Monitor.add_writer``: after its callback and the writers
+        added before); returns ``monitor``.
 
         Args:
             monitor: a ``naig.monitor.Monitor`` (its settings go into the header and its detector's
@@ -293,15 +294,8 @@ class RecordWriter(ABC):
         if self.monitor is not None:
             raise UsageError("is already attached to a monitor; make one writer per monitor",
                              field="callback")
-        previous = monitor.callback
+        monitor.add_writer(self)
         self.monitor, self.on_error = monitor, on_error
-
-        def callback(sig: RankSignals, decision: Decision) -> None:
-            if previous is not None:
-                previous(sig, decision)
-            self(sig, decision)
-
-        monitor.callback = callback
         return monitor
 
     def __call__(self, sig: RankSignals, decision: Decision) -> None:
