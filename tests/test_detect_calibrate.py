@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from naig.detect.calibrate import auc, clopper_pearson, t_interval, threshold
+from naig.detect.calibrate import auc, clopper_pearson, rate_interval, threshold
 
 
 @pytest.mark.parametrize("alpha", [0.001, 0.01, 0.05])
@@ -36,13 +36,13 @@ def test_auc_equals_mann_whitney_u() -> None:
     assert math.isnan(auc(np.array([]), neg))
 
 
-def test_t_interval_equals_scipy_and_is_clipped() -> None:
+def test_rate_interval_is_the_t_interval_clipped_to_0_1() -> None:
     v = np.array([0.2, 0.4, 0.35, 0.5])
-    mean, low, high = t_interval(v)
+    mean, low, high = rate_interval(v)
     lo, hi = stats.t.interval(0.95, 3, loc=v.mean(), scale=stats.sem(v))
     assert (mean, low, high) == pytest.approx((v.mean(), lo, hi), rel=1e-12)
-    assert t_interval(np.array([0.9, 1.0, 1.0]))[2] == 1.0
-    assert math.isnan(t_interval(np.array([0.5]))[1])
+    assert rate_interval(np.array([0.9, 1.0, 1.0]))[2] == 1.0
+    assert math.isnan(rate_interval(np.array([0.5]))[1])
 
 
 def test_clopper_pearson_contains_the_rate() -> None:

@@ -9,7 +9,7 @@ default detector is chosen on validation seeds and the figures are reported on t
 (``report``). docs/detect.md holds the measured table.
 """
 
-from naig.detect.calibrate import auc, clopper_pearson, t_interval, threshold
+from naig.detect.calibrate import auc, clopper_pearson, rate_interval, threshold
 from naig.detect.faults import DEFAULT_MAGNITUDES, FAULT_KINDS, FaultCell, apply_gradient_fault, corrupt_batch
 from naig.detect.protocol import DetectConfig, SeedRun, run_protocol
 from naig.detect.report import DetectResult, evaluate
@@ -17,4 +17,4 @@ from naig.detect.scores import DETECTORS, KINDS, Scorer, StepStats
 
 __all__ = ["DEFAULT_MAGNITUDES", "DETECTORS", "FAULT_KINDS", "KINDS", "DetectConfig", "DetectResult",
            "FaultCell", "Scorer", "SeedRun", "StepStats", "apply_gradient_fault", "auc", "clopper_pearson",
-           "corrupt_batch", "evaluate", "run_protocol", "t_interval", "threshold"]
+           "corrupt_batch", "evaluate", "run_protocol", "rate_interval", "threshold"]

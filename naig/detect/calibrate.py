@@ -32,9 +32,9 @@ import math
 
 import numpy as np
 
-from naig.simulate.stats import t_interval as mean_interval
+from naig.simulate.stats import t_interval
 
-__all__ = ["threshold", "auc", "t_interval", "clopper_pearson", "Interval"]
+__all__ = ["threshold", "auc", "rate_interval", "clopper_pearson", "Interval"]
 
 Interval = tuple[float, float, float]  # mean (or rate), low, high
 
@@ -66,14 +66,14 @@ def auc(pos: np.ndarray, neg: np.ndarray) -> float:
     return float((below + 0.5 * ties).sum() / (len(p) * len(n)))
 
 
-def t_interval(values: np.ndarray) -> Interval:
+def rate_interval(values: np.ndarray) -> Interval:
     """(mean, low, high) of a rate over seeds: ``naig.simulate.stats.t_interval`` (Student's t, 95%)
     of its finite values, clipped to [0, 1] (NaN bounds below 2 values, all NaN for none)."""
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
     if not len(v):
         return math.nan, math.nan, math.nan
-    low, high = mean_interval(v)
+    low, high = t_interval(v)
     mean = float(v.mean())
     return (mean, math.nan, math.nan) if math.isnan(low) else (mean, max(0.0, low), min(1.0, high))
 

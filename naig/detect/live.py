@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from naig.detect.calibrate import t_interval
+from naig.detect.calibrate import rate_interval
 from naig.detect.faults import FaultCell, apply_gradient_fault
 from naig.detect.protocol import DetectConfig, build_workload
 from naig.detect.scores import BLOCKS, DETECTORS, Scorer, StepStats, relative_z
@@ -124,7 +124,8 @@ def compare(live: dict, bench: dict) -> list[dict]:
                 others[idx, r["bad"]] = -np.inf
                 det.append(float(np.mean(own > thr)))
                 top.append(float(np.mean(own > others.max(axis=1))))
-            mine = {"detection": list(t_interval(np.array(det))), "top1": list(t_interval(np.array(top)))}
+            mine = {"detection": list(rate_interval(np.array(det))),
+                    "top1": list(rate_interval(np.array(top)))}
             theirs = {m: brow["detectors"][name][m] for m in ("detection", "top1")}
             rows.append({"fault": cell[0], "magnitude": cell[1], "detector": name, "threshold": thr,
                          "live": mine, "bench": theirs,

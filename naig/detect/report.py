@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from naig.detect.calibrate import auc, clopper_pearson, t_interval, threshold
+from naig.detect.calibrate import auc, clopper_pearson, rate_interval, threshold
 from naig.detect.faults import UNITS, FaultCell
 from naig.detect.protocol import DetectConfig, SeedRun
 from naig.detect.scores import DETECTORS, KINDS
@@ -94,7 +94,7 @@ def _rows(cfg: DetectConfig, runs: list[SeedRun], thr: dict[str, float]) -> list
         dets = {}
         for d, name in enumerate(DETECTORS):
             rates = cell_rates(runs, c, d, thr[name])
-            dets[name] = {m: list(t_interval(np.array(rates[m]))) for m in METRICS}
+            dets[name] = {m: list(rate_interval(np.array(rates[m]))) for m in METRICS}
         rows.append({"fault": cell.kind, "magnitude": cell.magnitude, "unit": UNITS[cell.kind],
                      "rel_change": float(np.nanmedian(change)) if np.isfinite(change).any() else
                      (math.inf if np.isinf(change).any() else math.nan), "detectors": dets})
