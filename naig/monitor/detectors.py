@@ -165,18 +165,50 @@ from naig.errors import DataError, UsageError, warn_caller
 if TYPE_CHECKING:
     from naig.monitor.signals import RankSignals
 
-__all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "MAD_SCALE", "DEFAULT_DETECTOR", "DEFAULT_SIGNALS",
-           "DEFAULT_SCORES", "DEFAULT_WINDOW", "DEFAULT_WARMUP", "DEFAULT_DELTA", "DEFAULT_CLIP",
-           "DEFAULT_HOLD", "POOL_SIZES", "STATE_VERSION", "TWO_RANKS", "WARMUP", "BadRankError", "Decision",
-           "Detector", "Flag", "check_action", "cusum_arl", "cusum_threshold", "cusum_threshold_sample",
-           "gpd_fit", "null_tail", "robust_threshold", "robust_z", "signal_values", "tail_quantile"]
+__all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE", "MAD_SCALE", "DEFAULT_DETECTOR",
+           "DEFAULT_SIGNALS", "DEFAULT_SCORES", "DEFAULT_WINDOW", "DEFAULT_WARMUP", "DEFAULT_DELTA",
+           "DEFAULT_CLIP", "DEFAULT_HOLD", "POOL_SIZES", "STATE_VERSION", "TWO_RANKS", "WARMUP",
+           "BadRankError", "Decision", "Detector", "Flag", "SignalSpec", "check_action", "cusum_arl",
+           "cusum_threshold", "cusum_threshold_sample", "gpd_fit", "null_tail", "robust_threshold",
+           "robust_z", "signal_values", "tail_quantile"]
 
-SIGNALS = ("norm", "cos", "distance", "energy")
+TINY = 1e-300  # a squared norm of 0 before the log
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    """One scored signal: the ``RankSignals`` field it reads, the transform its detectors score (which
+    makes a rank's value roughly Gaussian across steps), and the side its tests fire on (``both``:
+    too large or too small; ``upper``: too large only).
+
+    Attributes:
+        name: the signal's name (``Detector(signals=...)``, record columns ``score_NAME`` and so on).
+        field: the (K,) float64 ``RankSignals`` attribute it transforms.
+        side: ``"both"`` or ``"upper"``.
+        transform: (K,) float64 → (K,) float64, elementwise.
+    """
+
+    name: str
+    field: str
+    side: str
+    transform: Callable[[np.ndarray], np.ndarray]
+
+
+SIGNAL_TABLE: tuple[SignalSpec, ...] = (
+    SignalSpec("norm", "sq_norm", "both", lambda x: 0.5 * np.log(np.maximum(x, TINY))),  # log ‖g‖
+    SignalSpec("cos", "cos", "upper", np.arccos),  # the angle to the others' mean
+    SignalSpec("distance", "sq_dist", "upper", lambda x: np.log(np.maximum(x, TINY))),  # log ‖g − ḡ‖²
+    SignalSpec("energy", "energy", "upper", np.cbrt),  # E^{1/3} (Wilson–Hilferty: a χ²-like energy)
+)
+"""Every signal the detectors score, once: ``SIGNALS``, ``SIDES``, ``signal_values``, the records'
+columns and ``naig detect``'s scores all come from it. A new signal is one entry here plus its
+computation in ``naig.monitor.signals`` (a ``RankSignals`` field)."""
+SIGNALS = tuple(spec.name for spec in SIGNAL_TABLE)
 SCORES = ("transient", "cusum")
 ACTIONS = ("log", "warn", "skip", "exclude", "raise")
-SIDES = {"norm": "both", "cos": "upper", "distance": "upper", "energy": "upper"}
+SIDES = {spec.name: spec.side for spec in SIGNAL_TABLE}
+_SPEC = {spec.name: spec for spec in SIGNAL_TABLE}
 MAD_SCALE = 1.482602218505602  # 1 / Φ⁻¹(3/4)
-TINY = 1e-300  # a squared norm of 0 before the log
 NULL_DRAWS, NULL_BUDGET, NULL_MAX_N, NULL_SEED = 400_000, 4_000_000, 256, 20180601
 POOL_SIZES = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 """The pool sizes thresholds are computed for: a pool of n values uses the largest size ≤ n."""
@@ -236,15 +268,10 @@ def signal_values(sig: RankSignals, name: str) -> np.ndarray:
     Raises:
         UsageError: for a name not in ``SIGNALS``.
     """
-    if name == "norm":
-        return 0.5 * np.log(np.maximum(sig.sq_norm, TINY))
-    if name == "cos":
-        return np.arccos(sig.cos)
-    if name == "distance":
-        return np.log(np.maximum(sig.sq_dist, TINY))
-    if name == "energy":
-        return np.cbrt(sig.energy)
-    raise UsageError(f"use one of {', '.join(SIGNALS)}", field="signals", value=name)
+    spec = _SPEC.get(name)
+    if spec is None:
+        raise UsageError(f"use one of {', '.join(SIGNALS)}", field="signals", value=name)
+    return spec.transform(getattr(sig, spec.field))
 
 
 def robust_z(x: float, ref: np.ndarray, min_scale: float = 0.0) -> float:
