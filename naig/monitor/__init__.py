@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 # Each public name and the submodule that defines it, imported on first use (PEP 562): reading a
 # log (``naig monitor report``, ``records.read_log``) then loads no torch, 0.3 s where it was 1.2.
 _HOME = {
-    "ddp": ("GradientMonitor", "MonitorHook", "monitor_comm_hook"),
+    "ddp": ("MonitorHook", "monitor_comm_hook"),
+    "integration": ("GradientMonitor",),
     "detectors": ("ACTIONS", "SCORES", "SIGNALS", "BadRankError", "Decision", "Detector", "Flag",
                   "robust_threshold"),
     "observe": ("Monitor",),
@@ -35,7 +36,7 @@ _HOME = {
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 
 if TYPE_CHECKING:
-    from naig.monitor.ddp import GradientMonitor, MonitorHook, monitor_comm_hook
+    from naig.monitor.ddp import MonitorHook, monitor_comm_hook
     from naig.monitor.detectors import (
         ACTIONS,
         SCORES,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
         Flag,
         robust_threshold,
     )
+    from naig.monitor.integration import GradientMonitor
     from naig.monitor.observe import Monitor
     from naig.monitor.routing import HookRecord, NaigCommHook, naig_comm_hook
     from naig.monitor.signals import (

@@ -21,7 +21,7 @@ chunks, padded, chunk i of every parameter in row i: FSDP's ``chunk_cat`` layout
 2. it calls the module's own reduce-scatter with the same tensors (FSDP's bytes, unchanged:
    in ``log`` mode training is bit-identical);
 3. at the step's last reduce-scatter (every FSDP module with trainable parameters has reduced
-   once) it decides (``naig.monitor.ddp.GradientMonitor``), the same on every rank.
+   once) it decides (``naig.monitor.integration.GradientMonitor``), the same on every rank.
 
 **Actions**: ``log``, ``warn``, ``skip`` and ``raise`` as for DDP (``skip`` and ``raise`` through
 ``attach(optimizer)``). ``exclude`` is refused: the decision needs the whole step's gradient,
@@ -59,7 +59,7 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 
 from naig.errors import DataError, UsageError
-from naig.monitor.ddp import GradientMonitor
+from naig.monitor.integration import GradientMonitor
 from naig.monitor.observe import Monitor
 from naig.monitor.signals import MonitorSketch, pack
 

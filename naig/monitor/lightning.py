@@ -53,7 +53,8 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Sin
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from naig.errors import UsageError, warn_caller
-from naig.monitor.ddp import GradientMonitor, MonitorHook
+from naig.monitor.ddp import MonitorHook
+from naig.monitor.integration import GradientMonitor
 from naig.monitor.observe import Monitor
 from naig.monitor.records import decision_scalars
 

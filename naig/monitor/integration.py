@@ -1,0 +1,255 @@
+"""What the DDP and FSDP2 integrations share (``GradientMonitor``): a step's parts, one decision, the
+optimizer hook that applies ``skip`` and ``raise``.
+
+An integration cuts each step into parts (DDP: its buckets, ``naig.monitor.ddp.MonitorHook``;
+FSDP2: its reduce-scatters, ``naig.monitor.fsdp.FSDPMonitor``), hands each part's payload to
+``_add_part`` (which starts its all-gather in per-bucket mode) and calls ``_finish`` at the last
+part: the payloads are summed into the step's, the ``Monitor`` decides, and a flagged rank is
+named with the part where its gradient departs most (``Decision.where``; see
+``naig.monitor.ddp`` for how that part is chosen). ``attach(optimizer)`` registers a step
+pre-hook that applies the decision before ``optimizer.step()``; ``detach()`` removes it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from naig.errors import UsageError
+from naig.monitor.detectors import Decision
+from naig.monitor.observe import HOST_BYTES, Monitor
+from naig.monitor.signals import MonitorSketch
+
+__all__ = ["GradientMonitor"]
+
+_NEED_OPTIMIZER = ("skip", "raise")
+
+
+@dataclass
+class _Part:
+    """One bucket (DDP) or one reduce-scatter (FSDP2) of this rank's step."""
+
+    index: int
+    names: tuple[str, ...]
+    payload: Tensor
+    wait: Callable[[], Tensor] | None = None  # the started all-gather (per-bucket mode)
+    buffer: Tensor | None = None  # held back (exclude) or copied (exact)
+    local: Tensor | None = None  # this rank's gradient before the all-reduce (exact)
+    work: Any = None  # the all-reduce in flight
+    future: Any = None  # the pending future handed to DDP (exclude)
+    extra: dict = field(default_factory=dict)
+
+
+class GradientMonitor:
+    """What the DDP and FSDP2 integrations share: parts of a step, one decision, the optimizer hook.
+
+    Args:
+        module: the model (un-wrapped or wrapped): its parameter names key the sketch.
+        monitor: the ``Monitor`` (gather group, sketch, detectors, action, callback).
+        per_bucket: all-gather each part's payload as it comes (names the part) or their sum once.
+
+    Raises:
+        UsageError: ``module`` not an ``nn.Module`` or ``monitor`` not a ``Monitor``.
+    """
+
+    part_kind = "bucket"  # what a part is called in ``Decision.where``
+
+    def __init__(self, module: nn.Module, monitor: Monitor | None = None, *, per_bucket: bool = True) -> None:
+        if not isinstance(module, nn.Module):
+            raise UsageError(f"got a {type(module).__name__}; pass the model", field="module")
+        if monitor is not None and not isinstance(monitor, Monitor):
+            raise UsageError(f"got a {type(monitor).__name__}; pass naig.monitor.Monitor(...)",
+                             field="monitor")
+        if not isinstance(per_bucket, bool):
+            raise UsageError("must be True or False", field="per_bucket", value=per_bucket)
+        inner = getattr(module, "module", module) if isinstance(module, nn.parallel.DistributedDataParallel) \
+            else module
+        self.names = {id(p): name for name, p in inner.named_parameters()}
+        if not self.names:
+            raise UsageError("has no parameters; pass the model whose gradients are reduced", field="module")
+        self.monitor = monitor if monitor is not None else Monitor()
+        self.action, self.per_bucket = self.monitor.action, per_bucket
+        self.step = 0
+        self.decision: Decision | None = None
+        self.parts: list[_Part] = []
+        self.extra_bytes = 0  # bytes this rank sent beyond the framework's own in the latest step
+        self._sketches: dict[tuple, MonitorSketch] = {}
+        self._optimizers: list[tuple[weakref.ref, Any]] = []
+        self._applied: dict[int, int] = {}
+        self.detached = False
+
+    def detach(self) -> None:
+        """Remove what this monitor registered; it neither reads, gathers nor acts from now on.
+
+        The optimizer step pre-hooks of ``attach`` are removed. What the framework holds stays
+        registered where the framework cannot remove it (DDP takes one communication hook per
+        model, for good): the integration then passes every bucket straight to the inner hook
+        (``MonitorHook``) or restores the framework's own collective (``FSDPMonitor``). Call it
+        between steps, on every rank. Idempotent.
+        """
+        for _, handle in self._optimizers:
+            handle.remove()
+        self._optimizers, self.decision, self.parts, self.detached = [], None, [], True
+
+    # ---------------------------------------------------------------- the optimizer side
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> GradientMonitor:
+        """Apply ``skip`` / ``raise`` before ``optimizer.step()`` (a step pre-hook); returns self.
+
+        Raises:
+            UsageError: not a ``torch.optim.Optimizer``, or the monitor is detached.
+        """
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise UsageError(f"got a {type(optimizer).__name__}; pass a torch.optim.Optimizer",
+                             field="optimizer")
+        if self.detached:
+            raise UsageError("this monitor is detached; make a new one", field="optimizer")
+        handle = optimizer.register_step_pre_hook(self._pre_step)
+        self._optimizers.append((weakref.ref(optimizer), handle))
+        return self
+
+    def _pre_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple | None:
+        """Apply the action now, or after the closure's backward when ``step`` is given one.
+
+        ``args`` holds the optimizer itself first (torch passes ``step``'s own arguments).
+        """
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
+            self._apply(optimizer)
+            return None
+
+        def wrapped() -> Any:
+            loss = closure()
+            self._apply(optimizer)
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": wrapped}
+        return (args[0], wrapped, *args[2:]), kwargs
+
+    def _apply(self, optimizer: torch.optim.Optimizer) -> None:
+        """The latest decision's action on this optimizer (once per decision for ``skip``)."""
+        d = self.decision
+        if d is None or not d.flagged:
+            return
+        if self.action == "raise":
+            raise d.error()
+        if self.action == "skip" and self._applied.get(id(optimizer)) != d.step:
+            self._applied[id(optimizer)] = d.step
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+
+    def _check_attached(self) -> None:
+        if self.action in _NEED_OPTIMIZER and not any(ref() is not None for ref, _ in self._optimizers):
+            raise UsageError(f"needs the optimizer: call hook.attach(optimizer) before training "
+                             f"(the {self.action} action is applied before optimizer.step())",
+                             field="action", value=self.action)
+
+    # ---------------------------------------------------------------- the step's parts
+
+    def _begin_step(self) -> None:
+        self._check_attached()
+        self.step, self.parts, self.extra_bytes = self.step + 1, [], 0
+        if not self.monitor.hosts and self.monitor.world > 1:
+            self.extra_bytes += HOST_BYTES
+
+    def _names(self, params: list[Tensor]) -> tuple[str, ...]:
+        return tuple(self.names.get(id(p), f"param{i}") for i, p in enumerate(params))
+
+    def _sketch(self, key: tuple, layout: tuple[tuple[str, int], ...], device: torch.device) -> MonitorSketch:
+        """The part's sketch, built once per (parameters, device); names key the hashes."""
+        if key not in self._sketches:
+            if len({n for n, _ in layout}) != len(layout):
+                raise UsageError("parameter names repeat in a bucket; pass the module the framework wraps",
+                                 field="module")
+            m = self.monitor
+            self._sketches[key] = MonitorSketch.build(layout, m.seed, m.blocks, device)
+        return self._sketches[key]
+
+    def _add_part(self, index: int, names: tuple[str, ...], payload: Tensor) -> _Part:
+        part = _Part(index, names, payload)
+        if self.per_bucket:
+            sent = self._with_lost(payload)
+            part.wait = self.monitor.start_gather(sent)
+            self.extra_bytes += sent.numel() * sent.element_size()
+        self.parts.append(part)
+        return part
+
+    def _with_lost(self, payload: Tensor) -> Tensor:
+        """The payload and this rank's count of records its writers lost (so every rank learns of it)."""
+        lost = torch.tensor([float(self.monitor.lost_here)], dtype=payload.dtype, device=payload.device)
+        return torch.cat([payload, lost])
+
+    def _finish(self, exact: tuple[float, float] | None = None) -> Decision:
+        """Gather (what is left), decide, keep the decision for the optimizer hook."""
+        if self.per_bucket:
+            rows = torch.stack([p.wait() for p in self.parts], dim=1)  # (K, B, m + 3)
+        else:
+            total = self._with_lost(torch.stack([p.payload for p in self.parts]).sum(dim=0))
+            self.extra_bytes += total.numel() * total.element_size()
+            rows = self.monitor.all_gather(total).unsqueeze(1)  # (K, 1, m + 3)
+        per_part = rows.to(torch.float64).numpy()
+        self.monitor.note_gathered_lost(per_part[:, :, -1].max(axis=1))
+        per_part = per_part[:, :, :-1]
+        dots = dists = None
+        if exact is not None:
+            mine = torch.tensor(exact, dtype=torch.float64)
+            self.extra_bytes += 16
+            both = self.monitor.all_gather(mine).numpy()
+            dots, dists = both[:, 0], both[:, 1]
+        names = [p.names for p in self.parts] if self.per_bucket else None
+        self.decision = self.monitor.decide(per_part.sum(axis=1), dots=dots, sq_dists=dists,
+                                            where=lambda d: _where(d, per_part, names, self._label))
+        return self.decision
+
+    def _label(self, part: int) -> str:
+        p = self.parts[part]
+        shown = ", ".join(p.names[:2]) + (", …" if len(p.names) > 2 else "")
+        return f"{self.part_kind} {p.index} ({shown}; {len(p.names)} parameters)"
+
+
+def _where(decision: Decision, per_part: np.ndarray, names: list[tuple[str, ...]] | None,
+           label: Callable[[int], str]) -> Mapping[int, str]:
+    """For each flagged rank, the part where its gradient departs most (see the module).
+
+    Args:
+        decision: the step's decision.
+        per_part: (K, B, m + 2) every rank's per-part payloads.
+        names: the parts' parameter names (None: one summed part, nothing to name).
+        label: part index → its description.
+    """
+    if names is None or per_part.shape[1] < 1:
+        return {}
+    sk, sq, bad = per_part[:, :, :-2], per_part[:, :, -2], per_part[:, :, -1]
+    flagged = set(decision.ranks)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        finite = np.isfinite(sk).all(axis=2) & np.isfinite(sq) & (bad == 0)  # (K, B)
+        clean = np.array([r not in flagged for r in range(per_part.shape[0])]) & finite.all(axis=1)
+        out = {}
+        for r in decision.ranks:
+            signals = {f.signal for f in decision.flags if f.rank == r}
+            if not finite[r].all():
+                parts = np.flatnonzero(~finite[r])
+                out[r] = "; ".join(label(int(b)) for b in parts[:2]) + ("; …" if len(parts) > 2 else "")
+                continue
+            others = clean.copy()
+            others[r] = False
+            if not others.any():
+                continue
+            if "norm" in signals:
+                logs = np.log(np.maximum(sq, 1e-300))
+                score = np.abs(logs[r] - np.median(logs[others], axis=0))
+            else:
+                mean = sk[others].mean(axis=0)  # (B, m)
+                d = ((sk - mean) ** 2).sum(axis=2)  # (K, B)
+                score = d[r] / np.maximum(np.median(d[others], axis=0), 1e-300)
+            if np.isfinite(score).any():
+                out[r] = label(int(np.nanargmax(score)))
+    return out
