@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -99,11 +100,8 @@ def audit(
     config = AuditConfig(beta=beta, seed=seed, line=line, keys=keys, intersect=intersect,
                          sketches=sketches, chunk=int(chunk_mb * 2**20) // 4, recursive=recursive,
                          **({} if threads is None else {"threads": threads}))
-    notice = kernel_notice()
-    if notice:
-        sys.stderr.write(f"warning: {notice}\n")
     with progress("auditing", None, bytes_=True) as advance:
-        result = run_audit(ref, files, config, progress=advance)
+        result = run_audit(ref, files, config, progress=_noting_the_kernel(advance))
     for note in result.warnings:
         sys.stderr.write(f"warning: {printable(note)}\n")
     doc = printable(result.to_dict())  # file names with undecodable bytes: \xff
@@ -117,6 +115,23 @@ def audit(
         print_json(doc)
     else:
         _render(result, doc["files"])
+
+
+def _noting_the_kernel(advance: Callable[[int], None]) -> Callable[[int], None]:
+    """``advance``, which first warns (once) when the C kernel is missing: at the first bytes read,
+    so that inputs refused before any work get their one error line and nothing else."""
+    noted = False
+
+    def first_then_advance(n: int = 1) -> None:
+        nonlocal noted
+        if not noted:
+            noted = True
+            notice = kernel_notice()
+            if notice:
+                sys.stderr.write(f"warning: {notice}\n")
+        advance(n)
+
+    return first_then_advance
 
 
 def _check_csv_target(csv_path: Path | None, inputs: list[Path]) -> None:

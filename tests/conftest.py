@@ -31,6 +31,16 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def warning_lines(r: subprocess.CompletedProcess) -> list[str]:
+    """The lines of ``r.stderr`` but the one that says the C sketch kernel is not built (a machine
+    without a C compiler at install time prints it on every audit that reads data; the numbers are
+    the same)."""
+    from naig_cli._common import kernel_notice
+
+    notice = kernel_notice()
+    return [ln for ln in r.stderr.splitlines() if notice is None or ln != f"warning: {notice}"]
+
+
 def assert_one_line_error(r: subprocess.CompletedProcess, code: int, *needles: str) -> None:
     """Exit ``code``, stderr is one line starting with 'error: ' and naming ``needles``."""
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from naig.io import save_gradients
-from tests.conftest import assert_one_line_error, make_state, run_naig
+from tests.conftest import assert_one_line_error, make_state, run_naig, warning_lines
 
 
 def _digest(root: Path) -> dict:
@@ -56,7 +56,7 @@ def test_json_and_csv(untouched, tmp_path):
     (tmp_path / "out").mkdir()
     csv_path = tmp_path / "out" / "audit.csv"
     r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--json", "--csv", csv_path)
-    assert r.returncode == 0 and r.stderr == ""
+    assert r.returncode == 0 and warning_lines(r) == []
     doc = json.loads(r.stdout)
     assert [f["lag"] for f in doc["files"]] == [0, 10, 20]
     assert abs(sum(f["pi"] for f in doc["files"]) - 1) < 1e-12
@@ -273,14 +273,14 @@ def test_duplicates_and_symlinks_audited_once(untouched, tmp_path):
     r = run_naig("audit", untouched / "ref.safetensors", w0, w0, tmp_path / "alias.safetensors", "--json")
     assert r.returncode == 0
     assert len(json.loads(r.stdout)["files"]) == 1
-    warnings = r.stderr.splitlines()
+    warnings = warning_lines(r)
     assert len(warnings) == 2 and all(w.startswith("warning: ") and "audited once" in w for w in warnings)
 
 
 def test_warnings_stay_on_one_line(untouched):
     ref = untouched / "ref.safetensors"
     r = run_naig("audit", ref, ref, untouched / "workers", "--json")
-    assert r.stderr.count("\n") == 1 and "reference itself" in r.stderr
+    assert len(warning_lines(r)) == 1 and "reference itself" in r.stderr
 
 
 def test_odd_metadata_shown_verbatim(untouched, tmp_path):
@@ -658,7 +658,7 @@ def test_an_infinite_figure_is_a_dash_in_the_table(tmp_path):
     save_gradients(tmp_path / "ok.safetensors", {"a": torch.full((10,), 2.0, dtype=torch.float64)})
     args = ("audit", tmp_path / "ref.safetensors", tmp_path / "huge.safetensors", tmp_path / "ok.safetensors")
     r = run_naig(*args)
-    assert r.returncode == 0 and r.stderr == "", r.stderr  # no RuntimeWarning from the overflow
+    assert r.returncode == 0 and warning_lines(r) == [], r.stderr  # no RuntimeWarning from the overflow
     assert "inf" not in r.stdout.lower().replace("integrated", "")
     row = next(line for line in r.stdout.splitlines() if line.startswith("huge"))
     assert "—" in row
@@ -669,3 +669,22 @@ def test_only_the_reference_as_worker_says_why_nothing_is_left(untouched):
     ref = untouched / "ref.safetensors"
     r = run_naig("audit", ref, ref)
     assert_one_line_error(r, 2, "no worker files to audit", "is the reference itself")
+
+
+def test_without_the_c_kernel_a_refused_input_is_one_line_and_an_audit_says_so_once(untouched, tmp_path):
+    """A machine without a C compiler at install time: the notice comes once the audit reads data,
+    never beside the one line of a refused input."""
+    code = ("import sys, naig.sketch.kernels as k; k.HAVE_COMPILED = False; from naig_cli.main import app; "
+            "app(prog_name='naig')")
+
+    def naig(*args) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k != "NAIG_PURE_NUMPY"}
+        return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                              timeout=120, env=env)
+
+    missing = tmp_path / "missing.safetensors"
+    assert_one_line_error(naig("audit", missing, untouched / "workers"), 1, "no such file")
+    r = naig("audit", untouched / "ref.safetensors", untouched / "workers", "--json")
+    assert r.returncode == 0, r.stderr
+    notes = [ln for ln in r.stderr.splitlines() if "C sketch kernel was not built" in ln]
+    assert len(notes) == 1 and notes[0].startswith("warning: ") and len(json.loads(r.stdout)["files"]) == 3
