@@ -683,7 +683,9 @@ def test_without_the_c_kernel_a_refused_input_is_one_line_and_an_audit_says_so_o
                               timeout=120, env=env)
 
     missing = tmp_path / "missing.safetensors"
-    assert_one_line_error(naig("audit", missing, untouched / "workers"), 1, "no such file")
+    r = naig("audit", missing, untouched / "workers")
+    assert_one_line_error(r, 1, "no such file")
+    assert len(r.stderr.splitlines()) == 1, r.stderr  # the error line alone, no notice beside it
     r = naig("audit", untouched / "ref.safetensors", untouched / "workers", "--json")
     assert r.returncode == 0, r.stderr
     notes = [ln for ln in r.stderr.splitlines() if "C sketch kernel was not built" in ln]
