@@ -79,7 +79,7 @@ def audit(
     keys: Annotated[str | None, opt("--keys", "Regex: audit only matching tensor names.")] = None,
     intersect: Annotated[bool, opt("--intersect", "Use common tensors on mismatch.")] = False,
     recursive: Annotated[bool, opt("--recursive", "Also audit the files in sub-folders.")] = False,
-    sketches: Annotated[int, opt("--sketches", "R sketch seeds: E as mean ± std.", min=1)] = 1,
+    sketches: Annotated[int, opt("--sketches", "R sketch seeds, at most 1024: E as mean ± std.", min=1)] = 1,
     chunk_mb: Annotated[float, opt("--chunk-mb", "Streaming batch size in MiB (>= 0.0625).")] = 16.0,
     threads: Annotated[int | None, opt("--threads", "Files scored in parallel (default: all cores).",
                                        min=1, show_default=False)] = None,
