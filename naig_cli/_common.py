@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from naig.choices import ARRIVAL_MODES
-from naig.errors import NaigError
+from naig.errors import DataError, NaigError
 from naig.io import json_ready
 
 __all__ = [
@@ -327,10 +327,20 @@ def printable(obj: Any) -> Any:
 
 
 def print_json(doc: Any) -> None:
-    """Write one strict JSON document (NaN/Inf → null) to stdout."""
+    """Write one strict JSON document (NaN/Inf → null) to stdout.
+
+    Raises:
+        DataError: standard output cannot take it (a full disk, a closed pipe), saying so.
+    """
     import json
 
-    sys.stdout.write(json.dumps(json_ready(doc), indent=2, default=str) + "\n")
+    text = json.dumps(json_ready(doc), indent=2, default=str) + "\n"
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as exc:
+        raise DataError(f"standard output: could not write the JSON document ({exc.strerror or exc}); "
+                        "redirect it where there is room, e.g. > result.json") from None
 
 
 @contextlib.contextmanager

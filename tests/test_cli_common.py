@@ -1,5 +1,9 @@
 """The CLI's one table of field → flag, and its one-line wording of library errors."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from naig.errors import DataError, UsageError
@@ -50,3 +54,12 @@ def test_an_error_without_text_is_still_worded(capsys) -> None:
     err = capsys.readouterr().err
     assert info.value.exit_code == 1
     assert err == "error: out of memory (MemoryError); use smaller sizes or counts\n"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full (every write: ENOSPC)")
+def test_json_to_a_full_standard_output_is_one_line_naming_it() -> None:
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "naig_cli", "spectrum", "--json"], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: standard output: could not write the JSON document (No space left")
