@@ -25,8 +25,8 @@ import sys
 import warnings
 from collections.abc import Callable
 
-__all__ = ["NaigError", "DataError", "UsageError", "VerificationError", "SEED_MAX", "check_seed", "run_main",
-           "warn_caller"]
+__all__ = ["NaigError", "DataError", "UsageError", "VerificationError", "SEED_MAX", "a_type", "check_seed",
+           "run_main", "warn_caller"]
 
 SEED_MAX = (1 << 64) - 1  # seeds are uint64
 
@@ -78,6 +78,17 @@ class VerificationError(NaigError):
     """A mathematical certificate failed to verify. Exit code 1."""
 
     exit_code = 1
+
+
+def a_type(obj: object) -> str:
+    """``obj``'s type name with its article, for messages: ``a list``, ``an int``.
+
+    Example:
+        >>> a_type(3), a_type([1]), a_type(None)
+        ('an int', 'a list', 'a NoneType')
+    """
+    name = type(obj).__name__
+    return ("an " if name[:1].lower() in "aeiou" else "a ") + name
 
 
 def check_seed(seed: object, field: str = "seed") -> int:

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from naig.energy import energy
-from naig.errors import UsageError
+from naig.errors import UsageError, a_type
 from naig.gibbs import combine as mge_combine
 from naig.gibbs import gibbs_weights, parse_beta, reference_index
 from naig.metric import fano_fisher_metric, parse_line
@@ -253,7 +253,7 @@ def _same(a: Any, b: Any) -> bool:
 def _check_same_layout(grads: Sequence[Gradient]) -> None:
     """Every gradient has the first one's structure: the same names and shapes, or a tensor."""
     if isinstance(grads, Mapping | str | bytes) or not isinstance(grads, Sequence | Tensor):
-        raise UsageError(f"got a {type(grads).__name__}; pass a list of K gradients (state dicts "
+        raise UsageError(f"got {a_type(grads)}; pass a list of K gradients (state dicts "
                          "or tensors), one per worker", field="grads")
     if not len(grads):
         raise UsageError("no gradients; pass one per worker", field="grads")

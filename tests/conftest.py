@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from naig.io import save_gradients
 
@@ -72,6 +76,34 @@ def grads_dir(tmp_path: Path) -> Path:
         state = {n: ref[n] + noise[n] for n in ref}
         save_gradients(wdir / f"w{k}.safetensors", state, lag=lag, step=5, worker=k)
     return root
+
+
+# One-process groups (a DDP or FSDP model in the test's own process)
+@contextlib.contextmanager
+def process_group_in_this_process(backend: str = "gloo", world: int = 1) -> Iterator[None]:
+    """The default group over this process alone (``gloo``, world 1; ``fake``: any world, no
+    communication), destroyed on exit once every piece of work on it has finished.
+
+    torch 2.13's gloo joins its threads with the GIL held when its last reference goes (from a DDP
+    reducer freed after the test), while a thread that is still completing a work item needs the
+    GIL to free the item's Python callback (a communication hook's ``then``): a deadlock, seen once
+    in the suite. So the objects left behind are collected and the queue drained (a barrier waits
+    for all earlier work) while the group is alive, and the threads are given the GIL for a moment.
+    """
+    if backend == "fake":
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    else:
+        dist.init_process_group(backend, rank=0, world_size=world, store=dist.HashStore())
+    try:
+        yield
+    finally:
+        gc.collect()
+        if backend != "fake":
+            dist.barrier()
+            time.sleep(0.05)
+        dist.destroy_process_group()
 
 
 # Distributed engine (naig.distributed)

@@ -12,19 +12,17 @@ import csv
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from naig import Router
 from naig.distributed.ddp import TWO_RANKS, NaigCommHook, energies_to_mean
 from naig.errors import UsageError
 from naig.metric import fano_fisher_metric
-from tests.conftest import run_ranks
+from tests.conftest import process_group_in_this_process, run_ranks
 
 WORLD = 3
 
@@ -97,19 +95,9 @@ def test_energies_to_mean_ignores_non_finite_rows() -> None:
 # ----------------------------------------------------------------- construction, CSV, 2 ranks, imports
 
 
-@contextlib.contextmanager
-def _group(backend: str, world: int) -> Iterator[None]:
+def _group(backend: str, world: int) -> contextlib.AbstractContextManager[None]:
     """A one-process group: ``fake`` (any world size, no communication) or ``gloo`` (world 1)."""
-    if backend == "fake":
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-
-        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-    else:
-        dist.init_process_group("gloo", rank=0, world_size=world, store=dist.HashStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    return process_group_in_this_process(backend, world)
 
 
 def _two_rank_warnings(record: list) -> list[str]:

@@ -50,27 +50,24 @@ def test_warn_caller_points_at_the_users_line_through_naig_and_torch() -> None:
 
     import numpy as np
     import torch
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from naig.monitor import Monitor, MonitorHook
     from naig.monitor.detectors import TWO_RANKS
+    from tests.conftest import process_group_in_this_process
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         Monitor().decide(np.ones((2, 16)))  # 2 ranks' payloads: the detector warns once
     two = [w for w in caught if str(w.message) == TWO_RANKS]
     assert len(two) == 1 and two[0].filename == __file__
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    try:
+    with process_group_in_this_process():
         model = torch.nn.Linear(3, 2)
         ddp = DistributedDataParallel(model)
         MonitorHook(model, Monitor(action="warn")).register(ddp)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             (ddp(torch.ones(2, 3)).sum() * float("nan")).backward()
-    finally:
-        dist.destroy_process_group()
     lines = [w for w in caught if str(w.message).startswith("step 1: rank 0")]  # (and the warm-up note)
     assert len(lines) == 1 and "non-finite gradient" in str(lines[0].message)
     assert {w.filename for w in caught} == {__file__}

@@ -10,17 +10,15 @@ the monitor counts no more steps and acts on nothing (the NaN reaches the parame
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from naig.errors import UsageError
 from naig.monitor import Monitor, MonitorHook
-from tests.conftest import flagged_steps, run_ranks
+from tests.conftest import flagged_steps, process_group_in_this_process, run_ranks
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +57,8 @@ def test_detach_stops_reading_and_acting(ranks: dict, kind: str, plain: str) -> 
 # ----------------------------------------------------------------- one process (gloo, world 1)
 
 
-@contextlib.contextmanager
-def _group() -> Iterator[None]:
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+def _group() -> contextlib.AbstractContextManager[None]:
+    return process_group_in_this_process()
 
 
 @pytest.mark.parametrize("kwargs, needle", [

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from naig.errors import UsageError
 from naig.monitor import Monitor, MonitorHook, monitor_comm_hook, rank_signals
 from naig.sketch import sketch_state_dict
-from tests.conftest import flagged_steps, run_ranks
+from tests.conftest import flagged_steps, process_group_in_this_process, run_ranks
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +128,8 @@ def _split(flat: np.ndarray, shapes: dict) -> dict[str, np.ndarray]:
 # ----------------------------------------------------------------- one process (gloo, world 1)
 
 
-@contextlib.contextmanager
-def _group() -> Iterator[None]:
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+def _group() -> contextlib.AbstractContextManager[None]:
+    return process_group_in_this_process()
 
 
 def _setup(action: str) -> tuple[torch.nn.Module, DistributedDataParallel, torch.optim.Optimizer,

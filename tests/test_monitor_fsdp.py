@@ -16,7 +16,6 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard  # (also registers torch.ops.fsdp.chunk_cat)
 
@@ -24,7 +23,7 @@ from naig.errors import UsageError
 from naig.monitor import Monitor, rank_signals
 from naig.monitor.fsdp import fully_shard_monitor, layout_permutation
 from naig.sketch import sketch_state_dict
-from tests.conftest import flagged_steps, run_ranks
+from tests.conftest import flagged_steps, process_group_in_this_process, run_ranks
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +136,9 @@ def test_refusals() -> None:
 
 def test_a_module_sharded_over_one_rank_is_refused() -> None:
     """With one rank FSDP copies instead of reduce-scattering: nothing would be seen, so it is refused."""
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    try:
+    with process_group_in_this_process():
         model = nn.Sequential(nn.Linear(3, 2))
         fully_shard(model)
         with pytest.raises(UsageError, match="not sharded") as err:
             fully_shard_monitor(model)
         assert err.value.field == "module"
-    finally:
-        dist.destroy_process_group()

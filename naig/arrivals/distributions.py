@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from naig.errors import UsageError
+from naig.errors import UsageError, a_type
 
 __all__ = [
     "KINDS",
@@ -233,8 +233,8 @@ def parse_distributions(spec: str, field: str, *, positive: bool = False) -> tup
     """
     if not isinstance(spec, str):
         hint = "; join a list with commas" if isinstance(spec, list | tuple) else ""
-        raise UsageError(f"must be a spec text, e.g. 'exp:1' or 'exp:1,exp:2' (got a "
-                         f"{type(spec).__name__}{hint})", field=field, value=spec)
+        raise UsageError(f"must be a spec text, e.g. 'exp:1' or 'exp:1,exp:2' (got "
+                         f"{a_type(spec)}{hint})", field=field, value=spec)
     items = [s for s in spec.split(",")]
     if not spec.strip() or any(not s.strip() for s in items):
         raise UsageError("give one distribution, or one per worker separated by commas, e.g. exp:1,exp:2",

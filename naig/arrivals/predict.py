@@ -24,7 +24,7 @@ import numpy as np
 
 from naig.arrivals.distributions import Distribution
 from naig.arrivals.model import ArrivalModel
-from naig.errors import UsageError
+from naig.errors import UsageError, a_type
 
 __all__ = ["SKETCH_BYTES", "Prediction", "predict", "ring_allreduce_bytes", "expected_max", "NO_QUADRATURE"]
 
@@ -127,8 +127,8 @@ def predict(model: ArrivalModel, *, window: int = 1) -> Prediction:
         (3.75, 3.0, [0.875, 2.75, 6.5, 14.0])
     """
     if not isinstance(model, ArrivalModel):
-        raise UsageError(f"must be an ArrivalModel (e.g. ArrivalModel.from_specs('exp:1,exp:2')), got a "
-                         f"{type(model).__name__}", field="model")
+        raise UsageError(f"must be an ArrivalModel (e.g. ArrivalModel.from_specs('exp:1,exp:2')), got "
+                         f"{a_type(model)}", field="model")
     k = model.workers
     if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= k:
         raise UsageError(f"must be an int in 1..{k} (the arrivals a window holds, at most K = {k})",

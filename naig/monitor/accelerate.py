@@ -37,7 +37,7 @@ from accelerate import Accelerator
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from naig.errors import UsageError, warn_caller
+from naig.errors import UsageError, a_type, warn_caller
 from naig.monitor.ddp import MonitorHook
 from naig.monitor.observe import Monitor
 
@@ -71,7 +71,7 @@ def watch(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Opt
             bad argument of ``MonitorHook``.
     """
     if not isinstance(accelerator, Accelerator):
-        raise UsageError(f"got a {type(accelerator).__name__}; pass the accelerate.Accelerator",
+        raise UsageError(f"got {a_type(accelerator)}; pass the accelerate.Accelerator",
                          field="accelerator")
     inner = getattr(optimizer, "optimizer", optimizer)  # the torch optimizer inside Accelerate's
     base = model.module if isinstance(model, DistributedDataParallel) else model

@@ -89,7 +89,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from naig.errors import UsageError
+from naig.errors import UsageError, a_type
 from naig.monitor.detectors import Decision
 from naig.monitor.integration import GradientMonitor
 from naig.monitor.observe import Monitor
@@ -145,7 +145,7 @@ class MonitorHook(GradientMonitor):
                 (DDP takes one per model: pass the other as ``comm_hook``).
         """
         if not isinstance(ddp, nn.parallel.DistributedDataParallel):
-            raise UsageError(f"got a {type(ddp).__name__}; pass the DistributedDataParallel model",
+            raise UsageError(f"got {a_type(ddp)}; pass the DistributedDataParallel model",
                              field="ddp")
         try:
             ddp.register_comm_hook(self, monitor_comm_hook)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from naig.errors import UsageError
+from naig.errors import UsageError, a_type
 from naig.monitor.detectors import Decision
 from naig.monitor.observe import HOST_BYTES, Monitor
 from naig.monitor.signals import MonitorSketch
@@ -62,9 +62,9 @@ class GradientMonitor:
 
     def __init__(self, module: nn.Module, monitor: Monitor | None = None, *, per_bucket: bool = True) -> None:
         if not isinstance(module, nn.Module):
-            raise UsageError(f"got a {type(module).__name__}; pass the model", field="module")
+            raise UsageError(f"got {a_type(module)}; pass the model", field="module")
         if monitor is not None and not isinstance(monitor, Monitor):
-            raise UsageError(f"got a {type(monitor).__name__}; pass naig.monitor.Monitor(...)",
+            raise UsageError(f"got {a_type(monitor)}; pass naig.monitor.Monitor(...)",
                              field="monitor")
         if not isinstance(per_bucket, bool):
             raise UsageError("must be True or False", field="per_bucket", value=per_bucket)
@@ -106,7 +106,7 @@ class GradientMonitor:
             UsageError: not a ``torch.optim.Optimizer``, or the monitor is detached.
         """
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise UsageError(f"got a {type(optimizer).__name__}; pass a torch.optim.Optimizer",
+            raise UsageError(f"got {a_type(optimizer)}; pass a torch.optim.Optimizer",
                              field="optimizer")
         if self.detached:
             raise UsageError("this monitor is detached; make a new one", field="optimizer")

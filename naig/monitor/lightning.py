@@ -52,7 +52,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from naig.errors import UsageError, warn_caller
+from naig.errors import UsageError, a_type, warn_caller
 from naig.monitor.ddp import MonitorHook
 from naig.monitor.integration import GradientMonitor
 from naig.monitor.observe import Monitor
@@ -82,7 +82,7 @@ class MonitorCallback(pl.Callback):
     def __init__(self, monitor: Monitor | None = None, *, exact: bool = False, per_bucket: bool = True,
                  per_rank: bool = False) -> None:
         if monitor is not None and not isinstance(monitor, Monitor):
-            raise UsageError(f"got a {type(monitor).__name__}; pass naig.monitor.Monitor(...)",
+            raise UsageError(f"got {a_type(monitor)}; pass naig.monitor.Monitor(...)",
                              field="monitor")
         if not isinstance(per_rank, bool):
             raise UsageError("must be True or False", field="per_rank", value=per_rank)

@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from naig.errors import DataError, UsageError, warn_caller
+from naig.errors import DataError, UsageError, a_type, warn_caller
 from naig.launch import MAX_TIMEOUT
 from naig.metric import DEFAULT_LINE, parse_line
 from naig.monitor.detectors import (
@@ -463,7 +463,7 @@ def _flatten(grads: Mapping[str, Tensor | None] | Tensor, full_dtensor: bool = F
     elif isinstance(grads, Mapping):
         items = [(str(n), g) for n, g in grads.items() if g is not None]
     else:
-        raise UsageError(f"got a {type(grads).__name__}; pass {{name: gradient}} or one tensor",
+        raise UsageError(f"got {a_type(grads)}; pass {{name: gradient}} or one tensor",
                          field="grads")
     if not items:
         raise UsageError("no gradient to observe (empty, or every entry None)", field="grads")

@@ -56,7 +56,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from naig.energy import energy
-from naig.errors import UsageError, warn_caller
+from naig.errors import UsageError, a_type, warn_caller
 from naig.gibbs import naig_weights, parse_beta, resolve_beta
 from naig.metric import fano_fisher_metric, parse_line
 from naig.sketch.core import SKETCH_DIM, check_seed
@@ -155,7 +155,7 @@ class NaigCommHook:
                  seed: int = 0, callback: Callable[[HookRecord], None] | None = None,
                  csv_path: str | Path | None = None, cos: bool = True, append: bool = False) -> None:
         if not isinstance(module, nn.Module):
-            raise UsageError(f"got a {type(module).__name__}; pass the model DDP wraps", field="module")
+            raise UsageError(f"got {a_type(module)}; pass the model DDP wraps", field="module")
         inner = module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
         self.names = {id(p): name for name, p in inner.named_parameters()}
         self.group, self.route, self.cos = process_group, route, cos
