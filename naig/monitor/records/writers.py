@@ -238,7 +238,25 @@ def _file_mode(append: object, overwrite: object) -> tuple[bool, bool]:
     return append, overwrite
 
 
-class JsonlRecords(RecordWriter):
+class _FileRecords(RecordWriter):
+    """A writer to one file (JSONL, CSV): the path checked on construction (rank 0), and with
+    ``append`` an existing file read first (``_check_existing``: one of this writer's kind)."""
+
+    def __init__(self, path: str | os.PathLike, append: bool = False, *, overwrite: bool = False) -> None:
+        super().__init__(per_rank=True)
+        self.append, self.overwrite = _file_mode(append, overwrite)
+        self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append,
+                                                                          self.overwrite)
+        if not _rank_known_nonzero() and self.append and self.path.is_file() and self.path.stat().st_size:
+            self._check_existing()
+        self._fh: IO[str] | None = None
+
+    @abstractmethod
+    def _check_existing(self) -> None:
+        """Refuse (``UsageError``) an existing file at ``path`` this writer cannot append to."""
+
+
+class JsonlRecords(_FileRecords):
     """Rank 0 writes one JSON object per line (a header, then one per step); see the module.
 
     Args:
@@ -252,14 +270,8 @@ class JsonlRecords(RecordWriter):
             JSONL (checked on rank 0 at the first step).
     """
 
-    def __init__(self, path: str | os.PathLike, append: bool = False, *, overwrite: bool = False) -> None:
-        super().__init__(per_rank=True)
-        self.append, self.overwrite = _file_mode(append, overwrite)
-        self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append,
-                                                                          self.overwrite)
-        if not _rank_known_nonzero() and self.append and self.path.is_file() and self.path.stat().st_size:
-            _last_jsonl_step(self.path, None)  # a file that is not a monitor JSONL: refused before training
-        self._fh: IO[str] | None = None
+    def _check_existing(self) -> None:
+        _last_jsonl_step(self.path, None)  # a file that is not a monitor JSONL: refused before training
 
     def _open(self, header: dict) -> None:
         _check_path(self.path, "path", self.append, self.overwrite)
@@ -303,7 +315,7 @@ def _last_jsonl_step(path: Path, world: int | None) -> int:
     return last
 
 
-class CsvRecords(RecordWriter):
+class CsvRecords(_FileRecords):
     """Rank 0 writes one CSV row per rank per step (``CSV_COLUMNS``); see the module.
 
     Args:
@@ -315,14 +327,8 @@ class CsvRecords(RecordWriter):
         UsageError: as ``JsonlRecords``.
     """
 
-    def __init__(self, path: str | os.PathLike, append: bool = False, *, overwrite: bool = False) -> None:
-        super().__init__(per_rank=True)
-        self.append, self.overwrite = _file_mode(append, overwrite)
-        self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append,
-                                                                          self.overwrite)
-        if not _rank_known_nonzero() and self.append and self.path.is_file() and self.path.stat().st_size:
-            _last_csv_step(self.path)  # a file that is not a monitor CSV: refused before training
-        self._fh: IO[str] | None = None
+    def _check_existing(self) -> None:
+        _last_csv_step(self.path)  # a file that is not a monitor CSV: refused before training
         self._csv: Any = None
 
     def _open(self, header: dict) -> None:
