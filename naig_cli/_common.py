@@ -340,7 +340,8 @@ def print_json(doc: Any) -> None:
         sys.stdout.flush()
     except OSError as exc:
         raise DataError(f"standard output: could not write the JSON document ({exc.strerror or exc}); "
-                        "redirect it where there is room, e.g. > result.json") from None
+                        "send it to a file with room, e.g. > result.json, or to a reader that reads it "
+                        "all") from None
 
 
 @contextlib.contextmanager

@@ -7,7 +7,6 @@ wrote with plain DDP, with ``naig.Router`` and with a hand-computed combine.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import subprocess
 import sys
@@ -95,11 +94,6 @@ def test_energies_to_mean_ignores_non_finite_rows() -> None:
 # ----------------------------------------------------------------- construction, CSV, 2 ranks, imports
 
 
-def _group(backend: str, world: int) -> contextlib.AbstractContextManager[None]:
-    """A one-process group: ``fake`` (any world size, no communication) or ``gloo`` (world 1)."""
-    return process_group_in_this_process(backend, world)
-
-
 def _two_rank_warnings(record: list) -> list[str]:
     return [str(w.message) for w in record if str(w.message) == TWO_RANKS]
 
@@ -116,7 +110,7 @@ def test_two_ranks_energies_are_always_equal() -> None:
 @pytest.mark.parametrize(("world", "warned"), [(2, 1), (3, 0), (4, 0)])
 def test_two_ranks_warn_once_at_construction(world: int, warned: int) -> None:
     model = torch.nn.Linear(3, 2)
-    with _group("fake", world), warnings.catch_warnings(record=True) as record:
+    with process_group_in_this_process("fake", world), warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         hook = NaigCommHook(model)
         hook.register(DistributedDataParallel(model))
@@ -129,7 +123,7 @@ def test_two_ranks_warn_at_register_when_built_before_the_group() -> None:
         warnings.simplefilter("always")
         hook = NaigCommHook(model)  # no process group yet: nothing known
         assert not _two_rank_warnings(record)
-        with _group("fake", 2):
+        with process_group_in_this_process("fake", 2):
             hook.register(DistributedDataParallel(model))
     assert len(_two_rank_warnings(record)) == 1
 
@@ -160,7 +154,7 @@ def _steps(path) -> list[int]:
 def test_existing_csv_is_refused_unless_append_which_continues_the_step_count(tmp_path) -> None:
     path = tmp_path / "hook.csv"
     model = torch.nn.Linear(3, 2)
-    with _group("gloo", 1):
+    with process_group_in_this_process("gloo", 1):
         _train(NaigCommHook(model, csv_path=path), model, 2)
         first = path.read_text()
         assert _steps(path) == [1, 2]  # one bucket, one rank: one row per step

@@ -9,8 +9,6 @@ the monitor counts no more steps and acts on nothing (the NaN reaches the parame
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -57,10 +55,6 @@ def test_detach_stops_reading_and_acting(ranks: dict, kind: str, plain: str) -> 
 # ----------------------------------------------------------------- one process (gloo, world 1)
 
 
-def _group() -> contextlib.AbstractContextManager[None]:
-    return process_group_in_this_process()
-
-
 @pytest.mark.parametrize("kwargs, needle", [
     ({"comm_hook": "bf16"}, "must be a DDP communication hook"),
     ({"comm_hook": default_hooks.allreduce_hook, "exact": True}, "exact statistics"),
@@ -73,7 +67,7 @@ def test_a_hook_it_cannot_wrap_is_refused(kwargs: dict, needle: str) -> None:
 
 
 def test_a_second_comm_hook_is_a_usage_error_naming_comm_hook() -> None:
-    with _group():
+    with process_group_in_this_process():
         ddp = DistributedDataParallel(torch.nn.Linear(3, 2))
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
         with pytest.raises(UsageError, match="comm_hook=") as err:
@@ -82,7 +76,7 @@ def test_a_second_comm_hook_is_a_usage_error_naming_comm_hook() -> None:
 
 
 def test_detach_removes_the_optimizer_hook_and_passes_buckets_through() -> None:
-    with _group():
+    with process_group_in_this_process():
         torch.manual_seed(0)
         model = torch.nn.Linear(3, 2)
         ddp = DistributedDataParallel(model)

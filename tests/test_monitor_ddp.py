@@ -9,7 +9,6 @@ the individual cos score (z ≈ 62 > 22) when the ranks' gradients agree (1024 e
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
@@ -128,10 +127,6 @@ def _split(flat: np.ndarray, shapes: dict) -> dict[str, np.ndarray]:
 # ----------------------------------------------------------------- one process (gloo, world 1)
 
 
-def _group() -> contextlib.AbstractContextManager[None]:
-    return process_group_in_this_process()
-
-
 def _setup(action: str) -> tuple[torch.nn.Module, DistributedDataParallel, torch.optim.Optimizer,
                                  MonitorHook]:
     torch.manual_seed(0)
@@ -143,7 +138,7 @@ def _setup(action: str) -> tuple[torch.nn.Module, DistributedDataParallel, torch
 
 
 def test_skip_applies_inside_a_closure_as_lightning_calls_step() -> None:
-    with _group():
+    with process_group_in_this_process():
         model, ddp, opt, hook = _setup("skip")
         hook.attach(opt)
 
@@ -164,7 +159,7 @@ def test_skip_applies_inside_a_closure_as_lightning_calls_step() -> None:
 
 @pytest.mark.parametrize("action", ["skip", "raise"])
 def test_skip_and_raise_without_an_attached_optimizer_are_refused(action: str) -> None:
-    with _group():
+    with process_group_in_this_process():
         _, ddp, _, _ = _setup(action)
         with pytest.raises(UsageError, match="attach") as err:
             ddp(torch.ones(2, 3)).sum().backward()
