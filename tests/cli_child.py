@@ -1,0 +1,54 @@
+"""The body of one ``naig`` CLI run in a child forked from a preloaded server (``tests.conftest.run_naig``).
+
+It imports nothing heavy itself: the server preloads ``naig_cli.main`` (and with it numpy, typer,
+rich), so each child starts with the CLI imported instead of paying ~0.7 s of interpreter start and
+imports, and a command that trains imports torch in the child as a fresh ``python -m naig_cli`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+__all__ = ["run_cli"]
+
+
+def run_cli(args: list[str], env: dict[str, str], cwd: str, out_path: str, err_path: str) -> None:
+    """Run ``python -m naig_cli *args`` in this (forked) process and exit with its exit status.
+
+    Standard input is /dev/null; standard output and error go to the files ``out_path`` and
+    ``err_path`` (file descriptors 1 and 2, so children of the CLI write there too); the
+    environment is replaced by ``env`` and the working directory by ``cwd``.
+    """
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, path in ((1, out_path), (2, err_path)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdin = open(0, closefd=False)  # the process's own descriptors
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)
+    sys.argv = ["-m", *args]
+    code: object = 0
+    try:
+        runpy.run_module("naig_cli", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:  # reported as Python reports an uncaught one
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
