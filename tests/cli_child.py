@@ -26,6 +26,7 @@ def run_cli(args: list[str], env: dict[str, str], cwd: str, out_path: str, err_p
     os.chdir(cwd)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
+    os.close(null)
     for fd, path in ((1, out_path), (2, err_path)):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(f, fd)

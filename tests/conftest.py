@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest.mock
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,22 +27,20 @@ from naig.io import save_gradients
 from tests import cli_child as _cli_child
 
 
-def run_naig(*args: str, timeout: float = 300, fresh: bool = False) -> subprocess.CompletedProcess:
+def run_naig(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the real ``naig`` CLI in a child process, as ``python -m naig_cli *args``, capturing output.
 
     The child is forked from a server process that has imported ``naig_cli`` once (``multiprocessing``'s
     ``forkserver``, preloading ``tests.cli_child`` and ``naig_cli.main``): its own process, exit status,
     file descriptors and environment (``os.environ`` plus ``COLUMNS=200``) as a fresh interpreter's,
-    without ~0.7 s of start-up per run. ``fresh=True`` starts a new interpreter instead (for what
-    start-up itself decides: which modules a command imports, how long it takes to start).
+    without ~0.7 s of start-up per run. Tests of start-up itself (which modules a command imports,
+    how long it takes) start their own interpreter.
 
     Raises:
         subprocess.TimeoutExpired: the run took longer than ``timeout`` seconds (it is killed).
     """
     cmd = [sys.executable, "-m", "naig_cli", *map(str, args)]
     env = {**os.environ, "COLUMNS": "200"}
-    if fresh:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     with tempfile.TemporaryDirectory(prefix="naig-cli-") as tmp:
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         p = _cli_context().Process(target=_cli_child.run_cli, args=(cmd[3:], env, os.getcwd(), out, err))
@@ -51,8 +50,9 @@ def run_naig(*args: str, timeout: float = 300, fresh: bool = False) -> subproces
             p.kill()
             p.join()
             raise subprocess.TimeoutExpired(cmd, timeout)
-        read = functools.partial(Path.read_text, encoding=locale.getpreferredencoding(False), errors="strict")
-        return subprocess.CompletedProcess(cmd, p.exitcode, read(Path(out)), read(Path(err)))
+        enc = locale.getpreferredencoding(False)  # what subprocess.run(text=True) decodes with
+        stdout, stderr = Path(out).read_text(enc), Path(err).read_text(enc)
+    return subprocess.CompletedProcess(cmd, p.exitcode, stdout, stderr)
 
 
 @functools.cache
@@ -60,15 +60,8 @@ def _cli_context() -> multiprocessing.context.BaseContext:
     """The forkserver, started once with ``COLUMNS=200`` (the CLI's consoles read it on import)."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["tests.cli_child", "naig_cli.main"])
-    saved = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "200"
-    try:
+    with unittest.mock.patch.dict(os.environ, {"COLUMNS": "200"}):
         multiprocessing.forkserver.ensure_running()
-    finally:
-        if saved is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = saved
     return ctx
 
 
