@@ -9,13 +9,14 @@ words them as the flags a user typed.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import io
 import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from enum import Enum
 from typing import Annotated, Any, TypeVar
 
@@ -77,7 +78,6 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "seeds": "--seeds",
     "lr": "--lr",
     "optimizer": "--optimizer",
-    "dc_lambda": "--dc-lambda",
     "batch_size": "--batch-size",
     "eval_every": "--eval-every",
     "device": "--device",
@@ -88,20 +88,10 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "save_grads": "--save-grads",
     "save_at": "--save-at",
     "plot": "--plot",
-    "warmup_theta0": "--warmup-theta0",
     "log_dir": "--log-dir",
     "arrivals": "--arrivals",
     "faults": "--faults",
-    "byzantine": "--byzantine",
-    "max_staleness": "--max-staleness",
-    "clip": "--clip",
-    "reference": "--reference",
     "local_steps": "--local-steps",  # local updates (docs/design.md §12)
-    "outer_lr": "--outer-lr",
-    "outer_momentum": "--outer-momentum",
-    "topology": "--topology",
-    "gossip_step": "--gossip-step",
-    "gasloc_form": "--gasloc-form",
     # naig staleness (naig.arrivals)
     "workers": "--workers",
     "compute": "--compute",
@@ -117,17 +107,17 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     # Distributed engine (naig.distributed)
     "engine": "--engine",
     "nproc": "--nproc",
-    "slowdown": "--slowdown",
-    "sketch_first": "--sketch-first",
-    "timeout": "--timeout",
-    "worker_faults": "--worker-faults",
     "config": "--config",
 }
 
 
+_WORDS: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("naig_cli_words", default={})  # noqa: B039
+
+
 def flag(field: str) -> str:
-    """The flag of a library field (``dc_lambda`` → ``--dc-lambda``); unknown fields as they are."""
-    return FLAGS.get(field, field)
+    """The flag of a library field (``line`` → ``--line``) in the running command (``handle_errors``'s
+    ``words`` first: ``--set rules.dc_lambda`` in simulate); unknown fields as they are."""
+    return _WORDS.get().get(field) or FLAGS.get(field, field)
 
 
 def _cli_value(value: object) -> str:
@@ -142,10 +132,11 @@ def word_flags(text: str) -> str:
     ``--save-grads``); unknown names lose their backticks.
 
     Example:
-        >>> word_flags("krum needs `byzantine` f < K/2")
-        'krum needs --byzantine f < K/2'
+        >>> word_flags("`save_at` needs `save_grads` and `nothing`")
+        '--save-at needs --save-grads and nothing'
     """
-    return re.sub(r"`(\w+)`", lambda m: flag(m.group(1)) if m.group(1) in FLAGS else m.group(1), text)
+    known = FLAGS.keys() | _WORDS.get().keys()
+    return re.sub(r"`(\w+)`", lambda m: flag(m.group(1)) if m.group(1) in known else m.group(1), text)
 
 
 def cli_message(exc: NaigError) -> str:
@@ -159,7 +150,13 @@ def cli_message(exc: NaigError) -> str:
     text = word_flags(exc.message)
     if exc.field is None:
         return text
-    if exc.field not in FLAGS:  # a field without an option: name it as the library does
+    words = _WORDS.get()
+    if exc.field in words:  # a key set with --set KEY=VALUE
+        v = exc.value
+        typed = str(v).lower() if isinstance(v, bool) else v if isinstance(v, str) else _cli_value(v)
+        sep = " " if exc.field == "set" else "="  # --set KEY=VALUE as typed; a key's value after its =
+        shown = words[exc.field] if not exc.has_value or v is None else f"{words[exc.field]}{sep}{typed}"
+    elif exc.field not in FLAGS:  # a field without an option: name it as the library does
         shown = f"{exc.field}={exc.value!r}" if exc.has_value else exc.field
     else:
         bare = not exc.has_value or exc.value is None or isinstance(exc.value, bool)  # a switch: its name
@@ -270,11 +267,19 @@ def save_figure(fig: Any, path: str, **kwargs: Any) -> None:
              "complete, choose another path to get the plot", 1)
 
 
-def handle_errors(fn: F) -> F:
-    """Turn ``NaigError`` (and OS/memory errors) into one-line errors; NAIG_DEBUG=1 re-raises."""
+def handle_errors(fn: F | None = None, *, words: Callable[[], Mapping[str, str]] | None = None) -> Any:
+    """Turn ``NaigError`` (and OS/memory errors) into one-line errors; NAIG_DEBUG=1 re-raises.
+
+    Used bare (``@handle_errors``) or with ``words``: the command's own wording of fields that
+    have no flag in ``FLAGS`` there (``{"dc_lambda": "--set rules.dc_lambda"}``), applied to its
+    errors and to ``word_flags`` while it runs.
+    """
+    if fn is None:
+        return functools.partial(handle_errors, words=words)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        token = _WORDS.set(dict(words()) if words is not None else {})
         try:
             return fn(*args, **kwargs)
         except (NaigError, OSError, MemoryError) as exc:
@@ -283,8 +288,10 @@ def handle_errors(fn: F) -> F:
             if isinstance(exc, NaigError):
                 fail(cli_message(exc), exc.exit_code)
             fail(str(exc).replace("\n", " ") or _NO_TEXT.get(type(exc), type(exc).__name__), 1)
+        finally:
+            _WORDS.reset(token)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def fmt_num(v: float | None, spec: str, big: float | None = None) -> str:

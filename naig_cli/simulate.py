@@ -22,11 +22,8 @@ from naig.choices import (
     ARRIVAL_MODES,
     DEVICES,
     ENGINES,
-    GASLOC_FORMS,
     MODELS,
     OPTIMIZERS,
-    REFERENCES,
-    TOPOLOGIES,
 )
 from naig.errors import UsageError
 from naig_cli._common import (
@@ -51,9 +48,7 @@ __all__ = ["simulate", "EXAMPLES"]
 
 Optimizer, Device, Model = choice_enum("Optimizer", OPTIMIZERS), choice_enum("Device", DEVICES), \
     choice_enum("Model", MODELS)
-ArrivalMode, Reference, Engine = choice_enum("ArrivalMode", ARRIVAL_MODES), \
-    choice_enum("Reference", REFERENCES), choice_enum("Engine", ENGINES)
-Topology, GaslocForm = choice_enum("Topology", TOPOLOGIES), choice_enum("GaslocForm", GASLOC_FORMS)
+ArrivalMode, Engine = choice_enum("ArrivalMode", ARRIVAL_MODES), choice_enum("Engine", ENGINES)
 
 COMMON, RULES, LAGS, ARRIVALS, LOCAL, DISTRIBUTED, OUTPUT = (
     "Common", "Rules", "Fixed lags (the default setting)", "Arrivals (--arrivals)",
@@ -85,11 +80,28 @@ def _o(flag: str, text: str, panel: str, default: str | None = None, **kwargs: A
     return typer.Option(flag, help=text, rich_help_panel=panel, show_default=default or False, **kwargs)
 
 
-@handle_errors
+# options of the config tree that have no flag of their own: errors and warnings name their --set KEY
+SET_ONLY = ("sketch_seed", "dc_lambda", "byzantine", "max_staleness", "clip", "reference", "warmup_theta0",
+            "uplink", "downlink", "bandwidth", "outer_lr", "outer_momentum", "topology", "gossip_step",
+            "gasloc_form", "slowdown", "sketch_first", "timeout", "eval_batches", "line")
+
+
+def _set_words() -> dict[str, str]:
+    """``dc_lambda`` → ``--set rules.dc_lambda``, for the options of ``SET_ONLY``."""
+    from naig.simulate.config import OPTIONS
+
+    return {"set": "--set", **{name: "--set " + ".".join(filter(None, OPTIONS[name])) for name in SET_ONLY}}
+
+
+@handle_errors(words=_set_words)
 def simulate(
     config: Annotated[Path | None, _o(
         "--config", "Read the experiment from a TOML or JSON file (a --json result works too); the "
         "options given here override it.", COMMON)] = None,
+    set_keys: Annotated[list[str] | None, _o(
+        "--set", "Set any key of the config file, KEY=VALUE, once per key (after --config and the flags): "
+        "e.g. rules.dc_lambda=5, arrivals.uplink=const:0.1, arrivals.local.topology=ring, "
+        "distributed.timeout=10, sketch_seed=7. Every key: docs/simulate.md, Config keys.", COMMON)] = None,
     strategies: Annotated[str | None, _o(
         "--strategies", "Comma list of rules: sync, hogwild, naig, naig-exact, naig-blind, fresh-only, "
         "drop-stale, staleness, staleness-lr, dc-asgd, dc-asgd-a, gap-aware, median, trimmed-mean, krum, "
@@ -118,27 +130,14 @@ def simulate(
     data: Annotated[str | None, _o("--data", "Text file.", COMMON, "the stdlib's .py files")] = None,
     data_bytes: Annotated[int | None, _o(
         "--data-bytes", "Use the first N bytes of the text.", COMMON, "2000000")] = None,
-    sketch_seed: Annotated[int | None, _o("--sketch-seed", "Sketch seed, 0..2^64-1.", COMMON, "0")] = None,
     faults: Annotated[list[str] | None, _o(
         "--faults", "Inject a fault, `W:KIND[:ARG][@STEP]`, once per fault: signflip:A, scale:A, noise:S, "
         "zero, nan, random; kill and hang with --engine distributed; e.g. 1:signflip:10 or 0:nan@50.",
         COMMON)] = None,
     beta: Annotated[str | None, _o("--beta", "Gibbs inverse temperature β of naig: 'auto' or a float >= 0.",
                                    RULES, "auto")] = None,
-    dc_lambda: Annotated[float | None, _o("--dc-lambda", "dc-asgd's constant λ.", RULES, "20")] = None,
-    byzantine: Annotated[int | None, _o(
-        "--byzantine", "f: trimmed-mean trims f per side; krum scores K-f-2 neighbours.", RULES, "1")] = None,
-    max_staleness: Annotated[int | None, _o(
-        "--max-staleness", "drop-stale keeps staleness at most this.", RULES, "K")] = None,
-    clip: Annotated[str | None, _o("--clip", "centered-clip radius, or auto (median distance).", RULES,
-                                   "auto")] = None,
-    reference: Annotated[Reference | None, _o(
-        "--reference", "naig's reference: auto (ema for --window 1 with arrivals, else the least stale of "
-        "the batch), batch or ema.", RULES, "auto")] = None,
     lags: Annotated[str | None, _o("--lags", "Worker lags τ_k: comma list of ints >= 0.", LAGS,
                                    "0,10,20,35")] = None,
-    warmup_theta0: Annotated[bool, _o(
-        "--warmup-theta0", "Old fixed-lag protocol: lagged workers start at step 0 with θ_0.", LAGS)] = False,
     save_grads: Annotated[str | None, _o(
         "--save-grads", "Directory for gradient files (needs --save-at).", LAGS)] = None,
     save_at: Annotated[str | None, _o(
@@ -147,39 +146,15 @@ def simulate(
         "--arrivals", "Worker compute times in seconds, one per worker (exp:MEAN, const:MEAN, "
         "shifted-exp:MEAN:SHIFT, gamma:MEAN:SHAPE, lognormal:MEAN:SIGMA), e.g. exp:1,exp:1,exp:2,exp:4.",
         ARRIVALS)] = None,
-    uplink: Annotated[str | None, _o(
-        "--uplink", "Latency of a gradient message, seconds, as a law (one, or one per worker), e.g. "
-        "const:0.1 or exp:0.05.", ARRIVALS)] = None,
-    downlink: Annotated[str | None, _o(
-        "--downlink", "Latency of a parameter message, seconds, as a law (one, or one per worker), e.g. "
-        "const:0.1.", ARRIVALS)] = None,
     mode: Annotated[ArrivalMode | None, _o(
         "--mode", "blocking: wait for fresh parameters; non-blocking: compute back to back; shared-memory: "
         "blocking without messages.", ARRIVALS, "blocking")] = None,
     window: Annotated[int | None, _o(
         "--window", "B arrivals per server update (1: ASGD; K: K-batch-async); also with --engine "
         "distributed.", ARRIVALS, "1")] = None,
-    bandwidth: Annotated[str | None, _o(
-        "--bandwidth", "Link bytes/s, one or one per worker: a message costs latency + bytes / bandwidth.",
-        ARRIVALS, "infinite")] = None,
     local_steps: Annotated[str | None, _o(
         "--local-steps", "Inner steps H per round, one or one per worker, e.g. 10 or 10,10,5,2.", LOCAL,
         "10")] = None,
-    outer_lr: Annotated[float | None, _o(
-        "--outer-lr", "Outer learning rate: diloco's and diloco-naig's SGD, gasloc's η (default 0.7); "
-        "gossip-adam's Adam (default: --lr).", LOCAL)] = None,
-    outer_momentum: Annotated[float | None, _o(
-        "--outer-momentum", "Outer Nesterov momentum of diloco and diloco-naig, gasloc's γ (0: not "
-        "accelerated), Adam β1 of gossip-adam.", LOCAL, "0.9")] = None,
-    topology: Annotated[Topology | None, _o(
-        "--topology", "gasloc's graph each round: a random one-peer or two-peer matching, the complete "
-        "graph (with the default α: diloco), or a ring.", LOCAL, "one-peer")] = None,
-    gossip_step: Annotated[float | None, _o(
-        "--gossip-step", "gasloc's α in W = I - αΛ, at most 1/(largest degree).", LOCAL,
-        "1/(largest degree + 1)")] = None,
-    gasloc_form: Annotated[GaslocForm | None, _o(
-        "--gasloc-form", "gasloc's momentum on the mixed iterates (diloco on a complete graph) or on the "
-        "un-mixed proposals (the summarised update).", LOCAL, "mixed")] = None,
     engine: Annotated[Engine | None, _o(
         "--engine", "simulated: one process; distributed: a parameter server and --nproc - 1 worker "
         "processes (torch.distributed; spawned here, or started by torchrun).", DISTRIBUTED,
@@ -187,17 +162,6 @@ def simulate(
     nproc: Annotated[int | None, _o(
         "--nproc", "Processes, the server plus K workers.", DISTRIBUTED,
         "under torchrun: its world size")] = None,
-    slowdown: Annotated[str | None, _o(
-        "--slowdown", "Compute-time factor >= 1 per worker, e.g. 1,1,2,4.", DISTRIBUTED)] = None,
-    sketch_first: Annotated[bool, _o(
-        "--sketch-first", "naig: workers push the 14-float sketch; the server fetches the gradient only when "
-        "w >= 0.01 (pi >= 0.01/B).", DISTRIBUTED)] = False,
-    timeout: Annotated[float | None, _o(
-        "--timeout", "Seconds any one message may take (<= 30); a worker silent longer is reported lost.",
-        DISTRIBUTED, "30")] = None,
-    worker_faults: Annotated[str | None, _o(
-        "--worker-faults", "The same faults as a comma list (an older spelling of --faults).", DISTRIBUTED,
-        hidden=True)] = None,
     json_out: Annotated[bool, _o("--json", "Print one JSON document on stdout.", OUTPUT)] = False,
     plot: Annotated[str | None, _o("--plot", "Write validation curves to PATH (.png, .pdf, .svg).",
                                    OUTPUT)] = None,
@@ -216,8 +180,8 @@ def simulate(
 
     check_plot_path(plot, "curves.png", (("`data` file", data), ("`config` file", config)))
     given = {k: v for k, v in _options(**locals()).items() if v is not None}  # what the command line says
-    cfg = (SimulateConfig.load(config).with_options(**given) if config
-           else SimulateConfig.from_options(**given))
+    base = SimulateConfig.load(config) if config else SimulateConfig()  # then the flags, then --set
+    cfg = base.with_set(set_keys or (), **given)
     _run(cfg, json_out, plot)
 
 
@@ -226,10 +190,10 @@ def _options(**given: Any) -> dict[str, Any]:
     from naig.simulate import parse_float_list, parse_int_list
 
     g = given
-    faults = (*(g["faults"] or ()), *_split(g["worker_faults"]))
     nproc = g["nproc"]
     if g["engine"] is Engine.distributed and nproc is None and "WORLD_SIZE" in os.environ:
         nproc = int(os.environ["WORLD_SIZE"])
+
     def floats(name: str) -> tuple[float, ...] | None:  # an empty value is given (and refused), not absent
         return None if g[name] is None else parse_float_list(g[name], name)
 
@@ -241,20 +205,10 @@ def _options(**given: Any) -> dict[str, Any]:
         seeds=g["seeds"], lr=floats("lr"), optimizer=_value(g["optimizer"]),
         batch_size=g["batch_size"], eval_every=g["eval_every"], device=_value(g["device"]),
         threads=g["threads"], jobs=g["jobs"], model=_value(g["model"]), data=g["data"],
-        data_bytes=g["data_bytes"],
-        sketch_seed=g["sketch_seed"],
-        faults=faults or None, log_dir=g["log_dir"], beta=g["beta"], dc_lambda=g["dc_lambda"],
-        byzantine=g["byzantine"], max_staleness=g["max_staleness"], clip=g["clip"],
-        reference=_value(g["reference"]), lags=ints("lags"), warmup_theta0=g["warmup_theta0"] or None,
-        save_grads=g["save_grads"], save_at=ints("save_at"), arrivals=g["arrivals"],
-        uplink=g["uplink"], downlink=g["downlink"], mode=_value(g["mode"]), window=g["window"],
-        bandwidth=floats("bandwidth"),
-        local_steps=_positive_ints(g["local_steps"]), outer_lr=g["outer_lr"],
-        outer_momentum=g["outer_momentum"], topology=_value(g["topology"]), gossip_step=g["gossip_step"],
-        gasloc_form=_value(g["gasloc_form"]),
+        data_bytes=g["data_bytes"], faults=g["faults"] or None, log_dir=g["log_dir"], beta=g["beta"],
+        lags=ints("lags"), save_grads=g["save_grads"], save_at=ints("save_at"), arrivals=g["arrivals"],
+        mode=_value(g["mode"]), window=g["window"], local_steps=_positive_ints(g["local_steps"]),
         engine=_value(g["engine"]), nproc=nproc,
-        slowdown=floats("slowdown"),
-        sketch_first=g["sketch_first"] or None, timeout=g["timeout"],
     )
 
 

@@ -15,7 +15,7 @@ from naig_cli._common import FLAGS, cli_message, flag
     (UsageError("use sgd or adam", field="optimizer", value="lion"), "--optimizer 'lion': use sgd or adam"),
     (UsageError("bad", field="lags", value=(0, -1)), "--lags 0,-1: bad"),
     (UsageError("needs `save_grads`", field="save_at", value=(5, 9)), "--save-at 5,9: needs --save-grads"),
-    (UsageError("bad", field="dc_lambda", value=float("nan")), "--dc-lambda nan: bad"),
+    (UsageError("bad", field="lr", value=(float("nan"),)), "--lr nan: bad"),
     (UsageError("use a positive int", field="eval_batches", value=0), "eval_batches=0: use a positive int"),
     (DataError("f: pass `intersect` to use only the common tensors"),
      "f: pass --intersect to use only the common tensors"),
@@ -26,15 +26,33 @@ def test_library_errors_are_worded_as_flags(err: Exception, line: str) -> None:
 
 
 def test_flags_are_spelled_from_their_fields() -> None:
-    assert flag("sketch_seed") == "--sketch-seed" and flag("not_a_field") == "not_a_field"
+    assert flag("batch_size") == "--batch-size" and flag("not_a_field") == "not_a_field"
     for field, option in FLAGS.items():
         assert option.startswith("--") and (option == "--" + field.replace("_", "-")
                                             or field in ("chunk",)), (field, option)
 
 
+def test_a_command_words_fields_without_a_flag_its_own_way(capsys: pytest.CaptureFixture[str]) -> None:
+    """handle_errors(words=...): simulate names a key it sets with --set as --set KEY=VALUE, in the
+    error line and in the text's `field` mentions, while it runs and not after."""
+    import typer
+
+    from naig_cli._common import handle_errors
+
+    @handle_errors(words=lambda: {"dc_lambda": "--set rules.dc_lambda", "byzantine": "--set rules.byzantine"})
+    def command() -> None:
+        raise UsageError("too big for `byzantine` f", field="dc_lambda", value=-1.0)
+
+    with pytest.raises((SystemExit, typer.Exit)):
+        command()
+    line = "error: --set rules.dc_lambda=-1.0: too big for --set rules.byzantine f"
+    assert capsys.readouterr().err.strip() == line
+    assert flag("dc_lambda") == "dc_lambda"  # outside the command: no wording of its own
+
+
 def test_a_switch_or_a_missing_value_is_named_without_it() -> None:
-    assert cli_message(UsageError("needs `engine` distributed", field="sketch_first", value=True)) == (
-        "--sketch-first: needs --engine distributed")
+    err = UsageError("needs `keys`", field="intersect", value=True)
+    assert cli_message(err) == "--intersect: needs --keys"
     err = UsageError("needs two workers", field="window", value=None)
     assert cli_message(err) == "--window: needs two workers"
 

@@ -152,3 +152,41 @@ def test_a_per_worker_list_of_the_wrong_length_is_named(change: dict, field: str
     with pytest.raises(UsageError) as e:
         ArrivalsSetting(compute="exp:1,exp:1,exp:2,exp:4", **change)
     assert e.value.field == field and needle in e.value.message
+
+
+def test_with_set_is_a_line_of_the_config_file(tmp_path: Path) -> None:
+    """``--set K=V`` gives the config the file line ``K = V`` gives, for a key of every part of the tree."""
+    lines = ['arrivals.compute = "exp:1,exp:2"', "arrivals.local.steps = [3]",
+             'arrivals.local.topology = "ring"',
+             "rules.dc_lambda = 5.0", "sketch_seed = 9", 'strategies = ["gasloc", "hogwild"]', "steps = 4"]
+    path = tmp_path / "run.toml"
+    path.write_text("\n".join(lines) + "\n")
+    via_set = SimulateConfig().with_set([line.replace(" = ", "=") for line in lines])
+    assert via_set == SimulateConfig.load(path)
+    commas = SimulateConfig().with_set(["arrivals.compute=exp:1,exp:2", "arrivals.local.steps=3",
+                                        "arrivals.local.topology=ring", "rules.dc-lambda=5", "sketch_seed=9",
+                                        "strategies=gasloc,hogwild", "steps=4"])
+    assert commas == via_set  # comma lists and a bare scalar for a list key
+
+
+def test_with_set_refuses_a_key_of_another_setting_and_names_the_value_as_typed() -> None:
+    base = SimulateConfig.from_options(engine="distributed", nproc=3)
+    with pytest.raises(UsageError, match="is a key of the arrivals setting") as err:
+        base.with_set(["arrivals.window=2"])
+    assert err.value.field == "set" and err.value.value == "arrivals.window=2"
+    with pytest.raises(UsageError, match="timeout") as err:
+        base.with_set(["distributed.timeout=1e3"])
+    assert err.value.field == "set" and err.value.value == "distributed.timeout=1e3"
+    with pytest.raises(UsageError, match="give it once"):
+        base.with_set(["steps=3"], steps=4)
+    assert base.with_set(["distributed.window=2"]).setting.window == 2
+
+
+def test_every_set_key_is_in_the_docs_config_keys() -> None:
+    """docs/simulate.md, Config keys, names every key of the tree (the --set help points there)."""
+    from naig.simulate.config import _OPTION_OF_PATH
+
+    text = (Path(__file__).parents[1] / "docs" / "simulate.md").read_text()
+    section = text[text.index("### Config keys"):text.index("## The protocols")]
+    missing = [".".join(p) for p in _OPTION_OF_PATH if f"`{'.'.join(p)}`" not in section]
+    assert not missing, missing

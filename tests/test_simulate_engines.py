@@ -188,11 +188,12 @@ def test_one_worker_distributed_runs_several_rules_and_reports_them(tmp_path) ->
 
 
 def test_a_message_timeout_under_a_second_still_lets_the_processes_meet() -> None:
-    """--timeout bounds each message; the rendezvous waits for slow starts (torch imports) anyway."""
+    """distributed.timeout bounds each message; the rendezvous waits for slow starts (torch imports)."""
     from tests.conftest import run_naig
 
-    r = run_naig("simulate", "--engine", "distributed", "--nproc", "3", "--timeout", "0.5", "--strategies",
-                 "hogwild", "--steps", "2", "--seeds", "1", "--data-bytes", "60000", "--eval-every", "0")
+    r = run_naig("simulate", "--engine", "distributed", "--nproc", "3", "--set", "distributed.timeout=0.5",
+                 "--strategies", "hogwild", "--steps", "2", "--seeds", "1", "--data-bytes", "60000",
+                 "--eval-every", "0")
     assert r.returncode == 0, r.stderr[-2000:]
 
 

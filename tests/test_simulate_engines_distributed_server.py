@@ -76,7 +76,7 @@ def test_equal_workers_mean_staleness_within_interval_of_k_minus_1(equal_workers
 
 def test_killed_and_hung_workers_are_reported_and_training_goes_on(tmp_path: Path) -> None:
     r, doc = distributed(tmp_path, "--nproc", "4", "--steps", "20", "--strategies", "hogwild",
-                         "--worker-faults", "1:kill@6,2:hang@12", "--timeout", "4")
+                         "--faults", "1:kill@6", "--faults", "2:hang@12", "--set", "distributed.timeout=4")
     assert r.returncode == 0, r.stderr
     (run,) = doc["runs"]
     lost = {rec["worker"]: rec for rec in doc["distributed"]["lost"]}
@@ -96,7 +96,7 @@ def test_every_worker_lost_is_a_run_cut_short_named_and_exit_1(tmp_path: Path) -
     """Every worker killed: the run that was going is marked incomplete (not summarised), the
     rules that could not start are named, and the command exits 1 with one line saying so."""
     r, doc = distributed(tmp_path, "--nproc", "3", "--steps", "20", "--strategies", "hogwild,naig",
-                         "--faults", "0:kill@5", "--faults", "1:kill@5", "--timeout", "5")
+                         "--faults", "0:kill@5", "--faults", "1:kill@5", "--set", "distributed.timeout=5")
     assert r.returncode == 1, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
     assert len(lines) == 1 and "stopped before the end of their budget" in lines[0]
@@ -110,7 +110,7 @@ def test_every_worker_lost_is_a_run_cut_short_named_and_exit_1(tmp_path: Path) -
 @pytest.mark.parametrize("window", ["1", "2"])  # B = 2: a held window, π ≥ 0.01/B from the sketches
 def test_sketch_first_never_fetches_a_nan_gradient(tmp_path: Path, window: str) -> None:
     r, doc = distributed(tmp_path, "--nproc", "4", "--steps", "12", "--strategies", "naig",
-                         "--window", window, "--sketch-first", "--worker-faults", "2:nan@3")
+                         "--window", window, "--set", "distributed.sketch_first", "--faults", "2:nan@3")
     assert r.returncode == 0, r.stderr
     (run,) = doc["runs"]
     d, b = run["distributed"], run["distributed"]["bytes"]
@@ -145,7 +145,7 @@ def test_windows_and_sync_on_the_same_processes(tmp_path: Path) -> None:
 
 def test_nan_worker_gets_zero_weight_from_the_strategy(tmp_path: Path) -> None:
     r, doc = distributed(tmp_path, "--nproc", "4", "--steps", "20", "--strategies", "naig",
-                         "--worker-faults", "2:nan@3")  # 20 steps: margin on a loaded machine
+                         "--faults", "2:nan@3")  # 20 steps: margin on a loaded machine
     assert r.returncode == 0, r.stderr
     (run,) = doc["runs"]
     nf = run["distributed"]["non_finite"]
@@ -157,7 +157,7 @@ def test_slow_worker_staleness_grows_as_predicted(tmp_path: Path) -> None:
     # 80 updates: the slowed worker arrives ~8 times (at 30, 2-3 times: its mean staleness was one
     # or two draws, 11 against 7.5 predicted once under the suite's load); the run is start-up bound
     r, doc = distributed(tmp_path, "--nproc", "4", "--steps", "80", "--strategies", "hogwild",
-                         "--slowdown", "1,1,6")
+                         "--set", "distributed.slowdown=1,1,6")
     assert r.returncode == 0, r.stderr
     st = doc["runs"][0]["staleness"]
     measured, predicted = st["per_worker"], st["predicted"]["per_worker"]

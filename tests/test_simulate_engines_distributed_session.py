@@ -63,12 +63,16 @@ def test_launcher_world_size_must_match(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.parametrize(("args", "needle"), [
     (["--engine", "distributed"], "--nproc"),
     (["--nproc", "3"], "--nproc 3: needs --engine distributed"),
-    (["--engine", "distributed", "--nproc", "3", "--slowdown", "1,2,3"], "--slowdown"),
-    (["--engine", "distributed", "--nproc", "3", "--slowdown", "1,x"], "--slowdown"),
-    (["--engine", "distributed", "--nproc", "3", "--timeout", "60"], "--timeout 60"),
-    (["--engine", "distributed", "--nproc", "3", "--worker-faults", "5:kill"], "--faults '5:kill@0'"),
+    (["--engine", "distributed", "--nproc", "3", "--set", "distributed.slowdown=1,2,3"],
+     "--set distributed.slowdown=1,2,3"),
+    (["--engine", "distributed", "--nproc", "3", "--set", "distributed.slowdown=1,x"],
+     "--set distributed.slowdown=1,x"),
+    (["--engine", "distributed", "--nproc", "3", "--set", "distributed.timeout=60"],
+     "--set distributed.timeout=60"),
+    (["--engine", "distributed", "--nproc", "3", "--faults", "5:kill"], "--faults '5:kill@0'"),
     (["--faults", "1:kill"], "kill is not applied by the simulated engines; needs worker processes"),
-    (["--engine", "distributed", "--nproc", "3", "--sketch-first"], "--sketch-first"),
+    (["--engine", "distributed", "--nproc", "3", "--set", "distributed.sketch_first"],
+     "--set distributed.sketch_first"),
     (["--engine", "distributed", "--nproc", "3", "--arrivals", "exp:1,exp:1"], "--arrivals"),
 ])
 def test_cli_usage_errors(args: list[str], needle: str) -> None:
@@ -80,7 +84,7 @@ def test_cli_usage_errors(args: list[str], needle: str) -> None:
 
 def test_cli_help_lists_the_engine() -> None:
     out = RUNNER.invoke(app, ["simulate", "--help"], env={"COLUMNS": "200"})
-    for flag in ("--engine", "--nproc", "--slowdown", "--sketch-first", "--timeout", "kill and hang"):
+    for flag in ("--engine", "--nproc", "--set", "distributed.timeout", "kill and hang"):
         assert flag in out.stdout
 
 

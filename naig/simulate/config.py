@@ -37,6 +37,7 @@ import dataclasses
 import json
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -355,6 +356,53 @@ class SimulateConfig:
             options = {n: v for n, v in options.items() if OPTIONS.get(n, ("", ""))[0] in keep}
         return SimulateConfig.from_options(**{**options, **changes})
 
+    def with_set(self, assignments: Sequence[str], **options: Any) -> SimulateConfig:
+        """``with_options(**options)`` and ``KEY=VALUE`` assignments (the CLI's ``--set``), checked once.
+
+        KEY is a dotted path of the config file's tree (``to_dict``): a common key
+        (``data_bytes``), ``rules.<key>``, or ``<setting>.<key>`` (``arrivals.local.<key>`` for
+        local updates); ``-`` may stand for ``_``. VALUE is read as a TOML value (``5``,
+        ``1e-3``, ``true``, ``[1, 2]``, ``"text"``), else taken as text; a list key also takes a
+        comma list (``1,1,2,4``) and a switch its KEY alone (``true``). So ``--set K=V`` is the
+        line ``K = V`` of a ``--config`` file. The assignments and ``options`` are applied
+        together, then checked: one may mend what another alone would break.
+
+        Args:
+            assignments: the ``KEY=VALUE`` texts.
+            **options: option names (``OPTIONS``; None: not given), as ``with_options``.
+
+        Raises:
+            UsageError: field ``set``: no ``=``, an unknown key, a table, a key set twice or also
+                given in ``options``, a key of another setting than the run's; else the check of
+                the option it sets (naming that option).
+
+        Example:
+            >>> cfg = SimulateConfig.from_options(lags=(0, 5), steps=4, seeds=1, strategies=("dc-asgd",))
+            >>> new = cfg.with_set(["rules.dc-lambda=5", "sketch_seed=7", "lags.warmup_theta0"], steps=3)
+            >>> new.rules.dc_lambda, new.sketch_seed, new.setting.warmup_theta0, new.steps
+            (5, 7, True, 3)
+        """
+        given = {k for k, v in options.items() if v is not None}
+        assigned: dict[str, tuple[str, tuple[str, ...]]] = {}  # option → (its text, its path)
+        for text in assignments:
+            path, value = _assignment(text)
+            option = _OPTION_OF_PATH[path]
+            check(option not in given, "set", text, f"sets what `{option}` gives too; give it once")
+            check(option not in assigned, "set", text, "sets a key set before; give each key once")
+            assigned[option], options[option] = (text, path), value
+        try:
+            cfg = self.with_options(**options)
+        except UsageError as exc:  # name a value set here as it was typed
+            if exc.field not in assigned:
+                raise
+            raise UsageError(exc.message, field="set", value=assigned[exc.field][0]) from None
+        for text, path in assigned.values():
+            if path[0] in SETTINGS and path[0] != cfg.setting.NAME:
+                raise UsageError(f"is a key of {_SETTING_NAMES[path[0]]}, and this run is "
+                                 f"{_SETTING_NAMES[cfg.setting.NAME]}; choose that setting with "
+                                 f"{_CHOSEN_BY[path[0]]}", field="set", value=text)
+        return cfg
+
     # -- what the engines read -----------------------------------------------------------------
 
     @property
@@ -545,6 +593,56 @@ def _wrong_setting(name: str, value: object, section: str, chosen: str) -> None:
     need = {"arrivals": "`arrivals` (worker compute times, e.g. exp:1,exp:2)",
             "distributed": "`engine` distributed"}[section]
     raise UsageError(f"needs {need}", field=name, value=value)
+
+
+def _option_paths() -> dict[tuple[str, ...], str]:
+    """Each key path of the config tree (``("rules", "dc_lambda")``) → the option that sets it."""
+    out: dict[tuple[str, ...], str] = {}
+    for name, (section, key) in OPTIONS.items():
+        for part in (SETTINGS if section == "setting" else (section,)):
+            out[(*filter(None, part.split(".")), key)] = name
+    return {path: name for path, name in out.items()
+            if name != "window" or path[0] in ("arrivals", "distributed")}
+
+
+_OPTION_OF_PATH = _option_paths()
+_SWITCHES = {"warmup_theta0", "sketch_first"}  # bool keys: KEY alone sets them
+_LISTS = {"lags", "save_at", "lr", "strategies", "faults", "bandwidth", "slowdown", "local_steps"}
+
+
+def _assignment(text: str) -> tuple[tuple[str, ...], Any]:
+    """The key path and value of one ``KEY=VALUE`` (``with_set``), the key checked against the tree."""
+    key, eq, raw = text.partition("=")
+    path = tuple(part.strip().replace("-", "_") for part in key.split("."))
+    check(all(path), "set", text, "use KEY=VALUE with a key of the config file, e.g. rules.dc_lambda=5")
+    if path not in _OPTION_OF_PATH:
+        below = sorted({p[len(path)] for p in _OPTION_OF_PATH if p[:len(path)] == path})
+        if below:
+            raise UsageError(f"is a table; set one of its keys ({', '.join(below)}), e.g. "
+                             f"{'.'.join(path)}.{below[0]}=...", field="set", value=text)
+        known = next(i for i in range(len(path), -1, -1) if any(p[:i] == path[:i] for p in _OPTION_OF_PATH))
+        where = ".".join(path[:known]) or "the config"
+        keys = sorted({p[known] for p in _OPTION_OF_PATH if p[:known] == path[:known] and len(p) > known})
+        what = (f"has no key {path[known]}; its keys are {', '.join(keys)}" if keys
+                else "is a value, not a table")
+        raise UsageError(f"{where} {what} (docs/simulate.md, Config keys)", field="set", value=text)
+    option = _OPTION_OF_PATH[path]
+    if not eq:
+        check(option in _SWITCHES, "set", text, "has no value; use KEY=VALUE (KEY alone is for a switch)")
+        return path, True
+    value = _set_value(raw.strip(), option in _LISTS)
+    return path, [value] if option in _LISTS and not isinstance(value, list) else value
+
+
+def _set_value(raw: str, listed: bool) -> Any:
+    """A ``--set`` value: TOML, else text; for a list key (``listed``) also a comma list of them."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        pass
+    if listed and "," in raw:
+        return [_set_value(part.strip(), False) for part in raw.split(",")]
+    return raw
 
 
 def _build(kind: type, values: dict[str, Any], where: str) -> Any:
