@@ -73,8 +73,9 @@ def detect(
     test: Annotated[int, _o("--test", "Test seeds (the reported figures; --protocol persistent: 10 unless "
                             "given).", "3")] = 3,
     faults: Annotated[str | None, _o(
-        "--faults", "Comma list of fault kinds: bitflip32, bitflip16, scale, signflip, noise, nan, inf, "
-        "layer, stale, data-random, data-text, replica (DiLoCo: a replica at another initialisation).",
+        "--faults", "Comma list of fault kinds (naig.faults' names): bitflip32, bitflip16, scale, coordflip "
+        "(a fraction of signs), noise, nan, inf, layer, stale, data-random, data-text, replica (DiLoCo: a "
+        "replica at another initialisation). --protocol persistent: its faults, e.g. scale:2,repeat.",
         "all but replica")] = None,
     false_alarm: Annotated[float, _o("--false-alarm", "False-alarm rate per rank-step every threshold is "
                                      "calibrated to.", "1e-3")] = 1e-3,

@@ -131,8 +131,9 @@ def simulate(
     data_bytes: Annotated[int | None, _o(
         "--data-bytes", "Use the first N bytes of the text.", COMMON, "2000000")] = None,
     faults: Annotated[list[str] | None, _o(
-        "--faults", "Inject a fault, `W:KIND[:ARG][@STEP]`, once per fault: signflip:A, scale:A, noise:S, "
-        "zero, nan, random; kill and hang with --engine distributed; e.g. 1:signflip:10 or 0:nan@50.",
+        "--faults", "Inject a fault, `W:KIND[:ARG][@STEP]`, once per fault: signflip:A (-A·g), scale:A, "
+        "noise:S, zero, nan[:C], random, coordflip:F, inf[:C], bitflip32:B, bitflip16:B (naig.faults); kill "
+        "and hang with --engine distributed; e.g. 1:signflip:10 or 0:nan@50.",
         COMMON)] = None,
     beta: Annotated[str | None, _o("--beta", "Gibbs inverse temperature β of naig: 'auto' or a float >= 0.",
                                    RULES, "auto")] = None,

@@ -13,12 +13,11 @@ from naig.detect.faults import (
     apply_gradient_fault,
     catalogue,
     corrupt_batch,
-    flip_bit16,
-    flip_bit32,
     parse_kinds,
     replaced_rows,
 )
 from naig.errors import UsageError
+from naig.faults import flip_bit16, flip_bit32
 
 N = 40_000
 
@@ -72,10 +71,10 @@ def test_scale_changes_by_s_minus_one(s: float) -> None:
     assert rel == pytest.approx(abs(s - 1), rel=1e-6, abs=1e-7)
 
 
-@pytest.mark.parametrize("f", DEFAULT_MAGNITUDES["signflip"])
-def test_signflip_flips_that_fraction_of_coordinates(f: float) -> None:
+@pytest.mark.parametrize("f", DEFAULT_MAGNITUDES["coordflip"])
+def test_coordflip_flips_that_fraction_of_coordinates(f: float) -> None:
     g = _grad()
-    bad = apply_gradient_fault(FaultCell("signflip", f), g, _gen())
+    bad = apply_gradient_fault(FaultCell("coordflip", f), g, _gen())
     flipped = int((bad == -g).sum())
     assert flipped == round(f * N)
     assert int((bad == g).sum()) == N - flipped
@@ -184,8 +183,16 @@ def test_bad_kinds_refused_naming_faults(bad: str) -> None:
 
 
 @pytest.mark.parametrize("cell", [FaultCell("bitflip32", 32), FaultCell("bitflip16", 1.5),
-                                  FaultCell("noise", 0), FaultCell("signflip", 1.5), FaultCell("nan", 0),
+                                  FaultCell("noise", 0), FaultCell("coordflip", 1.5), FaultCell("nan", 0),
                                   FaultCell("scale", -1), FaultCell("stale", 1)])
 def test_bad_magnitudes_or_input_faults_refused(cell: FaultCell) -> None:
     with pytest.raises(UsageError):
         apply_gradient_fault(cell, _grad(), _gen())
+
+
+def test_signflip_names_the_vocabularys_kind_and_points_to_coordflip() -> None:
+    """``signflip`` is −a·g in naig's one vocabulary (naig.faults); the fraction-of-coordinates flip
+    naig detect sweeps is ``coordflip``, and asking for signflip says so in one line."""
+    with pytest.raises(UsageError, match="coordflip") as e:
+        parse_kinds("scale,signflip")
+    assert e.value.field == "faults"

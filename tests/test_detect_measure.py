@@ -12,7 +12,7 @@ from naig.monitor.detectors import DEFAULT_WARMUP
 
 def _record(onset: int = 30, bad: int = 2, steps: int = 45) -> Record:
     z = np.zeros((steps, 4))
-    return Record(np.zeros((steps, 4, 16)), z, z, bad=bad, onset=onset, kind="x2")
+    return Record(np.zeros((steps, 4, 16)), z, z, bad=bad, onset=onset, kind="scale:2")
 
 
 def test_delay_wrong_ranks_and_alarms_before_the_onset() -> None:

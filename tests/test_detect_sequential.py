@@ -9,8 +9,8 @@ import torch
 from naig.detect.sequential import Context, PoolSpec, SequentialConfig, fault_runs, pool_run, subset
 from naig.errors import UsageError
 
-CFG = SequentialConfig(onset=23, horizon=2, faults=("x2", "stale", "nan", "reinit"), validation=1, test=1,
-                       data_bytes=100_000, pool_ranks=5, context=16, replays=2, fa_ranks=(3, 4),
+CFG = SequentialConfig(onset=23, horizon=2, faults=("scale:2", "stale", "nan:1", "reinit"), validation=1,
+                       test=1, data_bytes=100_000, pool_ranks=5, context=16, replays=2, fa_ranks=(3, 4),
                        pools=(PoolSpec(8, "calibration", 0, 6),))
 
 
@@ -58,3 +58,20 @@ def test_bad_configs_name_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(UsageError) as err:
         SequentialConfig(**kwargs)
     assert err.value.field == field
+
+
+def test_a_cache_of_other_faults_is_refused_not_reused(tmp_path) -> None:
+    """A cache folder recorded for one set of faults is not silently read for another (the faults'
+    new names included: a cache of x2 is not one of scale:2)."""
+    import dataclasses
+
+    from naig.detect.sequential import record_all
+
+    one = dataclasses.replace(CFG, faults=("scale:2",), onset=3, horizon=1,
+                              pools=(PoolSpec(8, "calibration", 0, 2),))
+    first, _ = record_all(one, cache=str(tmp_path))
+    again, _ = record_all(one, cache=str(tmp_path))  # the same faults: read back, equal
+    np.testing.assert_array_equal(first["validation"][0].payload, again["validation"][0].payload)
+    with pytest.raises(UsageError, match="holds the runs of another configuration") as err:
+        record_all(dataclasses.replace(one, faults=("scale:0.5",)), cache=str(tmp_path))
+    assert err.value.field == "cache"

@@ -20,7 +20,7 @@ NAIG = ROOT / "naig"
 
 LAYERS: dict[str, int] = {  # top-level part of naig → its layer; a module imports only from lower layers
     "errors": 0,
-    **dict.fromkeys(("choices", "threads", "octonion"), 1),
+    **dict.fromkeys(("choices", "threads", "octonion", "faults"), 1),
     **dict.fromkeys(("g2", "io", "gibbs", "arrivals", "launch", "sketch"), 2),
     "metric": 3,
     "energy": 4,

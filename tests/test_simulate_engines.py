@@ -21,7 +21,9 @@ from naig.simulate.faults import FAULT_KINDS, PROCESS_FAULTS
 from naig.simulate.strategies import STRATEGIES
 
 TINY = dict(steps=2, seeds=1, data_bytes=60_000, eval_every=0, eval_batches=1, batch_size=2, lr=(1e-2,))
-ARG = {"signflip": ":3", "scale": ":5", "noise": ":2"}  # the kinds with an argument
+ARG = {"signflip": ":3", "scale": ":5", "noise": ":2", "coordflip": ":0.5", "bitflip32": ":30",
+       "bitflip16": ":14"}  # the kinds that need an argument
+NON_FINITE = ("nan", "inf")  # they reach θ through the mean
 SETTINGS = {  # every simulated engine, each with a rule that uses every worker's gradient in every update
     "lags": dict(lags=(0, 1), strategies=("hogwild",)),
     "arrivals": dict(arrivals="const:1,const:1", window=2, strategies=("hogwild",)),
@@ -53,8 +55,8 @@ def test_every_simulated_engine_applies_or_refuses_every_fault_kind(setting: str
         assert "needs worker processes" in info.value.message
         return
     clean, faulty = _theta_after(base), _theta_after(base.with_options(faults=(_fault(kind),)))
-    if kind == "nan":
-        assert not bool(torch.isfinite(faulty).all())  # the NaN reached θ through the mean
+    if kind in NON_FINITE:
+        assert not bool(torch.isfinite(faulty).all())  # the NaN or inf reached θ through the mean
     else:
         assert bool(torch.isfinite(faulty).all()) and not torch.equal(clean, faulty)
 
@@ -137,8 +139,8 @@ def test_distributed_engine_applies_every_gradient_fault_kind() -> None:
         if kind in PROCESS_FAULTS:
             continue  # kill and hang: tests/test_simulate_engines_distributed_server.py (a lost worker)
         curve = _distributed_one_worker(faults=(_fault(kind, worker=0),))
-        if kind == "nan":
-            assert math.isnan(curve[-1]), curve
+        if kind in NON_FINITE:
+            assert not math.isfinite(curve[-1]), curve
         else:
             assert curve[-1] != clean[-1] and math.isfinite(curve[-1]), (kind, curve, clean)
 

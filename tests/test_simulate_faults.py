@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from naig.errors import UsageError
+from naig.faults import KINDS
 from naig.simulate.faults import (
     FAULT_KINDS,
     Fault,
@@ -32,8 +33,10 @@ def test_parse_every_form() -> None:
     assert parse_fault("2:noise:1e-1") == Fault(2, "noise", 0.1, 0)
     assert parse_fault("2:random") == Fault(2, "random")
     assert parse_faults("1:zero") == (Fault(1, "zero"),)
-    assert [f.kind for f in parse_faults([f"0:{k}" + (":1" if k in ("signflip", "scale", "noise") else "")
+    needs = {k for k, kind in KINDS.items() if kind.needs_arg}
+    assert [f.kind for f in parse_faults([f"0:{k}" + (":1" if k in needs else "")
                                           for k in FAULT_KINDS])] == list(FAULT_KINDS)
+    assert parse_fault("1:nan:3@2") == Fault(1, "nan", 3.0, 2) and parse_fault("0:bitflip32:30").arg == 30
 
 
 @pytest.mark.parametrize("text,words", [
@@ -107,3 +110,26 @@ def test_a_comma_list_says_one_fault_per_option() -> None:
     with pytest.raises(UsageError, match="one fault per `faults`") as info:
         parse_fault("1:signflip:10,2:zero")
     assert info.value.field == "faults"
+
+
+def test_the_vocabulary_kinds_act_as_naig_faults_defines_them() -> None:
+    """Kinds simulate gained from naig.faults: coordflip flips round(f·n) signs, nan:c / inf:c put c
+    non-finite entries (nan alone: every entry), bitflip32:31 flips one element's sign bit."""
+    g = _apply(["1:coordflip:0.5", "2:inf:1", "0:bitflip32:31"])
+    assert int((g[1] == -G[1]).sum()) == 2 and int((g[1] == G[1]).sum()) == 2
+    assert int(torch.isinf(g[2]).sum()) == 1
+    assert torch.equal(g[0].abs(), G[0].abs())  # one sign bit flipped (of 0.0: -0.0, which compares equal)
+    assert int(torch.signbit(g[0]).sum()) == 1
+    assert bool(torch.isnan(_apply(["1:nan"])[1]).all())
+    assert int(torch.isnan(_apply(["1:nan:2"])[1]).sum()) == 2
+
+
+@pytest.mark.parametrize("text,words", [
+    ("1:coordflip:1.5", "the argument of coordflip must be a fraction in (0, 1]"),
+    ("1:nan:0.5", "the argument of nan must be an int >= 1"),
+    ("1:bitflip16:16", "the argument of bitflip16 must be a bit 0..15"),
+    ("1:layer:1", "layer is naig's noise in one parameter tensor, and a simulated gradient is one flat"),
+])
+def test_vocabulary_arguments_are_checked_as_naig_faults_checks_them(text: str, words: str) -> None:
+    with pytest.raises(UsageError, match=words.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+        check_faults(parse_faults([text]), workers=4)

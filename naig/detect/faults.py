@@ -1,7 +1,8 @@
 """The fault catalogue of ``naig detect``: what a bad rank sends instead of its clean gradient.
 
 Each fault kind has one magnitude, swept from invisible to obvious (``DEFAULT_MAGNITUDES``).
-Gradient faults act on a copy of the rank's clean gradient g (n,) float32; input faults
+Gradient faults are naig's one fault vocabulary (``naig.faults``: the same names and meanings
+as ``naig simulate --faults``), applied to a copy of the rank's clean gradient g (n,) float32; input faults
 (``stale``, ``data-random``, ``data-text``) change what the gradient is computed from and
 are computed by the protocol (``naig.detect.protocol``) with ``corrupt_batch``.
 
@@ -14,7 +15,7 @@ kind            magnitude                    what the faulty rank sends
                                              bit b of it flipped (15 sign, 14..7 exponent,
                                              6..0 mantissa)
 ``scale``       s ≥ 0                        s·g (s = 0: a zero gradient)
-``signflip``    fraction f ∈ (0, 1]          g with the sign of a random f·n coordinates
+``coordflip``   fraction f ∈ (0, 1]          g with the sign of a random f·n coordinates
                                              flipped (f = 1: −g; ‖Δ‖² = 4 Σ_flipped g_i²)
 ``noise``       ε > 0                        g + ε‖g‖ z/√n, z ~ N(0, I) (E‖Δ‖ ≈ ε‖g‖)
 ``nan``         count c ≥ 1                  g with c random entries NaN
@@ -37,7 +38,9 @@ the gradient, so the scores see exactly this gradient; several local steps (H > 
 measured. It is not in ``DEFAULT_KINDS``: name it in ``faults``.
 
 Bit flips and bad data are the faults silent-data-corruption studies report (arXiv 2502.12340);
-scaled, stale and sign-flipped gradients are the usual Byzantine and staleness models.
+scaled, stale and sign-flipped gradients are the usual Byzantine and staleness models. The
+coordinate flip was called ``signflip`` before naig had one vocabulary; ``signflip:a`` is now −a·g
+everywhere (``coordflip:1``, the same gradient, is what the sweep runs).
 Randomness comes from an explicit ``torch.Generator``.
 
 Example:
@@ -59,12 +62,13 @@ import torch
 from torch import Tensor
 
 from naig.errors import UsageError
+from naig.faults import apply_fault, arg_problem
 
 __all__ = ["FAULT_KINDS", "DEFAULT_KINDS", "GRADIENT_KINDS", "INPUT_KINDS", "DEFAULT_MAGNITUDES", "UNITS",
-           "FaultCell", "catalogue", "parse_kinds", "apply_gradient_fault", "corrupt_batch", "flip_bit32",
-           "flip_bit16", "replaced_rows"]
+           "FaultCell", "catalogue", "parse_kinds", "apply_gradient_fault", "corrupt_batch",
+           "replaced_rows"]
 
-GRADIENT_KINDS = ("bitflip32", "bitflip16", "scale", "signflip", "noise", "nan", "inf", "layer")
+GRADIENT_KINDS = ("bitflip32", "bitflip16", "scale", "coordflip", "noise", "nan", "inf", "layer")
 INPUT_KINDS = ("stale", "data-random", "data-text", "replica")
 FAULT_KINDS = GRADIENT_KINDS + INPUT_KINDS
 DEFAULT_KINDS = tuple(k for k in FAULT_KINDS if k != "replica")
@@ -74,7 +78,7 @@ DEFAULT_MAGNITUDES: dict[str, tuple[float, ...]] = {
     "bitflip32": (0, 16, 22, 23, 27, 30, 31),
     "bitflip16": (0, 6, 7, 11, 14, 15),
     "scale": (0.0, 0.5, 1.1, 1.5, 2.0, 10.0, 1000.0),
-    "signflip": (0.01, 0.1, 0.5, 1.0),
+    "coordflip": (0.01, 0.1, 0.5, 1.0),
     "noise": (0.1, 0.3, 1.0, 3.0, 10.0),
     "nan": (1,),
     "inf": (1,),
@@ -85,7 +89,7 @@ DEFAULT_MAGNITUDES: dict[str, tuple[float, ...]] = {
     "replica": (0.001, 0.01, 0.1, 1.0),
 }
 """The magnitudes swept per kind (from invisible to obvious for most kinds)."""
-UNITS = {"bitflip32": "bit", "bitflip16": "bit", "scale": "×", "signflip": "fraction", "noise": "ε",
+UNITS = {"bitflip32": "bit", "bitflip16": "bit", "scale": "×", "coordflip": "fraction", "noise": "ε",
          "nan": "entries", "inf": "entries", "layer": "ε", "stale": "τ steps", "data-random": "fraction",
          "data-text": "fraction", "replica": "α"}
 
@@ -115,6 +119,10 @@ def parse_kinds(kinds: Sequence[str] | str | None) -> tuple[str, ...]:
     if kinds is None:
         return DEFAULT_KINDS
     vals = tuple(k.strip() for k in kinds.split(",")) if isinstance(kinds, str) else tuple(kinds)
+    if "signflip" in vals:
+        raise UsageError("signflip is −a·g in naig's fault vocabulary (naig.faults); the sign flip of a "
+                         "fraction of the coordinates swept here is coordflip (coordflip:1 is −g)",
+                         field="faults", value=",".join(vals))
     bad = [k for k in vals if k not in FAULT_KINDS]
     if not vals or bad or len(set(vals)) != len(vals):
         raise UsageError(f"use a comma list of distinct kinds from {', '.join(FAULT_KINDS)}", field="faults",
@@ -125,23 +133,6 @@ def parse_kinds(kinds: Sequence[str] | str | None) -> tuple[str, ...]:
 def catalogue(kinds: Sequence[str]) -> tuple[FaultCell, ...]:
     """Every (kind, magnitude) cell of ``kinds`` with the default magnitudes."""
     return tuple(FaultCell(k, float(m)) for k in kinds for m in DEFAULT_MAGNITUDES[k])
-
-
-def flip_bit32(value: float, bit: int) -> float:
-    """``value`` as float32 with bit ``bit`` (0 = mantissa LSB, 31 = sign) of its pattern flipped."""
-    t = torch.tensor([value], dtype=torch.float32).view(torch.int32)
-    return float((t ^ _bit_mask32(bit)).view(torch.float32)[0])
-
-
-def _bit_mask32(bit: int) -> Tensor:
-    return torch.tensor([1 << bit], dtype=torch.int64).to(torch.int32)  # bit 31 wraps to the sign bit
-
-
-def flip_bit16(value: float, bit: int) -> float:
-    """``value`` rounded to bfloat16 with bit ``bit`` (0 = mantissa LSB, 15 = sign) flipped, as a float."""
-    t = torch.tensor([value], dtype=torch.float32).to(torch.bfloat16).view(torch.int16)
-    mask = torch.tensor([1 << bit], dtype=torch.int32).to(torch.int16)
-    return float((t ^ mask).view(torch.bfloat16).to(torch.float32)[0])
 
 
 def apply_gradient_fault(cell: FaultCell, grad: Tensor, gen: torch.Generator,
@@ -164,50 +155,25 @@ def apply_gradient_fault(cell: FaultCell, grad: Tensor, gen: torch.Generator,
         raise UsageError("is an input fault; the protocol computes it from θ or the batch", field="faults",
                          value=str(cell))
     _check_magnitude(cell)
-    g, n, m = grad.detach().clone(), grad.numel(), cell.magnitude
-    if cell.kind in ("bitflip32", "bitflip16"):
-        i = int(torch.randint(n, (1,), generator=gen))
-        flip = flip_bit32 if cell.kind == "bitflip32" else flip_bit16
-        g[i] = flip(float(g[i]), int(m))
-    elif cell.kind == "scale":
-        g.mul_(m)
-    elif cell.kind == "signflip":
-        idx = torch.randperm(n, generator=gen)[:max(1, round(m * n))]
-        g[idx] = -g[idx]
-    elif cell.kind in ("nan", "inf"):
-        idx = torch.randperm(n, generator=gen)[:int(m)]
-        g[idx] = math.nan if cell.kind == "nan" else math.inf
-    elif cell.kind == "noise":
-        _add_noise(g, m, gen)
-    else:  # layer
-        sizes = list(layout) if layout is not None else [n]
-        which = int(torch.randint(len(sizes), (1,), generator=gen))
-        start = sum(sizes[:which])
-        _add_noise(g[start:start + sizes[which]], m, gen)
+    g = grad.detach().clone()
+    apply_fault(cell.kind, cell.magnitude, g, gen, layout)
     return g
 
 
-def _add_noise(part: Tensor, eps: float, gen: torch.Generator) -> None:
-    """part += ε‖part‖ z/√n in place (z standard normal; ‖·‖ in float64)."""
-    norm = float(torch.linalg.vector_norm(part, dtype=torch.float64))
-    z = torch.randn(part.shape, generator=gen, dtype=part.dtype)
-    part.add_(z, alpha=eps * norm / math.sqrt(part.numel()))
-
-
-_RANGES = {"bitflip32": (0, 31), "bitflip16": (0, 15), "signflip": (0, 1), "data-random": (0, 1),
-           "data-text": (0, 1)}
+_INPUT_RANGES = {"data-random": (0.0, 1.0), "data-text": (0.0, 1.0)}
 
 
 def _check_magnitude(cell: FaultCell) -> None:
+    """Refuse a magnitude the kind does not take: finite, >= 0, and for a gradient kind what
+    ``naig.faults.arg_problem`` accepts (noise > 0 here: a sweep's zero noise is no fault)."""
     m, k = cell.magnitude, cell.kind
-    ok = math.isfinite(m) and m >= 0
-    if k in ("bitflip32", "bitflip16", "nan", "inf", "stale"):
-        ok = ok and m == int(m) and (k.startswith("bit") or m >= 1)
-    if k in _RANGES:
-        lo, hi = _RANGES[k]
-        ok = ok and lo <= m <= hi and (k.startswith("bit") or m > 0)
-    if k in ("noise", "layer", "replica"):
-        ok = ok and m > 0
+    ok = math.isfinite(m) and m >= 0  # a swept magnitude: a size, never negative
+    if k in GRADIENT_KINDS:
+        ok = ok and arg_problem(k, m) is None and (k != "noise" or m > 0)  # noise 0 is no fault
+    elif k in _INPUT_RANGES:
+        ok = ok and 0 < m <= 1
+    else:  # stale: τ ≥ 1 steps; replica: α > 0
+        ok = ok and (m >= 1 and m == int(m) if k == "stale" else m > 0)
     if not ok:
         raise UsageError(f"magnitude out of range for {k}", field="faults", value=str(cell))
 

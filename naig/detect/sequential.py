@@ -10,15 +10,19 @@ Each step records what the monitor gathers (``naig.monitor.signals.pack``: the 1
 ‖g_k‖² and the non-finite count, with the sketch of ``Monitor()``'s layout and seed) and the
 exact ⟨g_k, ḡ⟩ and ‖g_k − ḡ‖² (float64), so every method replays the same run.
 
-**Fault kinds** (``FAULTS``), each persistent from the onset on the bad rank: ``x2``, ``x0.5``,
-``x0`` (its gradient scaled); ``repeat`` (it reuses its onset batch at every step);
-``perturb`` (its weights perturbed once by 1%, θ_r = θ + 0.01·θ⊙z, z ~ N(0, I): the same
-updates are applied to every replica afterwards, so the offset persists); ``reinit`` (its
-weights replaced once by another initialisation, the offset persisting likewise); ``stale``
-(its weights lag 20 steps: θ_{t−20}); ``data-random`` and ``data-text`` (all its sequences
-random bytes, or the training text read backwards); ``signflip`` (−g); ``nan`` and ``inf``
-(one entry of its gradient, every step); ``bit30`` and ``bit26`` (bit 30 or 26 of one random
-float32 element flipped, every step: the top exponent bit, and a middle one).
+**Fault kinds** (``FAULTS``), each persistent from the onset on the bad rank; the gradient
+faults are named in naig's one vocabulary (``naig.faults``, as ``naig simulate --faults``):
+``scale:2``, ``scale:0.5``, ``scale:0`` (its gradient scaled); ``repeat`` (it reuses its onset
+batch at every step); ``perturb`` (its weights perturbed once by 1%, θ_r = θ + 0.01·θ⊙z,
+z ~ N(0, I): the same updates are applied to every replica afterwards, so the offset persists);
+``reinit`` (its weights replaced once by another initialisation, the offset persisting
+likewise); ``stale`` (its weights lag 20 steps: θ_{t−20}); ``data-random`` and ``data-text``
+(all its sequences random bytes, or the training text read backwards); ``signflip:1`` (−g);
+``nan:1`` and ``inf:1`` (one entry of its gradient, every step); ``bitflip32:30`` and
+``bitflip32:26`` (bit 30 or 26 of one random float32 element flipped, every step: the top
+exponent bit, and a middle one). Before the one vocabulary these were x2, x0.5, x0, signflip,
+nan, inf, bit30 and bit26 (docs/results/monitor-detection.md uses those names); the runs are the
+same, seed for seed.
 
 **Clean pools** for false alarms over long runs: M ranks (``pool_ranks``, default 10) train on
 their mean; each step records every rank's payload and the Gram matrix of the M gradients
@@ -54,16 +58,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from naig.detect.faults import FaultCell, apply_gradient_fault, corrupt_batch
+from naig.detect.faults import FaultCell, corrupt_batch
 from naig.errors import UsageError
+from naig.faults import apply_fault
 from naig.monitor.signals import MonitorSketch, pack
 from naig.simulate.workload import Workload, fault_seed, make_optimizer
 
 __all__ = ["FAULTS", "STALE", "PERTURB", "SequentialConfig", "PoolSpec", "Record", "Context",
            "fault_runs", "pool_run", "subset", "record_all", "total_steps"]
 
-FAULTS = ("x2", "x0.5", "x0", "repeat", "perturb", "reinit", "stale", "data-random", "data-text", "signflip",
-          "nan", "inf", "bit30", "bit26")
+FAULTS = ("scale:2", "scale:0.5", "scale:0", "repeat", "perturb", "reinit", "stale", "data-random",
+          "data-text", "signflip:1", "nan:1", "inf:1", "bitflip32:30", "bitflip32:26")
+"""The persistent faults, in the order that seeds them (``_branch``: the index is part of the seed)."""
 STALE, PERTURB, REINIT_SEED = 20, 0.01, 2_000_000
 SEED_BASE = {"fault": 0, "pool": 500}  # seed offsets of the two kinds of runs
 
@@ -306,11 +312,9 @@ def _faulty(ctx: Context, kind: str, theta: Tensor, x: Tensor, y: Tensor, state:
     if kind.startswith("data-"):
         return ctx.grad(theta, *corrupt_batch(FaultCell(kind, 1.0), x, y, ctx.wl.data.train, gen))
     g = ctx.grad(theta, x, y)
-    if kind.startswith("x"):
-        return g * float(kind[1:])
-    cell = {"signflip": FaultCell("signflip", 1.0), "nan": FaultCell("nan", 1), "inf": FaultCell("inf", 1),
-            "bit30": FaultCell("bitflip32", 30), "bit26": FaultCell("bitflip32", 26)}[kind]
-    return apply_gradient_fault(cell, g, gen)
+    name, _, arg = kind.partition(":")
+    apply_fault(name, float(arg), g, gen)  # a gradient fault of naig's vocabulary (naig.faults)
+    return g
 
 
 def pool_run(ctx: Context, spec: PoolSpec, advance: Callable[[int], None] | None = None

@@ -79,6 +79,7 @@ __all__ = [
     "DEFAULT_STRATEGIES",
     "MAX_STEPS",
     "config_tree",
+    "SET_KEYS",
     "parse_int_list",
     "parse_float_list",
     "resolve_device",
@@ -606,6 +607,8 @@ def _option_paths() -> dict[tuple[str, ...], str]:
 
 
 _OPTION_OF_PATH = _option_paths()
+SET_KEYS: tuple[str, ...] = tuple(".".join(path) for path in _OPTION_OF_PATH)
+"""Every key of the config tree, dotted (``rules.dc_lambda``): what ``with_set`` takes."""
 _SWITCHES = {"warmup_theta0", "sketch_first"}  # bool keys: KEY alone sets them
 _LISTS = {"lags", "save_at", "lr", "strategies", "faults", "bandwidth", "slowdown", "local_steps"}
 

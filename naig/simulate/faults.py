@@ -3,16 +3,20 @@
 A fault is written ``W:KIND[:ARG][@STEP]``: worker W (any worker, the reference
 included) misbehaves from server update STEP on (default 0; the distributed engine: from
 the first job on parameter version STEP). Gradient faults change what it sends instead
-of its gradient g (n,):
+of its gradient g (n,); they are naig's one fault vocabulary (``naig.faults``, the same names
+and meanings ``naig detect`` uses), all but ``layer`` (a flat gradient row has no tensors):
 
-============  ==============================================================
-``signflip:a``  −a·g
-``scale:a``     a·g
-``noise:σ``     g + ε, ε ~ N(0, σ²‖g‖²/n · I)  (so E‖ε‖² = σ²‖g‖²)
-``zero``        0
-``nan``         NaN in every coordinate
-``random``      ‖g‖ · z/‖z‖, z ~ N(0, I)  (a random direction of the same norm)
-============  ==============================================================
+================  ==============================================================
+``signflip:a``      −a·g
+``scale:a``         a·g
+``noise:σ``         g + ε, ε ~ N(0, σ²‖g‖²/n · I)  (so E‖ε‖² = σ²‖g‖²)
+``zero``            0
+``nan[:c]``         NaN in c random coordinates (no c: in every coordinate)
+``random``          ‖g‖ · z/‖z‖, z ~ N(0, I)  (a random direction of the same norm)
+``coordflip:f``     the sign of a fraction f of the coordinates flipped
+``inf[:c]``         +inf in c random coordinates (no c: in every coordinate)
+``bitflip32:b``     bit b of one random float32 coordinate flipped (``bitflip16:b``: bfloat16)
+================  ==============================================================
 
 Process faults exist only where workers are processes (``--engine distributed``):
 
@@ -41,7 +45,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -50,14 +53,15 @@ import torch
 from torch import Tensor
 
 from naig.errors import UsageError
+from naig.faults import KINDS, apply_fault, arg_problem
 
 __all__ = ["Fault", "FAULT_KINDS", "GRADIENT_FAULTS", "PROCESS_FAULTS", "parse_fault", "parse_faults",
            "check_faults", "apply_faults", "faulty_workers"]
 
-FAULT_KINDS = ("signflip", "scale", "noise", "zero", "nan", "random", "kill", "hang")
-GRADIENT_FAULTS = frozenset(FAULT_KINDS[:6])  # what a worker sends instead of its gradient
+FAULT_KINDS = ("signflip", "scale", "noise", "zero", "nan", "random", "coordflip", "inf", "bitflip32",
+               "bitflip16", "kill", "hang")
+GRADIENT_FAULTS = frozenset(FAULT_KINDS[:-2])  # what a worker sends instead of its gradient (naig.faults)
 PROCESS_FAULTS = frozenset(("kill", "hang"))  # what a worker process does (distributed engine)
-_WITH_ARG = ("signflip", "scale", "noise")
 _FORMAT = "use W:KIND[:ARG][@STEP], e.g. 1:signflip:10 or 0:nan@50"
 _PATTERN = re.compile(r"^(?P<worker>[^:@]+):(?P<kind>[^:@]+)(?::(?P<arg>[^@]+))?(?:@(?P<step>.+))?$")
 
@@ -69,7 +73,7 @@ class Fault:
     Attributes:
         worker: the worker index W ≥ 0.
         kind: one of ``FAULT_KINDS``.
-        arg: a (signflip, scale) or σ (noise); None for the kinds without an argument.
+        arg: the kind's ARG (``naig.faults``: a, σ, f, c, b); None where it has none or it is not given.
         start: the first server update (0-based) at which the fault is active.
     """
 
@@ -87,28 +91,10 @@ class Fault:
         return step >= self.start
 
     def apply(self, grad: Tensor, generator: torch.Generator) -> None:
-        """Replace ``grad`` (n,) in place by what the faulty worker sends (see the module table)."""
-        if self.kind in ("signflip", "scale"):
-            grad.mul_(-self.arg if self.kind == "signflip" else self.arg)  # type: ignore[operator]
-        elif self.kind == "zero":
-            grad.zero_()
-        elif self.kind == "nan":
-            grad.fill_(math.nan)
-        elif self.kind in ("noise", "random"):
-            _apply_random(self, grad, generator)
-        else:
+        """Replace ``grad`` (n,) in place by what the faulty worker sends (``naig.faults.apply_fault``)."""
+        if self.kind in PROCESS_FAULTS:
             raise ValueError(f"{self.kind} is a process fault; only the distributed worker acts on it")
-
-
-def _apply_random(fault: Fault, grad: Tensor, generator: torch.Generator) -> None:
-    """noise: g + σ‖g‖/√n · z; random: ‖g‖ z/‖z‖ (z standard normal, drawn from ``generator``)."""
-    norm = float(torch.linalg.vector_norm(grad, dtype=torch.float64))
-    z = torch.randn(grad.shape, generator=generator, device=grad.device, dtype=grad.dtype)
-    if fault.kind == "noise":
-        grad.add_(z, alpha=fault.arg * norm / math.sqrt(grad.numel()))  # type: ignore[operator]
-        return
-    z_norm = float(torch.linalg.vector_norm(z, dtype=torch.float64))
-    grad.copy_(z).mul_(norm / z_norm if z_norm > 0 else 0.0)
+        apply_fault(self.kind, self.arg, grad, generator)
 
 
 def parse_fault(text: str) -> Fault:
@@ -130,8 +116,9 @@ def parse_fault(text: str) -> Fault:
     worker = _int(m["worker"], text, "the worker W")
     kind = m["kind"].strip().lower()
     if kind not in FAULT_KINDS:
-        raise UsageError(f"unknown fault kind {kind!r}; use signflip:a, scale:a, noise:σ, zero, nan, "
-                         "random, kill or hang", field="faults", value=text)
+        why = (f"{kind} is naig's noise in one parameter tensor, and a simulated gradient is one flat row"
+               if kind in KINDS else f"unknown fault kind {kind!r}")
+        raise UsageError(f"{why}; use {_KIND_LIST}", field="faults", value=text)
     start = 0 if m["step"] is None else _int(m["step"], text, "STEP")
     return Fault(worker, kind, _arg(kind, m["arg"], text), start)
 
@@ -147,22 +134,34 @@ def _int(part: str, text: str, what: str) -> int:
 
 
 def _arg(kind: str, part: str | None, text: str) -> float | None:
-    if kind not in _WITH_ARG:
+    if kind in PROCESS_FAULTS or not KINDS[kind].arg:
         if part is not None:
             raise UsageError(f"{kind} takes no argument, e.g. 2:{kind}@100", field="faults", value=text)
         return None
     if part is None:
-        raise UsageError(f"{kind} needs an argument, e.g. 1:{kind}:{'0.5' if kind == 'noise' else '10'}",
-                         field="faults", value=text)
+        if KINDS[kind].needs_arg:
+            raise UsageError(f"{kind} needs an argument, e.g. 1:{kind}:{KINDS[kind].example}",
+                             field="faults", value=text)
+        return None
     try:
         value = float(part)
     except ValueError:
         raise UsageError(f"the argument of {kind} must be a number; {_FORMAT}", field="faults",
                          value=text) from None
-    if not math.isfinite(value) or (kind == "noise" and value < 0):
-        raise UsageError(f"the argument of {kind} must be finite{' and >= 0' if kind == 'noise' else ''}",
-                         field="faults", value=text)
+    problem = arg_problem(kind, value)
+    if problem is not None:
+        raise UsageError(f"the argument of {kind} {problem}", field="faults", value=text)
     return value
+
+
+def _kind_list() -> str:
+    """``signflip:a, scale:a, ..., nan[:c], ..., kill or hang`` for messages."""
+    words = [k if k in PROCESS_FAULTS or not KINDS[k].arg else
+             f"{k}:{KINDS[k].arg}" if KINDS[k].needs_arg else f"{k}[:{KINDS[k].arg}]" for k in FAULT_KINDS]
+    return f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+_KIND_LIST = _kind_list()
 
 
 def parse_faults(texts: str | Sequence[str]) -> tuple[Fault, ...]:
