@@ -61,14 +61,15 @@ class FaultKind:
         arg: what its ARG is (``"a"``, ``"f"``, ...); empty for a kind without one.
         needs_arg: True when ARG must be given; False when it is optional or absent (``arg``).
         example: an ARG for messages (``"10"``).
-        problem: ARG → None when valid, else why not (a phrase after "the argument of KIND ...").
+        problem: ARG → None when valid, else why not (a phrase after "the argument of KIND ...");
+            None for a kind without an ARG.
     """
 
     name: str
     arg: str
     needs_arg: bool
     example: str
-    problem: Callable[[float], str | None]
+    problem: Callable[[float], str | None] | None
 
 
 def _finite(a: float) -> str | None:
@@ -99,9 +100,9 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("scale", "a", True, "10", _finite),
     FaultKind("signflip", "a", True, "10", _finite),
     FaultKind("coordflip", "f", True, "0.5", _fraction),
-    FaultKind("zero", "", False, "", lambda a: "takes no argument"),
+    FaultKind("zero", "", False, "", None),
     FaultKind("noise", "σ", True, "0.5", _finite_nonnegative),
-    FaultKind("random", "", False, "", lambda a: "takes no argument"),
+    FaultKind("random", "", False, "", None),
     FaultKind("nan", "c", False, "1", _count),
     FaultKind("inf", "c", False, "1", _count),
     FaultKind("bitflip32", "b", True, "30", _bit(31)),
@@ -120,7 +121,7 @@ def arg_problem(kind: str, arg: float | None) -> str | None:
     k = KINDS[kind]
     if arg is None:
         return f"needs an argument, e.g. {kind}:{k.example}" if k.needs_arg else None
-    return k.problem(float(arg)) if k.arg else "takes no argument"
+    return k.problem(float(arg)) if k.problem is not None else "takes no argument"
 
 
 def apply_fault(kind: str, arg: float | None, grad: Tensor, generator: torch.Generator,

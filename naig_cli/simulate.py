@@ -80,17 +80,16 @@ def _o(flag: str, text: str, panel: str, default: str | None = None, **kwargs: A
     return typer.Option(flag, help=text, rich_help_panel=panel, show_default=default or False, **kwargs)
 
 
-# options of the config tree that have no flag of their own: errors and warnings name their --set KEY
-SET_ONLY = ("sketch_seed", "dc_lambda", "byzantine", "max_staleness", "clip", "reference", "warmup_theta0",
-            "uplink", "downlink", "bandwidth", "outer_lr", "outer_momentum", "topology", "gossip_step",
-            "gasloc_form", "slowdown", "sketch_first", "timeout", "eval_batches", "line")
-
-
 def _set_words() -> dict[str, str]:
-    """``dc_lambda`` → ``--set rules.dc_lambda``, for the options of ``SET_ONLY``."""
+    """``dc_lambda`` → ``--set rules.dc_lambda``, for each option of the config tree (``OPTIONS``) that has
+    no flag here (no parameter of ``simulate``): errors and warnings name the --set KEY that sets it."""
+    import inspect
+
     from naig.simulate.config import OPTIONS
 
-    return {"set": "--set", **{name: "--set " + ".".join(filter(None, OPTIONS[name])) for name in SET_ONLY}}
+    flags = inspect.signature(simulate).parameters
+    return {"set": "--set", **{name: "--set " + ".".join(filter(None, where))
+                               for name, where in OPTIONS.items() if name not in flags}}
 
 
 @handle_errors(words=_set_words)

@@ -160,7 +160,7 @@ def apply_gradient_fault(cell: FaultCell, grad: Tensor, gen: torch.Generator,
     return g
 
 
-_INPUT_RANGES = {"data-random": (0.0, 1.0), "data-text": (0.0, 1.0)}
+_FRACTIONS = ("data-random", "data-text")  # input kinds whose magnitude is a fraction in (0, 1]
 
 
 def _check_magnitude(cell: FaultCell) -> None:
@@ -170,7 +170,7 @@ def _check_magnitude(cell: FaultCell) -> None:
     ok = math.isfinite(m) and m >= 0  # a swept magnitude: a size, never negative
     if k in GRADIENT_KINDS:
         ok = ok and arg_problem(k, m) is None and (k != "noise" or m > 0)  # noise 0 is no fault
-    elif k in _INPUT_RANGES:
+    elif k in _FRACTIONS:
         ok = ok and 0 < m <= 1
     else:  # stale: τ ≥ 1 steps; replica: α > 0
         ok = ok and (m >= 1 and m == int(m) if k == "stale" else m > 0)
