@@ -1,5 +1,5 @@
-"""The closed choices of naig's options, defined once: the library checks against them and the
-CLI builds its choices from them.
+"""The closed choices of naig's options, and the defaults and limits the CLI shows, defined once:
+the library checks against them and the CLI builds its choices and help from them.
 
 Light on purpose (no imports): ``naig_cli`` imports it at start-up.
 
@@ -9,7 +9,7 @@ Example:
 """
 
 __all__ = ["OPTIMIZERS", "DEVICES", "MODELS", "REFERENCES", "ENGINES", "ARRIVAL_MODES", "LOCAL_METHODS",
-           "TOPOLOGIES", "GASLOC_FORMS"]
+           "TOPOLOGIES", "GASLOC_FORMS", "DEFAULT_THREADS", "MAX_TIMEOUT"]
 
 OPTIMIZERS = ("sgd", "adam")  # the server optimizer: torch.optim.SGD / Adam, default settings otherwise
 DEVICES = ("cpu", "cuda", "auto")
@@ -24,3 +24,5 @@ LOCAL_METHODS = ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "gossip
 TOPOLOGIES = ("one-peer", "two-peer", "complete", "ring")
 # where gasloc's momentum acts: on the mixed iterates (DiLoCo on a complete graph) or the un-mixed proposals
 GASLOC_FORMS = ("mixed", "summarised")
+DEFAULT_THREADS = 1  # torch CPU threads per process (naig.threads: measured, docs/design.md)
+MAX_TIMEOUT = 30.0  # seconds: the longest any one collective or message may take (naig.launch)

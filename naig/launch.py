@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from naig.choices import MAX_TIMEOUT  # seconds: the longest any one collective or message may take
 from naig.errors import DataError, UsageError
 
 __all__ = ["ENV_STORE", "ENV_PARENT", "MAX_TIMEOUT", "RENDEZVOUS_SECONDS", "LocalCluster", "backend_for",
@@ -40,7 +41,6 @@ __all__ = ["ENV_STORE", "ENV_PARENT", "MAX_TIMEOUT", "RENDEZVOUS_SECONDS", "Loca
 
 ENV_STORE = "NAIG_DISTRIBUTED_STORE"  # "1": join the spawning process's store directly (no env://)
 ENV_PARENT = "NAIG_DISTRIBUTED_PARENT"  # the spawning process's pid (children exit when it is gone)
-MAX_TIMEOUT = 30.0  # seconds: the longest any one collective or message may take
 RENDEZVOUS_SECONDS = 120.0  # the longest the processes may take to meet (start-up included)
 
 

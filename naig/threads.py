@@ -26,12 +26,11 @@ from contextlib import contextmanager
 
 import torch
 
+from naig.choices import DEFAULT_THREADS  # intra-op threads per process unless `threads` says otherwise
 from naig.errors import UsageError
 
 __all__ = ["DEFAULT_THREADS", "MAX_THREADS", "check_threads", "torch_threads"]
 
-DEFAULT_THREADS = 1
-"""Intra-op threads per process unless the ``threads`` field says otherwise (see the module)."""
 MAX_THREADS = 1024
 """More threads than any machine has cores: refused as a typo."""
 

@@ -150,13 +150,13 @@ def cli_message(exc: NaigError) -> str:
     text = word_flags(exc.message)
     if exc.field is None:
         return text
-    words = _WORDS.get()
-    if exc.field in words:  # a key set with --set KEY=VALUE
+    word = _WORDS.get().get(exc.field)
+    if word is not None and word.startswith("--set"):  # a key set with --set KEY=VALUE
         v = exc.value
         typed = str(v).lower() if isinstance(v, bool) else v if isinstance(v, str) else _cli_value(v)
         sep = " " if exc.field == "set" else "="  # --set KEY=VALUE as typed; a key's value after its =
-        shown = words[exc.field] if not exc.has_value or v is None else f"{words[exc.field]}{sep}{typed}"
-    elif exc.field not in FLAGS:  # a field without an option: name it as the library does
+        shown = word if not exc.has_value or v is None else f"{word}{sep}{typed}"
+    elif word is None and exc.field not in FLAGS:  # a field without an option: name it as the library does
         shown = f"{exc.field}={exc.value!r}" if exc.has_value else exc.field
     else:
         bare = not exc.has_value or exc.value is None or isinstance(exc.value, bool)  # a switch: its name

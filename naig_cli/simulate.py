@@ -26,6 +26,7 @@ from naig.choices import (
     OPTIMIZERS,
 )
 from naig.errors import UsageError
+from naig.simulate.options import DOCS, OUTPUT, PANELS
 from naig_cli._common import (
     check_plot_path,
     choice_enum,
@@ -50,9 +51,7 @@ Optimizer, Device, Model = choice_enum("Optimizer", OPTIMIZERS), choice_enum("De
     choice_enum("Model", MODELS)
 ArrivalMode, Engine = choice_enum("ArrivalMode", ARRIVAL_MODES), choice_enum("Engine", ENGINES)
 
-COMMON, RULES, LAGS, ARRIVALS, LOCAL, DISTRIBUTED, OUTPUT = (
-    "Common", "Rules", "Fixed lags (the default setting)", "Arrivals (--arrivals)",
-    "Local updates (with --arrivals)", "Distributed (--engine distributed)", "Output")
+COMMON, DISTRIBUTED = PANELS[""], PANELS["distributed"]
 EXAMPLES = """**Examples**
 
 ```
@@ -80,16 +79,17 @@ def _o(flag: str, text: str, panel: str, default: str | None = None, **kwargs: A
     return typer.Option(flag, help=text, rich_help_panel=panel, show_default=default or False, **kwargs)
 
 
+def _opt(name: str) -> Any:
+    """The ``typer.Option`` of library option ``name`` from its ``Doc`` (``naig.simulate.options``: flag,
+    help, panel, the default shown); of two fields of one name (``window``), the first."""
+    d = next(d for d in DOCS if d.name == name)
+    return _o(d.flag, d.help, d.where, d.shown_default)
+
+
 def _set_words() -> dict[str, str]:
-    """``dc_lambda`` → ``--set rules.dc_lambda``, for each option of the config tree (``OPTIONS``) that has
-    no flag here (no parameter of ``simulate``): errors and warnings name the --set KEY that sets it."""
-    import inspect
-
-    from naig.simulate.config import OPTIONS
-
-    flags = inspect.signature(simulate).parameters
-    return {"set": "--set", **{name: "--set " + ".".join(filter(None, where))
-                               for name, where in OPTIONS.items() if name not in flags}}
+    """Library option name → how this command sets it: its flag, or ``--set KEY`` for a field of the
+    tree without one (``dc_lambda`` → ``--set rules.dc_lambda``); errors and warnings use these."""
+    return {"set": "--set", **{d.name: d.flag or f"--set {d.key}" for d in reversed(DOCS)}}
 
 
 @handle_errors(words=_set_words)
@@ -101,72 +101,37 @@ def simulate(
         "--set", "Set any key of the config file, KEY=VALUE, once per key (after --config and the flags): "
         "e.g. rules.dc_lambda=5, arrivals.uplink=const:0.1, arrivals.local.topology=ring, "
         "distributed.timeout=10, sketch_seed=7. Every key: docs/simulate.md, Config keys.", COMMON)] = None,
-    strategies: Annotated[str | None, _o(
-        "--strategies", "Comma list of rules: sync, hogwild, naig, naig-exact, naig-blind, fresh-only, "
-        "drop-stale, staleness, staleness-lr, dc-asgd, dc-asgd-a, gap-aware, median, trimmed-mean, krum, "
-        "multi-krum, centered-clip; with --arrivals also the local-update methods diloco, diloco-naig, "
-        "diloco-naig-exact, gasloc, gossip-adam, local-sgd, allreduce.", COMMON,
-        "naig,naig-blind,fresh-only,hogwild,staleness,sync (without fresh-only beside --arrivals or "
-        "--engine distributed)")] = None,
-    steps: Annotated[int | None, _o("--steps", "Server steps per run.", COMMON, "100")] = None,
-    seeds: Annotated[int | None, _o("--seeds", "Number of seeds (0..N-1).", COMMON, "3")] = None,
-    lr: Annotated[str | None, _o(
-        "--lr", "Learning rate, or a comma list: each rule's is chosen on validation, reported on a test "
-        "split (80/10/10).", COMMON, "1e-3")] = None,
-    optimizer: Annotated[Optimizer | None, _o("--optimizer", "Server optimizer.", COMMON, "adam")] = None,
-    batch_size: Annotated[int | None, _o("--batch-size", "Sequences per worker minibatch.", COMMON,
-                                         "8")] = None,
-    eval_every: Annotated[int | None, _o(
-        "--eval-every", "Validate every N steps (0: at the end).", COMMON, "50")] = None,
-    device: Annotated[Device | None, _o("--device", "Where to train.", COMMON, "cpu")] = None,
-    threads: Annotated[int | None, _o(
-        "--threads", "torch CPU threads per process (each worker's too with --engine distributed).",
-        COMMON, "1")] = None,
-    jobs: Annotated[int | None, _o(
-        "--jobs", "Runs side by side, one process each (0: one per CPU core; 1 with --engine distributed or "
-        "a GPU).", COMMON, "0")] = None,
-    model: Annotated[Model | None, _o("--model", "Model preset.", COMMON, "gpt-nano")] = None,
-    data: Annotated[str | None, _o("--data", "Text file.", COMMON, "the stdlib's .py files")] = None,
-    data_bytes: Annotated[int | None, _o(
-        "--data-bytes", "Use the first N bytes of the text.", COMMON, "2000000")] = None,
-    faults: Annotated[list[str] | None, _o(
-        "--faults", "Inject a fault, `W:KIND[:ARG][@STEP]`, once per fault: signflip:A (-A·g), scale:A, "
-        "noise:S, zero, nan[:C], random, coordflip:F, inf[:C], bitflip32:B, bitflip16:B (naig.faults); kill "
-        "and hang with --engine distributed; e.g. 1:signflip:10 or 0:nan@50.",
-        COMMON)] = None,
-    beta: Annotated[str | None, _o("--beta", "Gibbs inverse temperature β of naig: 'auto' or a float >= 0.",
-                                   RULES, "auto")] = None,
-    lags: Annotated[str | None, _o("--lags", "Worker lags τ_k: comma list of ints >= 0.", LAGS,
-                                   "0,10,20,35")] = None,
-    save_grads: Annotated[str | None, _o(
-        "--save-grads", "Directory for gradient files (needs --save-at).", LAGS)] = None,
-    save_at: Annotated[str | None, _o(
-        "--save-at", "Steps to save at, e.g. 50 or 50,100 (needs --save-grads).", LAGS)] = None,
-    arrivals: Annotated[str | None, _o(
-        "--arrivals", "Worker compute times in seconds, one per worker (exp:MEAN, const:MEAN, "
-        "shifted-exp:MEAN:SHIFT, gamma:MEAN:SHAPE, lognormal:MEAN:SIGMA), e.g. exp:1,exp:1,exp:2,exp:4.",
-        ARRIVALS)] = None,
-    mode: Annotated[ArrivalMode | None, _o(
-        "--mode", "blocking: wait for fresh parameters; non-blocking: compute back to back; shared-memory: "
-        "blocking without messages.", ARRIVALS, "blocking")] = None,
-    window: Annotated[int | None, _o(
-        "--window", "B arrivals per server update (1: ASGD; K: K-batch-async); also with --engine "
-        "distributed.", ARRIVALS, "1")] = None,
-    local_steps: Annotated[str | None, _o(
-        "--local-steps", "Inner steps H per round, one or one per worker, e.g. 10 or 10,10,5,2.", LOCAL,
-        "10")] = None,
+    strategies: Annotated[str | None, _opt("strategies")] = None,
+    steps: Annotated[int | None, _opt("steps")] = None,
+    seeds: Annotated[int | None, _opt("seeds")] = None,
+    lr: Annotated[str | None, _opt("lr")] = None,
+    optimizer: Annotated[Optimizer | None, _opt("optimizer")] = None,
+    batch_size: Annotated[int | None, _opt("batch_size")] = None,
+    eval_every: Annotated[int | None, _opt("eval_every")] = None,
+    device: Annotated[Device | None, _opt("device")] = None,
+    threads: Annotated[int | None, _opt("threads")] = None,
+    jobs: Annotated[int | None, _opt("jobs")] = None,
+    model: Annotated[Model | None, _opt("model")] = None,
+    data: Annotated[str | None, _opt("data")] = None,
+    data_bytes: Annotated[int | None, _opt("data_bytes")] = None,
+    faults: Annotated[list[str] | None, _opt("faults")] = None,
+    beta: Annotated[str | None, _opt("beta")] = None,
+    lags: Annotated[str | None, _opt("lags")] = None,
+    save_grads: Annotated[str | None, _opt("save_grads")] = None,
+    save_at: Annotated[str | None, _opt("save_at")] = None,
+    arrivals: Annotated[str | None, _opt("arrivals")] = None,
+    mode: Annotated[ArrivalMode | None, _opt("mode")] = None,
+    window: Annotated[int | None, _opt("window")] = None,
+    local_steps: Annotated[str | None, _opt("local_steps")] = None,
     engine: Annotated[Engine | None, _o(
         "--engine", "simulated: one process; distributed: a parameter server and --nproc - 1 worker "
         "processes (torch.distributed; spawned here, or started by torchrun).", DISTRIBUTED,
         "simulated")] = None,
-    nproc: Annotated[int | None, _o(
-        "--nproc", "Processes, the server plus K workers.", DISTRIBUTED,
-        "under torchrun: its world size")] = None,
+    nproc: Annotated[int | None, _opt("nproc")] = None,
     json_out: Annotated[bool, _o("--json", "Print one JSON document on stdout.", OUTPUT)] = False,
     plot: Annotated[str | None, _o("--plot", "Write validation curves to PATH (.png, .pdf, .svg).",
                                    OUTPUT)] = None,
-    log_dir: Annotated[str | None, _o("--log-dir", "Write one per-step CSV per run into DIR.",
-                                      OUTPUT)] = None,
+    log_dir: Annotated[str | None, _opt("log_dir")] = None,
 ) -> None:
     """Train a byte-level GPT with stale workers; compare NAIG routing with baselines.
 

@@ -77,10 +77,20 @@ def _generator():
 
 def test_cli_reference_is_current(tmp_path):
     gen = _generator()
-    out = tmp_path / "cli.md"
-    gen.main(["--output", str(out)])
+    out, simulate = tmp_path / "cli.md", tmp_path / "simulate.md"
+    simulate.write_text((ROOT / "docs" / "simulate.md").read_text(encoding="utf-8"), encoding="utf-8")
+    gen.main(["--output", str(out), "--simulate", str(simulate)])
     committed = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     assert out.read_text(encoding="utf-8") == committed, f"docs/cli.md is out of date: run `{gen.COMMAND}`"
+    page = (ROOT / "docs" / "simulate.md").read_text(encoding="utf-8")
+    assert simulate.read_text(encoding="utf-8") == page, \
+        f"docs/simulate.md's Config keys are out of date: run `{gen.COMMAND}`"
+
+
+def test_the_config_keys_block_is_refused_when_its_markers_are_gone():
+    gen = _generator()
+    with pytest.raises(ValueError, match="config-keys"):
+        gen.with_config_keys("# a page without the block\n")
 
 
 def test_cli_reference_has_a_section_per_command():

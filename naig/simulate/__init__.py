@@ -7,14 +7,33 @@
 - ``experiment``: ``run_experiment`` (every rule × seed × lr, evaluated and summarised).
 - ``results``: ``RunResult``, ``StrategySummary``, ``SimulateResult``.
 - ``model`` (the byte-level GPT), ``data`` (real text), ``strategies`` (one file per rule),
-  ``faults`` (one fault grammar).
+  ``faults`` (one fault grammar), ``options`` (every option of the config tree, declared once).
+
+Importing this package loads no torch; its names load their submodules on first use.
 """
 
-from naig.simulate.config import SimulateConfig, parse_float_list, parse_int_list, resolve_device
-from naig.simulate.experiment import ROUTING_BYTES, RunContext, StepEvent, environment, run_experiment
-from naig.simulate.results import RunResult, SimulateResult, StrategySummary
-from naig.simulate.server import ServerState
-from naig.simulate.workload import Workload
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Each public name and the submodule that defines it, imported on first use (PEP 562): the CLI reads
+# ``naig.simulate.options`` (the option table) at start-up without loading torch.
+_HOME = {
+    "config": ("SimulateConfig", "parse_float_list", "parse_int_list", "resolve_device"),
+    "experiment": ("ROUTING_BYTES", "RunContext", "StepEvent", "environment", "run_experiment"),
+    "results": ("RunResult", "SimulateResult", "StrategySummary"),
+    "server": ("ServerState",),
+    "workload": ("Workload",),
+}
+_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
+
+if TYPE_CHECKING:
+    from naig.simulate.config import SimulateConfig, parse_float_list, parse_int_list, resolve_device
+    from naig.simulate.experiment import ROUTING_BYTES, RunContext, StepEvent, environment, run_experiment
+    from naig.simulate.results import RunResult, SimulateResult, StrategySummary
+    from naig.simulate.server import ServerState
+    from naig.simulate.workload import Workload
 
 __all__ = [
     "SimulateConfig",
@@ -32,3 +51,17 @@ __all__ = [
     "resolve_device",
     "run_experiment",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The public name ``name`` from its submodule (imported once, then cached here)."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'naig.simulate' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"naig.simulate.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -49,6 +49,7 @@ from naig.io import missing_reason
 from naig.metric import parse_line
 from naig.simulate.faults import FAULT_KINDS, GRADIENT_FAULTS, Fault, check_faults, parse_faults
 from naig.simulate.model import get_preset
+from naig.simulate.options import DEFAULT_STRATEGIES, DOCS, Doc, option
 from naig.simulate.parallel import MAX_JOBS, resolve_jobs
 from naig.simulate.settings import (
     MAX_STEPS,
@@ -65,7 +66,7 @@ from naig.simulate.settings import (
 from naig.simulate.strategies import STRATEGIES, StrategyOptions, parse_clip
 from naig.sketch.core import check_seed
 from naig.sketch.torch_sketch import TorchSketch
-from naig.threads import DEFAULT_THREADS, check_threads
+from naig.threads import check_threads
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -87,13 +88,6 @@ __all__ = [
 
 MAX_CONFIG_BYTES = 64 * 2**20  # a --json result of many runs fits; a device or a runaway file does not
 MAX_SEEDS = 10**6  # a run takes seconds at the least: more seeds than any experiment can finish is a typo
-DEFAULT_STRATEGIES = {  # naig, its content-blind ablation, an oracle (lockstep), baselines, the ideal
-    "lags": ("naig", "naig-blind", "fresh-only", "hogwild", "staleness", "sync"),
-    "arrivals": ("naig", "naig-blind", "hogwild", "staleness", "sync"),
-    "distributed": ("naig", "naig-blind", "hogwild", "staleness", "sync"),
-}
-
-
 @dataclass(frozen=True)
 class RuleOptions:
     """The options of the combination rules (each rule uses the ones it needs).
@@ -108,12 +102,12 @@ class RuleOptions:
             (the freshest of the batch) or ``ema``.
     """
 
-    beta: float | str = "auto"
-    dc_lambda: float = 20.0
-    byzantine: int = 1
-    max_staleness: int | None = None
-    clip: float | str = "auto"
-    reference: str = "auto"
+    beta: float | str = option("rules.beta")
+    dc_lambda: float = option("rules.dc_lambda")
+    byzantine: int = option("rules.byzantine")
+    max_staleness: int | None = option("rules.max_staleness")
+    clip: float | str = option("rules.clip")
+    reference: str = option("rules.reference")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "beta", parse_beta(self.beta))
@@ -130,25 +124,6 @@ class RuleOptions:
               f"use one of {', '.join(REFERENCES)}")
 
 
-# option name → (section of the tree, field); "setting" is the chosen setting's own table
-OPTIONS: dict[str, tuple[str, str]] = {
-    **{name: ("", name) for name in ("strategies", "steps", "seeds", "lr", "optimizer", "batch_size",
-                                     "eval_every", "eval_batches", "device", "threads", "jobs", "model",
-                                     "data", "data_bytes", "sketch_seed", "line", "log_dir", "faults")},
-    **{name: ("rules", name) for name in ("beta", "dc_lambda", "byzantine", "max_staleness", "clip",
-                                          "reference")},
-    **{name: ("lags", name) for name in ("lags", "warmup_theta0", "save_grads", "save_at")},
-    "arrivals": ("arrivals", "compute"),
-    **{name: ("arrivals", name) for name in ("uplink", "downlink", "mode", "bandwidth")},
-    "local_steps": ("arrivals.local", "steps"),
-    "outer_lr": ("arrivals.local", "outer_lr"),
-    "outer_momentum": ("arrivals.local", "outer_momentum"),
-    "topology": ("arrivals.local", "topology"),
-    "gossip_step": ("arrivals.local", "gossip_step"),
-    "gasloc_form": ("arrivals.local", "form"),
-    "window": ("setting", "window"),  # arrivals and distributed both have one
-    **{name: ("distributed", name) for name in ("nproc", "slowdown", "sketch_first", "timeout")},
-}
 _SETTING_NAMES = {"lags": "fixed lags", "arrivals": "the arrivals setting",
                   "distributed": "the distributed engine"}
 _CHOSEN_BY = {"lags": "`lags`", "arrivals": "`arrivals`", "distributed": "`engine` distributed"}
@@ -166,25 +141,24 @@ class SimulateConfig:
         UsageError: naming the bad field (``UsageError.field``, the option's name) and the fix.
     """
 
-    strategies: tuple[str, ...] | None = None  # rules to compare (None: DEFAULT_STRATEGIES of the setting)
-    steps: int = 100  # server steps (optimizer updates) per run
-    seeds: int = 3  # independent seeds 0..seeds−1 (init, data streams, val batches)
-    lr: tuple[float, ...] = (1e-3,)  # learning rate (every default strategy's best of 3e-4, 1e-3, 3e-3
-    #                                  on validation, 3 seeds); several: each strategy's is tuned
-    optimizer: str = "adam"  # "sgd" or "adam" (torch.optim, default settings otherwise)
-    batch_size: int = 8  # sequences per worker minibatch
-    eval_every: int = 50  # validation every this many steps (0: only at the end)
-    eval_batches: int = 16  # validation batches (of 2 × batch_size sequences) per evaluation
-    device: str = "cpu"  # "cpu", "cuda" or "auto"
-    threads: int = DEFAULT_THREADS  # torch CPU threads per process (naig.threads: 1 suits small models)
-    jobs: int = 0  # runs side by side, one process each (0: one per CPU core; naig.simulate.parallel)
-    model: str = "gpt-nano"  # preset name in naig.simulate.model.PRESETS
-    data: str | None = None  # text file; None = the stdlib's .py files
-    data_bytes: int = 2_000_000  # use the first this many bytes of the corpus
-    sketch_seed: int = 0  # seed of the sketch (docs/design.md §5)
-    line: tuple[int, int, int] = (1, 2, 4)  # Fano line ℓ of Ψ_ℓ
-    log_dir: str | None = None  # directory for one per-step CSV per run (None: no logs)
-    faults: tuple[str, ...] = ()  # injected faults, each W:KIND[:ARG][@STEP] (naig.simulate.faults)
+    strategies: tuple[str, ...] | None = option("strategies")
+    steps: int = option("steps")
+    seeds: int = option("seeds")
+    lr: tuple[float, ...] = option("lr")
+    optimizer: str = option("optimizer")
+    batch_size: int = option("batch_size")
+    eval_every: int = option("eval_every")
+    eval_batches: int = option("eval_batches")
+    device: str = option("device")
+    threads: int = option("threads")
+    jobs: int = option("jobs")
+    model: str = option("model")
+    data: str | None = option("data")
+    data_bytes: int = option("data_bytes")
+    sketch_seed: int = option("sketch_seed")
+    line: tuple[int, int, int] = option("line")
+    log_dir: str | None = option("log_dir")
+    faults: tuple[str, ...] = option("faults")
     rules: RuleOptions = field(default_factory=RuleOptions)
     setting: Setting = field(default_factory=LagsSetting)
 
@@ -596,21 +570,22 @@ def _wrong_setting(name: str, value: object, section: str, chosen: str) -> None:
     raise UsageError(f"needs {need}", field=name, value=value)
 
 
-def _option_paths() -> dict[tuple[str, ...], str]:
-    """Each key path of the config tree (``("rules", "dc_lambda")``) → the option that sets it."""
-    out: dict[tuple[str, ...], str] = {}
-    for name, (section, key) in OPTIONS.items():
-        for part in (SETTINGS if section == "setting" else (section,)):
-            out[(*filter(None, part.split(".")), key)] = name
-    return {path: name for path, name in out.items()
-            if name != "window" or path[0] in ("arrivals", "distributed")}
+def _options(docs: tuple[Doc, ...]) -> dict[str, tuple[str, str]]:
+    """Option name → (section, key); an option two settings share (``window``) → ``("setting", key)``."""
+    out: dict[str, tuple[str, str]] = {}
+    for d in docs:
+        place = (d.section, d.path[-1])
+        out[d.name] = ("setting", d.path[-1]) if out.get(d.name, place) != place else place
+    return out
 
 
-_OPTION_OF_PATH = _option_paths()
-SET_KEYS: tuple[str, ...] = tuple(".".join(path) for path in _OPTION_OF_PATH)
+OPTIONS: dict[str, tuple[str, str]] = _options(DOCS)
+"""Option name (``from_options``) → (section of the tree, field); ``setting``: the chosen setting's."""
+_OPTION_OF_PATH = {d.path: d.name for d in DOCS}
+SET_KEYS: tuple[str, ...] = tuple(d.key for d in DOCS)
 """Every key of the config tree, dotted (``rules.dc_lambda``): what ``with_set`` takes."""
-_SWITCHES = {"warmup_theta0", "sketch_first"}  # bool keys: KEY alone sets them
-_LISTS = {"lags", "save_at", "lr", "strategies", "faults", "bandwidth", "slowdown", "local_steps"}
+_SWITCHES = {d.name for d in DOCS if d.switch}  # bool keys: KEY alone sets them
+_LISTS = {d.name for d in DOCS if d.listed}
 
 
 def _assignment(text: str) -> tuple[tuple[str, ...], Any]:

@@ -34,18 +34,16 @@ from pathlib import Path
 from typing import ClassVar
 
 from naig.arrivals import ArrivalModel
-from naig.choices import ARRIVAL_MODES, GASLOC_FORMS, LOCAL_METHODS, TOPOLOGIES
+from naig.choices import ARRIVAL_MODES, GASLOC_FORMS, LOCAL_METHODS, MAX_TIMEOUT, TOPOLOGIES
 from naig.errors import UsageError
-from naig.launch import MAX_TIMEOUT  # distributed: the longest a message may take, seconds
+from naig.simulate.options import DEFAULT_LAGS, DEFAULT_LOCAL_STEPS, DOCS, option
 
 __all__ = ["LagsSetting", "ArrivalsSetting", "LocalUpdates", "DistributedSetting", "Setting", "SETTINGS",
            "DEFAULT_LAGS", "MAX_LAG", "MAX_STEPS", "DEFAULT_LOCAL_STEPS", "MAX_TIMEOUT", "LOCAL_USERS",
            "check", "check_writable_dir", "as_tuple", "is_int", "is_number"]
 
-DEFAULT_LAGS = (0, 10, 20, 35)  # the paper's Experiment B
 MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
 MAX_STEPS = 10**9  # server steps per run, and inner steps per phase
-DEFAULT_LOCAL_STEPS = 10  # inner steps H per round when the local block does not set them
 
 
 def check_writable_dir(path: str, name: str) -> None:
@@ -107,10 +105,10 @@ class LagsSetting:
     NAME: ClassVar[str] = "lags"
     ENGINE: ClassVar[str] = "simulated"
     asynchronous: ClassVar[bool] = False
-    lags: tuple[int, ...] = DEFAULT_LAGS
-    warmup_theta0: bool = False
-    save_grads: str | None = None
-    save_at: tuple[int, ...] = ()
+    lags: tuple[int, ...] = option("lags.lags")
+    warmup_theta0: bool = option("lags.warmup_theta0")
+    save_grads: str | None = option("lags.save_grads")
+    save_at: tuple[int, ...] = option("lags.save_at")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lags", as_tuple(self.lags, "lags", "0, 10, 20, 35"))
@@ -186,12 +184,12 @@ class LocalUpdates:
             (``summarised``), one of ``GASLOC_FORMS`` (None: ``mixed``).
     """
 
-    steps: tuple[int, ...] | None = None
-    outer_lr: float | None = None
-    outer_momentum: float | None = None
-    topology: str | None = None
-    gossip_step: float | None = None
-    form: str | None = None
+    steps: tuple[int, ...] | None = option("arrivals.local.steps")
+    outer_lr: float | None = option("arrivals.local.outer_lr")
+    outer_momentum: float | None = option("arrivals.local.outer_momentum")
+    topology: str | None = option("arrivals.local.topology")
+    gossip_step: float | None = option("arrivals.local.gossip_step")
+    form: str | None = option("arrivals.local.form")
 
     def __post_init__(self) -> None:
         if self.steps is not None:
@@ -227,7 +225,7 @@ class LocalUpdates:
         return {"one-peer": 1, "two-peer": 2, "complete": k - 1, "ring": 2}[top] if k > 2 else min(k - 1, 1)
 
 
-_LOCAL_OPTION = {"steps": "local_steps", "form": "gasloc_form"}  # LocalUpdates field → option name
+_LOCAL_OPTION = {d.path[-1]: d.name for d in DOCS if d.section == "arrivals.local"}  # steps → local_steps
 # the local-update options and the methods that use them (the others refuse them)
 _OUTER = ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "gossip-adam")
 LOCAL_USERS = {"local_steps": (*_OUTER, "local-sgd"), "outer_lr": _OUTER, "outer_momentum": _OUTER,
@@ -251,12 +249,12 @@ class ArrivalsSetting:
     NAME: ClassVar[str] = "arrivals"
     ENGINE: ClassVar[str] = "simulated"
     asynchronous: ClassVar[bool] = True
-    compute: str = "exp:1,exp:1,exp:2,exp:4"
-    uplink: str | None = None
-    downlink: str | None = None
-    mode: str = "blocking"
-    window: int = 1
-    bandwidth: tuple[float, ...] = ()
+    compute: str = option("arrivals.compute")
+    uplink: str | None = option("arrivals.uplink")
+    downlink: str | None = option("arrivals.downlink")
+    mode: str = option("arrivals.mode")
+    window: int = option("arrivals.window")
+    bandwidth: tuple[float, ...] = option("arrivals.bandwidth")
     local: LocalUpdates = field(default_factory=LocalUpdates)
 
     def __post_init__(self) -> None:
@@ -360,11 +358,11 @@ class DistributedSetting:
     NAME: ClassVar[str] = "distributed"
     ENGINE: ClassVar[str] = "distributed"
     asynchronous: ClassVar[bool] = True
-    nproc: int | None = None
-    window: int = 1
-    slowdown: tuple[float, ...] = ()
-    sketch_first: bool = False
-    timeout: float = MAX_TIMEOUT
+    nproc: int | None = option("distributed.nproc")
+    window: int = option("distributed.window")
+    slowdown: tuple[float, ...] = option("distributed.slowdown")
+    sketch_first: bool = option("distributed.sketch_first")
+    timeout: float = option("distributed.timeout")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "slowdown", as_tuple(self.slowdown, "slowdown", "1, 1, 2, 4"))
