@@ -6,9 +6,10 @@ Accelerate's (``skip`` / ``raise`` before the update) and registers the monitor 
 ``accelerator.save_state``. The loop itself is Accelerate's usual one.
 
 A small MLP on random 8-feature, 4-class data; each process gets its own shard (the prepared
-DataLoader). At step ``--bad-step`` rank ``--bad-rank`` corrupts its gradient (``--fault``
-scale: ×1000, nan: one NaN entry, flip: the sign) through a tensor hook on every parameter,
-before DDP's bucket sees it. Rank 0 writes the monitor's JSONL and CSV (``OUT/monitor.jsonl``,
+DataLoader). At step ``--bad-step`` rank ``--bad-rank`` corrupts its gradient with ``--fault``, a kind of
+``naig.faults`` (``scale:1000`` the default, ``nan:1`` one NaN entry, ``signflip:1`` the sign),
+through a tensor hook on every parameter, before DDP's bucket sees it. Rank 0 writes the monitor's
+JSONL and CSV (``OUT/monitor.jsonl``,
 ``OUT/monitor.csv``) and saves the final parameters (``OUT/params.pt``); every rank writes the
 ranks it saw flagged per step (``OUT/ranks/rank{k}.json``).
 
@@ -42,6 +43,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from naig.errors import UsageError, run_main
+from naig.faults import corrupted, parse_kind
 from naig.monitor import Monitor
 from naig.monitor.accelerate import watch
 from naig.monitor.records import CsvRecords, JsonlRecords, Records
@@ -64,7 +66,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16, help="examples per process per step")
     p.add_argument("--bad-rank", type=int, default=1)
     p.add_argument("--bad-step", type=int, default=24, help="1-based; after the detectors' window fills")
-    p.add_argument("--fault", choices=("scale", "nan", "flip", "none"), default="scale")
+    p.add_argument("--fault", default="scale:1000", metavar="KIND[:ARG]",
+                   help="a kind of naig.faults (nan:1, signflip:1, bitflip32:30, ...), or none")
     p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="warn")
     p.add_argument("--window", type=int, default=16, help="the detectors' individual history")
     p.add_argument("--no-monitor", action="store_true", help="train without the monitor")
@@ -74,7 +77,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     torch.set_num_threads(check_threads(args.threads, "--threads"))
     world = int(os.environ.get("WORLD_SIZE", 1))
     _in(args.steps, 1, None, "--steps", "training steps")
-    if args.fault != "none" and world > 1:
+    args.fault = None if args.fault == "none" else parse_kind(args.fault, field="--fault")
+    if args.fault is not None and world > 1:
         _in(args.bad_rank, 0, world - 1, "--bad-rank", f"a rank of the {world} processes")
         _in(args.bad_step, 1, args.steps, "--bad-step", f"a step of --steps {args.steps}")
     for name in ("monitor.jsonl", "monitor.csv"):  # checked on every process, before any collective
@@ -85,17 +89,12 @@ def _args(argv: list[str]) -> argparse.Namespace:
 
 def _fault(args: argparse.Namespace, rank: int, step: list[int]):
     """A tensor hook: rank ``bad_rank`` corrupts its gradient at step ``bad_step`` (step[0] is current)."""
+    gen = torch.Generator().manual_seed(rank)
 
     def hook(grad: torch.Tensor) -> torch.Tensor:
-        if args.fault == "none" or rank != args.bad_rank or step[0] != args.bad_step:
+        if args.fault is None or rank != args.bad_rank or step[0] != args.bad_step:
             return grad
-        if args.fault == "scale":
-            return grad * 1000.0
-        if args.fault == "flip":
-            return -grad
-        bad = grad.clone()
-        bad.view(-1)[0] = float("nan")
-        return bad
+        return corrupted(grad, *args.fault, gen)
 
     return hook
 

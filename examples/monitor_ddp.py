@@ -3,17 +3,18 @@
 Every rank trains the small byte-level GPT (``gpt-nano``) on its own minibatches of the standard
 library's ``.py`` files under DDP (gloo, CPU). The hook reads each rank's gradient in DDP's
 communication hook, before the all-reduce, and every rank decides the same thing at every step.
-With ``--fault-rank R`` rank R corrupts its gradient at ``--fault-step`` (a NaN entry, ×1000, or
-its sign flipped) and rank 0 prints the step's decision: the rank, its host, the bucket and
+With ``--fault-rank R`` rank R corrupts one weight's gradient at ``--fault-step`` with a kind of
+``naig.faults`` (``--fault KIND[:ARG]``: ``nan:1`` one NaN entry, ``scale:1000``, ``signflip:1``,
+``bitflip32:30``, ...) and rank 0 prints the step's decision: the rank, its host, the bucket and
 parameters, the test that fired; with the default action ``skip`` no rank applies that step.
 
 One machine (this process is rank 0 and starts the others):
 
-    python examples/monitor_ddp.py --nproc 4 --fault-rank 2 --fault nan
+    python examples/monitor_ddp.py --nproc 4 --fault-rank 2 --fault nan:1
 
 Under torchrun (one or several machines; the same script):
 
-    torchrun --nproc-per-node 4 examples/monitor_ddp.py --fault-rank 2 --fault scale
+    torchrun --nproc-per-node 4 examples/monitor_ddp.py --fault-rank 2 --fault scale:1000
 
 ``--comm-hook bf16`` / ``powersgd`` composes the monitor with torch's own DDP hooks: the monitor
 reads each bucket, then that hook compresses and reduces it (``MonitorHook(comm_hook=...)``).
@@ -38,12 +39,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from naig.distributed.launch import process_group
 from naig.errors import UsageError, run_main
+from naig.faults import corrupted, parse_kind
 from naig.monitor import ACTIONS, BadRankError, Decision, Monitor, MonitorHook, RankSignals
 from naig.simulate.data import ByteData, load_bytes
 from naig.simulate.model import GPT, get_preset, lm_loss
 from naig.threads import DEFAULT_THREADS, check_threads
-
-FAULTS = ("nan", "scale", "flip")
 
 
 def _in(value: int, low: int, high: int | None, option: str, why: str) -> None:
@@ -66,7 +66,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--comm-hook", choices=("none", "bf16", "powersgd"), default="none",
                    help="torch's DDP hook that reduces each bucket after the monitor has read it")
     p.add_argument("--fault-rank", type=int, default=None, help="this rank corrupts its gradient")
-    p.add_argument("--fault", choices=FAULTS, default="nan")
+    p.add_argument("--fault", default="nan:1", metavar="KIND[:ARG]",
+                   help="a kind of naig.faults, e.g. nan:1 (one NaN entry), scale:1000, signflip:1")
     p.add_argument("--fault-step", type=int, default=None, help="default: window + 4")
     p.add_argument("--data-bytes", type=int, default=300_000)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
@@ -81,6 +82,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     if args.fault_rank is not None:
         _in(args.fault_rank, 0, world - 1, "--fault-rank", f"a rank of the {world}")
         _in(args.fault_step, 1, args.steps, "--fault-step", f"a step of --steps {args.steps}")
+    args.fault = parse_kind(args.fault, field="--fault")
     return args
 
 
@@ -92,14 +94,12 @@ def main(argv: list[str]) -> None:
 
 def _corrupt(args: argparse.Namespace, rank: int, step: dict) -> object:
     """A gradient hook that corrupts this rank's gradient at the fault step (before DDP sees it)."""
+    gen = torch.Generator().manual_seed(rank)
+
     def hook(g: torch.Tensor) -> torch.Tensor:
         if rank != args.fault_rank or step["now"] != args.fault_step:
             return g
-        if args.fault == "nan":
-            g = g.clone()
-            g.view(-1)[0] = float("nan")
-            return g
-        return g * 1000.0 if args.fault == "scale" else -g
+        return corrupted(g, *args.fault, gen)
     return hook
 
 

@@ -4,12 +4,14 @@ Every rank trains the small byte-level GPT (``gpt-nano``), each transformer bloc
 sharded with ``fully_shard``, on its own minibatches (gloo on CPU, NCCL on GPUs). The monitor
 replaces each FSDP module's reduce-scatter with one that first sketches this rank's unsharded
 gradient, then calls FSDP's own; every rank decides the same thing after the step's last
-module. With ``--fault-rank R`` rank R multiplies its loss (so its whole gradient) by NaN, 1000
-or −1 at ``--fault-step``; rank 0 prints the decision (rank, host, FSDP module, test).
+module. With ``--fault-rank R`` rank R corrupts its whole gradient at ``--fault-step`` through its
+loss, with a kind of ``naig.faults`` that a loss factor gives (``--fault``: ``nan``, ``inf``,
+``scale:A``, ``signflip:A``: the loss times NaN, inf, A or −A); rank 0 prints the decision (rank,
+host, FSDP module, test).
 
 Under torchrun (the intended launcher; one or several machines):
 
-    torchrun --nproc-per-node 4 examples/monitor_fsdp2.py --fault-rank 2 --fault scale
+    torchrun --nproc-per-node 4 examples/monitor_fsdp2.py --fault-rank 2 --fault scale:1000
 
 One machine without torchrun (this process is rank 0 and starts the others):
 
@@ -19,6 +21,7 @@ One machine without torchrun (this process is rank 0 and starts the others):
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -29,13 +32,19 @@ from torch.distributed.fsdp import fully_shard
 
 from naig.distributed.launch import backend_for, process_group
 from naig.errors import UsageError, run_main
+from naig.faults import parse_kind
 from naig.monitor import BadRankError, Decision, Monitor, RankSignals
 from naig.monitor.fsdp import fully_shard_monitor
 from naig.simulate.data import ByteData, load_bytes
 from naig.simulate.model import GPT, get_preset, lm_loss
 from naig.threads import DEFAULT_THREADS, check_threads
 
-FAULTS = {"nan": float("nan"), "scale": 1000.0, "flip": -1.0}
+LOSS_FAULTS = ("nan", "inf", "scale", "signflip")  # the kinds of naig.faults a loss factor gives
+
+
+def _factor(kind: str, arg: float | None) -> float:
+    """The loss factor of a fault of the whole gradient (``LOSS_FAULTS``; nan and inf: every entry)."""
+    return {"nan": math.nan, "inf": math.inf, "scale": arg, "signflip": -(arg or 0.0)}[kind]
 
 
 def _in(value: int, low: int, high: int | None, option: str, why: str) -> None:
@@ -55,7 +64,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="skip",
                    help="skip (default): no update from a flagged step (exclude: DDP only)")
     p.add_argument("--fault-rank", type=int, default=None, help="this rank corrupts its gradient")
-    p.add_argument("--fault", choices=tuple(FAULTS), default="nan")
+    p.add_argument("--fault", default="nan", metavar="KIND[:ARG]",
+                   help="nan, inf (every entry), scale:A or signflip:A (naig.faults), e.g. scale:1000")
     p.add_argument("--fault-step", type=int, default=None, help="default: window + 4")
     p.add_argument("--data-bytes", type=int, default=300_000)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
@@ -70,6 +80,11 @@ def _args(argv: list[str]) -> argparse.Namespace:
     if args.fault_rank is not None:
         _in(args.fault_rank, 0, world - 1, "--fault-rank", f"a rank of the {world}")
         _in(args.fault_step, 1, args.steps, "--fault-step", f"a step of --steps {args.steps}")
+    args.fault = parse_kind(args.fault, LOSS_FAULTS, field="--fault")
+    if args.fault[0] in ("nan", "inf") and args.fault[1] is not None:
+        raise UsageError(f"--fault {args.fault[0]}:{args.fault[1]:g}: through the loss every entry turns "
+                         f"{args.fault[0]}; use {args.fault[0]} (a count needs a gradient hook: "
+                         "examples/monitor_ddp.py)")
     return args
 
 
@@ -105,7 +120,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     losses = []
     for step in range(1, args.steps + 1):
         x, y = (t.to(device) for t in data.batch("train", args.batch_size, cfg.context, gen))
-        factor = FAULTS[args.fault] if rank == args.fault_rank and step == args.fault_step else 1.0
+        factor = _factor(*args.fault) if rank == args.fault_rank and step == args.fault_step else 1.0
         opt.zero_grad()
         loss = lm_loss(model(x), y)
         (loss * factor).backward()

@@ -7,8 +7,9 @@ Lightning's checkpoints. The LightningModule is the user's own, untouched by the
 
 A small MLP on random 8-feature, 4-class data; each rank gets its own shard (Lightning's
 ``DistributedSampler``). At step ``--bad-step`` rank ``--bad-rank`` corrupts its gradient
-(``--fault scale``: ×1000, ``nan``: one NaN entry, ``flip``: the sign) through a tensor hook on
-every parameter, i.e. before DDP's bucket sees it, as a faulty device would. Rank 0 writes the
+with ``--fault``, a kind of ``naig.faults`` (``scale:1000`` the default, ``nan:1`` one NaN entry,
+``signflip:1`` the sign), through a tensor hook on every parameter, i.e. before DDP's bucket sees
+it, as a faulty device would. Rank 0 writes the
 monitor's JSONL (``OUT/monitor.jsonl``; ``naig monitor report OUT/monitor.jsonl`` reads it) and,
 with ``--tensorboard``, TensorBoard scalars; every rank writes the ranks it saw flagged per step
 (``OUT/ranks/rank{k}.json``) so that one can check they agree; rank 0 saves the final
@@ -41,6 +42,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from naig.distributed.launch import RENDEZVOUS_SECONDS
 from naig.errors import UsageError, run_main
+from naig.faults import corrupted, parse_kind
 from naig.monitor import Monitor
 from naig.monitor.lightning import MonitorCallback
 from naig.monitor.records import JsonlRecords, Records, TensorBoardRecords
@@ -67,7 +69,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16, help="examples per rank per step")
     p.add_argument("--bad-rank", type=int, default=2)
     p.add_argument("--bad-step", type=int, default=24, help="1-based; after the detectors' window fills")
-    p.add_argument("--fault", choices=("scale", "nan", "flip", "none"), default="scale")
+    p.add_argument("--fault", default="scale:1000", metavar="KIND[:ARG]",
+                   help="a kind of naig.faults (nan:1, signflip:1, bitflip32:30, ...), or none")
     p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="warn")
     p.add_argument("--window", type=int, default=16, help="the detectors' individual history")
     p.add_argument("--tensorboard", type=Path, default=None, help="also write TensorBoard scalars here")
@@ -77,7 +80,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     torch.set_num_threads(check_threads(args.threads, "--threads"))
     _in(args.devices, 1, None, "--devices", "CPU processes")
     _in(args.steps, 1, None, "--steps", "training steps")
-    if args.fault != "none":
+    args.fault = None if args.fault == "none" else parse_kind(args.fault, field="--fault")
+    if args.fault is not None:
         _in(args.bad_rank, 0, args.devices - 1, "--bad-rank", f"a rank of --devices {args.devices}")
         _in(args.bad_step, 1, args.steps, "--bad-step", f"a step of --steps {args.steps}")
     jsonl = args.out / "monitor.jsonl"  # checked before Lightning starts the other ranks (they run this too)
@@ -95,20 +99,15 @@ class Net(L.LightningModule):
         self.args = args
 
     def on_fit_start(self) -> None:
+        self._generator = torch.Generator().manual_seed(self.global_rank)  # the fault's draws
         for p in self.parameters():
             p.register_hook(self._fault)  # runs before the gradient reaches DDP's bucket
 
     def _fault(self, grad: torch.Tensor) -> torch.Tensor:
         a = self.args
-        if a.fault == "none" or self.global_rank != a.bad_rank or self.global_step + 1 != a.bad_step:
+        if a.fault is None or self.global_rank != a.bad_rank or self.global_step + 1 != a.bad_step:
             return grad
-        if a.fault == "scale":
-            return grad * 1000.0
-        if a.fault == "flip":
-            return -grad
-        bad = grad.clone()
-        bad.view(-1)[0] = float("nan")
-        return bad
+        return corrupted(grad, *a.fault, self._generator)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
         x, y = batch

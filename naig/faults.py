@@ -49,7 +49,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["FaultKind", "KINDS", "apply_fault", "arg_problem", "flip_bit32", "flip_bit16"]
+from naig.errors import UsageError
+
+__all__ = ["FaultKind", "KINDS", "apply_fault", "arg_problem", "corrupted", "parse_kind", "flip_bit32",
+           "flip_bit16"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,50 @@ def arg_problem(kind: str, arg: float | None) -> str | None:
     if arg is None:
         return f"needs an argument, e.g. {kind}:{k.example}" if k.needs_arg else None
     return k.problem(float(arg)) if k.problem is not None else "takes no argument"
+
+
+def parse_kind(text: str, kinds: Sequence[str] = tuple(KINDS),
+               field: str = "fault") -> tuple[str, float | None]:
+    """``KIND[:ARG]`` → ``(kind, arg)``, checked: ``"scale:1000"`` → ``("scale", 1000.0)``.
+
+    Args:
+        text: a kind of ``kinds`` and, where it takes one, its ARG.
+        kinds: the kinds accepted here (default: every kind).
+        field: the option the text came from, named in errors.
+
+    Raises:
+        UsageError: naming ``field`` and ``text``: an unknown kind (listing ``kinds``), an ARG that is
+            no number, or one ``arg_problem`` refuses.
+
+    Example:
+        >>> parse_kind("scale:1000"), parse_kind("nan")
+        (('scale', 1000.0), ('nan', None))
+    """
+    kind, colon, raw = str(text).strip().partition(":")
+    if kind not in kinds:
+        raise UsageError(f"unknown fault kind; use one of {', '.join(kinds)}", field=field, value=text)
+    try:
+        arg = float(raw) if colon else None
+    except ValueError:
+        raise UsageError(f"the argument of {kind} is not a number, e.g. {kind}:{KINDS[kind].example or 1}",
+                         field=field, value=text) from None
+    problem = arg_problem(kind, arg)
+    if problem is not None:
+        raise UsageError(f"{kind} {problem}", field=field, value=text)
+    return kind, arg
+
+
+def corrupted(grad: Tensor, kind: str, arg: float | None, generator: torch.Generator) -> Tensor:
+    """A copy of ``grad`` (any shape, a float dtype) with the fault applied to its flattened values;
+    ``grad`` is not changed. What a tensor hook (``Tensor.register_hook``) returns to corrupt a
+    parameter's gradient before the data-parallel reduction sees it.
+
+    Raises:
+        ValueError: as ``apply_fault``.
+    """
+    flat = grad.detach().reshape(-1).clone()
+    apply_fault(kind, arg, flat, generator)
+    return flat.view_as(grad)
 
 
 def apply_fault(kind: str, arg: float | None, grad: Tensor, generator: torch.Generator,

@@ -1,12 +1,14 @@
 """naig.faults: the one fault vocabulary, and the same name meaning the same gradient everywhere."""
 
 import math
+import re
 
 import pytest
 import torch
 
 from naig.detect.faults import GRADIENT_KINDS, FaultCell, apply_gradient_fault
-from naig.faults import KINDS, apply_fault, arg_problem
+from naig.errors import UsageError
+from naig.faults import KINDS, apply_fault, arg_problem, corrupted, parse_kind
 from naig.simulate.faults import GRADIENT_FAULTS, parse_fault
 
 G = torch.tensor([3.0, -4.0, 0.5, 2.0, -1.0, 0.25, 8.0, -0.125])
@@ -66,3 +68,30 @@ def test_simulate_and_detect_send_the_same_gradient_for_a_name(kind: str) -> Non
 
 def test_every_kind_is_in_simulate_or_detect() -> None:
     assert set(KINDS) == GRADIENT_FAULTS | set(GRADIENT_KINDS)  # each kind is run by a tool
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("nope", "unknown fault kind; use one of scale,"), ("scale", "scale needs an argument, e.g. scale:10"),
+    ("scale:x", "is not a number"), ("coordflip:2", "fraction in (0, 1]"), ("zero:1", "takes no argument"),
+])
+def test_a_kind_text_is_parsed_or_refused_naming_the_option(text: str, why: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(why)) as info:
+        parse_kind(text, field="--fault")
+    assert str(info.value).startswith(f"--fault={text!r}: ")
+
+
+def test_a_kind_outside_those_accepted_is_refused() -> None:
+    assert parse_kind(" signflip:1 ") == ("signflip", 1.0) and parse_kind("nan") == ("nan", None)
+    with pytest.raises(UsageError, match="use one of nan, scale"):
+        parse_kind("coordflip:0.5", ("nan", "scale"))
+
+
+def test_a_corrupted_copy_keeps_shape_and_dtype_and_leaves_the_gradient_alone() -> None:
+    grad = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    before = grad.clone()
+    bad = corrupted(grad, "nan", 1.0, torch.Generator().manual_seed(0))
+    assert bad.shape == grad.shape and bad.dtype == grad.dtype and int(bad.isnan().sum()) == 1
+    assert torch.equal(grad, before)
+    flat = before.reshape(-1).clone()
+    apply_fault("signflip", 2.0, flat, torch.Generator())
+    assert torch.equal(corrupted(grad, "signflip", 2.0, torch.Generator()), flat.view(3, 4))

@@ -75,6 +75,8 @@ def test_monitor_fsdp2_under_torchrun_names_the_nan_rank(tmp_path: Path) -> None
     (["--nproc", "2", "--fault-rank", "9"], "--fault-rank 9: must be in 0..1"),
     (["--nproc", "2", "--fault-rank", "1", "--fault-step", "100"], "--fault-step 100: must be in 1..16"),
     (["--steps", "0"], "--steps 0: must be >= 1"), (["--nproc", "0"], "--nproc 0: must be >= 1"),
+    (["--fault", "flip"], "--fault='flip': unknown fault kind; use one of "),
+    (["--fault", "scale:x"], "--fault='scale:x': the argument of scale is not a number"),
 ])
 @pytest.mark.parametrize("script", ["monitor_ddp.py", "monitor_fsdp2.py"])
 def test_example_arguments_out_of_range_are_one_line(script: str, args: list[str], needle: str) -> None:
@@ -83,6 +85,18 @@ def test_example_arguments_out_of_range_are_one_line(script: str, args: list[str
                        text=True, timeout=120, env={**env, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 2 and r.stderr.startswith(f"error: {needle}"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_the_fsdp2_example_takes_the_kinds_a_loss_factor_gives() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    script = str(ROOT / "examples" / "monitor_fsdp2.py")
+    for fault, needle in (("nan:1", "--fault nan:1: through the loss every entry turns nan; use nan"),
+                          ("coordflip:0.5", "--fault='coordflip:0.5': unknown fault kind; use one of "
+                           "nan, inf, "
+                           "scale, signflip")):
+        r = subprocess.run([sys.executable, script, "--fault", fault], capture_output=True, text=True,
+                           timeout=120, env={**env, "OMP_NUM_THREADS": "1"})
+        assert r.returncode == 2 and r.stderr.startswith(f"error: {needle}"), r.stderr
 
 
 def test_lightning_example_errors_are_one_line(tmp_path: Path) -> None:
