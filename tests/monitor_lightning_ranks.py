@@ -12,7 +12,9 @@ last) rank ``BAD_RANK`` multiplies its loss by 1000:
 - ``skip`` / ``raise``: that action (the last step must leave the parameters unchanged);
 - ``first``: the callback (``log``), stopped after ``RESUME_STEP`` steps and checkpointed
   (``Trainer.save_checkpoint``); ``resumed``: a new Trainer and callback, ``fit(ckpt_path=...)``
-  to ``STEPS``; ``fresh``: the same from a copy of the checkpoint without the callback's state.
+  to ``STEPS``; ``fresh``: the same from a copy of the checkpoint without the callback's state;
+- ``fsdp2``: ``skip`` under ``ModelParallelStrategy`` (FSDP2: ``fully_shard`` on each linear
+  layer and the module in ``configure_model``); its parameters are each rank's local shards.
 
 Every collective outside Lightning waits at most ``TIMEOUT`` seconds (Lightning's own: the
 strategy's ``timeout``). Rank 0 writes what each rank saw.
@@ -30,8 +32,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, TensorDataset
 
 from naig.distributed.launch import process_group
@@ -72,7 +75,9 @@ class Net(pl.LightningModule):
         self.before: torch.Tensor | None = None
 
     def flat(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self.parameters()]).clone()
+        """Every parameter (under FSDP2: this rank's shard of it), flat."""
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in self.parameters()]
+        return torch.cat([p.detach().reshape(-1) for p in local]).clone()
 
     def training_step(self, batch: object, index: int) -> torch.Tensor:
         step = self.global_step + 1
@@ -86,8 +91,17 @@ class Net(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-2)
 
 
-def _trainer(steps: int, callbacks: list, logger: Logger) -> pl.Trainer:
-    strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=TIMEOUT))
+class ShardedNet(Net):
+    def configure_model(self) -> None:
+        for layer in (self.net[0], self.net[2]):
+            fully_shard(layer)
+        fully_shard(self)
+
+
+def _trainer(steps: int, callbacks: list, logger: Logger, sharded: bool = False) -> pl.Trainer:
+    strategy = (ModelParallelStrategy(data_parallel_size=WORLD, tensor_parallel_size=1,
+                                      timeout=timedelta(seconds=TIMEOUT)) if sharded else
+                DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=TIMEOUT)))
     return pl.Trainer(accelerator="cpu", devices=WORLD, strategy=strategy, max_steps=steps,
                       logger=logger, callbacks=callbacks, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
@@ -99,8 +113,8 @@ def _loader() -> DataLoader:
 
 
 def _fit(rank: int, action: str | None, steps: int = STEPS, ckpt: Path | None = None,
-         save: Path | None = None) -> dict:
-    model, logger, masks, lines = Net(), Recorder(), [], []
+         save: Path | None = None, sharded: bool = False) -> dict:
+    model, logger, masks, lines = ShardedNet() if sharded else Net(), Recorder(), [], []
 
     def seen(sig: object, d: object) -> None:
         mask = torch.zeros(WORLD)
@@ -110,7 +124,7 @@ def _fit(rank: int, action: str | None, steps: int = STEPS, ckpt: Path | None = 
 
     cb = None if action is None else MonitorCallback(Monitor(action=action, window=WINDOW, timeout=TIMEOUT,
                                                              callback=seen))
-    trainer = _trainer(steps, [cb] if cb else [], logger)
+    trainer = _trainer(steps, [cb] if cb else [], logger, sharded)
     err = None
     try:
         trainer.fit(model, _loader(), ckpt_path=ckpt)
@@ -152,6 +166,7 @@ def main(out: str) -> None:
         runs["resumed"] = _fit(rank, "log", ckpt=ckpt)
         runs["fresh"] = _fit(rank, "log", ckpt=fresh)
         runs["raise"] = _fit(rank, "raise")
+        runs["fsdp2"] = _fit(rank, "skip", sharded=True)
         if rank == 0:
             doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "resume_step": RESUME_STEP,
                    "runs": runs}

@@ -6,7 +6,8 @@ rank 2 named alone at step 12 on every rank (energy and norm transient scores), 
 ``skip`` and ``raise`` leave the parameters of step 12 unchanged on every rank; ``log`` ends
 bit-identical to the fit without the callback; a fit resumed from a checkpoint after step 6 decides
 exactly as the uninterrupted one, a resume without the callback's state does not name rank 2 (its
-history is too short). Skipped without the ``lightning`` extra.
+history is too short); under ``ModelParallelStrategy`` (FSDP2) rank 2 is named at step 12 in its FSDP
+module and ``skip`` leaves every rank's shards unchanged. Skipped without the ``lightning`` extra.
 """
 
 from __future__ import annotations
@@ -61,6 +62,15 @@ def test_skip_and_raise_leave_the_parameters_unchanged_on_every_rank(ranks: dict
     assert ranks["runs"]["skip"]["error"] == [[0.0]] * world
     assert ranks["runs"]["raise"]["error"] == [[1.0]] * world
     assert "no update was applied" in ranks["runs"]["raise"]["error_text"]
+
+
+def test_under_fsdp2_the_rank_is_named_in_its_module_and_its_step_skipped(ranks: dict) -> None:
+    run, bad, step, world = ranks["runs"]["fsdp2"], ranks["bad_rank"], ranks["bad_step"], ranks["world"]
+    expected = [1.0 if r == bad else 0.0 for r in range(world)]
+    assert _views(run) == {step: [expected] * world}
+    where = f"step {step}: rank {bad} on {run['hosts'][bad]} in module net."
+    assert run["describe"][step - 1].startswith(where)
+    assert run["unchanged"] == [[1.0]] * world and run["error"] == [[0.0]] * world
 
 
 def test_the_decisions_reach_lightnings_loggers_and_callback_metrics(ranks: dict) -> None:
