@@ -13,7 +13,8 @@ Every run prepares an MLP (8 → 32 → 4) and Adam with a new ``Accelerator(cpu
 - ``accumulate``: ``gradient_accumulation_steps`` 2 under ``accelerator.accumulate`` (two
   micro-batches per step; the ×1000 in the second, the one that syncs);
 - ``resumed``: ``load_state`` of the step-6 state, then steps 7 to 12; ``fresh``: the same from a
-  copy without the monitor's file (loaded before ``watch``, so nothing of it is restored).
+  copy without the monitor's file (loaded before ``watch``, so nothing of it is restored);
+  ``plain_resumed``: that copy loaded and steps 7 to 12 run without the monitor.
 
 Every collective outside Accelerate waits at most ``TIMEOUT`` seconds (Accelerate's group: the
 same, ``InitProcessGroupKwargs``). Rank 0 writes what each rank saw.
@@ -114,6 +115,7 @@ def main(out: str) -> None:
     gather_rows(torch.zeros(1), WORLD, TIMEOUT)  # the copy exists before any rank reads it
     runs["resumed"] = _run(rank, tmp, "log", resume=tmp / "state")
     runs["fresh"] = _run(rank, tmp, "log", resume=tmp / "fresh", load_first=True)
+    runs["plain_resumed"] = _run(rank, tmp, None, resume=tmp / "fresh")
     runs["raise"] = _run(rank, tmp, "raise")
     if rank == 0:
         doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "resume_step": RESUME_STEP,

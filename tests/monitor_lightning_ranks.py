@@ -13,6 +13,7 @@ last) rank ``BAD_RANK`` multiplies its loss by 1000:
 - ``first``: the callback (``log``), stopped after ``RESUME_STEP`` steps and checkpointed
   (``Trainer.save_checkpoint``); ``resumed``: a new Trainer and callback, ``fit(ckpt_path=...)``
   to ``STEPS``; ``fresh``: the same from a copy of the checkpoint without the callback's state;
+  ``plain_first`` / ``plain_resumed``: the same stop and resume without the callback;
 - ``fsdp2``: ``skip`` under ``ModelParallelStrategy`` (FSDP2: ``fully_shard`` on each linear
   layer and the module in ``configure_model``); its parameters are each rank's local shards.
 
@@ -164,6 +165,8 @@ def main(out: str) -> None:
             torch.save(state, fresh)
         gather_rows(torch.zeros(1), WORLD, TIMEOUT)  # the copy exists before any rank reads it
         runs["resumed"] = _fit(rank, "log", ckpt=ckpt)
+        runs["plain_first"] = _fit(rank, None, steps=RESUME_STEP, save=tmp / "plain.ckpt")
+        runs["plain_resumed"] = _fit(rank, None, ckpt=tmp / "plain.ckpt")
         runs["fresh"] = _fit(rank, "log", ckpt=fresh)
         runs["raise"] = _fit(rank, "raise")
         runs["fsdp2"] = _fit(rank, "skip", sharded=True)

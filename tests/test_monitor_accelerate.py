@@ -89,6 +89,15 @@ def test_a_resumed_loop_keeps_the_detectors_state(ranks: dict) -> None:
     assert not _views(runs["fresh"])  # without the monitor's state the history is too short
 
 
+def test_a_resumed_loop_ends_where_the_resumed_loop_without_the_monitor_does(ranks: dict) -> None:
+    """``watch`` (log) changes no parameter on resume either; a resumed loop and the uninterrupted one
+    differ in the last bits with or without the monitor (Accelerate's and DDP's resume, not naig's)."""
+    runs = ranks["runs"]
+    assert runs["resumed"]["params"] == runs["plain_resumed"]["params"]
+    plain = zip(runs["plain_resumed"]["params"], runs["plain"]["params"], strict=True)
+    assert max(abs(a - b) for a, b in plain) < 1e-6
+
+
 def test_one_process_says_so_once_and_returns_a_detached_hook() -> None:
     acc = Accelerator(cpu=True)
     model = torch.nn.Linear(3, 2)
