@@ -18,8 +18,9 @@ Importing this package loads neither scipy nor the simulator.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from naig.lazy import lazy_names
 
 # Each public name and the submodule that defines it, imported on first use (PEP 562): reading a
 # log (``naig monitor report``, ``records.read_log``) then loads no torch, 0.3 s where it was 1.2.
@@ -33,7 +34,6 @@ _HOME = {
     "signals": ("MonitorSketch", "NoiseScale", "NoiseScaleAverage", "RankSignals", "noise_scale",
                 "rank_signals"),
 }
-_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 
 if TYPE_CHECKING:
     from naig.monitor.ddp import MonitorHook, monitor_comm_hook
@@ -65,15 +65,4 @@ __all__ = ["ACTIONS", "SCORES", "SIGNALS", "BadRankError", "Decision", "Detector
            "rank_signals", "robust_threshold"]
 
 
-def __getattr__(name: str) -> Any:
-    """The public name ``name`` from its submodule (imported once, then cached here)."""
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'naig.monitor' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"naig.monitor.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_names(__name__, _HOME, globals())

@@ -14,8 +14,9 @@ Importing this package loads no torch; its names load their submodules on first 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from naig.lazy import lazy_names
 
 # Each public name and the submodule that defines it, imported on first use (PEP 562): the CLI reads
 # ``naig.simulate.options`` (the option table) at start-up without loading torch.
@@ -26,7 +27,6 @@ _HOME = {
     "server": ("ServerState",),
     "workload": ("Workload",),
 }
-_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 
 if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig, parse_float_list, parse_int_list, resolve_device
@@ -53,15 +53,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """The public name ``name`` from its submodule (imported once, then cached here)."""
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'naig.simulate' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"naig.simulate.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_names(__name__, _HOME, globals())
