@@ -43,7 +43,7 @@ def _grad(sim: Workload, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) 
 def _measure(cfg: SimulateConfig, every: int, seed: int) -> dict[str, object]:
     """Accumulate ⟨c, r⟩, ‖c‖², ‖r‖² (r = g_now − g) and the per-step correction factor."""
     sim = Workload(cfg)
-    run = start(sim, "hogwild", seed)
+    run = start(cfg, sim, "hogwild", seed)
     gen = sim.generator(12345 + seed)
     sums = {"cr": 0.0, "cc": 0.0, "rr": 0.0}
     per_step: list[float] = []

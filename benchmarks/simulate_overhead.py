@@ -34,7 +34,7 @@ def _lockstep_times(cfg: SimulateConfig, repeats: int) -> dict[str, list[float]]
     sim = Workload(cfg)  # the loop's own objects, so the step measured is the real one
     times: dict[str, list[float]] = {"naig": [], "hogwild": []}
     for seed in range(repeats):
-        runs = {name: start(sim, name, seed) for name in times}
+        runs = {name: start(cfg, sim, name, seed) for name in times}
         for t in range(cfg.steps):
             for name in sorted(times, reverse=t % 2 == 1):
                 t0 = time.perf_counter()

@@ -44,7 +44,7 @@ def measure(steps: int, rounds: int, counts: tuple[int, ...]) -> dict[int, float
     """Median ms/step per thread count, the counts interleaved block by block."""
     cfg = SimulateConfig.from_options(steps=10**6, seeds=1)
     sim = Workload(cfg)
-    runs = {n: start(sim, "hogwild", 0) for n in counts}
+    runs = {n: start(cfg, sim, "hogwild", 0) for n in counts}
     times: dict[int, list[float]] = {n: [] for n in counts}
     for r in range(rounds):
         for n in (counts if r % 2 == 0 else tuple(reversed(counts))):

@@ -36,7 +36,7 @@ def _fault(kind: str, worker: int = 1) -> str:
 
 
 def _theta_after(cfg: SimulateConfig, updates: int = 2) -> torch.Tensor:
-    run = start(Workload(cfg), cfg.strategies[0], seed=0)
+    run = start(cfg, Workload(cfg), cfg.strategies[0], seed=0)
     for _ in range(updates):
         run.step()
         if run.done:
@@ -153,7 +153,7 @@ from naig.simulate.engines import start
 options = {setting}
 cfg = SimulateConfig.from_options(steps=10**9, seeds=1, data_bytes=60_000, eval_batches=1, batch_size=2,
                                   **options)
-run = start(Workload(cfg), cfg.strategies[0], seed=0)
+run = start(cfg, Workload(cfg), cfg.strategies[0], seed=0)
 for _ in range(3):
     run.step()
 print(run.t, len(run.history.rows()))

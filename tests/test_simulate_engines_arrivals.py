@@ -22,11 +22,11 @@ def _numbers(res) -> list:  # noqa: ANN001
 def test_staleness_in_training_is_the_arrival_process_of_the_seed() -> None:
     """B = 1: the τ measured while training equal the vectorised engine's, value for value."""
     sim = Workload(TINY)
-    run = start(sim, "hogwild", seed=3)
+    run = start(TINY, sim, "hogwild", seed=3)
     while not run.done:
         run.step()
     assert run.gradients == run.budget == TINY.steps * 4 and run.t == run.budget
-    trace = simulate_arrivals(arrival_model(sim), run.budget, seed=3)
+    trace = simulate_arrivals(arrival_model(sim, TINY.setting), run.budget, seed=3)
     np.testing.assert_array_equal(run.staleness[:run.budget], trace.staleness)
     np.testing.assert_array_equal(run.sender[:run.budget], trace.worker)
     assert run.time == pytest.approx(float(trace.time[-1]))
@@ -38,7 +38,7 @@ def test_workers_compute_on_the_version_they_pulled(monkeypatch: pytest.MonkeyPa
     real = Workload.worker_grad
     monkeypatch.setattr(Workload, "worker_grad",
                         lambda s, th, g, o: (seen.append(th.clone()), real(s, th, g, o))[1])
-    run = start(sim, "hogwild", seed=0)
+    run = start(TINY, sim, "hogwild", seed=0)
     history = [run.theta.detach().clone()]  # θ_v by version
     for _ in range(12):
         run.step()

@@ -96,7 +96,7 @@ def test_gasloc_on_a_complete_graph_is_diloco(float64: None, momentum: float | N
                                       strategies=("diloco", "gasloc"), topology="complete",
                                       outer_momentum=momentum, **BASE)
     sim = Workload(cfg)
-    diloco, gasloc = start(sim, "diloco", seed=0), start(sim, "gasloc", seed=0)
+    diloco, gasloc = start(cfg, sim, "diloco", seed=0), start(cfg, sim, "gasloc", seed=0)
     assert isinstance(gasloc, GaslocRun) and gasloc.params.dtype == torch.float64
     theta0 = diloco.theta.clone()
     while not diloco.done:
@@ -112,7 +112,7 @@ def test_summarised_form_on_a_complete_graph_is_not_diloco(float64: None) -> Non
                                       strategies=("diloco", "gasloc"), topology="complete",
                                       gasloc_form="summarised", **BASE)
     sim = Workload(cfg)
-    diloco, gasloc = start(sim, "diloco", seed=0), start(sim, "gasloc", seed=0)
+    diloco, gasloc = start(cfg, sim, "diloco", seed=0), start(cfg, sim, "gasloc", seed=0)
     for _ in range(2):
         diloco.step()
         gasloc.step()
@@ -126,7 +126,7 @@ def test_gamma_0_on_a_one_peer_matching_averages_the_proposals_of_each_pair(floa
                                                                             arrivals: str) -> None:
     cfg = SimulateConfig.from_options(arrivals=arrivals, local_steps=(1,), steps=3, outer_momentum=0.0,
                                       strategies=("gasloc",), **BASE)
-    run = start(Workload(cfg), "gasloc", seed=3)
+    run = start(cfg, Workload(cfg), "gasloc", seed=3)
     eta, k = run.method.outer_lr, cfg.workers
     assert (eta, run.method.topology, run.method.form) == (0.7, "one-peer", "mixed")
     for _ in range(3):
@@ -148,7 +148,7 @@ def test_a_gasloc_round_waits_only_for_matched_peers_and_sends_4n_per_peer() -> 
     cfg = SimulateConfig.from_options(arrivals="const:1,const:1,const:1,const:1", uplink="const:0.5",
                                       bandwidth=(4.0 * n, 4.0 * n, 4.0 * n, 1.0 * n), local_steps=(2,),
                                       steps=4, strategies=("gasloc",), **BASE)
-    run = start(Workload(cfg), "gasloc", seed=0)
+    run = start(cfg, Workload(cfg), "gasloc", seed=0)
     run.step()
     partner = next(i + j - 3 for i, j in run.edges if 3 in (i, j))
     # ready at 2 s; a fast pair: 0.5 s latency + 4n/(4n B/s); the slow worker's pair: 0.5 + 4n/(n B/s)
@@ -172,7 +172,7 @@ def test_a_complete_graph_sends_to_k_minus_1_peers_on_a_shared_link() -> None:
     cfg = SimulateConfig.from_options(arrivals="const:1,const:1,const:3", bandwidth=(4.0 * n,),
                                       local_steps=(1,), steps=2, topology="complete", strategies=("gasloc",),
                                       **BASE)
-    run = start(Workload(cfg), "gasloc", seed=0)
+    run = start(cfg, Workload(cfg), "gasloc", seed=0)
     run.step()
     # each worker's link carries 2 messages of 4n bytes: 2 s per transfer; every pair waits for worker 2 (3 s)
     np.testing.assert_allclose(run.finished, [5.0, 5.0, 5.0], rtol=0, atol=1e-12)
@@ -200,7 +200,7 @@ def test_gasloc_options_reach_the_run() -> None:
     cfg = SimulateConfig.from_options(arrivals="const:1,const:1,const:1,const:1", local_steps=(1,), steps=2,
                                       strategies=("gasloc",), topology="two-peer", gossip_step=0.25,
                                       outer_lr=0.5, outer_momentum=0.3, gasloc_form="summarised", **BASE)
-    run = start(Workload(cfg), "gasloc", seed=0)
+    run = start(cfg, Workload(cfg), "gasloc", seed=0)
     run.step()
     m = run.method
     assert (m.topology, m.gossip_step, m.outer_lr, m.momentum, m.form) == ("two-peer", 0.25, 0.5, 0.3,
@@ -217,7 +217,7 @@ def test_gossip_adam_exchanges_by_hand() -> None:
     n = N_PARAMS
     cfg = SimulateConfig.from_options(arrivals="const:1,const:1", uplink="const:0.5", bandwidth=(4.0 * n,),
                                       local_steps=(2,), steps=4, strategies=("gossip-adam",), **BASE)
-    run = start(Workload(cfg), "gossip-adam", seed=0)
+    run = start(cfg, Workload(cfg), "gossip-adam", seed=0)
     assert isinstance(run, GossipAdamRun) and run.method.outer == "adam" and run.method.outer_lr == cfg.lr[0]
     times = []
     while not run.done:
@@ -233,7 +233,7 @@ def test_gossip_adam_exchanges_by_hand() -> None:
 def test_gossip_adam_exchanges_preserve_the_workers_mean_and_slow_workers_gossip_less() -> None:
     cfg = SimulateConfig.from_options(arrivals="const:1,const:1,const:1,const:4", local_steps=(1,), steps=8,
                                       strategies=("gossip-adam",), **BASE)
-    run = start(Workload(cfg), "gossip-adam", seed=0)
+    run = start(cfg, Workload(cfg), "gossip-adam", seed=0)
     mixes = 0
     while not run.done:
         nxt = run.events[0]

@@ -77,8 +77,9 @@ def test_a_lag_tau_worker_joins_at_step_tau(monkeypatch: pytest.MonkeyPatch, lag
 
 
 def test_steps_without_an_active_worker_are_skipped() -> None:
-    sim = Workload(TINY.with_options(lags=(2, 3), strategies=("hogwild",)))
-    run = start(sim, "hogwild", seed=0)
+    sim_cfg = TINY.with_options(lags=(2, 3), strategies=("hogwild",))
+    sim = Workload(sim_cfg)
+    run = start(sim_cfg, sim, "hogwild", seed=0)
     theta0 = run.theta.detach().clone()
     run.step(), run.step()
     assert run.t == 2 and torch.equal(run.theta.detach(), theta0)  # nobody has joined yet
@@ -279,8 +280,9 @@ def test_save_grads_must_be_a_directory(tmp_path: Path) -> None:
 
 
 def test_a_run_steps_one_server_update_at_a_time() -> None:
-    sim = Workload(TINY.with_options(strategies=("naig",), lags=(0, 2)))
-    run = start(sim, "naig", seed=0)
+    sim_cfg = TINY.with_options(strategies=("naig",), lags=(0, 2))
+    sim = Workload(sim_cfg)
+    run = start(sim_cfg, sim, "naig", seed=0)
     theta0 = run.theta.detach().clone()
     run.step()
     run.step()

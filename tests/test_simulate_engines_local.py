@@ -42,8 +42,8 @@ def test_diloco_h1_one_worker_outer_lr_1_is_plain_adamw(float64: None) -> None:
                                       outer_momentum=0.0, steps=6,
                          strategies=("diloco",), **BASE)
     sim = Workload(cfg)
-    run = start(sim, "diloco", seed=0)
-    assert isinstance(run, RoundRun) and sim.config.workers == 1 and run.theta.dtype == torch.float64
+    run = start(cfg, sim, "diloco", seed=0)
+    assert isinstance(run, RoundRun) and cfg.workers == 1 and run.theta.dtype == torch.float64
     gen = _copy(run.gens[0])
     theta = nn.Parameter(sim.init_params(0))
     adamw = torch.optim.AdamW([theta], lr=cfg.lr[0])
@@ -63,7 +63,7 @@ def test_local_sgd_h1_is_synchronous_averaging(float64: None) -> None:
                                       optimizer="sgd",
                          lr=0.5, strategies=("local-sgd", "sync"), **BASE)
     sim = Workload(cfg)
-    local, sync = start(sim, "local-sgd", seed=1), start(sim, "sync", seed=1)
+    local, sync = start(cfg, sim, "local-sgd", seed=1), start(cfg, sim, "sync", seed=1)
     assert isinstance(local, RoundRun) and not isinstance(sync, RoundRun)
     theta0 = local.theta.detach().clone()
     for _ in range(cfg.steps):
@@ -76,7 +76,7 @@ def test_local_sgd_h1_is_synchronous_averaging(float64: None) -> None:
 def test_pseudo_gradient_sign_moves_theta_toward_the_workers_mean() -> None:
     cfg = SimulateConfig.from_options(arrivals="const:1,const:1,const:1", local_steps=(3,), outer_lr=0.5,
                          outer_momentum=0.0, steps=3, strategies=("diloco",), **BASE)
-    run = start(Workload(cfg), "diloco", seed=0)
+    run = start(cfg, Workload(cfg), "diloco", seed=0)
     before = run.theta.detach().clone()
     run.step()
     mean = torch.stack([p.detach() for p in run.replicas]).mean(0)  # the workers after their phases
@@ -94,7 +94,7 @@ def test_diloco_outer_step_is_nesterov_sgd_on_the_mean_pseudo_gradient() -> None
     cfg = SimulateConfig.from_options(arrivals="const:1,const:2", local_steps=(2,), steps=6,
                                       strategies=("diloco",),
                          **BASE)
-    run = start(Workload(cfg), "diloco", seed=2)
+    run = start(cfg, Workload(cfg), "diloco", seed=2)
     shadow = nn.Parameter(run.theta.detach().clone())
     outer = torch.optim.SGD([shadow], lr=0.7, momentum=0.9, nesterov=True)  # SPEC §8 defaults
     while not run.done:
@@ -109,10 +109,10 @@ def test_byte_counts_and_times_by_hand() -> None:
     n = N_PARAMS
     base = dict(arrivals="const:1,const:2", uplink="const:0.5", bandwidth=(4.0 * n,), local_steps=(2,),
                 steps=4, **BASE)
-    sim = Workload(SimulateConfig.from_options(strategies=("diloco", "gasloc", "allreduce", "diloco-naig"),
-                                               **base))
+    sim_cfg = SimulateConfig.from_options(strategies=("diloco", "gasloc", "allreduce", "diloco-naig"), **base)
+    sim = Workload(sim_cfg)
     assert sim.n_params == n
-    diloco = start(sim, "diloco", seed=0)
+    diloco = start(sim_cfg, sim, "diloco", seed=0)
     while not diloco.done:
         diloco.step()
     # 8 gradients = 2 rounds; a round: max(2·1 s, 2·2 s) compute + ring all-reduce of 2(K−1) = 2
@@ -121,12 +121,12 @@ def test_byte_counts_and_times_by_hand() -> None:
     assert diloco.time == pytest.approx(2 * (4 + 2 * (0.5 + 0.5)), abs=1e-12)
     np.testing.assert_array_equal(diloco.bytes_sent, [8.0 * n, 8.0 * n])
     assert diloco.describe()["busy_fraction"] == pytest.approx([4 / 12, 8 / 12], abs=1e-12)
-    allreduce = start(sim, "allreduce", seed=0)
+    allreduce = start(sim_cfg, sim, "allreduce", seed=0)
     while not allreduce.done:
         allreduce.step()
     assert allreduce.t == 4 and allreduce.time == pytest.approx(4 * (2 + 2 * 1.0), abs=1e-12)
     np.testing.assert_array_equal(allreduce.bytes_sent, [16.0 * n, 16.0 * n])
-    naig = start(sim, "diloco-naig", seed=0)
+    naig = start(sim_cfg, sim, "diloco-naig", seed=0)
     while not naig.done:
         naig.step()
     np.testing.assert_array_equal(naig.bytes_sent, [2 * (4.0 * n + 56), 2 * (4.0 * n + 56)])  # + sketch
@@ -135,7 +135,7 @@ def test_byte_counts_and_times_by_hand() -> None:
 def test_naig_weights_pseudo_gradients_against_their_mean() -> None:
     cfg = SimulateConfig.from_options(arrivals="exp:1,exp:1,exp:2", local_steps=(2,), steps=4, beta=2.0,
                          strategies=("diloco-naig-exact",), **BASE)
-    run = start(Workload(cfg), "diloco-naig-exact", seed=0)
+    run = start(cfg, Workload(cfg), "diloco-naig-exact", seed=0)
     assert isinstance(run, RoundRun) and run.gibbs
     run.step()
     d = run.pseudo.to(torch.float64)
@@ -168,7 +168,7 @@ def test_every_strategy_gets_the_same_samples() -> None:
 
 def test_communication_of_an_arrival_run_counts_one_gradient_message_per_arrival() -> None:
     cfg = SimulateConfig.from_options(arrivals="exp:1,exp:3", steps=4, strategies=("hogwild",), **BASE)
-    run = start(Workload(cfg), "hogwild", seed=0)
+    run = start(cfg, Workload(cfg), "hogwild", seed=0)
     while not run.done:
         run.step()
     samples, sent = run.communication()
@@ -220,7 +220,8 @@ def test_one_name_is_one_algorithm_and_defaults() -> None:
     with pytest.raises(UsageError, match="local-update strategies only"):  # no method to take it
         SimulateConfig.from_options(arrivals="exp:1,exp:2", local_steps=(4, 2), strategies=("naig",))
     assert SimulateConfig.from_options(arrivals="exp:1").workers == 1  # K = the list length
-    sim = Workload(cfg.with_options(steps=1, **BASE))
-    assert isinstance(start(sim, "naig", seed=0), ArrivalRun)  # the same naig as without diloco
-    run = start(sim, "diloco-naig", seed=0)
+    sim_cfg = cfg.with_options(steps=1, **BASE)
+    sim = Workload(sim_cfg)
+    assert isinstance(start(sim_cfg, sim, "naig", seed=0), ArrivalRun)  # the same naig as without diloco
+    run = start(sim_cfg, sim, "diloco-naig", seed=0)
     assert isinstance(run, RoundRun) and run.method.weighting == "gibbs"

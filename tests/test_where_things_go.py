@@ -42,12 +42,11 @@ __all__ = ["FreshEngine"]
 class FreshRun(OnServer):
     clocked: ClassVar[bool] = False
 
-    def __init__(self, workload: Any, rule: str, seed: int, lr: float) -> None:
-        c = workload.config
-        self.k, self.steps, self.workload = c.workers, c.steps, workload
-        strategy = make_strategy(rule, c.strategy_options(workload.sketch, lr))
+    def __init__(self, workload: Any, setting: Any, rules: Any, rule: str, seed: int, lr: float) -> None:
+        self.k, self.steps, self.workload = setting.workers, rules.steps, workload
+        strategy = make_strategy(rule, rules.strategy_options(workload.sketch, lr))
         self.name, self.seed, self.lr = rule, seed, lr
-        self.state = ServerState(workload.init_params(seed), strategy, c.optimizer, lr, self.k, c.fault_list,
+        self.state = ServerState(workload.init_params(seed), strategy, rules.optimizer, lr, self.k, rules.faults,
                                  workload.fault_generator(seed))
         self.history = self.state.history
         self.gens = workload.worker_streams(seed, self.k)
@@ -86,8 +85,8 @@ class FreshEngine:
     FAULT_KINDS: ClassVar[frozenset[str]] = GRADIENT_FAULTS
 
     @staticmethod
-    def start(workload: Any, rule: str, seed: int, lr: float) -> FreshRun:
-        return FreshRun(workload, rule, seed, lr)
+    def start(workload: Any, setting: Any, rules: Any, rule: str, seed: int, lr: float) -> FreshRun:
+        return FreshRun(workload, setting, rules, rule, seed, lr)
 '''
 
 

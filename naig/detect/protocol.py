@@ -50,7 +50,7 @@ from naig.detect.scores import BLOCKS, DETECTORS, Scorer, StepStats
 from naig.errors import DataError, UsageError
 from naig.monitor.signals import MonitorSketch
 from naig.simulate.model import get_preset
-from naig.simulate.workload import Workload, fault_seed, make_optimizer
+from naig.simulate.workload import Workload, WorkloadConfig, fault_seed, make_optimizer
 from naig.sketch.core import check_seed
 
 __all__ = ["DetectConfig", "SeedRun", "ROLES", "run_protocol", "run_seed", "build_workload", "faulty_grad"]
@@ -243,9 +243,7 @@ def build_workload(cfg: DetectConfig) -> Workload:
     Raises:
         DataError: a missing or too small text.
     """
-    from naig.simulate.config import SimulateConfig
-
-    return Workload(SimulateConfig(model=cfg.model, data=cfg.data, data_bytes=cfg.data_bytes,
+    return Workload(WorkloadConfig(model=cfg.model, data=cfg.data, data_bytes=cfg.data_bytes,
                                    batch_size=cfg.batch_size, eval_batches=1, sketch_seed=cfg.sketch_seed))
 
 

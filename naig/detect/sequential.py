@@ -62,7 +62,7 @@ from naig.detect.faults import FaultCell, corrupt_batch
 from naig.errors import UsageError
 from naig.faults import apply_fault
 from naig.monitor.signals import MonitorSketch, pack
-from naig.simulate.workload import Workload, fault_seed, make_optimizer
+from naig.simulate.workload import Workload, WorkloadConfig, fault_seed, make_optimizer
 
 __all__ = ["FAULTS", "STALE", "PERTURB", "SequentialConfig", "PoolSpec", "Record", "Context",
            "fault_runs", "pool_run", "subset", "record_all", "total_steps"]
@@ -181,11 +181,9 @@ class Context:
     """The workload (text, model layout) and the monitor's sketch, shared by every run."""
 
     def __init__(self, cfg: SequentialConfig, batch: int | None = None) -> None:
-        from naig.simulate.config import SimulateConfig
-
         self.cfg = cfg
         self.batch = cfg.batch_size if batch is None else batch
-        self.wl = Workload(SimulateConfig(model=cfg.model, data=cfg.data, data_bytes=cfg.data_bytes,
+        self.wl = Workload(WorkloadConfig(model=cfg.model, data=cfg.data, data_bytes=cfg.data_bytes,
                                           batch_size=self.batch, eval_batches=1))
         self.sketch = MonitorSketch.build(list(zip(self.wl.names, self.wl.sizes, strict=True)), 0, 1)
 

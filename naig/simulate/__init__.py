@@ -21,19 +21,19 @@ from naig.lazy import lazy_names
 # Each public name and the submodule that defines it, imported on first use (PEP 562): the CLI reads
 # ``naig.simulate.options`` (the option table) at start-up without loading torch.
 _HOME = {
-    "config": ("SimulateConfig", "parse_float_list", "parse_int_list", "resolve_device"),
+    "config": ("SimulateConfig", "parse_float_list", "parse_int_list"),
     "experiment": ("ROUTING_BYTES", "RunContext", "StepEvent", "environment", "run_experiment"),
     "results": ("RunResult", "SimulateResult", "StrategySummary"),
     "server": ("ServerState",),
-    "workload": ("Workload",),
+    "workload": ("Workload", "resolve_device"),
 }
 
 if TYPE_CHECKING:
-    from naig.simulate.config import SimulateConfig, parse_float_list, parse_int_list, resolve_device
+    from naig.simulate.config import SimulateConfig, parse_float_list, parse_int_list
     from naig.simulate.experiment import ROUTING_BYTES, RunContext, StepEvent, environment, run_experiment
     from naig.simulate.results import RunResult, SimulateResult, StrategySummary
     from naig.simulate.server import ServerState
-    from naig.simulate.workload import Workload
+    from naig.simulate.workload import Workload, resolve_device
 
 __all__ = [
     "SimulateConfig",

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from naig.choices import DEVICES, ENGINES, LOCAL_METHODS, OPTIMIZERS, REFERENCES
+from naig.choices import ENGINES, LOCAL_METHODS, OPTIMIZERS, REFERENCES
 from naig.errors import UsageError
 from naig.gibbs import parse_beta
 from naig.io import missing_reason
@@ -51,6 +51,7 @@ from naig.simulate.faults import FAULT_KINDS, GRADIENT_FAULTS, Fault, check_faul
 from naig.simulate.model import get_preset
 from naig.simulate.options import DEFAULT_STRATEGIES, DOCS, Doc, option
 from naig.simulate.parallel import MAX_JOBS, resolve_jobs
+from naig.simulate.runs import RunRules
 from naig.simulate.settings import (
     MAX_STEPS,
     SETTINGS,
@@ -64,6 +65,7 @@ from naig.simulate.settings import (
     is_number,
 )
 from naig.simulate.strategies import STRATEGIES, StrategyOptions, parse_clip
+from naig.simulate.workload import WorkloadConfig, resolve_device
 from naig.sketch.core import check_seed
 from naig.sketch.torch_sketch import TorchSketch
 from naig.threads import check_threads
@@ -406,6 +408,18 @@ class SimulateConfig:
         return self.rules.beta
 
     @property
+    def workload(self) -> WorkloadConfig:
+        """What the ``Workload`` of this simulation is built from."""
+        return WorkloadConfig(model=self.model, data=self.data, data_bytes=self.data_bytes,
+                              batch_size=self.batch_size, device=self.device, sketch_seed=self.sketch_seed,
+                              eval_batches=self.eval_batches, test_split=self.tuning)
+
+    @property
+    def run_rules(self) -> RunRules:
+        """What an engine is handed besides the workload and the setting (``naig.simulate.runs``)."""
+        return RunRules(self.steps, self.optimizer, self.fault_list, self.strategy_options())
+
+    @property
     def fault_list(self) -> tuple[Fault, ...]:
         """The parsed ``faults``."""
         return parse_faults(self.faults)
@@ -706,20 +720,3 @@ def parse_float_list(text: str, field: str) -> tuple[float, ...]:
     except ValueError:
         raise UsageError("use a comma list of numbers, e.g. 3e-4,1e-3,3e-3", field=field,
                          value=text) from None
-
-
-def resolve_device(device: str) -> str:
-    """``cpu``, ``cuda`` or ``auto`` (cuda when available) as the device name used.
-
-    Raises:
-        UsageError: for an unknown name or ``cuda`` without a GPU.
-    """
-    check(device in DEVICES, "device", device, "use cpu, cuda or auto")
-    if device == "cpu":
-        return device
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    check(torch.cuda.is_available(), "device", device, "no CUDA GPU is available; use cpu or auto")
-    return device

@@ -3,13 +3,17 @@
 A run (``naig.simulate.engines.base.Run``) is stepped by ``drive`` to the end of its budget,
 evaluated at ``evaluation_points``, logged per step by ``RunContext.open_log`` and reported to
 the progress callback as ``StepEvent`` s; a ``Session`` is an engine opened for one experiment
-(``naig.simulate.engines.open_session`` chooses it). ``naig.simulate.experiment`` orchestrates
-with these; the engines (simulated and distributed) implement them.
+(``naig.simulate.engines.open_session`` chooses it). An engine starts a run from the workload,
+its own setting and the ``RunRules`` (budget, optimizer, faults, the combination rules' options),
+never from the whole config tree; the driver here reads the tree's evaluation schedule.
+``naig.simulate.experiment`` orchestrates with these; the engines (simulated and distributed)
+implement them.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -26,8 +30,34 @@ from naig.simulate.workload import Batches, Workload
 if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
     from naig.simulate.engines.base import Run
+    from naig.simulate.faults import Fault
+    from naig.simulate.strategies import StrategyOptions
+    from naig.sketch.torch_sketch import TorchSketch
 
-__all__ = ["StepEvent", "RunContext", "Session", "drive", "evaluates", "evaluation_points", "make_context"]
+__all__ = ["StepEvent", "RunContext", "RunRules", "Session", "drive", "evaluates", "evaluation_points",
+           "make_context"]
+
+
+@dataclass(frozen=True)
+class RunRules:
+    """What an engine is handed besides the workload and its setting (``SimulateConfig.run_rules``).
+
+    Attributes:
+        steps: the budget, server steps per run (with a clock: steps × K gradients).
+        optimizer: the server optimizer, ``sgd`` or ``adam``.
+        faults: the injected faults (``naig.simulate.faults``).
+        options: the combination rules' options at the first learning rate, without a sketch
+            (``strategy_options`` gives a run's).
+    """
+
+    steps: int
+    optimizer: str
+    faults: tuple[Fault, ...]
+    options: StrategyOptions
+
+    def strategy_options(self, sketch: TorchSketch | None, lr: float) -> StrategyOptions:
+        """The options of one run: the workload's sketch, the run's learning rate."""
+        return dataclasses.replace(self.options, sketch=sketch, lr=lr)
 
 
 @dataclass(frozen=True)
@@ -137,10 +167,11 @@ def evaluation_points(c: SimulateConfig) -> list[int]:
     return [0, *every, c.steps]
 
 
-def drive(workload: Workload, run: Run, ctx: RunContext) -> RunResult:
+def drive(config: SimulateConfig, workload: Workload, run: Run, ctx: RunContext) -> RunResult:
     """Step a simulated run to the end of its budget, evaluating and logging on the way.
 
     Args:
+        config: the simulation (its budget and evaluation schedule).
         workload: the simulation's workload (evaluation).
         run: a run at step 0 (any simulated engine's).
         ctx: the seed's evaluation batches and callbacks; the files the run saved are added
@@ -149,7 +180,7 @@ def drive(workload: Workload, run: Run, ctx: RunContext) -> RunResult:
     Returns:
         The run's ``RunResult``.
     """
-    c, elapsed, done, nan_at = workload.config, 0.0, 0, None
+    c, elapsed, done, nan_at = config, 0.0, 0, None
     curve, seconds = [(0, ctx.untrained)], [0.0]
     marks = [run.communication()]  # (samples, bytes sent per worker) at each curve point
     with ctx.open_log(run.name, run.seed, run.lr) as log:
@@ -172,13 +203,12 @@ def drive(workload: Workload, run: Run, ctx: RunContext) -> RunResult:
                 ctx.progress(StepEvent(run.name, run.seed, run.lr, done, c.steps, loss, elapsed))
     ctx.saved += run.saved
     diverged = run.diverged_at if run.diverged_at is not None else nan_at
-    return _result(workload, run, ctx, curve, seconds, elapsed, marks, diverged)
+    return _result(c, workload, run, ctx, curve, seconds, elapsed, marks, diverged)
 
 
-def _result(workload: Workload, run: Run, ctx: RunContext, curve: list[tuple[int, float]],
+def _result(c: SimulateConfig, workload: Workload, run: Run, ctx: RunContext, curve: list[tuple[int, float]],
             seconds: list[float], elapsed: float, marks: list[tuple[int, Any]],
             diverged: int | None) -> RunResult:
-    c = workload.config
     if diverged is not None:  # NaN at the evaluation points that never came
         curve += [(run.updates_per_step * s, math.nan) for s in evaluation_points(c)[len(curve):]]
     updates = run.t if diverged is None else diverged + 1
@@ -197,10 +227,11 @@ def _result(workload: Workload, run: Run, ctx: RunContext, curve: list[tuple[int
                      **fields, **pi_stats(run.history.rows()))
 
 
-def make_context(workload: Workload, seed: int, progress: Callable[[StepEvent], None] | None) -> RunContext:
+def make_context(config: SimulateConfig, workload: Workload, seed: int,
+                 progress: Callable[[StepEvent], None] | None) -> RunContext:
     """The seed's context: its validation (and, tuning, test) batches, θ_0's loss, the callbacks."""
     val = workload.val_batches(seed)
-    test = workload.test_batches(seed) if workload.config.tuning else None
-    log_dir = Path(workload.config.log_dir) if workload.config.log_dir else None
+    test = workload.test_batches(seed) if config.tuning else None
+    log_dir = Path(config.log_dir) if config.log_dir else None
     return RunContext(val, test, workload.evaluate(workload.init_params(seed), val),
                       progress or (lambda event: None), log_dir)

@@ -8,9 +8,12 @@ preallocated rows. All randomness comes from explicit ``torch.Generator`` seeds,
 function each (``stream_seed`` and the module constants): every engine gives worker k of
 seed s the same minibatch stream.
 
+A ``Workload`` is built from its own small config (``WorkloadConfig``: model, text, batch,
+device, sketch seed, evaluation batches); ``SimulateConfig.workload`` is the simulation's, and
+``naig detect`` builds one directly. It knows nothing of settings, rules or budgets.
+
 Example:
-    >>> from naig.simulate.config import SimulateConfig
-    >>> w = Workload(SimulateConfig(data_bytes=50_000, eval_batches=1))
+    >>> w = Workload(WorkloadConfig(data_bytes=50_000, eval_batches=1))
     >>> theta = w.init_params(seed=0)
     >>> g = torch.empty_like(theta)
     >>> loss = w.worker_grad(theta, w.generator(stream_seed(0, worker=1)), g)
@@ -21,12 +24,14 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from naig.choices import DEVICES
 from naig.errors import UsageError
 from naig.simulate.data import ByteData, load_bytes
 from naig.simulate.model import GPT, get_preset, lm_loss
@@ -35,8 +40,8 @@ from naig.sketch.torch_sketch import TorchSketch
 if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
 
-__all__ = ["Workload", "Batches", "OPTIMIZERS", "make_optimizer", "stream_seed", "fault_seed",
-           "VAL_STREAM", "TEST_STREAM", "FAULT_STREAM"]
+__all__ = ["Workload", "WorkloadConfig", "resolve_device", "Batches", "OPTIMIZERS", "make_optimizer",
+           "stream_seed", "fault_seed", "VAL_STREAM", "TEST_STREAM", "FAULT_STREAM"]
 
 Batches = list[tuple[Tensor, Tensor]]
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {  # torch defaults besides what is passed
@@ -81,25 +86,66 @@ def make_optimizer(kind: str, params: Iterable[nn.Parameter], lr: float, **optio
     return OPTIMIZERS[kind](list(params), lr=lr, **options)
 
 
+def resolve_device(device: str) -> str:
+    """``cpu``, ``cuda`` or ``auto`` (cuda when available) as the device name used.
+
+    Raises:
+        UsageError: for an unknown name or ``cuda`` without a GPU.
+    """
+    if device not in DEVICES:
+        raise UsageError("use cpu, cuda or auto", field="device", value=device)
+    if device == "cpu":
+        return device
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        raise UsageError("no CUDA GPU is available; use cpu or auto", field="device", value=device)
+    return device
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """What a ``Workload`` is built from (``SimulateConfig.workload``; checked there, or by the caller).
+
+    Attributes:
+        model: a preset of ``naig.simulate.model.PRESETS``.
+        data: a text file (None: the standard library's ``.py`` files).
+        data_bytes: the first this many bytes of the text.
+        batch_size: B, sequences per worker minibatch (evaluation batches: 2B).
+        device: ``cpu``, ``cuda`` or ``auto``.
+        sketch_seed: the seed of the sketch (docs/design.md §5).
+        eval_batches: evaluation batches per split and seed.
+        test_split: hold out a test split (80/10/10) besides validation.
+    """
+
+    model: str = "gpt-nano"
+    data: str | None = None
+    data_bytes: int = 2_000_000
+    batch_size: int = 8
+    device: str = "cpu"
+    sketch_seed: int = 0
+    eval_batches: int = 16
+    test_split: bool = False
+
+
 class Workload:
     """What every run of a simulation shares, built once: device, data, model layout, sketch.
 
     Args:
-        config: the simulation (validated by ``SimulateConfig``).
+        config: its ``WorkloadConfig`` (a ``SimulateConfig`` stands for its ``.workload``).
 
     Raises:
         UsageError: ``device`` cuda without a GPU.
         DataError: if the corpus is missing or too small.
     """
 
-    def __init__(self, config: SimulateConfig) -> None:
-        from naig.simulate.config import resolve_device
-
+    def __init__(self, config: WorkloadConfig | SimulateConfig) -> None:
+        config = config if isinstance(config, WorkloadConfig) else config.workload
         self.config = config
         self.device = torch.device(resolve_device(config.device))
         gcfg = get_preset(config.model)
         raw = load_bytes(config.data, config.data_bytes)
-        self.data = ByteData.from_bytes(raw, self.device, test=config.tuning)
+        self.data = ByteData.from_bytes(raw, self.device, test=config.test_split)
         self.data.check(gcfg.context)
         self.model = GPT(gcfg, generator=torch.Generator().manual_seed(0)).to(self.device)
         named = list(self.model.named_parameters())  # the layout only; values come per seed
@@ -124,18 +170,19 @@ class Workload:
         elements), plus 3 copies of the (B, T, vocab) logits.
         """
         c, g = self.config, self.model.config
-        batches = c.eval_batches * 2 * (2 * c.batch_size * g.context) * 8 * (2 if c.tuning else 1)
+        batches = c.eval_batches * 2 * (2 * c.batch_size * g.context) * 8 * (2 if c.test_split else 1)
         tokens = c.batch_size * g.context
         per_layer = 2 * g.d_model * (34 + 5 * g.heads * g.context / g.d_model)
         return int(batches + tokens * (g.layers * per_layer + 3 * 4 * g.vocab))
 
-    def check_memory(self, rows: int, option: str) -> None:
+    def check_memory(self, rows: int, option: str, value: object = None) -> None:
         """Refuse, before any run, what would not fit: ``rows`` parameter-sized buffers plus the batches.
 
         Args:
             rows: (n,)-sized float32 buffers the engine keeps (gradients, versions, replicas, states),
                 on the workload's device (host memory, or the GPU's free memory).
             option: the option that sets ``rows`` (named when the buffers dominate).
+            value: that option's value (named with it).
 
         Raises:
             UsageError: naming ``batch_size`` or ``option`` and the GiB it would take (as ``naig
@@ -152,11 +199,7 @@ class Workload:
         raise UsageError(f"the run needs about {need:,.1f} GiB ({rows:,} parameter-sized buffers, "
                          f"{batches / 2**30:,.1f} GiB of batches and activations), more than the "
                          f"{free / 2**30:,.1f} GiB available; use a smaller `{name}`", field=name,
-                         value=getattr(self.config, name, getattr(self.config.setting, name, None)))
-
-    def make_optimizer(self, theta: nn.Parameter, lr: float) -> torch.optim.Optimizer:
-        """The configured server optimizer over θ at ``lr`` (torch defaults otherwise)."""
-        return make_optimizer(self.config.optimizer, [theta], lr)
+                         value=self.config.batch_size if name == "batch_size" else value)
 
     def params(self, flat: Tensor) -> dict[str, Tensor]:
         """{name: view of ``flat``} in the model's parameter shapes."""

@@ -20,10 +20,12 @@ gradients (``SyncRoundsRun``), each costing the round time max_i C_i drawn from 
 
 Example:
     >>> from naig.simulate.config import SimulateConfig
-    >>> from naig.simulate.workload import Workload
+    >>> from naig.simulate.runs import RunRules
+from naig.simulate.settings import ArrivalsSetting
+from naig.simulate.workload import Workload
     >>> cfg = SimulateConfig.from_options(arrivals="exp:1,exp:2", steps=2, seeds=1, strategies=("hogwild",),
     ...                                   data_bytes=50_000, eval_every=0, eval_batches=1)
-    >>> run = ArrivalsEngine.start(Workload(cfg), "hogwild", seed=0, lr=1e-3)
+    >>> run = ArrivalsEngine.start(Workload(cfg), cfg.setting, cfg.run_rules, "hogwild", seed=0, lr=1e-3)
     >>> run.step(); run.t, run.gradients, run.time > 0
     (1, 1, True)
 """
@@ -42,17 +44,19 @@ from naig.arrivals import ArrivalClock, ArrivalModel, RoundClock
 from naig.simulate.engines.base import OnServer
 from naig.simulate.engines.lags import LagsRun
 from naig.simulate.faults import GRADIENT_FAULTS
+from naig.simulate.runs import RunRules
 from naig.simulate.server import ServerState
+from naig.simulate.settings import ArrivalsSetting
 from naig.simulate.strategies import Batch, Strategy, make_strategy
 from naig.simulate.workload import Workload
 
 __all__ = ["ArrivalsEngine", "ArrivalRun", "SyncRoundsRun", "arrival_model", "staleness_summary"]
 
 
-def arrival_model(workload: Workload) -> ArrivalModel:
-    """The configured arrival process, messages of 4n bytes (one float32 gradient or θ)."""
+def arrival_model(workload: Workload, setting: ArrivalsSetting) -> ArrivalModel:
+    """The setting's arrival process, messages of 4n bytes (one float32 gradient or θ)."""
     n_bytes = 4 * workload.n_params
-    return workload.config.setting.arrival_model(n_bytes, n_bytes)
+    return setting.arrival_model(n_bytes, n_bytes)
 
 
 class ArrivalRun(OnServer):
@@ -69,16 +73,18 @@ class ArrivalRun(OnServer):
 
     clocked: ClassVar[bool] = True
 
-    def __init__(self, workload: Workload, rule: Strategy, seed: int, lr: float) -> None:
-        c, k = workload.config, workload.config.workers
+    def __init__(self, workload: Workload, setting: ArrivalsSetting, rules: RunRules, rule: Strategy,
+                 seed: int, lr: float) -> None:
+        k = self.workers = setting.workers
         self.workload, self.rule, self.name, self.seed, self.lr = workload, rule, rule.name, seed, lr
-        self.state = ServerState(workload.init_params(seed), rule, c.optimizer, lr, k, c.fault_list,
+        self.state = ServerState(workload.init_params(seed), rule, rules.optimizer, lr, k, rules.faults,
                                  workload.fault_generator(seed))
         self.history = self.state.history
-        self.clock = ArrivalClock(arrival_model(workload), seed=seed)
+        self.clock = ArrivalClock(arrival_model(workload, setting), seed=seed)
         self.versions: dict[int, Tensor] = {0: self.theta.clone()}  # θ_v still needed
         self.gens = workload.worker_streams(seed, k)
-        self.budget, b = c.steps * k, c.window
+        self.budget, b = rules.steps * k, setting.window
+        self.window = b
         self.grads = self.theta.new_empty(b, self.theta.numel())  # (B, n)
         self.stale = self.theta.new_empty(b, self.theta.numel())  # (B, n)
         self.staleness = array("q")  # τ of every gradient received (memory: what ran, not the budget)
@@ -97,13 +103,12 @@ class ArrivalRun(OnServer):
     @property
     def progress(self) -> int:
         """Step-equivalents done: gradients received // K (the fixed-lag engine's server steps)."""
-        return self.gradients // self.workload.config.workers
+        return self.gradients // self.workers
 
     @property
     def updates_per_step(self) -> int:
         """K // B updates per step-equivalent."""
-        c = self.workload.config
-        return c.workers // c.window
+        return self.workers // self.window
 
     def step(self) -> None:
         """Receive one window of B arrivals and apply it (no new version when the rule drops it)."""
@@ -140,14 +145,13 @@ class ArrivalRun(OnServer):
 
     def communication(self) -> tuple[int, np.ndarray]:
         """Sequences consumed and bytes sent per worker: one 4n-byte gradient per arrival."""
-        c = self.workload.config
-        per = np.bincount(np.frombuffer(self.sender, dtype=np.int64), minlength=c.workers)
-        return int(per.sum()) * c.batch_size, per * 4.0 * self.workload.n_params
+        per = np.bincount(np.frombuffer(self.sender, dtype=np.int64), minlength=self.workers)
+        return int(per.sum()) * self.workload.config.batch_size, per * 4.0 * self.workload.n_params
 
     def result_fields(self) -> dict[str, Any]:
         """Measured staleness and the rule's mean correction."""
         tau, who = (np.frombuffer(a, dtype=np.int64) for a in (self.staleness, self.sender))
-        return {"staleness": staleness_summary(tau, self.workload.config.workers, who),
+        return {"staleness": staleness_summary(tau, self.workers, who),
                 "correction": self.state.corrections.mean}
 
 
@@ -173,10 +177,10 @@ class SyncRoundsRun(LagsRun):
 
     clocked: ClassVar[bool] = True
 
-    def __init__(self, workload: Workload, rule: Strategy, seed: int, lr: float) -> None:
-        c = workload.config
-        super().__init__(workload, rule, seed, lr, (0,) * c.workers, c.steps)
-        self.rounds = RoundClock(arrival_model(workload), seed=seed)
+    def __init__(self, workload: Workload, setting: ArrivalsSetting, rules: RunRules, rule: Strategy,
+                 seed: int, lr: float) -> None:
+        super().__init__(workload, rules, rule, seed, lr, (0,) * setting.workers)
+        self.rounds = RoundClock(arrival_model(workload, setting), seed=seed)
 
     def _advance(self) -> None:
         self.time += self.rounds.next_round()
@@ -190,9 +194,9 @@ class ArrivalsEngine:
     FAULT_KINDS: ClassVar[frozenset[str]] = GRADIENT_FAULTS
 
     @staticmethod
-    def start(workload: Workload, rule: str, seed: int, lr: float) -> ArrivalRun | SyncRoundsRun:
+    def start(workload: Workload, setting: ArrivalsSetting, rules: RunRules, rule: str, seed: int,
+              lr: float) -> ArrivalRun | SyncRoundsRun:
         """A run at its first arrival (``sync``: its first round)."""
-        strategy = make_strategy(rule, workload.config.strategy_options(workload.sketch, lr))
-        if not strategy.uses_lags:
-            return SyncRoundsRun(workload, strategy, seed, lr)
-        return ArrivalRun(workload, strategy, seed, lr)
+        strategy = make_strategy(rule, rules.strategy_options(workload.sketch, lr))
+        run = SyncRoundsRun if not strategy.uses_lags else ArrivalRun
+        return run(workload, setting, rules, strategy, seed, lr)

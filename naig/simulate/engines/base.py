@@ -3,7 +3,8 @@
 An *engine* is one way of producing the gradients a server update combines: fixed lags
 (``lags``), gradient arrivals (``arrivals``, with ``sync`` as timed rounds), the rounds
 and gossip of local updates (``local``), or real processes (``distributed``). Each
-simulated engine is one module with one ``start(workload, rule, seed, lr) → Run``; which
+simulated engine is one module with one ``start(workload, setting, rules, rule, seed, lr) → Run``
+(its own setting and the ``RunRules``, never the whole config tree); which
 engine runs a rule is decided in one place, ``naig.simulate.engines.select``. Every
 update goes through ``naig.simulate.server.ServerState.apply``.
 
@@ -85,8 +86,9 @@ class Engine(Protocol):
     NAME: ClassVar[str]
     FAULT_KINDS: ClassVar[frozenset[str]]
 
-    def start(self, workload: Any, rule: str, seed: int, lr: float) -> Run:
-        """A run at step 0."""
+    def start(self, workload: Any, setting: Any, rules: Any, rule: str, seed: int, lr: float) -> Run:
+        """A run of ``rule`` at step 0 from the workload, this engine's setting (``naig.simulate.settings``)
+        and the ``naig.simulate.runs.RunRules``: never the whole config tree."""
 
 
 class NoWorkerLeft(Exception):

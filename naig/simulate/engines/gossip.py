@@ -53,6 +53,8 @@ from naig.simulate.engines.local import (
 from naig.simulate.workload import make_optimizer
 
 if TYPE_CHECKING:
+    from naig.simulate.runs import RunRules
+    from naig.simulate.settings import ArrivalsSetting
     from naig.simulate.workload import Workload
 
 __all__ = ["GossipEngine", "gossip_matrix", "round_graph", "gasloc_update", "GaslocRun", "GossipAdamRun"]
@@ -168,8 +170,9 @@ class GaslocRun(LocalRun):
         exchanges: messages sent in all (a worker's proposal to one peer is one).
     """
 
-    def __init__(self, workload: Workload, method: LocalMethod, seed: int, lr: float) -> None:
-        super().__init__(workload, method, seed, lr)
+    def __init__(self, workload: Workload, setting: ArrivalsSetting, rules: RunRules, method: LocalMethod,
+                 seed: int, lr: float) -> None:
+        super().__init__(workload, setting, rules, method, seed, lr)
         k = len(self.replicas)
         self.params = self.replicas[0].detach().clone().expand(k, -1).clone()
         self.previous = self.params.clone()
@@ -252,8 +255,9 @@ class GossipAdamRun(LocalRun):
         exchanges: pairwise exchanges completed.
     """
 
-    def __init__(self, workload: Workload, method: LocalMethod, seed: int, lr: float) -> None:
-        super().__init__(workload, method, seed, lr)
+    def __init__(self, workload: Workload, setting: ArrivalsSetting, rules: RunRules, method: LocalMethod,
+                 seed: int, lr: float) -> None:
+        super().__init__(workload, setting, rules, method, seed, lr)
         k = len(self.replicas)
         self.params = [nn.Parameter(p.detach().clone()) for p in self.replicas]
         kind, options = outer_options(method)
@@ -351,7 +355,8 @@ class GossipEngine:
     FAULT_KINDS: ClassVar[frozenset[str]] = frozenset()
 
     @staticmethod
-    def start(workload: Workload, rule: str, seed: int, lr: float) -> LocalRun:
+    def start(workload: Workload, setting: ArrivalsSetting, rules: RunRules, rule: str, seed: int,
+              lr: float) -> LocalRun:
         """A gasloc or gossip-adam run at time 0."""
-        method = resolve_method(rule, workload.config, lr)
-        return (GaslocRun if rule == "gasloc" else GossipAdamRun)(workload, method, seed, lr)
+        method = resolve_method(rule, setting.local, lr)
+        return (GaslocRun if rule == "gasloc" else GossipAdamRun)(workload, setting, rules, method, seed, lr)

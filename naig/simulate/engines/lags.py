@@ -15,7 +15,7 @@ Example:
     >>> from naig.simulate.workload import Workload
     >>> cfg = SimulateConfig.from_options(steps=2, seeds=1, strategies=("hogwild",), data_bytes=50_000,
     ...                                   eval_every=0, eval_batches=1)
-    >>> run = LagsEngine.start(Workload(cfg), "hogwild", seed=0, lr=1e-3)
+    >>> run = LagsEngine.start(Workload(cfg), cfg.setting, cfg.run_rules, "hogwild", seed=0, lr=1e-3)
     >>> run.step(); run.t
     1
 """
@@ -35,8 +35,10 @@ from naig.gibbs import reference_index
 from naig.io import save_gradients
 from naig.simulate.engines.base import OnServer
 from naig.simulate.faults import GRADIENT_FAULTS
+from naig.simulate.runs import RunRules
 from naig.simulate.server import ServerState
-from naig.simulate.strategies import Batch, Strategy
+from naig.simulate.settings import LagsSetting
+from naig.simulate.strategies import Batch, Strategy, make_strategy
 from naig.simulate.workload import Workload
 
 __all__ = ["LagsEngine", "LagsRun", "ring_rows", "allocate_ring"]
@@ -55,13 +57,13 @@ class LagsRun(OnServer):
 
     clocked: ClassVar[bool] = False
 
-    def __init__(self, workload: Workload, rule: Strategy, seed: int, lr: float, lags: tuple[int, ...],
-                 steps: int, warmup: bool = False,
+    def __init__(self, workload: Workload, rules: RunRules, rule: Strategy, seed: int, lr: float,
+                 lags: tuple[int, ...], warmup: bool = False,
                  save: tuple[str | None, tuple[int, ...]] = (None, ())) -> None:
-        c, k = workload.config, len(lags)
+        k, steps = len(lags), rules.steps
         self.workload, self.rule, self.name, self.seed, self.lr = workload, rule, rule.name, seed, lr
         self.steps, self.warmup, (self.save_dir, self.save_at) = steps, warmup, save
-        self.state = ServerState(workload.init_params(seed), rule, c.optimizer, lr, k, c.fault_list,
+        self.state = ServerState(workload.init_params(seed), rule, rules.optimizer, lr, k, rules.faults,
                                  workload.fault_generator(seed))
         self.history = self.state.history
         theta = self.state.theta.detach()
@@ -183,17 +185,13 @@ class LagsEngine:
     FAULT_KINDS: ClassVar[frozenset[str]] = GRADIENT_FAULTS
 
     @staticmethod
-    def start(workload: Workload, rule: str, seed: int, lr: float) -> LagsRun:
+    def start(workload: Workload, setting: LagsSetting, rules: RunRules, rule: str, seed: int,
+              lr: float) -> LagsRun:
         """A fixed-lag run at step 0 (θ_0 of ``seed``, a fresh optimizer at ``lr``)."""
-        c, s = workload.config, workload.config.setting
-        return LagsRun(workload, _make_rule(workload, rule, lr), seed, lr, s.lags, c.steps, s.warmup_theta0,
+        s = setting
+        strategy = make_strategy(rule, rules.strategy_options(workload.sketch, lr))
+        return LagsRun(workload, rules, strategy, seed, lr, s.lags, s.warmup_theta0,
                        (s.save_grads, s.save_at))
-
-
-def _make_rule(workload: Workload, name: str, lr: float) -> Strategy:
-    from naig.simulate.strategies import make_strategy
-
-    return make_strategy(name, workload.config.strategy_options(workload.sketch, lr))
 
 
 def ring_rows(lags: tuple[int, ...], steps: int) -> int:

@@ -49,7 +49,7 @@ Example:
     >>> cfg = SimulateConfig.from_options(arrivals="const:1,const:2", local_steps=(2,), steps=4, seeds=1,
     ...                                   strategies=("diloco",), data_bytes=50_000, eval_every=0,
     ...                                   eval_batches=1)
-    >>> run = LocalEngine.start(Workload(cfg), "diloco", seed=0, lr=1e-3)
+    >>> run = LocalEngine.start(Workload(cfg), cfg.setting, cfg.run_rules, "diloco", seed=0, lr=1e-3)
     >>> run.step(); run.t, run.gradients, run.time
     (1, 4, 4.0)
 """
@@ -78,7 +78,8 @@ from naig.simulate.workload import Workload, make_optimizer
 from naig.sketch.core import SKETCH_DIM
 
 if TYPE_CHECKING:
-    from naig.simulate.config import SimulateConfig
+    from naig.simulate.runs import RunRules
+    from naig.simulate.settings import ArrivalsSetting, LocalUpdates
 
 __all__ = [
     "LOCAL_METHODS",
@@ -137,12 +138,13 @@ class LocalMethod:
     form: str | None = None
 
 
-def resolve_method(name: str, config: SimulateConfig, lr: float) -> LocalMethod:
+def resolve_method(name: str, local: LocalUpdates, lr: float) -> LocalMethod:
     """The method of a local strategy with its outer defaults (docs/design.md §13) and the overrides.
 
     Args:
         name: a name in ``LOCAL_METHODS``.
-        config: ``outer_lr`` / ``outer_momentum`` override diloco, diloco-naig, gasloc and gossip-adam
+        local: the arrivals setting's local block: ``outer_lr`` / ``outer_momentum`` override diloco,
+            diloco-naig, gasloc and gossip-adam
             (local-sgd is outer lr 1 without momentum by definition; allreduce has no outer step);
             ``topology``, ``gossip_step`` and ``form`` are gasloc's.
         lr: the inner learning rate (gossip-adam's default outer lr).
@@ -150,11 +152,10 @@ def resolve_method(name: str, config: SimulateConfig, lr: float) -> LocalMethod:
     Example:
         >>> from naig.simulate.config import SimulateConfig
         >>> cfg = SimulateConfig.from_options(arrivals="exp:1", strategies=("diloco",))
-        >>> m = resolve_method("diloco", cfg, 3e-3)
+        >>> m = resolve_method("diloco", cfg.setting.local, 3e-3)
         >>> m.inner, m.outer, m.outer_lr, m.momentum
         ('adamw', 'sgd', 0.7, 0.9)
     """
-    local = config.setting.local
     mom = DILOCO_OUTER[1] if local.outer_momentum is None else local.outer_momentum
     if name == "gasloc":
         return LocalMethod(name, "adamw", "gossip", local.outer_lr or GASLOC_OUTER_LR, mom,
@@ -210,12 +211,14 @@ class PseudoGibbs:
         return Update(combine(pi, rows), pi)
 
 
-def _pseudo_rule(workload: Workload, method: LocalMethod, lr: float) -> PseudoMean | PseudoGibbs:
+def _pseudo_rule(workload: Workload, rules: RunRules, method: LocalMethod,
+                 lr: float) -> PseudoMean | PseudoGibbs:
     if method.weighting == "mean":
         return PseudoMean(method.name)
-    energy = make_strategy(_GIBBS[method.name], workload.config.strategy_options(workload.sketch, lr))
+    options = rules.strategy_options(workload.sketch, lr)
+    energy = make_strategy(_GIBBS[method.name], options)
     assert isinstance(energy, GibbsStrategy)
-    return PseudoGibbs(method.name, energy, workload.config.beta)
+    return PseudoGibbs(method.name, energy, options.beta)
 
 
 class LocalEngine:
@@ -225,11 +228,12 @@ class LocalEngine:
     FAULT_KINDS: ClassVar[frozenset[str]] = GRADIENT_FAULTS
 
     @staticmethod
-    def start(workload: Workload, rule: str, seed: int, lr: float) -> LocalRun:
+    def start(workload: Workload, setting: ArrivalsSetting, rules: RunRules, rule: str, seed: int,
+              lr: float) -> LocalRun:
         """A local-update run through a server at time 0 (a ``RoundRun``; the gossip methods are
         ``engines.gossip``'s)."""
-        method = resolve_method(rule, workload.config, lr)
-        return RoundRun(workload, method, seed, lr, _pseudo_rule(workload, method, lr))
+        method = resolve_method(rule, setting.local, lr)
+        return RoundRun(workload, setting, rules, method, seed, lr, _pseudo_rule(workload, rules, method, lr))
 
 
 def pseudo_gradients(theta: Tensor, replicas: Tensor) -> Tensor:
@@ -307,19 +311,20 @@ class LocalRun:
 
     clocked: ClassVar[bool] = True
 
-    def __init__(self, workload: Workload, method: LocalMethod, seed: int, lr: float) -> None:
-        c, k = workload.config, workload.config.workers
+    def __init__(self, workload: Workload, setting: ArrivalsSetting, rules: RunRules, method: LocalMethod,
+                 seed: int, lr: float) -> None:
+        k = setting.workers
         self.workload, self.method, self.name, self.seed, self.lr = workload, method, method.name, seed, lr
         theta0 = workload.init_params(seed)
-        self.steps_per_phase = (1,) * k if method.inner == "none" else c.setting.inner_steps()
+        self.steps_per_phase = (1,) * k if method.inner == "none" else setting.inner_steps()
         self.replicas = [nn.Parameter(theta0.clone()) for _ in range(k)]
         self.inner = [None if method.inner == "none" else make_optimizer(method.inner, [p], lr)
                       for p in self.replicas]
         self.gens = workload.worker_streams(seed, k)
         self.grads = theta0.new_empty(k, theta0.numel())
         self.losses = torch.full((k,), math.nan, device=workload.device)
-        self.clock = LocalClock(arrival_model(workload), seed, workload.n_params)
-        self.budget = c.steps * k
+        self.clock = LocalClock(arrival_model(workload, setting), seed, workload.n_params)
+        self.budget = rules.steps * k
         self.history = WeightHistory(k)
         self.bytes_sent, self.busy = np.zeros(k), np.zeros(k)
         self.gradients = self.t = 0
@@ -421,13 +426,12 @@ class RoundRun(OnServer, LocalRun):
         pseudo: (K, n) the last round's pseudo-gradients as sent (allreduce: the gradients).
     """
 
-    def __init__(self, workload: Workload, method: LocalMethod, seed: int, lr: float,
-                 rule: PseudoMean | PseudoGibbs) -> None:
-        super().__init__(workload, method, seed, lr)
+    def __init__(self, workload: Workload, setting: ArrivalsSetting, rules: RunRules, method: LocalMethod,
+                 seed: int, lr: float, rule: PseudoMean | PseudoGibbs) -> None:
+        super().__init__(workload, setting, rules, method, seed, lr)
         kind, options = outer_options(method)
-        c = workload.config
         self.state = ServerState(self.replicas[0].detach().clone(), rule, kind, method.outer_lr,
-                                 len(self.replicas), c.fault_list, workload.fault_generator(seed), **options)
+                                 len(self.replicas), rules.faults, workload.fault_generator(seed), **options)
         self.history = self.state.history
         self.pseudo = torch.zeros_like(self.grads)
         self.gibbs = isinstance(rule, PseudoGibbs)

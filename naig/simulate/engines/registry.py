@@ -57,7 +57,10 @@ def buffer_rows(config: SimulateConfig) -> tuple[int, str]:
     return max(2 * config.window + k + 1 + 3, local), "arrivals" if s.NAME == "arrivals" else "nproc"
 
 
-def start(workload: Workload, rule: str, seed: int, lr: float | None = None) -> Run:
-    """A simulated run of ``rule`` at step 0 on its engine (``lr``: default the first configured)."""
-    config = workload.config
-    return select(config, rule).start(workload, rule, seed, config.lr[0] if lr is None else lr)
+def start(config: SimulateConfig, workload: Workload, rule: str, seed: int, lr: float | None = None) -> Run:
+    """A simulated run of ``rule`` at step 0 on its engine (``lr``: default the first configured).
+
+    The engine is handed the workload, ``config``'s setting and its ``run_rules``, not the tree.
+    """
+    return select(config, rule).start(workload, config.setting, config.run_rules, rule, seed,
+                                      config.lr[0] if lr is None else lr)

@@ -21,19 +21,20 @@ class SimulatedSession:
     """The simulated engines in this process: one workload, each rule on its engine."""
 
     def __init__(self, config: SimulateConfig) -> None:
-        self.workload = Workload(config)
+        self.config, self.workload = config, Workload(config.workload)
         rows, option = buffer_rows(config)
         self.jobs = resolve_jobs(config, config.seeds * len(config.strategies) * len(config.lr),
                                  self.workload.device.type)  # each process side by side holds its own
-        self.workload.check_memory(rows * self.jobs, option)  # before any run: refused, not attempted
+        value = getattr(config.setting, option, None)  # lags (the arrivals' list is `compute`)
+        self.workload.check_memory(rows * self.jobs, option, value)  # before any run: refused, not attempted
 
     def run(self, rule: str, seed: int, lr: float, ctx: RunContext) -> RunResult:
         """Start the rule's run on its engine (``engines.select``) and drive it."""
-        return drive(self.workload, start(self.workload, rule, seed, lr), ctx)
+        return drive(self.config, self.workload, start(self.config, self.workload, rule, seed, lr), ctx)
 
     def context(self, seed: int, progress: Callable[[StepEvent], None] | None) -> RunContext:
         """The seed's evaluation batches, θ_0's loss and callbacks (``runs.make_context``)."""
-        return make_context(self.workload, seed, progress)
+        return make_context(self.config, self.workload, seed, progress)
 
     def partial(self) -> RunResult | None:
         """A simulated run interrupted mid-way is not kept."""

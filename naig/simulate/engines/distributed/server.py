@@ -30,6 +30,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -55,6 +56,9 @@ from naig.simulate.server import ServerState
 from naig.simulate.strategies import Batch, Strategy, Update
 from naig.simulate.workload import Workload
 from naig.sketch.core import SKETCH_DIM
+
+if TYPE_CHECKING:
+    from naig.simulate.config import SimulateConfig
 
 __all__ = ["ParameterServer", "MAX_LOGGED"]
 
@@ -98,9 +102,10 @@ class _Lost:
 class _Channel:
     """Worker w's link, owned by one daemon thread; orders in through ``inbox``, events out."""
 
-    def __init__(self, worker: int, link: Link, sim: Workload, events: queue.Queue, ping: float) -> None:
+    def __init__(self, worker: int, link: Link, sim: Workload, events: queue.Queue, ping: float,
+                 sketch_first: bool) -> None:
         self.worker, self.link, self.events, self.ping = worker, link, events, ping
-        self.device, self.sketch_first = sim.device, sim.config.setting.sketch_first
+        self.device, self.sketch_first = sim.device, sketch_first
         self.inbox: queue.Queue[_Order] = queue.Queue()
         self.head = torch.empty(4, dtype=torch.float64, device=sim.device)
         self.payload = torch.empty(SKETCH_DIM + sim.n_params, device=sim.device)  # [sketch | gradient]
@@ -160,7 +165,9 @@ class ParameterServer:
     """Rank 0: the workers' links, the live set, and one training run at a time.
 
     Args:
-        sim: the simulation (model, data, strategies), as every worker builds it.
+        sim: the simulation's workload (model, data, sketch), as every worker builds it.
+        config: the simulation: the distributed engine drives its runs itself (budget, evaluation
+            schedule, the rules' options), so its server is handed the tree by its session.
         links: worker index → its pair link (peer rank = index + 1).
 
     Attributes:
@@ -168,11 +175,11 @@ class ParameterServer:
         lost: one record per worker lost (run, update, seconds into the run, error).
     """
 
-    def __init__(self, sim: Workload, links: dict[int, Link]) -> None:
-        self.sim, self.config = sim, sim.config
+    def __init__(self, sim: Workload, config: SimulateConfig, links: dict[int, Link]) -> None:
+        self.sim, self.config = sim, config
         self.events: queue.Queue = queue.Queue()
-        ping = self.config.setting.timeout / 3
-        self.channels = {w: _Channel(w, link, sim, self.events, ping) for w, link in links.items()}
+        ping, first = config.setting.timeout / 3, config.setting.sketch_first
+        self.channels = {w: _Channel(w, link, sim, self.events, ping, first) for w, link in links.items()}
         self.live, self.busy = set(links), set()
         self.lost: list[dict] = []
         self.deferred: deque = deque()

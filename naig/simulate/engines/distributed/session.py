@@ -81,11 +81,11 @@ def worker_main(config: SimulateConfig) -> int:
     watch_parent()
     torch.set_num_threads(config.threads)  # the process's own: set once, for its whole life
     _device(config)
-    sim = Workload(config)
+    sim = Workload(config.workload)
     init(rank, world, backend_for(sim.device), config.setting.timeout)
     threads_per_rank()
     groups = pair_groups(rank, world, config.setting.timeout)
-    jobs = Worker(sim, Link(groups[rank], 0), rank - 1).run()
+    jobs = Worker(sim, config.setting, config.run_rules, Link(groups[rank], 0), rank - 1).run()
     dist.destroy_process_group()
     return jobs
 
@@ -140,12 +140,13 @@ class DistributedSession:
         self.threads: list[int] = []  # torch.get_num_threads() measured on each rank, by rank
         self._stack = ExitStack()
         _device(config)
-        self.workload = Workload(config)  # before the processes: a bad corpus is refused at once
-        self.workload.check_memory(2 * config.window + config.workers + 4, "nproc")  # the server's buffers
+        self.workload = Workload(config.workload)  # before the processes: a bad corpus is refused at once
+        rows = 2 * config.window + config.workers + 4  # the server's buffers
+        self.workload.check_memory(rows, "nproc", config.setting.nproc)
 
     def context(self, seed: int, progress: Callable[[StepEvent], None] | None) -> RunContext:
         """What the runs of ``seed`` share, evaluated here on the server (``runs.make_context``)."""
-        return make_context(self.workload, seed, progress)
+        return make_context(self.config, self.workload, seed, progress)
 
     def __enter__(self) -> DistributedSession:
         try:
@@ -169,7 +170,7 @@ class DistributedSession:
              store=None if self.cluster is None else self.cluster.store)
         self.threads = threads_per_rank()
         groups = pair_groups(0, c.setting.nproc, c.setting.timeout)
-        self.server = ParameterServer(self.workload, {r - 1: Link(g, r) for r, g in groups.items()})
+        self.server = ParameterServer(self.workload, c, {r - 1: Link(g, r) for r, g in groups.items()})
 
     def run(self, rule: str, seed: int, lr: float, ctx: RunContext) -> RunResult:
         """One run on the live workers (raises ``NoWorkerLeft`` when none is)."""

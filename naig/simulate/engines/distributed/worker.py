@@ -17,6 +17,7 @@ import math
 import os
 import signal
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,10 @@ from naig.simulate.faults import GRADIENT_FAULTS
 from naig.simulate.workload import Workload, fault_seed, stream_seed
 from naig.sketch.core import SKETCH_DIM
 
+if TYPE_CHECKING:
+    from naig.simulate.runs import RunRules
+    from naig.simulate.settings import DistributedSetting
+
 __all__ = ["Worker"]
 
 
@@ -32,16 +37,19 @@ class Worker:
     """Worker ``index`` (rank index + 1) of a parameter server, talking over its pair ``link``.
 
     Args:
-        sim: the simulation (model, data, sketch), built from the same config as the server's.
+        sim: the simulation's workload (model, data, sketch), built from the same config as the server's.
+        setting: the distributed setting (this worker's slowdown, sketch-first).
+        rules: the runs' rules (this worker's faults).
         link: the pair's process group, peer rank 0.
         index: the worker index w (0-based).
     """
 
-    def __init__(self, sim: Workload, link: Link, index: int) -> None:
-        c = sim.config
+    def __init__(self, sim: Workload, setting: DistributedSetting, rules: RunRules, link: Link,
+                 index: int) -> None:
         self.sim, self.link, self.index = sim, link, index
-        self.slowdown = c.setting.slowdown[index] if c.setting.slowdown else 1.0
-        self.faults = [f for f in c.fault_list if f.worker == index]
+        self.slowdown = setting.slowdown[index] if setting.slowdown else 1.0
+        self.sketch_first = setting.sketch_first
+        self.faults = [f for f in rules.faults if f.worker == index]
         n, device = sim.n_params, sim.device
         self.theta = torch.empty(n, device=device)
         self.payload = torch.empty(SKETCH_DIM + n, device=device)  # [sketch | gradient]: one message
@@ -83,7 +91,7 @@ class Worker:
         self.sketch.copy_(self.sim.sketch(self.grad))  # float64 → float32 on the wire: 56 B
         head = Head(cmd.version, loss, time.perf_counter() - start, cmd.run)
         self.link.send(head.encode().to(self.grad.device))
-        self.link.send(self.sketch if self.sim.config.setting.sketch_first else self.payload)
+        self.link.send(self.sketch if self.sketch_first else self.payload)
 
     def _crash_faults(self, version: int) -> None:
         """``kill``: SIGKILL this process; ``hang``: never answer again."""
