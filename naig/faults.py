@@ -146,7 +146,8 @@ def parse_kind(text: str, kinds: Sequence[str] = tuple(KINDS),
     """
     kind, colon, raw = str(text).strip().partition(":")
     if kind not in kinds:
-        raise UsageError(f"unknown fault kind; use one of {', '.join(kinds)}", field=field, value=text)
+        what = "is not a kind taken here" if kind in KINDS else "unknown fault kind"
+        raise UsageError(f"{what}; use one of {', '.join(kinds)}", field=field, value=text)
     try:
         arg = float(raw) if colon else None
     except ValueError:
@@ -161,14 +162,15 @@ def parse_kind(text: str, kinds: Sequence[str] = tuple(KINDS),
 def corrupted(grad: Tensor, kind: str, arg: float | None, generator: torch.Generator) -> Tensor:
     """A copy of ``grad`` (any shape, a float dtype) with the fault applied to its flattened values;
     ``grad`` is not changed. What a tensor hook (``Tensor.register_hook``) returns to corrupt a
-    parameter's gradient before the data-parallel reduction sees it.
+    parameter's gradient before the data-parallel reduction sees it. The fault is applied on the
+    generator's device (a CPU generator corrupts a CUDA gradient through a host copy).
 
     Raises:
         ValueError: as ``apply_fault``.
     """
-    flat = grad.detach().reshape(-1).clone()
+    flat = grad.detach().reshape(-1).to(generator.device, copy=True)
     apply_fault(kind, arg, flat, generator)
-    return flat.view_as(grad)
+    return flat.to(grad.device).view_as(grad)
 
 
 def apply_fault(kind: str, arg: float | None, grad: Tensor, generator: torch.Generator,

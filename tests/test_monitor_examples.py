@@ -91,7 +91,7 @@ def test_the_fsdp2_example_takes_the_kinds_a_loss_factor_gives() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     script = str(ROOT / "examples" / "monitor_fsdp2.py")
     for fault, needle in (("nan:1", "--fault nan:1: through the loss every entry turns nan; use nan"),
-                          ("coordflip:0.5", "--fault='coordflip:0.5': unknown fault kind; use one of "
+                          ("coordflip:0.5", "--fault='coordflip:0.5': is not a kind taken here; use one of "
                            "nan, inf, "
                            "scale, signflip")):
         r = subprocess.run([sys.executable, script, "--fault", fault], capture_output=True, text=True,

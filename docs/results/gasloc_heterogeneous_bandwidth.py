@@ -75,11 +75,12 @@ def _config(scenario: str, method: str, setting: float, args: argparse.Namespace
 
 
 def _run(scenario: str, method: str, setting: float, seed: int, args: argparse.Namespace) -> Run:
-    w = Workload(_config(scenario, method, setting, args))
+    c = _config(scenario, method, setting, args)
+    w = Workload(c.workload)
     val, test = w.val_batches(seed), w.test_batches(seed)
     ctx = RunContext(val, test, w.evaluate(w.init_params(seed), val))
     lr = setting if method == "allreduce" else 1e-3
-    r = drive(w, start(w, method, seed, lr), ctx)
+    r = drive(c, w, start(c, w, method, seed, lr), ctx)
     return Run(method, setting, seed, scenario, [loss for _, loss in r.curve], list(r.curve_seconds),
                [b / 1e6 for b in r.curve_bytes], list(r.curve_samples), float(r.final_test_loss or math.nan))
 

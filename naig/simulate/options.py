@@ -149,7 +149,7 @@ DOCS: tuple[Doc, ...] = (
     Doc("seeds", "Number of seeds (0..N-1).", 3, "--seeds"),
     # 1e-3: every default strategy's best of 3e-4, 1e-3, 3e-3 on validation (3 seeds)
     Doc("lr", "Learning rate, or a comma list: each rule's is chosen on validation, reported on a test "
-        "split (80/10/10).", (1e-3,), "--lr", listed=True),
+        "split (80/10/10).", (1e-3,), "--lr", shown="1e-3", listed=True),
     Doc("optimizer", "Server optimizer.", "adam", "--optimizer"),
     Doc("batch_size", "Sequences per worker minibatch.", 8, "--batch-size"),
     Doc("eval_every", "Validate every N steps (0: at the end).", 50, "--eval-every"),

@@ -35,6 +35,7 @@ from naig.choices import DEVICES
 from naig.errors import UsageError
 from naig.simulate.data import ByteData, load_bytes
 from naig.simulate.model import GPT, get_preset, lm_loss
+from naig.simulate.options import doc_of
 from naig.sketch.torch_sketch import TorchSketch
 
 if TYPE_CHECKING:
@@ -118,13 +119,13 @@ class WorkloadConfig:
         test_split: hold out a test split (80/10/10) besides validation.
     """
 
-    model: str = "gpt-nano"
-    data: str | None = None
-    data_bytes: int = 2_000_000
-    batch_size: int = 8
-    device: str = "cpu"
-    sketch_seed: int = 0
-    eval_batches: int = 16
+    model: str = doc_of("model").default  # the defaults are the config tree's (naig.simulate.options)
+    data: str | None = doc_of("data").default
+    data_bytes: int = doc_of("data_bytes").default
+    batch_size: int = doc_of("batch_size").default
+    device: str = doc_of("device").default
+    sketch_seed: int = doc_of("sketch_seed").default
+    eval_batches: int = doc_of("eval_batches").default
     test_split: bool = False
 
 

@@ -20,9 +20,7 @@ gradients (``SyncRoundsRun``), each costing the round time max_i C_i drawn from 
 
 Example:
     >>> from naig.simulate.config import SimulateConfig
-    >>> from naig.simulate.runs import RunRules
-from naig.simulate.settings import ArrivalsSetting
-from naig.simulate.workload import Workload
+    >>> from naig.simulate.workload import Workload
     >>> cfg = SimulateConfig.from_options(arrivals="exp:1,exp:2", steps=2, seeds=1, strategies=("hogwild",),
     ...                                   data_bytes=50_000, eval_every=0, eval_batches=1)
     >>> run = ArrivalsEngine.start(Workload(cfg), cfg.setting, cfg.run_rules, "hogwild", seed=0, lr=1e-3)
@@ -75,7 +73,7 @@ class ArrivalRun(OnServer):
 
     def __init__(self, workload: Workload, setting: ArrivalsSetting, rules: RunRules, rule: Strategy,
                  seed: int, lr: float) -> None:
-        k = self.workers = setting.workers
+        k = self.k = setting.workers
         self.workload, self.rule, self.name, self.seed, self.lr = workload, rule, rule.name, seed, lr
         self.state = ServerState(workload.init_params(seed), rule, rules.optimizer, lr, k, rules.faults,
                                  workload.fault_generator(seed))
@@ -103,12 +101,12 @@ class ArrivalRun(OnServer):
     @property
     def progress(self) -> int:
         """Step-equivalents done: gradients received // K (the fixed-lag engine's server steps)."""
-        return self.gradients // self.workers
+        return self.gradients // self.k
 
     @property
     def updates_per_step(self) -> int:
         """K // B updates per step-equivalent."""
-        return self.workers // self.window
+        return self.k // self.window
 
     def step(self) -> None:
         """Receive one window of B arrivals and apply it (no new version when the rule drops it)."""
@@ -145,13 +143,13 @@ class ArrivalRun(OnServer):
 
     def communication(self) -> tuple[int, np.ndarray]:
         """Sequences consumed and bytes sent per worker: one 4n-byte gradient per arrival."""
-        per = np.bincount(np.frombuffer(self.sender, dtype=np.int64), minlength=self.workers)
+        per = np.bincount(np.frombuffer(self.sender, dtype=np.int64), minlength=self.k)
         return int(per.sum()) * self.workload.config.batch_size, per * 4.0 * self.workload.n_params
 
     def result_fields(self) -> dict[str, Any]:
         """Measured staleness and the rule's mean correction."""
         tau, who = (np.frombuffer(a, dtype=np.int64) for a in (self.staleness, self.sender))
-        return {"staleness": staleness_summary(tau, self.workers, who),
+        return {"staleness": staleness_summary(tau, self.k, who),
                 "correction": self.state.corrections.mean}
 
 

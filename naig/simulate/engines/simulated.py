@@ -25,7 +25,7 @@ class SimulatedSession:
         rows, option = buffer_rows(config)
         self.jobs = resolve_jobs(config, config.seeds * len(config.strategies) * len(config.lr),
                                  self.workload.device.type)  # each process side by side holds its own
-        value = getattr(config.setting, option, None)  # lags (the arrivals' list is `compute`)
+        value = getattr(config.setting, "compute" if option == "arrivals" else option, None)
         self.workload.check_memory(rows * self.jobs, option, value)  # before any run: refused, not attempted
 
     def run(self, rule: str, seed: int, lr: float, ctx: RunContext) -> RunResult:
