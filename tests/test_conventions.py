@@ -25,9 +25,15 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
     return out
 
 
-@pytest.mark.parametrize("path", _sources("naig"), ids=lambda p: str(p.relative_to(ROOT)))
+OPTION_TABLE = ROOT / "naig" / "simulate" / "options.py"
+"""The simulator's option table: the flags and help ``naig simulate`` shows, declared beside the config
+tree's fields (in the library so the CLI reads it without torch); no error text."""
+
+
+@pytest.mark.parametrize("path", [p for p in _sources("naig") if p != OPTION_TABLE],
+                         ids=lambda p: str(p.relative_to(ROOT)))
 def test_library_strings_name_fields_not_cli_flags(path: Path) -> None:
-    """Library errors carry field names; only naig_cli words them as --flags."""
+    """Library errors carry field names; only naig_cli words them as --flags (and the option table)."""
     tree = ast.parse(path.read_text())
     docs = _docstring_nodes(tree)
     bad = [node.value for node in ast.walk(tree)

@@ -69,8 +69,8 @@ def test_a_field_without_a_flag_is_named_by_its_set_key_in_errors() -> None:
     out = CliRunner().invoke(app, ["simulate", "--lags", "0,1", "--strategies", "dc-asgd",
                                    "--set", "rules.dc_lambda=-1"])
     assert out.exit_code == 2 and "--set rules.dc_lambda=-1" in out.stderr, out.stderr
-    words = cli._set_words()
-    assert words["window"] == "--window" and words["gasloc_form"] == "--set arrivals.local.form"
+    out = CliRunner().invoke(app, ["simulate", "--arrivals", "exp:1,exp:1", "--window", "0"])
+    assert out.exit_code == 2 and "--window 0:" in out.stderr, out.stderr
 
 
 def test_shown_defaults() -> None:
