@@ -90,6 +90,8 @@ __all__ = [
 
 MAX_CONFIG_BYTES = 64 * 2**20  # a --json result of many runs fits; a device or a runaway file does not
 MAX_SEEDS = 10**6  # a run takes seconds at the least: more seeds than any experiment can finish is a typo
+
+
 @dataclass(frozen=True)
 class RuleOptions:
     """The options of the combination rules (each rule uses the ones it needs).
