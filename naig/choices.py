@@ -17,7 +17,7 @@ MODELS = ("gpt-nano", "gpt-micro", "gpt2-124m")  # the presets of naig.simulate.
 REFERENCES = ("auto", "batch", "ema")  # naig's reference: by setting, the freshest of the batch, an EMA
 ENGINES = ("simulated", "distributed")  # one process, or real processes on torch.distributed
 ARRIVAL_MODES = ("blocking", "non-blocking", "shared-memory")  # how a worker waits for parameters
-# the local-update methods of naig.simulate.engines.local (on the arrivals clock; not Batch → Update rules)
+# the local-update methods of naig.simulate.arrivals.local (on the arrivals clock; not Batch → Update rules)
 LOCAL_METHODS = ("diloco", "diloco-naig", "diloco-naig-exact", "gasloc", "gossip-adam", "local-sgd",
                  "allreduce")
 # gasloc's communication graph of a round: a random perfect matching, the union of two, K − 1 peers, a ring

@@ -111,7 +111,7 @@ def test_cli_options_are_not_given_by_default_and_show_the_library_defaults() ->
     help shows the value the library applies instead."""
     import typing
 
-    from naig.simulate.settings import DEFAULT_LOCAL_STEPS, ArrivalsSetting
+    from naig.simulate.arrivals.setting import DEFAULT_LOCAL_STEPS, ArrivalsSetting
 
     hints = typing.get_type_hints(cli.simulate, include_extras=True)
     params = inspect.signature(cli.simulate).parameters

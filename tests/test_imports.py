@@ -176,6 +176,15 @@ def test_the_checks_find_a_loop_closed_inside_a_function_and_an_arrow_up(tmp_pat
     assert graph["naig.sketch"] == set() and graph["naig.io"] == set()
 
 
-@pytest.mark.parametrize("module", ["naig.simulate.runs", "naig.simulate.parallel"])
-def test_the_run_contracts_and_the_side_by_side_runs_import_no_engine(module: str) -> None:
-    assert not {m for m in GRAPH[module] if m.startswith("naig.simulate.engines")}, GRAPH[module]
+def _is_engine(module: str) -> bool:
+    """An engine's module, or the engines' interface: a setting's package is its setting and its engines."""
+    if module.startswith(("naig.simulate.engines", "naig.simulate.lags.engine", "naig.simulate.arrivals.")):
+        return not module.endswith(".setting")
+    return module.startswith("naig.simulate.distributed.") and not module.endswith(".setting")
+
+
+@pytest.mark.parametrize("module", ["naig.simulate.runs", "naig.simulate.parallel", "naig.simulate.settings",
+                                    "naig.simulate.config", "naig.simulate.lags.setting",
+                                    "naig.simulate.arrivals.setting", "naig.simulate.distributed.setting"])
+def test_the_run_contracts_settings_and_side_by_side_runs_import_no_engine(module: str) -> None:
+    assert not {m for m in GRAPH[module] if _is_engine(m)}, GRAPH[module]

@@ -137,7 +137,7 @@ def test_distributed_engine_applies_every_gradient_fault_kind() -> None:
     assert clean == _distributed_one_worker()  # one worker: the same result twice
     for kind in sorted(FAULT_KINDS):
         if kind in PROCESS_FAULTS:
-            continue  # kill and hang: tests/test_simulate_engines_distributed_server.py (a lost worker)
+            continue  # kill and hang: tests/test_simulate_distributed_server.py (a lost worker)
         curve = _distributed_one_worker(faults=(_fault(kind, worker=0),))
         if kind in NON_FINITE:
             assert not math.isfinite(curve[-1]), curve
@@ -222,3 +222,23 @@ def test_one_worker_on_real_processes_equals_the_simulated_arrivals_engine(rule:
         assert a.mean_pi == pytest.approx(b.mean_pi, rel=1e-5)
     else:  # bit for bit
         assert a.curve == b.curve and a.mean_pi == b.mean_pi
+
+
+@pytest.mark.parametrize("rule", [*STRATEGIES, *LOCAL_METHODS])
+@pytest.mark.parametrize("setting", ["lags", "arrivals"])
+def test_each_engine_lives_in_its_settings_package_beside_the_setting(setting: str, rule: str) -> None:
+    """The setting is the unit: ``select`` hands a rule an engine from the package of the setting's class."""
+    if setting == "lags" and rule in LOCAL_METHODS:
+        pytest.skip("local-update methods run with arrivals only")
+    options = {"lags": dict(lags=(0, 1)), "arrivals": dict(arrivals="const:1,const:1")}[setting]
+    cfg = SimulateConfig.from_options(**options, steps=2, strategies=("hogwild",))
+    package = type(cfg.setting).__module__.rpartition(".")[0]
+    assert package == f"naig.simulate.{setting}", package
+    assert select(cfg, rule).__module__.startswith(f"{package}."), (rule, select(cfg, rule).__module__)
+
+
+def test_the_distributed_setting_and_its_engine_share_a_package() -> None:
+    from naig.simulate.distributed import DistributedSession, DistributedSetting
+
+    assert DistributedSetting.__module__ == "naig.simulate.distributed.setting"
+    assert DistributedSession.__module__.startswith("naig.simulate.distributed.")

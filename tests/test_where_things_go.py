@@ -116,16 +116,17 @@ def _python(tree: Path, code: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_an_engine_is_its_module_and_one_branch_of_select(tmp_path: Path) -> None:
-    """Touches: naig/simulate/engines/fresh.py (new), naig/simulate/engines/registry.py (one branch)."""
+    """Touches: naig/simulate/lags/fresh.py (new: in its setting's package), naig/simulate/engines/registry.py
+    (one branch)."""
     tree = _copy(tmp_path)
-    (tree / "naig/simulate/engines/fresh.py").write_text(ENGINE, encoding="utf-8")
+    (tree / "naig/simulate/lags/fresh.py").write_text(ENGINE, encoding="utf-8")
     _edit(tree, "naig/simulate/engines/registry.py", '''    if config.setting.NAME == "lags":
-        from naig.simulate.engines.lags import LagsEngine''', '''    if config.setting.NAME == "lags" and rule == "sync":
-        from naig.simulate.engines.fresh import FreshEngine
+        from naig.simulate.lags.engine import LagsEngine''', '''    if config.setting.NAME == "lags" and rule == "sync":
+        from naig.simulate.lags.fresh import FreshEngine
 
         return FreshEngine
     if config.setting.NAME == "lags":
-        from naig.simulate.engines.lags import LagsEngine''')
+        from naig.simulate.lags.engine import LagsEngine''')
     code = '''
         import json
         from dataclasses import asdict
@@ -220,7 +221,7 @@ def test_design_names_the_files_these_tests_touch(row: str) -> None:
     text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
     line = next(ln for ln in text.splitlines() if ln.startswith(f"| {row} |"))
     assert "tests/test_where_things_go.py" in text
-    touched = {"an engine": ("engines/<engine>.py", "engines/registry.py"),
+    touched = {"an engine": ("<setting>/<engine>.py", "engines/registry.py"),
                "a scored signal": ("signals.py", "detectors.SIGNAL_TABLE"),
                "a gradient fault kind": ("naig/faults.py", "FAULT_KINDS", "GRADIENT_KINDS", "options.py")}[row]
     for word in touched:

@@ -7,7 +7,7 @@
 
 Importing this package loads no simulator module and no scipy. naig's own real-process
 engine (a parameter server and workers for ``naig simulate --engine distributed``) lives
-in ``naig.simulate.engines.distributed``.
+in ``naig.simulate.distributed``.
 """
 
 from naig.distributed.ddp import HookRecord, NaigCommHook, naig_comm_hook

@@ -3,7 +3,8 @@
 - ``config``: ``SimulateConfig``, validated on construction.
 - ``workload``: ``Workload`` (model, data, loss, worker gradients, evaluation, streams).
 - ``server``: ``ServerState.apply``, the one place an update is made.
-- ``engines``: ``lags``, ``arrivals``, ``local``, ``distributed``, one module each; ``select``.
+- ``lags``, ``arrivals``, ``distributed``: one package per setting, its settings dataclass and its
+  engine(s) (``arrivals``: ``engine``, ``local``, ``gossip``); ``engines``: their interface and ``select``.
 - ``experiment``: ``run_experiment`` (every rule × seed × lr, evaluated and summarised).
 - ``results``: ``RunResult``, ``StrategySummary``, ``SimulateResult``.
 - ``model`` (the byte-level GPT), ``data`` (real text), ``strategies`` (one file per rule),

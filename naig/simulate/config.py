@@ -47,23 +47,13 @@ from naig.errors import UsageError
 from naig.gibbs import parse_beta
 from naig.io import missing_reason
 from naig.metric import parse_line
+from naig.simulate.checks import MAX_STEPS, as_tuple, check, check_writable_dir, is_int, is_number
 from naig.simulate.faults import FAULT_KINDS, GRADIENT_FAULTS, Fault, check_faults, parse_faults
 from naig.simulate.model import get_preset
 from naig.simulate.options import DEFAULT_STRATEGIES, DOCS, Doc, option
 from naig.simulate.parallel import MAX_JOBS, resolve_jobs
 from naig.simulate.runs import RunRules
-from naig.simulate.settings import (
-    MAX_STEPS,
-    SETTINGS,
-    LagsSetting,
-    LocalUpdates,
-    Setting,
-    as_tuple,
-    check,
-    check_writable_dir,
-    is_int,
-    is_number,
-)
+from naig.simulate.settings import SETTINGS, LagsSetting, LocalUpdates, Setting
 from naig.simulate.strategies import STRATEGIES, StrategyOptions, parse_clip
 from naig.simulate.workload import WorkloadConfig, resolve_device
 from naig.sketch.core import check_seed

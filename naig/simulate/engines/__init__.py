@@ -1,12 +1,18 @@
-"""The engines: each way of running a simulation is one module (docs/design.md §8).
+"""The engine interface and the one lookup (docs/design.md §8).
 
-=================  ==========================================================================
-``lags``           fixed lags τ_k: every rule of ``naig.simulate.strategies`` in lockstep
-``arrivals``       gradient arrivals on a simulated clock (``sync``: timed synchronous rounds)
-``local``          local updates through a server on the same clock (diloco, diloco-naig, ...)
-``gossip``         decentralised local updates, no server (gasloc, gossip-adam)
-``distributed``    real processes on ``torch.distributed``: a parameter server and K workers
-=================  ==========================================================================
+Each setting is a package holding its settings dataclass and its engines:
+
+=========================  ==================================================================
+``lags.engine``            fixed lags τ_k: every rule of ``naig.simulate.strategies`` in lockstep
+``arrivals.engine``        gradient arrivals on a simulated clock (``sync``: timed rounds)
+``arrivals.local``         local updates through a server on the same clock (diloco, ...)
+``arrivals.gossip``        decentralised local updates, no server (gasloc, gossip-adam)
+``distributed``            real processes on ``torch.distributed``: a server and K workers
+=========================  ==================================================================
+
+This package holds what they share: ``base`` (the ``Engine`` and ``Run`` protocols,
+``OnServer``), ``simulated`` (the session of the simulated engines in this process) and
+``registry``.
 
 ``registry.select`` is the one place where a (setting, rule) pair is given its engine, and
 ``open_session`` the one place where the experiment is given its session (``simulated``: the
@@ -31,7 +37,7 @@ def open_session(config: SimulateConfig) -> Session | None:
     """The experiment's session: simulated engines in this process, or the distributed engine's
     processes (None on a worker rank under a launcher, after it served)."""
     if config.setting.NAME == "distributed":
-        from naig.simulate.engines.distributed import open_distributed
+        from naig.simulate.distributed import open_distributed
 
         return open_distributed(config)
     from naig.simulate.engines.simulated import SimulatedSession

@@ -1,8 +1,9 @@
 """The engine interface: how a simulated run is started and stepped (docs/design.md §8).
 
 An *engine* is one way of producing the gradients a server update combines: fixed lags
-(``lags``), gradient arrivals (``arrivals``, with ``sync`` as timed rounds), the rounds
-and gossip of local updates (``local``), or real processes (``distributed``). Each
+(``naig.simulate.lags``), gradient arrivals (``arrivals.engine``, with ``sync`` as timed
+rounds), the rounds and gossip of local updates (``arrivals.local``, ``arrivals.gossip``), or
+real processes (``naig.simulate.distributed``): each lives in its setting's package. Each
 simulated engine is one module with one ``start(workload, setting, rules, rule, seed, lr) → Run``
 (its own setting and the ``RunRules``, never the whole config tree); which
 engine runs a rule is decided in one place, ``naig.simulate.engines.select``. Every
@@ -81,7 +82,7 @@ class Run(Protocol):
 
 
 class Engine(Protocol):
-    """A simulated engine module's interface (``naig.simulate.engines.lags`` and its siblings)."""
+    """A simulated engine module's interface (``naig.simulate.lags.engine`` and its siblings)."""
 
     NAME: ClassVar[str]
     FAULT_KINDS: ClassVar[frozenset[str]]

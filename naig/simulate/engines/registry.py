@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 __all__ = ["select", "start", "buffer_rows", "GOSSIP_METHODS"]
 
 GOSSIP_METHODS = ("gasloc", "gossip-adam")
-"""The decentralised local-update methods: their own engine (``engines.gossip``), no server."""
+"""The decentralised local-update methods: their own engine (``naig.simulate.arrivals.gossip``), no server."""
 
 
 def select(config: SimulateConfig, rule: str) -> Engine:
@@ -24,18 +24,18 @@ def select(config: SimulateConfig, rule: str) -> Engine:
     local engine and the gradient rules (``sync`` as timed rounds) on the arrivals engine.
     """
     if config.setting.NAME == "lags":
-        from naig.simulate.engines.lags import LagsEngine
+        from naig.simulate.lags.engine import LagsEngine
 
         return LagsEngine
     if rule in GOSSIP_METHODS:
-        from naig.simulate.engines.gossip import GossipEngine
+        from naig.simulate.arrivals.gossip import GossipEngine
 
         return GossipEngine
     if rule in LOCAL_METHODS:
-        from naig.simulate.engines.local import LocalEngine
+        from naig.simulate.arrivals.local import LocalEngine
 
         return LocalEngine
-    from naig.simulate.engines.arrivals import ArrivalsEngine
+    from naig.simulate.arrivals.engine import ArrivalsEngine
 
     return ArrivalsEngine
 

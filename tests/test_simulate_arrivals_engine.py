@@ -1,4 +1,4 @@
-"""Training on gradient arrivals (naig.simulate.arrival_loop; docs/design.md §11)."""
+"""Training on gradient arrivals (naig.simulate.arrivals.engine; docs/design.md §11)."""
 
 
 import numpy as np
@@ -8,8 +8,8 @@ import torch
 from naig.arrivals import simulate_arrivals
 from naig.errors import UsageError
 from naig.simulate import SimulateConfig, Workload, run_experiment
+from naig.simulate.arrivals.engine import arrival_model
 from naig.simulate.engines import start
-from naig.simulate.engines.arrivals import arrival_model
 
 TINY = SimulateConfig.from_options(arrivals="exp:1,exp:1,exp:2,exp:4", steps=6, seeds=1, data_bytes=200_000,
                       eval_every=3, eval_batches=2, batch_size=4, strategies=("hogwild",))

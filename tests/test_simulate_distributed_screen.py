@@ -1,4 +1,4 @@
-"""Sketch-first weights (naig.simulate.engines.distributed.screen) against naig's definitions, by hand."""
+"""Sketch-first weights (naig.simulate.distributed.screen) against naig's definitions, by hand."""
 
 import math
 
@@ -8,7 +8,7 @@ import torch
 
 from naig.gibbs import gibbs_weights
 from naig.metric import fano_fisher_metric
-from naig.simulate.engines.distributed.screen import SketchScreen
+from naig.simulate.distributed.screen import SketchScreen
 
 PSI = fano_fisher_metric((1, 2, 4))
 

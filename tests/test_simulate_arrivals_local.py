@@ -1,5 +1,5 @@
-"""Local updates on the simulated clock (naig.simulate.engines.local; docs/design.md §13); the gossip
-methods are in test_simulate_engines_gossip.py."""
+"""Local updates on the simulated clock (naig.simulate.arrivals.local; docs/design.md §13); the gossip
+methods are in test_simulate_arrivals_gossip.py."""
 
 import dataclasses
 from collections.abc import Iterator
@@ -12,9 +12,9 @@ from torch import nn
 from naig.errors import UsageError
 from naig.gibbs import gibbs_weights
 from naig.simulate import SimulateConfig, Workload, run_experiment
+from naig.simulate.arrivals.engine import ArrivalRun
+from naig.simulate.arrivals.local import RoundRun, pseudo_gradients
 from naig.simulate.engines import start
-from naig.simulate.engines.arrivals import ArrivalRun
-from naig.simulate.engines.local import RoundRun, pseudo_gradients
 
 BASE = dict(seeds=1, data_bytes=200_000, eval_every=0, eval_batches=1, batch_size=4)
 N_PARAMS = 120_576  # gpt-nano with the 256-byte vocabulary (checked below)

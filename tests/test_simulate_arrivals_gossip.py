@@ -1,4 +1,4 @@
-"""Decentralised local updates (naig.simulate.engines.gossip; docs/design.md §13): GASLoC's accelerated
+"""Decentralised local updates (naig.simulate.arrivals.gossip; docs/design.md §13): GASLoC's accelerated
 gossip, its DiLoCo limit, its clock and bytes; naig's asynchronous gossip-adam."""
 
 from collections.abc import Iterator
@@ -10,8 +10,8 @@ from torch import nn
 
 from naig.errors import UsageError
 from naig.simulate import SimulateConfig, Workload
+from naig.simulate.arrivals.gossip import GaslocRun, GossipAdamRun, gasloc_update, gossip_matrix, round_graph
 from naig.simulate.engines import start
-from naig.simulate.engines.gossip import GaslocRun, GossipAdamRun, gasloc_update, gossip_matrix, round_graph
 
 BASE = dict(seeds=1, data_bytes=200_000, eval_every=0, eval_batches=1, batch_size=2)
 N_PARAMS = 120_576  # gpt-nano with the 256-byte vocabulary

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from naig.simulate.engines.distributed.transport import CODE_FETCH, CODE_PING, CODE_STOP, Command, Head, Link
+from naig.simulate.distributed.transport import CODE_FETCH, CODE_PING, CODE_STOP, Command, Head, Link
 from naig.simulate.faults import GRADIENT_FAULTS
 from naig.simulate.workload import Workload, fault_seed, stream_seed
 from naig.sketch.core import SKETCH_DIM
 
 if TYPE_CHECKING:
+    from naig.simulate.distributed.setting import DistributedSetting
     from naig.simulate.runs import RunRules
-    from naig.simulate.settings import DistributedSetting
 
 __all__ = ["Worker"]
 

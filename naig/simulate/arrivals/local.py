@@ -5,7 +5,7 @@ See docs/design.md §13.
 Every round-based method's outer step is a ``ServerState.apply`` on the batch of
 pseudo-gradients (faults act on what the workers send: Δ_k, or the gradient for
 ``allreduce``); the decentralised methods (``gasloc``, ``gossip-adam``:
-``naig.simulate.engines.gossip``) have no server and refuse faults.
+``naig.simulate.arrivals.gossip``) have no server and refuse faults.
 
 Every worker k keeps a replica θ_k and runs inner optimizer steps on its own minibatch
 stream; each inner step costs one compute-time draw of its ``arrivals`` distribution.
@@ -36,7 +36,7 @@ samples); a synchronous round that would overshoot is shortened in proportion to
 
 Time: a round lasts max_k (compute of its H_k steps) plus the all-reduce; a ring all-reduce
 is 2(K − 1) steps, each max_i (latency_i + (4n/K) / min(bw_i, bw_{i+1})); a gossip exchange
-costs max(latency_i, latency_j) + 4n / min(bw_i, bw_j) (gasloc's rounds: ``engines.gossip``).
+costs max(latency_i, latency_j) + 4n / min(bw_i, bw_j) (gasloc's rounds: ``naig.simulate.arrivals.gossip``).
 Latencies are draws of ``uplink``. Bytes sent per worker: 2(K − 1)/K · 4n per all-reduce, 4n per
 peer and gossip round, plus
 (K − 1) · 56 for ``diloco-naig``'s all-gather of the 14-float sketches. The random streams are
@@ -68,7 +68,7 @@ from naig.arrivals import ArrivalModel, ring_allreduce_bytes, worker_stream
 from naig.arrivals.distributions import COMPUTE, UPLINK
 from naig.choices import LOCAL_METHODS
 from naig.gibbs import combine, naig_weights
-from naig.simulate.engines.arrivals import arrival_model
+from naig.simulate.arrivals.engine import arrival_model
 from naig.simulate.engines.base import OnServer
 from naig.simulate.faults import GRADIENT_FAULTS
 from naig.simulate.server import ServerState, WeightHistory
@@ -78,8 +78,8 @@ from naig.simulate.workload import Workload, make_optimizer
 from naig.sketch.core import SKETCH_DIM
 
 if TYPE_CHECKING:
+    from naig.simulate.arrivals.setting import ArrivalsSetting, LocalUpdates
     from naig.simulate.runs import RunRules
-    from naig.simulate.settings import ArrivalsSetting, LocalUpdates
 
 __all__ = [
     "LOCAL_METHODS",
@@ -231,7 +231,7 @@ class LocalEngine:
     def start(workload: Workload, setting: ArrivalsSetting, rules: RunRules, rule: str, seed: int,
               lr: float) -> LocalRun:
         """A local-update run through a server at time 0 (a ``RoundRun``; the gossip methods are
-        ``engines.gossip``'s)."""
+        ``naig.simulate.arrivals.gossip``'s)."""
         method = resolve_method(rule, setting.local, lr)
         return RoundRun(workload, setting, rules, method, seed, lr, _pseudo_rule(workload, rules, method, lr))
 

@@ -1,4 +1,4 @@
-"""The simulate loop (naig.simulate.loop; docs/design.md §8)."""
+"""The fixed-lags engine (naig.simulate.lags.engine; docs/design.md §8)."""
 
 import math
 from pathlib import Path
@@ -12,7 +12,7 @@ import naig.simulate as sim
 from naig.errors import UsageError
 from naig.simulate import SimulateConfig, Workload, parse_int_list, run_experiment
 from naig.simulate.engines import start
-from naig.simulate.engines.lags import LagsEngine, allocate_ring, ring_rows
+from naig.simulate.lags.engine import LagsEngine, allocate_ring, ring_rows
 
 TINY = SimulateConfig.from_options(steps=8, seeds=1, data_bytes=200_000, eval_every=0, eval_batches=2,
                       batch_size=4, strategies=("hogwild",), lags=(0, 3))

@@ -33,10 +33,10 @@ import torch.distributed as dist
 from naig.errors import UsageError
 from naig.launch import LocalCluster, backend_for, init, under_launcher, watch_parent
 from naig.simulate.config import SimulateConfig, config_tree
+from naig.simulate.distributed.server import ParameterServer
+from naig.simulate.distributed.transport import Link, pair_groups
+from naig.simulate.distributed.worker import Worker
 from naig.simulate.engines.base import NoWorkerLeft
-from naig.simulate.engines.distributed.server import ParameterServer
-from naig.simulate.engines.distributed.transport import Link, pair_groups
-from naig.simulate.engines.distributed.worker import Worker
 from naig.simulate.results import RunResult
 from naig.simulate.runs import RunContext, StepEvent, make_context
 from naig.simulate.workload import Workload
@@ -163,7 +163,7 @@ class DistributedSession:
             tmp = self._stack.enter_context(_scratch())
             cfg = tmp / "config.json"
             cfg.write_text(config_to_json(c))
-            argv = [sys.executable, "-m", "naig.simulate.engines.distributed", str(cfg)]
+            argv = [sys.executable, "-m", "naig.simulate.distributed", str(cfg)]
             cluster = LocalCluster(argv, c.setting.nproc, c.setting.timeout, tmp, threads=c.threads)
             self.cluster = self._stack.enter_context(cluster)
         init(0, c.setting.nproc, backend_for(self.workload.device), c.setting.timeout,

@@ -39,12 +39,12 @@ import torch
 from torch import Tensor
 
 from naig.arrivals import ArrivalClock, ArrivalModel, RoundClock
+from naig.simulate.arrivals.setting import ArrivalsSetting
 from naig.simulate.engines.base import OnServer
-from naig.simulate.engines.lags import LagsRun
 from naig.simulate.faults import GRADIENT_FAULTS
+from naig.simulate.lags.engine import LagsRun
 from naig.simulate.runs import RunRules
 from naig.simulate.server import ServerState
-from naig.simulate.settings import ArrivalsSetting
 from naig.simulate.strategies import Batch, Strategy, make_strategy
 from naig.simulate.workload import Workload
 

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from naig.arrivals import worker_stream
-from naig.simulate.engines.local import (
+from naig.simulate.arrivals.local import (
     LOCAL_FAMILY,
     LocalMethod,
     LocalRun,
@@ -53,8 +53,8 @@ from naig.simulate.engines.local import (
 from naig.simulate.workload import make_optimizer
 
 if TYPE_CHECKING:
+    from naig.simulate.arrivals.setting import ArrivalsSetting
     from naig.simulate.runs import RunRules
-    from naig.simulate.settings import ArrivalsSetting
     from naig.simulate.workload import Workload
 
 __all__ = ["GossipEngine", "gossip_matrix", "round_graph", "gasloc_update", "GaslocRun", "GossipAdamRun"]

@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from naig.simulate.engines.distributed.report import staleness_block
-from naig.simulate.engines.distributed.screen import SketchScreen
-from naig.simulate.engines.distributed.transport import (
+from naig.simulate.distributed.report import staleness_block
+from naig.simulate.distributed.screen import SketchScreen
+from naig.simulate.distributed.transport import (
     CODE_FETCH,
     CODE_PARAMS,
     CODE_PING,

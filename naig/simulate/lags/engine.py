@@ -35,9 +35,9 @@ from naig.gibbs import reference_index
 from naig.io import save_gradients
 from naig.simulate.engines.base import OnServer
 from naig.simulate.faults import GRADIENT_FAULTS
+from naig.simulate.lags.setting import LagsSetting
 from naig.simulate.runs import RunRules
 from naig.simulate.server import ServerState
-from naig.simulate.settings import LagsSetting
 from naig.simulate.strategies import Batch, Strategy, make_strategy
 from naig.simulate.workload import Workload
 

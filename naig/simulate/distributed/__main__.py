@@ -1,4 +1,4 @@
-"""``python -m naig.simulate.engines.distributed CONFIG.json``: one rank of the parameter server (§14).
+"""``python -m naig.simulate.distributed CONFIG.json``: one rank of the parameter server (§14).
 
 The processes ``naig simulate`` spawns on one machine run this, and so can ``torchrun``
 on several: every rank reads the same config (a JSON object of ``SimulateConfig``
@@ -22,13 +22,13 @@ __all__ = ["main"]
 
 def main(argv: list[str]) -> int:
     """Run this process's rank; returns the exit status."""
-    from naig.simulate.engines.distributed.session import config_from_json
+    from naig.simulate.distributed.session import config_from_json
     from naig.simulate.experiment import run_experiment
 
     rank = os.environ.get("RANK", "?")
     try:
         if len(argv) != 2:
-            raise NaigError("usage: python -m naig.simulate.engines.distributed CONFIG.json (under torchrun "
+            raise NaigError("usage: python -m naig.simulate.distributed CONFIG.json (under torchrun "
                             "or spawned)")
         result = run_experiment(config_from_json(Path(argv[1]).read_text()))
     except KeyboardInterrupt:

@@ -1,10 +1,10 @@
-"""Measured staleness vs prediction (naig.simulate.engines.distributed.report) on hand-made arrival logs."""
+"""Measured staleness vs prediction (naig.simulate.distributed.report) on hand-made arrival logs."""
 
 import numpy as np
 import pytest
 
 from naig.arrivals import ArrivalModel, predict
-from naig.simulate.engines.distributed.report import cycle_means, staleness_block, warmup
+from naig.simulate.distributed.report import cycle_means, staleness_block, warmup
 
 
 def test_warmup_until_every_worker_delivered_capped_at_a_tenth() -> None:

@@ -1,4 +1,4 @@
-"""The distributed engine's configuration and entry points (engines.distributed.session; CLI options)."""
+"""The distributed engine's configuration and entry points (its session; CLI options)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from naig.errors import UsageError
 from naig.simulate import SimulateConfig
-from naig.simulate.engines.distributed.session import config_from_json, config_to_json, open_distributed
+from naig.simulate.distributed.session import config_from_json, config_to_json, open_distributed
 from naig_cli.main import app
 
 RUNNER = CliRunner()
@@ -94,8 +94,8 @@ def test_the_distributed_engine_loads_no_other_engine_and_no_scipy() -> None:
     import subprocess
     import sys
 
-    others = ('naig.simulate.engines.lags', 'naig.simulate.engines.arrivals', 'naig.simulate.engines.local')
-    code = ("import sys, naig.simulate.engines.distributed; "
+    others = ('naig.simulate.lags.engine', 'naig.simulate.arrivals.engine', 'naig.simulate.arrivals.local')
+    code = ("import sys, naig.simulate.distributed; "
             f"print(sorted(m for m in sys.modules if m == 'scipy' or m.startswith({others!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
