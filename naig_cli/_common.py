@@ -3,7 +3,9 @@
 Every option used by more than one command is declared once here as an ``Annotated``
 alias (pattern: huggingface_hub's CLI); choice options are Enums so ``--help`` lists
 the choices. Library errors carry the field at fault (``NaigError.field``); ``FLAGS``
-words them as the flags a user typed.
+words them as the flags a user typed. ``naig simulate`` words its own from its option table
+(``naig.simulate.options.DOCS``, through ``handle_errors(words=...)``), so its fields are not
+written here a second time.
 """
 
 from __future__ import annotations
@@ -69,29 +71,17 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "sketches": "--sketches",
     "chunk": "--chunk-mb",
     "threads": "--threads",
-    "jobs": "--jobs",
     "csv": "--csv",
     "tol": "--tol",
-    "lags": "--lags",
-    "strategies": "--strategies",
     "steps": "--steps",
-    "seeds": "--seeds",
     "lr": "--lr",
-    "optimizer": "--optimizer",
     "batch_size": "--batch-size",
-    "eval_every": "--eval-every",
-    "device": "--device",
     "model": "--model",
     "data": "--data",
     "data_bytes": "--data-bytes",
     "sketch_seed": "--sketch-seed",
-    "save_grads": "--save-grads",
-    "save_at": "--save-at",
     "plot": "--plot",
-    "log_dir": "--log-dir",
-    "arrivals": "--arrivals",
     "faults": "--faults",
-    "local_steps": "--local-steps",  # local updates (docs/design.md §12)
     # naig staleness (naig.arrivals)
     "workers": "--workers",
     "compute": "--compute",
@@ -104,10 +94,6 @@ FLAGS: dict[str, str] = {  # library field name → the flag that sets it
     "window": "--window",
     "updates": "--updates",
     "sweep": "--sweep",
-    # Distributed engine (naig.distributed)
-    "engine": "--engine",
-    "nproc": "--nproc",
-    "config": "--config",
 }
 
 

@@ -79,17 +79,23 @@ def _o(flag: str, text: str, panel: str, default: str | None = None, **kwargs: A
     return typer.Option(flag, help=text, rich_help_panel=panel, show_default=default or False, **kwargs)
 
 
+_DOC_OF: dict[str, Any] = {}  # option name → its Doc; of two fields of one name (``window``), the first
+for _d in DOCS:
+    _DOC_OF.setdefault(_d.name, _d)
+
+
 def _opt(name: str) -> Any:
     """The ``typer.Option`` of library option ``name`` from its ``Doc`` (``naig.simulate.options``: flag,
-    help, panel, the default shown); of two fields of one name (``window``), the first."""
-    d = next(d for d in DOCS if d.name == name)
+    help, panel, the default shown)."""
+    d = _DOC_OF[name]
     return _o(d.flag, d.help, d.where, d.shown_default)
 
 
 def _set_words() -> dict[str, str]:
     """Library option name → how this command sets it: its flag, or ``--set KEY`` for a field of the
     tree without one (``dc_lambda`` → ``--set rules.dc_lambda``); errors and warnings use these."""
-    return {"set": "--set", **{d.name: d.flag or f"--set {d.key}" for d in reversed(DOCS)}}
+    return {"set": "--set", "config": "--config", "engine": "--engine",
+            **{d.name: d.flag or f"--set {d.key}" for d in reversed(DOCS)}}
 
 
 @handle_errors(words=_set_words)

@@ -12,9 +12,10 @@ from naig_cli._common import FLAGS, cli_message, flag
 
 @pytest.mark.parametrize(("err", "line"), [
     (UsageError("must be finite and >= 0", field="beta", value="-1"), "--beta '-1': must be finite and >= 0"),
-    (UsageError("use sgd or adam", field="optimizer", value="lion"), "--optimizer 'lion': use sgd or adam"),
-    (UsageError("bad", field="lags", value=(0, -1)), "--lags 0,-1: bad"),
-    (UsageError("needs `save_grads`", field="save_at", value=(5, 9)), "--save-at 5,9: needs --save-grads"),
+    (UsageError("use blocking", field="mode", value="x"), "--mode 'x': use blocking"),
+    (UsageError("bad", field="workers", value=(0, -1)), "--workers 0,-1: bad"),
+    (UsageError("needs `per_sample`", field="batch_size", value=(5, 9)),
+     "--batch-size 5,9: needs --per-sample"),
     (UsageError("bad", field="lr", value=(float("nan"),)), "--lr nan: bad"),
     (UsageError("use a positive int", field="eval_batches", value=0), "eval_batches=0: use a positive int"),
     (DataError("f: pass `intersect` to use only the common tensors"),
