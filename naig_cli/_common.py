@@ -114,12 +114,12 @@ def _cli_value(value: object) -> str:
 
 
 def word_flags(text: str) -> str:
-    """Library text that names fields in backticks, worded with the flags (```save_grads``` →
-    ``--save-grads``); unknown names lose their backticks.
+    """Library text that names fields in backticks, worded with the flags (```per_sample``` →
+    ``--per-sample``); unknown names lose their backticks.
 
     Example:
-        >>> word_flags("`save_at` needs `save_grads` and `nothing`")
-        '--save-at needs --save-grads and nothing'
+        >>> word_flags("`batch_size` needs `per_sample` and `nothing`")
+        '--batch-size needs --per-sample and nothing'
     """
     known = FLAGS.keys() | _WORDS.get().keys()
     return re.sub(r"`(\w+)`", lambda m: flag(m.group(1)) if m.group(1) in known else m.group(1), text)
@@ -130,8 +130,8 @@ def cli_message(exc: NaigError) -> str:
 
     Example:
         >>> from naig.errors import UsageError
-        >>> cli_message(UsageError("needs `save_grads`", field="save_at", value=(5,)))
-        '--save-at 5: needs --save-grads'
+        >>> cli_message(UsageError("needs `per_sample`", field="batch_size", value=(5,)))
+        '--batch-size 5: needs --per-sample'
     """
     text = word_flags(exc.message)
     if exc.field is None:
