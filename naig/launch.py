@@ -118,7 +118,7 @@ class LocalCluster:
         log_dir: each child's stdout and stderr go to ``log_dir/rank<r>.log``.
         threads: torch threads per child (``OMP_NUM_THREADS``); default: cores / nproc, at least 1.
 
-    Example (not run here; see tests/test_distributed_server.py)::
+    Example (not run here; see tests/test_simulate_distributed_server.py)::
 
         with LocalCluster([sys.executable, "-m", "mypackage.train", cfg], 5, 30.0, tmp) as cluster:
             init(0, 5, "gloo", 30.0, store=cluster.store)

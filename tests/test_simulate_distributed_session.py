@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from typer.testing import CliRunner
 
@@ -136,3 +139,11 @@ def test_a_busy_master_port_is_one_line() -> None:
             for k, v in old.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     assert_one_line_error(r, 1, "could not join the process group", "MASTER_PORT")
+
+
+def test_the_worker_entry_point_refuses_a_wrong_command_line_as_a_usage_error() -> None:
+    r = subprocess.run([sys.executable, "-m", "naig.simulate.distributed"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "usage: python -m naig.simulate.distributed CONFIG.json" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

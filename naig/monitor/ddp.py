@@ -27,14 +27,15 @@ DDP's own all-reduce of the mean): no payload, no gather, no decision, no action
 **Per bucket** (DDP hands each bucket of this rank's gradient to the hook before reducing it) the
 hook packs [S g_b | ‖g_b‖² | non-finite count of g_b] (``naig.monitor.signals.pack``: the
 ``MonitorSketch`` keyed by the parameters' names, so the buckets' sketches sum to the sketch of
-the whole gradient, the one ``Monitor.observe`` would compute) and starts an all-gather of it
-without waiting (``per_bucket=True``: m + 3 float64 per bucket, 136 B with the default sketch:
-the payload and this rank's count of records its writers lost, so every rank learns of a failed write);
-with ``per_bucket=False`` it keeps the payloads and all-gathers their sum once, at the last
-bucket (136 B per step, but a flag can then not name a bucket).
+the whole gradient, the one ``Monitor.observe`` would compute) and keeps it.
 
-**At the last bucket** (``bucket.is_last()``) it waits for the gathers, sums every rank's
-buckets into its step payload, derives the signals and runs the detectors
+**At the last bucket** (``bucket.is_last()``), before reducing it, it starts one all-gather of the
+step's payloads (``per_bucket=True``: m + 3 float64 per bucket, 136 B with the default sketch: the
+payload and this rank's count of records its writers lost, so every rank learns of a failed write;
+with ``per_bucket=False`` their sum, 136 B per step, but a flag can then not name a bucket): ~16
+floats cost a collective's latency, not its bytes, so one gather per step beats one per bucket.
+After handing the bucket on it waits for the gather, sums every rank's buckets into its step
+payload, derives the signals and runs the detectors
 (``Monitor.decide``): every rank holds the same gathered data, so every rank reaches the same
 ``Decision`` with no further collective. A flagged rank is named with the bucket where its
 gradient departs most (``Decision.where``: the buckets with non-finite entries; else, for a
@@ -177,7 +178,8 @@ class MonitorHook(GradientMonitor):
         sketch = self._sketch(tuple(id(p) for p in params), tuple(zip(names, (p.numel() for p in params),
                                                                        strict=True)), buf.device)
         flat = buf if buf.numel() == sketch.numel else torch.cat([g.reshape(-1) for g in bucket.gradients()])
-        part = self._add_part(bucket.index(), names, pack(flat, sketch))  # read before any reduction
+        last = bucket.is_last()
+        part = self._add_part(bucket.index(), names, pack(flat, sketch), last)  # read before any reduction
         if self.action == "exclude":
             part.buffer = buf
             part.future = _future(buf)
@@ -188,7 +190,7 @@ class MonitorHook(GradientMonitor):
             part.local = buf.clone() if self.exact else None
             part.buffer = buf
             part.work, fut = _all_reduce_mean(buf, group, world)
-        if bucket.is_last():
+        if last:
             self._last(world, dist.get_rank(group))
         return fut
 

@@ -16,8 +16,8 @@ chunks, padded, chunk i of every parameter in row i: FSDP's ``chunk_cat`` layout
 1. it packs [S g | ‖g‖² | non-finite count] of this rank's part (the ``MonitorSketch`` of the
    module's parameters, keyed by their names, its hash arrays permuted into the reduce-scatter
    layout and zero-weighted on the padding: the sum over modules is the sketch of the whole
-   gradient, as ``Monitor.observe`` and ``MonitorHook`` compute it) and starts an all-gather
-   (``per_bucket=True``; ``False``: one all-gather of the sum per step);
+   gradient, as ``Monitor.observe`` and ``MonitorHook`` compute it) and keeps it (the step's
+   payloads are all-gathered together, once, at the last module; ``per_bucket=False``: their sum);
 2. it calls the module's own reduce-scatter with the same tensors (FSDP's bytes, unchanged:
    in ``log`` mode training is bit-identical);
 3. at the step's last reduce-scatter (every FSDP module with trainable parameters has reduced
@@ -148,7 +148,8 @@ class FSDPMonitor(GradientMonitor):
                             "on it")
         self._calls.add(comm.index)
         world = group.size() if group is not None else 1
-        self._add_part(comm.index, comm.names, pack(input, comm.sketch(world, input)))
+        self._add_part(comm.index, comm.names, pack(input, comm.sketch(world, input)),
+                       len(self._calls) == len(self.comms))
         work = comm.inner(output, input, group, op, async_op)
         if len(self._calls) == len(self.comms):
             self._calls = set()

@@ -3,8 +3,9 @@ optimizer hook that applies ``skip`` and ``raise``.
 
 An integration cuts each step into parts (DDP: its buckets, ``naig.monitor.ddp.MonitorHook``;
 FSDP2: its reduce-scatters, ``naig.monitor.fsdp.FSDPMonitor``), hands each part's payload to
-``_add_part`` (which starts its all-gather in per-bucket mode) and calls ``_finish`` at the last
-part: the payloads are summed into the step's, the ``Monitor`` decides, and a flagged rank is
+``_add_part`` (which, at the step's last part and before that part is reduced, starts the step's
+one all-gather of every part's payload) and calls ``_finish`` after the last part is handed on:
+the payloads are summed into the step's, the ``Monitor`` decides, and a flagged rank is
 named with the part where its gradient departs most (``Decision.where``; see
 ``naig.monitor.ddp`` for how that part is chosen). ``attach(optimizer)`` registers a step
 pre-hook that applies the decision before ``optimizer.step()``; ``detach()`` removes it.
@@ -38,7 +39,6 @@ class _Part:
     index: int
     names: tuple[str, ...]
     payload: Tensor
-    wait: Callable[[], Tensor] | None = None  # the started all-gather (per-bucket mode)
     buffer: Tensor | None = None  # held back (exclude) or copied (exact)
     local: Tensor | None = None  # this rank's gradient before the all-reduce (exact)
     work: Any = None  # the all-reduce in flight
@@ -52,7 +52,8 @@ class GradientMonitor:
     Args:
         module: the model (un-wrapped or wrapped): its parameter names key the sketch.
         monitor: the ``Monitor`` (gather group, sketch, detectors, action, callback).
-        per_bucket: all-gather each part's payload as it comes (names the part) or their sum once.
+        per_bucket: all-gather every part's payload (names the part) or only their sum; either
+            way in one all-gather at the step's last part (one collective per step, not per part).
 
     Raises:
         UsageError: ``module`` not an ``nn.Module`` or ``monitor`` not a ``Monitor``.
@@ -173,28 +174,34 @@ class GradientMonitor:
             self._sketches[key] = MonitorSketch.build(layout, m.seed, m.blocks, device)
         return self._sketches[key]
 
-    def _add_part(self, index: int, names: tuple[str, ...], payload: Tensor) -> _Part:
+    def _add_part(self, index: int, names: tuple[str, ...], payload: Tensor, last: bool) -> _Part:
+        """Keep a part's payload; at the step's ``last`` part start the step's one all-gather of them
+        (before that part is reduced: see ``Monitor.start_gather``)."""
         part = _Part(index, names, payload)
-        if self.per_bucket:
-            sent = self._with_lost(payload)
-            part.wait = self.monitor.start_gather(sent)
-            self.extra_bytes += sent.numel() * sent.element_size()
         self.parts.append(part)
+        if last:
+            stacked = torch.stack([p.payload for p in self.parts])
+            sent = self._with_lost(stacked if self.per_bucket else stacked.sum(dim=0, keepdim=True))
+            self.extra_bytes += sent.numel() * sent.element_size()
+            self._gathered = self.monitor.start_gather(sent)
         return part
 
-    def _with_lost(self, payload: Tensor) -> Tensor:
-        """The payload and this rank's count of records its writers lost (so every rank learns of it)."""
-        lost = torch.tensor([float(self.monitor.lost_here)], dtype=payload.dtype, device=payload.device)
-        return torch.cat([payload, lost])
+    def _with_lost(self, payloads: Tensor) -> Tensor:
+        """(P, m + 2) payloads, each row with this rank's count of records its writers lost appended
+        (so every rank learns of it): (P, m + 3)."""
+        lost = torch.full((payloads.shape[0], 1), float(self.monitor.lost_here), dtype=payloads.dtype,
+                          device=payloads.device)
+        return torch.cat([payloads, lost], dim=1)
 
     def _finish(self, exact: tuple[float, float] | None = None) -> Decision:
-        """Gather (what is left), decide, keep the decision for the optimizer hook."""
-        if self.per_bucket:
-            rows = torch.stack([p.wait() for p in self.parts], dim=1)  # (K, B, m + 3)
-        else:
-            total = self._with_lost(torch.stack([p.payload for p in self.parts]).sum(dim=0))
-            self.extra_bytes += total.numel() * total.element_size()
-            rows = self.monitor.all_gather(total).unsqueeze(1)  # (K, 1, m + 3)
+        """Wait for the step's all-gather, decide, keep the decision for the optimizer hook.
+
+        The parts' payloads (B, m + 2) travel together (``per_bucket``) or summed (1, m + 2), each row
+        with this rank's lost-record count, in one all-gather started at the last part: a payload of
+        ~16 floats costs a collective's latency, not its bytes, so one gather per step beats one per
+        part (measured with gloo: ~0.7 ms of CPU per all-gather call).
+        """
+        rows = self._gathered()  # (K, B or 1, m + 3)
         per_part = rows.to(torch.float64).numpy()
         self.monitor.note_gathered_lost(per_part[:, :, -1].max(axis=1))
         per_part = per_part[:, :, :-1]

@@ -268,8 +268,12 @@ class Monitor:
     def start_gather(self, mine: Tensor) -> Callable[[], Tensor]:
         """Start an all-gather of ``mine`` now; the returned function waits for it (``all_gather``'s result).
 
-        Integrations start one per bucket and wait at the step's last one, so the backward pass
-        is not held up. Host names are gathered (synchronously) at the first call.
+        Integrations start one per step, when the step's last part (DDP bucket, FSDP module) is
+        packed and before it is reduced, and wait for it after handing that part on: the gather
+        and the last reduction are in flight together, and every rank issues the gather at the
+        same point of its sequence of collectives (an inner hook's callbacks, which start
+        collectives from gloo's threads, come after it). Host names are gathered (synchronously) at
+        the first call.
 
         Raises:
             DataError: from the returned function, when the gather did not finish within ``timeout``.

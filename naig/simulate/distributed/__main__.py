@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from naig.errors import NaigError
+from naig.errors import NaigError, UsageError
 from naig.io import json_ready
 
 __all__ = ["main"]
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     rank = os.environ.get("RANK", "?")
     try:
         if len(argv) != 2:
-            raise NaigError("usage: python -m naig.simulate.distributed CONFIG.json (under torchrun "
+            raise UsageError("usage: python -m naig.simulate.distributed CONFIG.json (under torchrun "
                             "or spawned)")
         result = run_experiment(config_from_json(Path(argv[1]).read_text()))
     except KeyboardInterrupt:
