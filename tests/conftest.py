@@ -186,3 +186,15 @@ def flagged_steps(run: dict) -> dict[int, list[list[float]]]:
     """{step: each rank's view of the flag mask} for the steps of a monitor rank script's ``run``
     (its ``flagged``: per step, per rank, per rank a 0/1) where any rank saw a flag."""
     return {i + 1: views for i, views in enumerate(run["flagged"]) if any(any(v) for v in views)}
+
+
+@pytest.fixture
+def float64() -> Iterator[None]:
+    """Build models in float64 (torch's default dtype for the test), so that identities between two
+    computations of the same update hold to float64 rounding; the old default is restored after."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)

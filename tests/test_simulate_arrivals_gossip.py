@@ -1,7 +1,6 @@
 """Decentralised local updates (naig.simulate.arrivals.gossip; docs/design.md §13): GASLoC's accelerated
 gossip, its DiLoCo limit, its clock and bytes; naig's asynchronous gossip-adam."""
 
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -15,17 +14,6 @@ from naig.simulate.engines import start
 
 BASE = dict(seeds=1, data_bytes=200_000, eval_every=0, eval_batches=1, batch_size=2)
 N_PARAMS = 120_576  # gpt-nano with the 256-byte vocabulary
-
-
-@pytest.fixture
-def float64() -> Iterator[None]:
-    """Build models in float64 so that the DiLoCo identities hold to float64 rounding."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 def test_gossip_matrices_are_doubly_stochastic_and_preserve_the_mean() -> None:

@@ -2,7 +2,6 @@
 methods are in test_simulate_arrivals_gossip.py."""
 
 import dataclasses
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -18,17 +17,6 @@ from naig.simulate.engines import start
 
 BASE = dict(seeds=1, data_bytes=200_000, eval_every=0, eval_batches=1, batch_size=4)
 N_PARAMS = 120_576  # gpt-nano with the 256-byte vocabulary (checked below)
-
-
-@pytest.fixture
-def float64() -> Iterator[None]:
-    """Build models in float64 so that step-for-step identities hold to 1e-12."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 def _copy(gen: torch.Generator) -> torch.Generator:
