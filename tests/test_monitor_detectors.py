@@ -91,7 +91,8 @@ def test_the_cusum_threshold_gives_its_run_length() -> None:
     assert cusum_threshold(1e-4) > cusum_threshold(1e-3) > cusum_threshold(1e-2)
 
 
-SIGNAL_SETS = [("norm", "distance", "energy"), ("norm", "cos", "distance", "energy")]
+SIGNAL_SETS = [("norm", "distance", "energy"), ("norm", "cos", "distance", "energy"),
+               ("norm", "distance", "energy", "persistence")]
 
 
 @pytest.mark.parametrize("k, snr", [(3, 0.3), (3, 3.0), (8, 1.0)])
@@ -475,9 +476,83 @@ def test_a_version_2_state_loads_and_fits_its_tails_afresh() -> None:
     for g in _stream(4, 40, 1.0, seed=1):
         det.update(_signals(g))
     state = det.state_dict()
-    assert state["version"] == 3 and len(state["tails"]["norm"]) == 40 - 16
-    old = {k: v for k, v in state.items() if k not in ("tails", "calibration", "fresh")} | {"version": 2}
+    assert state["version"] == 4 and len(state["tails"]["norm"]) == 40 - 16
+    newer = ("tails", "calibration", "fresh", "last")
+    old = {k: v for k, v in state.items() if k not in newer} | {"version": 2}
     resumed = Detector(4, quiet=True)
     resumed.load_state_dict(old)
     assert resumed.step == 40 and len(resumed.tails["norm"]) == 0 and resumed.calibration == {}
     assert resumed.update(_signals(_stream(4, 1, 1.0, seed=2)[0])).step == 41
+
+
+PERSIST = ("norm", "distance", "energy", "persistence")
+
+
+def _repeating_stream(k: int, steps: int, bad: int, onset: int, seed: int) -> list[np.ndarray]:
+    """``_stream`` with rank ``bad`` reusing one noise draw (its batch) from step ``onset`` (1-based) on:
+    its norm and distance keep the clean law, only the direction of its drift persists."""
+    out = _stream(k, steps, 1.0, seed)
+    fixed = np.random.default_rng(seed + 1).standard_normal(N)
+    signal = np.random.default_rng(seed).standard_normal(N)
+    for t in range(onset - 1, steps):
+        out[t][bad] = signal / (1 + t / 300) + fixed
+    return out
+
+
+def test_drift_cos_is_the_cosine_of_this_and_the_previous_steps_drift() -> None:
+    rng = np.random.default_rng(3)
+    prev, now = rng.standard_normal((4, 14)), rng.standard_normal((4, 14))
+    sig = rank_signals(now, (now * now).sum(1), np.zeros(4), previous=prev)
+    a, b = now - now.mean(0), prev - prev.mean(0)
+    want = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    np.testing.assert_allclose(sig.drift_cos, want, rtol=1e-12)
+    assert np.isnan(rank_signals(now, np.ones(4), np.zeros(4)).drift_cos).all()  # no previous step
+    ref = np.array([True, True, False, True])  # the same reference mean at both steps
+    b3 = prev - prev[ref].mean(0)
+    a3 = now - now[ref].mean(0)
+    np.testing.assert_allclose(sig.with_reference(ref).drift_cos[2],
+                               a3[2] @ b3[2] / (np.linalg.norm(a3[2]) * np.linalg.norm(b3[2])), rtol=1e-12)
+    prev[1] = np.nan  # rank 1 was unusable at the previous step: not measured, the others are
+    got = sig.with_previous(prev).drift_cos
+    assert np.isnan(got[1]) and np.isfinite(got[[0, 2, 3]]).all()
+    with pytest.raises(UsageError, match="previous"):
+        sig.with_previous(np.zeros((3, 14)))
+
+
+def test_a_rank_that_keeps_reusing_its_batch_is_named_by_persistence() -> None:
+    """Its gradient's norm and distance keep the clean law; only persistence names it, by its CUSUM."""
+    steps = [_signals(g) for g in _repeating_stream(4, 60, bad=2, onset=41, seed=5)]
+    det = Detector(4, signals=PERSIST, quiet=True)
+    decisions = [det.update(s) for s in steps]
+    assert not any(d.flagged for d in decisions[16:40])  # clean before the onset
+    named = [i + 1 for i, d in enumerate(decisions) if 2 in d.ranks]
+    assert named and named[0] <= 50, named
+    first = decisions[named[0] - 1]
+    assert any(f.signal == "persistence" and f.score == "cusum" for f in first.flags if f.rank == 2)
+    assert first.since(2) >= 41 and first.ranks == (2,)
+    assert math.isnan(first.thresholds["transient"]["persistence"])  # CUSUM only
+
+
+def test_persistence_raises_no_alarm_on_clean_ranks() -> None:
+    """600 clean steps at K = 4 and false_alarm = 0.01: persistence's share (1/8 of the tests) expects
+    < 1 flag; at most 3 allowed."""
+    det = Detector(4, signals=PERSIST, false_alarm=0.01, quiet=True)
+    flags = [f for g in _stream(4, 600, 1.0, seed=8) for f in det.update(_signals(g)).flags]
+    assert sum(f.signal == "persistence" for f in flags) <= 3, flags
+
+
+def test_a_resumed_detector_keeps_the_previous_sketches_for_persistence() -> None:
+    import json
+
+    steps = [_signals(g) for g in _repeating_stream(4, 55, bad=1, onset=30, seed=9)]
+    whole = Detector(4, signals=PERSIST, quiet=True)
+    decisions = [repr(whole.update(s)) for s in steps]
+    first = Detector(4, signals=PERSIST, quiet=True)
+    for s in steps[:35]:
+        first.update(s)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["last"] is not None and len(state["last"]) == 4
+    resumed = Detector(4, signals=PERSIST, quiet=True)
+    resumed.load_state_dict(state)
+    assert [repr(resumed.update(s)) for s in steps[35:]] == decisions[35:]
+    assert any("persistence" in d for d in decisions[30:])

@@ -37,6 +37,8 @@ __all__ = ["CANDIDATES", "METHODS", "method_names", "detection", "false_alarms",
 CANDIDATES: dict[str, dict] = {
     "nde/δ1": {"signals": ("norm", "distance", "energy"), "delta": 1.0},
     "nde/δ0.5": {"signals": ("norm", "distance", "energy"), "delta": 0.5},
+    "ndep/δ1": {"signals": ("norm", "distance", "energy", "persistence"), "delta": 1.0},
+    "ndep/δ0.5": {"signals": ("norm", "distance", "energy", "persistence"), "delta": 0.5},
     "all/δ1": {"signals": SIGNALS, "delta": 1.0},
     "all/δ0.5": {"signals": SIGNALS, "delta": 0.5},
 }
@@ -166,7 +168,7 @@ def run_all(cfg: SequentialConfig, faults: dict[str, list[Record]], pools: dict[
         validation[name] = {"kinds": kinds, "false_alarm": fa,
                             "mean_p": float(np.mean([v[f"p{cfg.horizon}"] for v in kinds.values()])),
                             "median_delays": [v["median_delay"] for v in kinds.values()]}
-    default = choose(validation, alpha) if faults["validation"] else "nde/δ1"
+    default = choose(validation, alpha) if faults["validation"] else "ndep/δ1"  # the code's default
     settings = CANDIDATES[default]
     test = {}
     for method in METHODS:

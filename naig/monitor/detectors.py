@@ -3,18 +3,27 @@
 For each signal of ``naig.monitor.signals`` a detector looks at one value per rank and step,
 on a scale where ordinary variation is roughly symmetric and nothing blows up:
 
-============ ====================== ================ =========================================
-signal       value x_k              flagged when     meaning
-============ ====================== ================ =========================================
-``norm``     log ‖g_k‖              u > t or u < −t  a gradient far larger or smaller (zero)
-``cos``      arccos cos(g_k, ḡ)     u > t            a rank pointing away from the mean (radians)
-``distance`` log ‖g_k − ḡ‖²         u > t            a rank far from the mean
-``energy``   E_k^(1/3)              u > t            a large Fano–Fisher drift energy
-============ ====================== ================ =========================================
+=============== ====================== ================ ======================================
+signal          value x_k              flagged when     meaning
+=============== ====================== ================ ======================================
+``norm``        log ‖g_k‖              u > t or u < −t  a gradient far larger or smaller (zero)
+``cos``         arccos cos(g_k, ḡ)     u > t            a rank pointing away from the mean
+``distance``    log ‖g_k − ḡ‖²         u > t            a rank far from the mean
+``energy``      E_k^(1/3)              u > t            a large Fano–Fisher drift energy
+``persistence`` cos(d_k,t, d_k,t−1)    CUSUM only       a drift that keeps its direction
+=============== ====================== ================ ======================================
 
 (a norm of 0 is taken as 1e-150 before the log, so a zero gradient is an extreme low norm). The
 angle rather than log(1 − cos) because a sketched cosine near 1 would send the log to −∞; the
 cube root of the energy (Wilson–Hilferty: near-normal for χ² laws) rather than its log.
+
+``persistence`` (``RankSignals.drift_cos``) is the cosine between a rank's sketched drift from
+the mean at this step and at the previous one: a clean rank draws a fresh minibatch every step,
+so its drift is new noise and the cosine scatters about 0 (measured on the small GPT at K = 4,
+batch 8: mean 0.0, sd 0.35–0.4); a rank whose departure keeps one direction (a batch it keeps
+reusing, a shard of another kind of data, weights that drifted) stays near 0.7–0.9. One step of it
+says little (the cosine is bounded: no single value is far out), so only its CUSUM runs; the
+detector keeps the previous step's sketches (K × m floats, in its state) to measure it.
 
 **Normalisation (K ≥ 3).** Each value is centred on the other ranks at the same step,
 
@@ -175,6 +184,9 @@ __all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE", "MAD_SCALE",
 TINY = 1e-300  # a squared norm of 0 before the log
 
 
+SCORES = ("transient", "cusum")
+
+
 @dataclass(frozen=True)
 class SignalSpec:
     """One scored signal: the ``RankSignals`` field it reads, the transform its detectors score (which
@@ -186,12 +198,15 @@ class SignalSpec:
         field: the (K,) float64 ``RankSignals`` attribute it transforms.
         side: ``"both"`` or ``"upper"``.
         transform: (K,) float64 → (K,) float64, elementwise.
+        scores: the tests that apply to it (a subset of ``SCORES``; ``Detector(scores=...)``
+            chooses among them).
     """
 
     name: str
     field: str
     side: str
     transform: Callable[[np.ndarray], np.ndarray]
+    scores: tuple[str, ...] = SCORES
 
 
 SIGNAL_TABLE: tuple[SignalSpec, ...] = (
@@ -199,12 +214,13 @@ SIGNAL_TABLE: tuple[SignalSpec, ...] = (
     SignalSpec("cos", "cos", "upper", np.arccos),  # the angle to the others' mean
     SignalSpec("distance", "sq_dist", "upper", lambda x: np.log(np.maximum(x, TINY))),  # log ‖g − ḡ‖²
     SignalSpec("energy", "energy", "upper", np.cbrt),  # E^{1/3} (Wilson–Hilferty: a χ²-like energy)
+    SignalSpec("persistence", "drift_cos", "upper", lambda x: np.arctanh(np.clip(x, -0.999, 0.999)),
+               ("cusum",)),  # Fisher z of cos(d_t, d_{t−1})
 )
 """Every signal the detectors score, once: ``SIGNALS``, ``SIDES``, ``signal_values``, the records'
 columns and ``naig detect``'s scores all come from it. A new signal is one entry here plus its
 computation in ``naig.monitor.signals`` (a ``RankSignals`` field)."""
 SIGNALS = tuple(spec.name for spec in SIGNAL_TABLE)
-SCORES = ("transient", "cusum")
 ACTIONS = ("log", "warn", "skip", "exclude", "raise")
 SIDES = {spec.name: spec.side for spec in SIGNAL_TABLE}
 _SPEC = {spec.name: spec for spec in SIGNAL_TABLE}
@@ -224,9 +240,10 @@ TAIL_STEPS, RECALIBRATE, SAMPLE_ARL_STATES = 1024, 8, 100
 """Clean steps of normalised values kept to fit the tails (K × 1024 per signal), clean steps
 between two fits (4 × as many once the record holds 64 steps), Brook–Evans states of the
 empirical CUSUM chain."""
-STATE_VERSION = 3
-"""The layout version of ``Detector.state_dict`` (``load_state_dict`` also reads version 2, whose
-states have no tail record: the tails are then fitted afresh)."""
+STATE_VERSION = 4
+"""The layout version of ``Detector.state_dict`` (``load_state_dict`` also reads versions 2, whose
+states have no tail record: the tails are then fitted afresh, and 3, which has no previous
+sketches: ``persistence`` then starts at the next step)."""
 TWO_RANKS = ("monitor with 2 ranks: cos, distance and energy are measured against the mean, where "
              "d_0 = -d_1, so they cannot tell the two ranks apart and are not scored; only non-finite "
              "gradients and the norm are; use 3 or more ranks to compare ranks")
@@ -243,10 +260,12 @@ its validation seeds (docs/results/monitor-detection.md)."""
 DEFAULT_DETECTOR = "monitor"
 """The per-rank score ``naig detect`` (per-step protocol) chose on its validation seeds (a name of
 ``naig.detect.scores.DETECTORS``: the combined rule, every signal and both scores)."""
-DEFAULT_SIGNALS = ("norm", "distance", "energy")
-"""The signals of the default ``Detector`` (``Detector(signals=...)``): not ``cos``, whose sketched
-angle has heavy tails (its spread moves with the step's noise), so it raised the false-alarm rate
-for little detection (docs/results/monitor-detection.md)."""
+DEFAULT_SIGNALS = ("norm", "distance", "energy", "persistence")
+"""The signals of the default ``Detector`` (``Detector(signals=...)``), chosen on the validation
+seeds of ``naig detect --protocol persistent`` (``ndep/δ1``): ``persistence`` raised the mean
+detection at the same false-alarm bound (a repeated batch); not ``cos``, whose sketched angle has
+heavy tails (its spread moves with the step's noise), so it raised the false-alarm rate for little
+detection (docs/results/monitor-detection.md)."""
 DEFAULT_SCORES = SCORES
 """The scores of the default ``Detector`` (``Detector(scores=...)``)."""
 
@@ -765,6 +784,7 @@ class Detector:
         self.recent: dict[str, deque[np.ndarray]] = {s: deque(maxlen=RECENT_STEPS) for s in self.signals}
         self.calibration: dict[str, tuple[float, float]] = {}  # signal → (transient t, CUSUM h) fitted
         self.fresh = 0  # clean steps recorded since the last fit
+        self.last: np.ndarray | None = None  # (K, m) the previous step's sketches (persistence)
         self._stats: dict[str, tuple[float, float, int] | np.ndarray] = {}
 
     @property
@@ -774,9 +794,13 @@ class Detector:
             return 1  # the norm's transient test against the rank's own history
         n = 0
         for s in self.signals:
-            n += "transient" in self.scores
-            n += (2 if SIDES[s] == "both" else 1) * ("cusum" in self.scores)
+            n += self._applies(s, "transient")
+            n += (2 if SIDES[s] == "both" else 1) * self._applies(s, "cusum")
         return n
+
+    def _applies(self, name: str, score: str) -> bool:
+        """Whether a test runs on a signal: asked for (``scores``) and one of the signal's own."""
+        return score in self.scores and score in _SPEC[name].scores
 
     @property
     def cusum_h(self) -> float:
@@ -820,6 +844,9 @@ class Detector:
         flags = [Flag(r, "nonfinite", "nonfinite" if sig.nonfinite[r] else "overflow", math.inf, 0.0,
                       self.step)  # overflow: every entry finite, ‖g‖² beyond float64
                  for r in range(self.world) if not sig.usable[r]]
+        if "persistence" in self.signals:
+            sig = sig.with_previous(self.last)
+            self.last = np.where(sig.usable[:, None], sig.inputs.sketches, np.nan)
         warming = self.warming
         active = sig.usable.copy()
         ref = self._reference(active)
@@ -900,9 +927,10 @@ class Detector:
         if name not in self.calibration:
             sample = self._tail_sample(name)
             side = "both" if SIDES[name] == "both" else "upper"
-            t = tail_quantile(sample, self.alpha, side) if len(sample) else math.nan
+            t = tail_quantile(sample, self.alpha, side) if len(sample) and self._applies(
+                name, "transient") else math.nan
             h = math.nan
-            if "cusum" in self.scores and len(sample) >= TAIL_MIN_EXCEED / TAIL_FRACTION:
+            if self._applies(name, "cusum") and len(sample) >= TAIL_MIN_EXCEED / TAIL_FRACTION:
                 low = self.cusum_h
                 h = cusum_threshold_sample(sample, self.alpha, self.delta, self.clip, low=low)
                 if side == "both":
@@ -977,13 +1005,13 @@ class Detector:
         """Transient and CUSUM flags of one signal into ``out`` (candidate statistics too)."""
         ok = np.isfinite(u)
         two = SIDES[name] == "both"
-        if "transient" in self.scores:
+        if self._applies(name, "transient"):
             t = self._transient_threshold(name)
             for r in np.flatnonzero(ok):
                 v = float(u[r])
                 if v > t or (two and v < -t):
                     out.flags.append(Flag(int(r), name, "transient", v, t, self.step))
-        if "cusum" not in self.scores or self.world <= 2:
+        if not self._applies(name, "cusum") or self.world <= 2:
             return
         h = self.cusum_threshold_of(name)
         inc = np.clip(np.where(ok, u, 0.0), -self.clip, self.clip)
@@ -1048,9 +1076,11 @@ class Detector:
         for name in self.signals:
             blind = name in self.blind or warming
             if "transient" in self.scores:
-                out["transient"][name] = math.nan if blind else self._transient_threshold(name)
+                off = blind or not self._applies(name, "transient")
+                out["transient"][name] = math.nan if off else self._transient_threshold(name)
             if "cusum" in self.scores:
-                out["cusum"][name] = math.nan if blind or self.world <= 2 else self.cusum_threshold_of(name)
+                off = blind or self.world <= 2 or not self._applies(name, "cusum")
+                out["cusum"][name] = math.nan if off else self.cusum_threshold_of(name)
         return out
 
     def state_dict(self) -> dict:
@@ -1061,7 +1091,7 @@ class Detector:
                 "tails": {s: [_plain(row) for row in self.tails[s]] for s in self.signals},
                 "recent": {s: [_plain(row) for row in self.recent[s]] for s in self.signals},
                 "calibration": {s: _plain(np.array(v)) for s, v in self.calibration.items()},
-                "fresh": self.fresh}
+                "fresh": self.fresh, "last": None if self.last is None else [_plain(r) for r in self.last]}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()`` of a detector with the same settings.
@@ -1070,9 +1100,9 @@ class Detector:
             UsageError: another version, other settings (naming the first that differs) or a
                 malformed state.
         """
-        if not isinstance(state, Mapping) or state.get("version") not in (2, STATE_VERSION):
+        if not isinstance(state, Mapping) or state.get("version") not in (2, 3, STATE_VERSION):
             got = state.get("version") if isinstance(state, Mapping) else type(state).__name__
-            raise UsageError(f"not a detector state of version 2 or {STATE_VERSION}", field="state",
+            raise UsageError(f"not a detector state of version 2 to {STATE_VERSION}", field="state",
                              value=got)
         mine, theirs = self.settings(), dict(state.get("settings", {}))
         for key, value in mine.items():
@@ -1087,18 +1117,24 @@ class Detector:
             named = np.array(state["named"], dtype=np.int64).reshape(k)
             pool = {n: _rows(state["pool"][n], k, self.window) for n in self.signals}
             step = int(state["step"])
-            v3 = state["version"] == STATE_VERSION
+            v3 = state["version"] >= 3
             tails = {n: _rows(state["tails"][n] if v3 else [], k, TAIL_STEPS) for n in self.signals}
             recent = {n: _rows(state["recent"][n] if v3 else [], k, RECENT_STEPS) for n in self.signals}
             calibration = {n: tuple(math.nan if v is None else float(v) for v in state["calibration"][n])
                            for n in (state["calibration"] if v3 else {})}
             fresh = int(state["fresh"]) if v3 else 0
+            last_rows = state.get("last") if state["version"] >= 4 else None
+            last = None if last_rows is None else np.array(
+                [[math.nan if v is None else v for v in row] for row in last_rows], dtype=np.float64)
+            if last is not None and (last.ndim != 2 or last.shape[0] != k):
+                raise ValueError(f"the previous sketches are not {k} rows")
             if any(n not in self.signals or len(v) != 2 for n, v in calibration.items()):
                 raise ValueError("a calibration entry is not (t, h) of a signal")
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"malformed detector state ({exc})", field="state") from None
         self.stat, self.start, self.named, self.pool, self.step = stat, start, named, pool, step
         self.tails, self.recent, self.calibration, self.fresh = tails, recent, calibration, fresh
+        self.last = last
         self._stats = {}
 
 

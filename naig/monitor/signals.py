@@ -14,6 +14,12 @@ reduction. It contributes a payload of m + 2 float64 values (``pack``):
 - ``cos``     cos(g_k, ḡ) and ``sq_dist`` ‖g_k − ḡ‖², ḡ = (1/K) Σ_j g_j the reduced mean: exact
   when the framework hands over the exact ⟨g_k, ḡ⟩ and ‖g_k − ḡ‖², sketch estimates otherwise;
 - ``rel_norm`` ‖g_k‖ / median_j ‖g_j‖ (exact; the median over the reference ranks, k included);
+- ``drift_cos`` cos(d_k,t, d_k,t−1), the cosine between rank k's sketched drift from the mean at
+  this step and at the previous one (``previous``: the previous step's sketches, measured against
+  the mean of the same reference ranks; NaN without it). A clean rank draws a new minibatch each
+  step, so its drift is fresh noise and the cosine scatters about 0; a rank whose departure
+  persists in one direction (a batch it keeps reusing, a data shard of another kind, weights
+  that drifted) keeps pointing the same way: the cosine stays high (always a sketch quantity);
 - the gradient noise scale B_simple of the step (McCandlish et al. 2018), one value per step.
 
 **The sketch and its scale.** S is R independent blocks of the project's CountSketch with 14
@@ -78,6 +84,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -100,6 +107,7 @@ __all__ = ["EXACT_ALWAYS", "MAX_BLOCKS", "MonitorSketch", "NoiseScale", "NoiseSc
 EXACT_ALWAYS = frozenset({"sq_norm", "rel_norm"})
 """Quantities that are exact whatever the statistics given (full-dimension float64 norms)."""
 _FROM_MEAN = ("cos", "sq_dist", "mean_sq_norm", "noise")  # exact only with the exact statistics
+_SKETCH_ONLY = frozenset({"energy", "drift_cos"})  # always sketch estimates
 
 
 @dataclass(frozen=True, eq=False)
@@ -329,6 +337,8 @@ class RankSignals:
         sq_norm: ‖g_k‖² (exact; non-finite as reported).
         rel_norm: ‖g_k‖ / median_j ‖g_j‖ over the usable ranks (exact).
         energy: E_k of the sketched drift from the mean sketch (sketch).
+        drift_cos: cos of rank k's sketched drift at this step and the previous one (sketch; NaN
+            without the previous sketches, see ``with_previous``).
         cos: cos(g_k, ḡ) (``kind("cos")``).
         sq_dist: ‖g_k − ḡ‖² (``kind("sq_dist")``).
         mean_sq_norm: ‖ḡ‖² of the usable ranks' mean.
@@ -350,6 +360,7 @@ class RankSignals:
     noise: NoiseScale
     exact: frozenset[str]
     inputs: _Inputs = field(repr=False)
+    drift_cos: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def with_reference(self, reference: np.ndarray) -> RankSignals:
         """The same step measured against the mean of the ``reference`` ranks (a (K,) bool mask).
@@ -361,25 +372,36 @@ class RankSignals:
             raise UsageError(f"expected a ({self.world},) bool mask", field="reference")
         return _signals(self.inputs, self.usable, ref & self.usable)
 
+    def with_previous(self, previous: np.ndarray | None) -> RankSignals:
+        """The same step with the previous step's (K, m) float64 sketches (NaN rows: ranks unusable
+        then), so that ``drift_cos`` is measured; None leaves it NaN.
+
+        Raises:
+            UsageError: for a shape other than this step's sketches'.
+        """
+        prev = _check_previous(previous, self.inputs.sketches.shape)
+        return _signals(dataclasses.replace(self.inputs, previous=prev), self.usable, self.reference)
+
     def kind(self, name: str) -> str:
         """``"exact"`` or ``"sketch"`` for a quantity (``energy``, ``cos``, ``sq_dist``, …).
 
         Raises:
             UsageError: for an unknown name.
         """
-        known = EXACT_ALWAYS | set(_FROM_MEAN) | {"energy"}
+        known = EXACT_ALWAYS | set(_FROM_MEAN) | _SKETCH_ONLY
         if name not in known:
             raise UsageError(f"use one of {', '.join(sorted(known))}", field="name", value=name)
         return "exact" if name in self.exact else "sketch"
 
     def to_dict(self) -> dict:
         """Plain lists and floats (NaN kept as float NaN) with each quantity's kind."""
-        arrays = ("nonfinite", "usable", "reference", "sq_norm", "rel_norm", "energy", "cos", "sq_dist")
+        arrays = ("nonfinite", "usable", "reference", "sq_norm", "rel_norm", "energy", "cos", "sq_dist",
+                  "drift_cos")
         out: dict = {a: getattr(self, a).tolist() for a in arrays}
         out.update(world=self.world, blocks=self.blocks, mean_sq_norm=self.mean_sq_norm,
                    noise={"sq_grad": self.noise.sq_grad, "trace": self.noise.trace,
                           "b_simple": self.noise.b_simple, "batch": self.noise.batch},
-                   kinds={n: self.kind(n) for n in sorted(EXACT_ALWAYS | set(_FROM_MEAN) | {"energy"})})
+                   kinds={n: self.kind(n) for n in sorted(EXACT_ALWAYS | set(_FROM_MEAN) | _SKETCH_ONLY)})
         return out
 
 
@@ -391,7 +413,7 @@ def _psi(line: tuple[int, int, int]) -> np.ndarray:
 def rank_signals(sketches: np.ndarray, sq_norms: np.ndarray, nonfinite: np.ndarray, *,
                  dots: np.ndarray | None = None, sq_dists: np.ndarray | None = None,
                  batch: float = 1.0, line: Sequence[int] = DEFAULT_LINE,
-                 reference: np.ndarray | None = None) -> RankSignals:
+                 reference: np.ndarray | None = None, previous: np.ndarray | None = None) -> RankSignals:
     """Every rank's signals from the gathered statistics (see the module for the formulas).
 
     Args:
@@ -405,18 +427,21 @@ def rank_signals(sketches: np.ndarray, sq_norms: np.ndarray, nonfinite: np.ndarr
         reference: (K,) bool, the ranks whose mean is ḡ (default: every usable rank); unusable
             ranks are dropped from it. Every usable rank is measured against that mean. The exact
             statistics are used only when it holds all K ranks.
+        previous: (K, m) float64, the previous step's sketches (NaN rows for ranks unusable then),
+            for ``drift_cos``; None leaves it NaN.
 
     Returns:
         ``RankSignals``.
 
     Raises:
         UsageError: shapes that disagree, m not a positive multiple of 14, only one of ``dots``
-            and ``sq_dists``, a bad ``batch``, ``line`` or ``reference``.
+            and ``sq_dists``, a bad ``batch``, ``line``, ``reference`` or ``previous``.
     """
     s, sq, bad = _check_inputs(sketches, sq_norms, nonfinite)
     k = s.shape[0]
     inputs = _Inputs(s, sq, bad, *_check_exact(dots, sq_dists, k), check_batch(batch),
-                     parse_line(tuple(line) if not isinstance(line, str) else line))
+                     parse_line(tuple(line) if not isinstance(line, str) else line),
+                     _check_previous(previous, s.shape))
     usable = (bad == 0) & np.isfinite(sq) & np.isfinite(s).all(axis=1)
     if reference is None:
         ref = usable
@@ -439,6 +464,33 @@ class _Inputs:
     sq_dists: np.ndarray | None
     batch: float
     line: tuple[int, int, int]
+    previous: np.ndarray | None = None
+
+
+def _check_previous(previous: object, shape: tuple[int, int]) -> np.ndarray | None:
+    if previous is None:
+        return None
+    prev = np.asarray(previous, dtype=np.float64)
+    if prev.shape != shape:
+        raise UsageError(f"expected shape {shape} (the previous step's sketches), got {prev.shape}",
+                         field="previous")
+    return prev
+
+
+def _drift_cos(inp: _Inputs, drift: np.ndarray, usable: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """(K,) cos(d_k,t, d_k,t−1), both against the mean of the reference ranks (NaN where undefined)."""
+    k = len(drift)
+    if inp.previous is None:
+        return np.full(k, np.nan)
+    p = inp.previous
+    ok = np.isfinite(p).all(axis=1)
+    if not (ref & ok).any():
+        return np.full(k, np.nan)
+    before = p - p[ref & ok].mean(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.einsum("ka,ka->k", drift, before) / (np.linalg.norm(drift, axis=1) *
+                                                   np.linalg.norm(before, axis=1))
+    return np.where(usable & ok & np.isfinite(c), np.clip(c, -1.0, 1.0), np.nan)
 
 
 def _signals(inp: _Inputs, usable: np.ndarray, ref: np.ndarray) -> RankSignals:
@@ -447,7 +499,7 @@ def _signals(inp: _Inputs, usable: np.ndarray, ref: np.ndarray) -> RankSignals:
     nan = np.full(k, np.nan)
     if not ref.any():
         return RankSignals(k, r, bad, usable, ref, sq, nan, nan.copy(), nan.copy(), nan.copy(), math.nan,
-                           noise_scale(sq[ref], math.nan, inp.batch), EXACT_ALWAYS, inp)
+                           noise_scale(sq[ref], math.nan, inp.batch), EXACT_ALWAYS, inp, nan.copy())
     drift = s - s[ref].mean(axis=0)
     e = np.where(usable, energy(drift.reshape(k, r, SKETCH_DIM), _psi(inp.line)).mean(axis=1), np.nan)
     norms = np.sqrt(np.where(usable, sq, np.nan))
@@ -469,7 +521,8 @@ def _signals(inp: _Inputs, usable: np.ndarray, ref: np.ndarray) -> RankSignals:
         exact = EXACT_ALWAYS
     cos = np.where(usable & (norms > 0), np.clip(cos, -1.0, 1.0), np.nan)
     return RankSignals(k, r, bad, usable, ref, sq, rel, e, cos, np.where(usable, dist, np.nan), mean_sq,
-                       noise_scale(sq[ref], mean_sq, inp.batch), frozenset(exact), inp)
+                       noise_scale(sq[ref], mean_sq, inp.batch), frozenset(exact), inp,
+                       _drift_cos(inp, drift, usable, ref))
 
 
 def _check_inputs(sketches: object, sq_norms: object, nonfinite: object
