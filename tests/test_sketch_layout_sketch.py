@@ -122,3 +122,38 @@ def test_refusals() -> None:
         LayoutSketch.from_segments(["w"], np.array([[2, 4, 0, 0]]), 5)
     with pytest.raises(UsageError, match="size differs"):
         sk.of_tensors([torch.zeros(3)])
+
+
+FALLBACK_CHILD = """
+import sys, warnings
+{block}
+import torch
+from naig.monitor.signals import MonitorSketch, pack
+sketch = MonitorSketch.build([("w", 100), ("b", 7)], seed=0)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        pack(torch.ones(107), sketch)
+print(len(caught))
+for w in caught:
+    print(w.category.__name__, str(w.message))
+"""
+
+
+@pytest.mark.parametrize("env, warned", [({}, 1), ({"NAIG_PURE_NUMPY": "1"}, 0)])
+def test_the_monitor_warns_once_when_the_kernel_was_not_built(env: dict, warned: int) -> None:
+    """The C extension made unimportable: one warning for the process (three packs), none when asked."""
+    import os
+    import subprocess
+    import sys
+
+    from naig.sketch.layout_sketch import FALLBACK
+
+    code = FALLBACK_CHILD.format(block="sys.modules['naig.sketch._kernel'] = None")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **env})
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert int(lines[0]) == warned, lines
+    if warned:
+        assert lines[1] == f"UserWarning {FALLBACK['numpy']}"

@@ -51,16 +51,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from naig.errors import UsageError
+from naig.errors import UsageError, warn_caller
 from naig.sketch.core import MASK, SKETCH_DIM, bucket_of, check_seed, splitmix64_array, tensor_key
 
-__all__ = ["CHUNK", "IMPLS", "LayoutSketch", "compiled_available", "triton_available"]
+__all__ = ["CHUNK", "FALLBACK", "IMPLS", "LayoutSketch", "compiled_available", "triton_available"]
 
 CHUNK = 1 << 16  # values per chunk of the torch and numpy bodies (bounded temporaries)
 IMPLS = ("auto", "compiled", "triton", "torch", "numpy")
 
+_PURE = os.environ.get("NAIG_PURE_NUMPY") == "1"
 try:
-    if os.environ.get("NAIG_PURE_NUMPY") == "1":
+    if _PURE:
         raise ImportError("pure numpy path requested")
     from naig.sketch import _kernel  # type: ignore[attr-defined]
 
@@ -73,6 +74,26 @@ for _name, _code in (("float8_e4m3fn", 4), ("float8_e5m2", 5), ("float8_e4m3fnuz
                      ("float8_e8m0fnu", 8)):
     if hasattr(torch, _name):
         _CODES[getattr(torch, _name)] = _code
+
+
+FALLBACK = {
+    "numpy": ("naig's C sketch kernel is not built, so CPU gradients are sketched with numpy, about 10x "
+              "slower (rebuild it with a C compiler: pip install -e . or python setup.py build_ext --inplace; "
+              "NAIG_PURE_NUMPY=1 asks for numpy and silences this)"),
+    "torch": ("triton is not importable, so CUDA gradients are sketched with torch's index_add_, far below "
+              "memory speed (pip install 'naig[triton]')"),
+}
+"""The one-line warning given once per process when ``auto`` falls back to a slower body than the
+device has (``FALLBACK[body]``): nothing about the results changes, only the speed."""
+_WARNED: set[str] = set()
+
+
+def _fallback(body: str) -> str:
+    """Warn once per process that ``auto`` chose ``body`` for want of the faster one."""
+    if body not in _WARNED:
+        _WARNED.add(body)
+        warn_caller(FALLBACK[body])
+    return body
 
 
 def compiled_available() -> bool:
@@ -251,9 +272,12 @@ class LayoutSketch:
             raise UsageError(f"use one of {', '.join(IMPLS)}", field="impl", value=impl)
         if impl == "auto":
             if x.device.type == "cpu":
-                impl = "compiled" if _KERNEL is not None and x.dtype in _CODES else "numpy"
+                impl = "compiled" if _KERNEL is not None and x.dtype in _CODES else (
+                    "numpy" if _KERNEL is not None or _PURE else _fallback("numpy"))
+            elif x.device.type == "cuda":
+                impl = "triton" if triton_available() else _fallback("torch")
             else:
-                impl = "triton" if x.device.type == "cuda" and triton_available() else "torch"
+                impl = "torch"
         if impl == "compiled" and (_KERNEL is None or x.device.type != "cpu" or x.dtype not in _CODES):
             raise UsageError("the C kernel is not built (or NAIG_PURE_NUMPY=1), or x is not a CPU tensor of "
                              "a float dtype it reads", field="impl", value=impl)
