@@ -506,7 +506,9 @@ def test_drift_cos_is_the_cosine_of_this_and_the_previous_steps_drift() -> None:
     a, b = now - now.mean(0), prev - prev.mean(0)
     want = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
     np.testing.assert_allclose(sig.drift_cos, want, rtol=1e-12)
-    assert np.isnan(rank_signals(now, np.ones(4), np.zeros(4)).drift_cos).all()  # no previous step
+    bare = rank_signals(now, (now * now).sum(1), np.zeros(4))
+    assert np.isnan(bare.drift_cos).all()  # no previous step
+    np.testing.assert_array_equal(bare.with_previous(prev).drift_cos, sig.drift_cos)
     ref = np.array([True, True, False, True])  # the same reference mean at both steps
     b3 = prev - prev[ref].mean(0)
     a3 = now - now[ref].mean(0)

@@ -380,7 +380,12 @@ class RankSignals:
             UsageError: for a shape other than this step's sketches'.
         """
         prev = _check_previous(previous, self.inputs.sketches.shape)
-        return _signals(dataclasses.replace(self.inputs, previous=prev), self.usable, self.reference)
+        inputs = dataclasses.replace(self.inputs, previous=prev)
+        s, ref = inputs.sketches, self.reference
+        if not ref.any():
+            return dataclasses.replace(self, inputs=inputs)  # drift_cos stays NaN
+        drift = s - s[ref].mean(axis=0)  # only drift_cos depends on the previous step
+        return dataclasses.replace(self, inputs=inputs, drift_cos=_drift_cos(inputs, drift, self.usable, ref))
 
     def kind(self, name: str) -> str:
         """``"exact"`` or ``"sketch"`` for a quantity (``energy``, ``cos``, ``sq_dist``, …).
