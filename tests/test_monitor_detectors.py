@@ -558,3 +558,47 @@ def test_a_resumed_detector_keeps_the_previous_sketches_for_persistence() -> Non
     resumed.load_state_dict(state)
     assert [repr(resumed.update(s)) for s in steps[35:]] == decisions[35:]
     assert any("persistence" in d for d in decisions[30:])
+
+
+def test_a_state_saved_before_persistence_existed_loads_into_the_default_detector() -> None:
+    """A version-3 state of the earlier default signals: the other signals continue, persistence starts."""
+    older = ("norm", "distance", "energy")
+    steps = [_signals(g) for g in _stream(4, 50, 1.0, seed=4)]
+    before = Detector(4, signals=older, quiet=True)
+    for s in steps[:40]:
+        before.update(s)
+    state = before.state_dict()
+    state = {k: v for k, v in state.items() if k != "last"} | {"version": 3}
+    now = Detector(4, quiet=True)
+    now.load_state_dict(state)
+    assert now.step == 40 and len(now.pool["persistence"]) == 0 and now.last is None
+    assert [list(v) for v in now.pool["norm"]] == [list(v) for v in before.pool["norm"]]
+    now.update(steps[40])
+    with pytest.raises(UsageError, match="signals"):  # another set of signals is still refused
+        Detector(4, signals=("norm", "persistence"), quiet=True).load_state_dict(state)
+
+
+@pytest.mark.parametrize("last", [[[1.0] * 28] * 3, [[1.0] * 7] * 4, [["1.5"] * 14] * 4,
+                                  [[True] * 14] * 4, [[[1.0]]] * 4, "x"])
+def test_a_state_with_malformed_previous_sketches_is_refused(last: object) -> None:
+    det = Detector(4, quiet=True)
+    for g in _stream(4, 20, 1.0, seed=2):
+        det.update(_signals(g))
+    state = det.state_dict() | {"last": last}
+    with pytest.raises(UsageError, match="malformed detector state"):
+        Detector(4, quiet=True).load_state_dict(state)
+
+
+def test_another_sketch_width_starts_persistence_afresh_instead_of_failing() -> None:
+    det = Detector(4, quiet=True)
+    rng = np.random.default_rng(0)
+    for m in (14, 14, 28, 28):
+        d = det.update(rank_signals(rng.standard_normal((4, m)), np.ones(4), np.zeros(4)))
+    assert det.step == 4 and d.step == 4 and det.last.shape == (4, 28)
+
+
+def test_a_signal_none_of_whose_tests_is_asked_for_is_refused() -> None:
+    with pytest.raises(UsageError, match="persistence is scored by cusum only"):
+        Detector(4, signals=("persistence",), scores=("transient",))
+    with pytest.raises(UsageError, match="persistence"):
+        Detector(4, signals=("norm", "persistence"), scores=("transient",))

@@ -11,7 +11,7 @@ import pytest
 
 from naig.errors import DataError, UsageError
 from naig.gibbs import naig_weights
-from naig.monitor import Detector, Monitor, rank_signals
+from naig.monitor import SIGNALS, Detector, Monitor, rank_signals
 from naig.monitor.records import (
     CSV_COLUMNS,
     PREFIX,
@@ -424,3 +424,28 @@ def test_reading_a_log_loads_no_torch() -> None:
     code = "import sys, naig.monitor as m; m.MonitorHook; print('torch' in sys.modules, m.Monitor.__module__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["True", "naig.monitor.observe"]
+
+
+def test_a_csv_written_before_a_signal_existed_reads_and_appends_with_its_own_header(tmp_path) -> None:
+    """A log whose header lacks persistence's columns (as naig wrote before that signal) reads back, and
+    ``append=True`` continues it with the file's header, the steps numbered after its last."""
+    import csv
+
+    from naig.monitor.records import csv_columns
+
+    full = tmp_path / "full.csv"
+    _run(CsvRecords(full))
+    older = tuple(s for s in SIGNALS if s != "persistence")
+    head = csv_columns(older)
+    rows = list(csv.reader(full.open(newline="")))
+    keep = [rows[0].index(c) for c in head]
+    old = tmp_path / "old.csv"
+    with old.open("w", newline="") as fh:
+        csv.writer(fh).writerows([[r[j] for j in keep] for r in rows])
+    log = read_log(old)
+    assert "persistence" not in log.scores and set(older) <= set(log.scores)
+    np.testing.assert_array_equal(log.scores["norm"], read_log(full).scores["norm"])
+    _run(CsvRecords(old, append=True), seed=1)
+    again = list(csv.reader(old.open(newline="")))
+    assert tuple(again[0]) == head and all(len(r) == len(head) for r in again if r)
+    np.testing.assert_array_equal(read_log(old).steps, np.arange(1, 2 * STEPS + 1))

@@ -242,10 +242,11 @@ between two fits (4 × as many once the record holds 64 steps), Brook–Evans st
 empirical CUSUM chain."""
 STATE_VERSION = 4
 """The layout version of ``Detector.state_dict`` (``load_state_dict`` also reads versions 2, whose
-states have no tail record: the tails are then fitted afresh, and 3, which has no previous
-sketches: ``persistence`` then starts at the next step)."""
-TWO_RANKS = ("monitor with 2 ranks: cos, distance and energy are measured against the mean, where "
-             "d_0 = -d_1, so they cannot tell the two ranks apart and are not scored; only non-finite "
+states have no tail record: the tails are then fitted afresh, and 3, saved before ``persistence``
+existed: a version-3 state whose signals are this detector's without ``persistence`` loads, and
+persistence starts afresh, with an empty pool and no previous sketches)."""
+TWO_RANKS = ("monitor with 2 ranks: cos, distance, energy and persistence are measured against the mean, "
+             "where d_0 = -d_1, so they cannot tell the two ranks apart and are not scored; only non-finite "
              "gradients and the norm are; use 3 or more ranks to compare ranks")
 """The one-line warning of a 2-rank ``Detector`` (see "Two ranks" in the module docstring)."""
 WARMUP = ("monitor warm-up: only non-finite gradients are checked until {steps} clean steps of history "
@@ -759,6 +760,10 @@ class Detector:
         self.hold = _check_int(hold, "hold", 0)
         self.signals = _check_subset(signals, SIGNALS, "signals")
         self.scores = _check_subset(scores, SCORES, "scores")
+        for s in self.signals:
+            if not any(self._applies(s, score) for score in SCORES):
+                raise UsageError(f"{s} is scored by {' and '.join(_SPEC[s].scores)} only, which scores does "
+                                 "not hold; add it to scores or drop the signal", field="signals", value=s)
         if isinstance(false_alarm, bool) or not isinstance(false_alarm, int | float) or not (
                 0 < false_alarm < 1):
             raise UsageError("must be a probability in (0, 1), e.g. 0.001", field="false_alarm",
@@ -845,7 +850,8 @@ class Detector:
                       self.step)  # overflow: every entry finite, ‖g‖² beyond float64
                  for r in range(self.world) if not sig.usable[r]]
         if "persistence" in self.signals:
-            sig = sig.with_previous(self.last)
+            same = self.last is not None and self.last.shape == sig.inputs.sketches.shape
+            sig = sig.with_previous(self.last if same else None)  # another sketch width: start afresh
             self.last = np.where(sig.usable[:, None], sig.inputs.sketches, np.nan)
         warming = self.warming
         active = sig.usable.copy()
@@ -1105,29 +1111,33 @@ class Detector:
             raise UsageError(f"not a detector state of version 2 to {STATE_VERSION}", field="state",
                              value=got)
         mine, theirs = self.settings(), dict(state.get("settings", {}))
+        saved = list(theirs.get("signals") or [])
+        older = [s for s in self.signals if s != "persistence"]
+        if state["version"] <= 3 and "persistence" in self.signals and saved == older:
+            theirs["signals"] = list(self.signals)  # saved before persistence existed: it starts afresh
         for key, value in mine.items():
             other = theirs.get(key)
             if (list(other) if isinstance(other, list | tuple) else other) != value:
                 raise UsageError(f"the state was saved with {key}={other!r}, this detector has {value!r}",
                                  field=key, value=other)
         try:
-            k, s = self.world, len(self.signals)
-            stat = np.array(state["stat"], dtype=np.float64).reshape(s, k, 2)
-            start = np.array(state["start"], dtype=np.int64).reshape(s, k, 2)
+            k, s = self.world, len(saved)
+            stat = _insert_rows(np.array(state["stat"], dtype=np.float64).reshape(s, k, 2), saved,
+                                self.signals)
+            start = _insert_rows(np.array(state["start"], dtype=np.int64).reshape(s, k, 2), saved,
+                                 self.signals)
             named = np.array(state["named"], dtype=np.int64).reshape(k)
-            pool = {n: _rows(state["pool"][n], k, self.window) for n in self.signals}
+            pool = {n: _rows(state["pool"][n] if n in saved else [], k, self.window) for n in self.signals}
             step = int(state["step"])
             v3 = state["version"] >= 3
-            tails = {n: _rows(state["tails"][n] if v3 else [], k, TAIL_STEPS) for n in self.signals}
-            recent = {n: _rows(state["recent"][n] if v3 else [], k, RECENT_STEPS) for n in self.signals}
+            tails = {n: _rows(state["tails"][n] if v3 and n in saved else [], k, TAIL_STEPS)
+                     for n in self.signals}
+            recent = {n: _rows(state["recent"][n] if v3 and n in saved else [], k, RECENT_STEPS)
+                      for n in self.signals}
             calibration = {n: tuple(math.nan if v is None else float(v) for v in state["calibration"][n])
                            for n in (state["calibration"] if v3 else {})}
             fresh = int(state["fresh"]) if v3 else 0
-            last_rows = state.get("last") if state["version"] >= 4 else None
-            last = None if last_rows is None else np.array(
-                [[math.nan if v is None else v for v in row] for row in last_rows], dtype=np.float64)
-            if last is not None and (last.ndim != 2 or last.shape[0] != k):
-                raise ValueError(f"the previous sketches are not {k} rows")
+            last = _sketch_rows(state.get("last") if state["version"] >= 4 else None, k)
             if any(n not in self.signals or len(v) != 2 for n, v in calibration.items()):
                 raise ValueError("a calibration entry is not (t, h) of a signal")
         except (KeyError, TypeError, ValueError) as exc:
@@ -1136,6 +1146,32 @@ class Detector:
         self.tails, self.recent, self.calibration, self.fresh = tails, recent, calibration, fresh
         self.last = last
         self._stats = {}
+
+
+def _insert_rows(a: np.ndarray, saved: list[str], signals: tuple[str, ...]) -> np.ndarray:
+    """Per-signal rows of a state in ``signals`` order; a signal the state lacks gets zeros."""
+    out = np.zeros((len(signals), *a.shape[1:]), dtype=a.dtype)
+    for i, name in enumerate(signals):
+        if name in saved:
+            out[i] = a[saved.index(name)]
+    return out
+
+
+def _sketch_rows(rows: object, k: int) -> np.ndarray | None:
+    """The previous step's (K, m) sketches of a state (None as NaN), m a positive multiple of 14.
+
+    Raises:
+        ValueError: another shape, or an entry that is not a number.
+    """
+    if rows is None:
+        return None
+    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows) or any(
+            isinstance(v, bool) or not (v is None or isinstance(v, int | float)) for r in rows for v in r):
+        raise ValueError("the previous sketches are not rows of numbers")
+    last = np.array([[math.nan if v is None else v for v in r] for r in rows], dtype=np.float64)
+    if last.ndim != 2 or last.shape[0] != k or last.shape[1] == 0 or last.shape[1] % 14:
+        raise ValueError(f"the previous sketches are not {k} rows of 14·R values")
+    return last
 
 
 def _plain(row: np.ndarray) -> list[float | None]:

@@ -89,8 +89,10 @@ _WARNED: set[str] = set()
 
 
 def _fallback(body: str) -> str:
-    """Warn once per process that ``auto`` chose ``body`` for want of the faster one."""
-    if body not in _WARNED:
+    """Warn once per process that ``auto`` chose ``body`` for want of the faster one (not for numpy
+    when ``NAIG_PURE_NUMPY=1`` asks for it, read now)."""
+    asked = body == "numpy" and os.environ.get("NAIG_PURE_NUMPY") == "1"
+    if body not in _WARNED and not asked:
         _WARNED.add(body)
         warn_caller(FALLBACK[body])
     return body
@@ -273,7 +275,7 @@ class LayoutSketch:
         if impl == "auto":
             if x.device.type == "cpu":
                 impl = "compiled" if _KERNEL is not None and x.dtype in _CODES else (
-                    "numpy" if _KERNEL is not None or _PURE else _fallback("numpy"))
+                    "numpy" if _KERNEL is not None or x.dtype not in _CODES else _fallback("numpy"))
             elif x.device.type == "cuda":
                 impl = "triton" if triton_available() else _fallback("torch")
             else:

@@ -52,7 +52,8 @@ after its last; ``overwrite=True`` replaces it (the file a crashed run left); wi
 existing file is refused.
 
 **CSV** (``CsvRecords``): one row per rank per step, columns ``CSV_COLUMNS``; non-finite values as
-``nan``/``inf``.
+``nan``/``inf``. A CSV written before a signal existed (its header lacks that signal's columns,
+``csv_columns``) reads back without them and ``append=True`` continues it with its own header.
 
 **TensorBoard** (``TensorBoardRecords``, the optional extra ``naig[tensorboard]``): scalars under
 ``naig_monitor/`` at global step = the step: ``max_score``, ``max_rank``, ``k_eff``,
@@ -69,6 +70,8 @@ from naig.monitor.records.schema import (
     CSV_COLUMNS,
     PREFIX,
     SCHEMA_VERSION,
+    csv_columns,
+    csv_signals,
     decision_scalars,
     decode,
     encode,
@@ -88,4 +91,5 @@ from naig.monitor.records.writers import (
 
 __all__ = ["CSV_COLUMNS", "ON_ERROR", "PREFIX", "SCHEMA_VERSION", "CsvRecords", "JsonlRecords",
            "LoggerRecords", "MAX_WORLD", "MonitorLog", "Records", "RecordWriter", "TensorBoardRecords",
-           "decision_scalars", "decode", "encode", "flat_scalars", "k_eff", "read_log", "step_record"]
+           "csv_columns", "csv_signals", "decision_scalars", "decode", "encode", "flat_scalars", "k_eff",
+           "read_log", "step_record"]

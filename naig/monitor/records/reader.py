@@ -18,7 +18,7 @@ import numpy as np
 from naig.errors import DataError
 from naig.io import missing_reason
 from naig.monitor.detectors import SIGNALS
-from naig.monitor.records.schema import CSV_COLUMNS, SCHEMA_VERSION, decode
+from naig.monitor.records.schema import CSV_COLUMNS, SCHEMA_VERSION, csv_signals, decode
 
 __all__ = ["MAX_WORLD", "MonitorLog", "read_log"]
 
@@ -272,20 +272,21 @@ def _read_csv(p: Path) -> MonitorLog:
             ends = [True]
             reader = csv.reader(_limited_lines(p, fh, _HEADER_BYTES, ends))
             head = tuple(next(reader, ()))
-            if head != CSV_COLUMNS:
+            signals = csv_signals(head)  # a log written before a signal existed lacks its columns
+            if signals is None:
                 missing = [c for c in CSV_COLUMNS if c not in head]
                 raise _bad(p, 1, f"a monitor CSV header without the column {missing[0]!r}" if missing
                            and len(missing) < len(CSV_COLUMNS) // 2 else
                            "not a naig monitor CSV header (nor JSONL)")
-            col = {c: j for j, c in enumerate(CSV_COLUMNS)}
+            col = {c: j for j, c in enumerate(head)}
             last = 0
             for row in reader:
                 if not row:
                     continue  # a blank line
-                if not ends[0] and len(row) != len(CSV_COLUMNS):  # the last line, cut
-                    cut = f"line {reader.line_num} was cut ({len(row)} of {len(CSV_COLUMNS)} fields)"
+                if not ends[0] and len(row) != len(head):  # the last line, cut
+                    cut = f"line {reader.line_num} was cut ({len(row)} of {len(head)} fields)"
                     break
-                last = _csv_row(p, reader.line_num, row, col, by_step, hosts, last)
+                last = _csv_row(p, reader.line_num, row, col, signals, by_step, hosts, last)
     except UnicodeDecodeError as exc:
         raise DataError(f"{p}: not UTF-8 text ({exc.reason}); is it a monitor record?") from None
     except csv.Error as exc:
@@ -307,16 +308,16 @@ def _read_csv(p: Path) -> MonitorLog:
             shown = sorted(d["ranks"])[:8]
             raise DataError(f"{p}: step {step} has rows for {len(d['ranks'])} ranks ({shown}...), not the "
                             f"{world} of 0..{world - 1}")
-        scores = {s: np.array([d["scores"][k][s] for k in range(world)]) for s in SIGNALS}
+        scores = {s: np.array([d["scores"][k][s] for k in range(world)]) for s in d["scores"][0]}
         rows.append((step, d["flagged"], tuple(d["flags"]), scores, d["k_eff"], d["where"]))
     return _log(p, "csv", world, tuple(hosts[k] for k in range(world)), rows, cut)
 
 
-def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], by_step: dict, hosts: dict,
-             last: int) -> int:
+def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], signals: tuple[str, ...], by_step: dict,
+             hosts: dict, last: int) -> int:
     """Add one CSV row to ``by_step``; returns its step (steps never go back: one run, or appended runs)."""
-    if len(row) != len(CSV_COLUMNS):
-        raise _bad(p, line, f"{len(row)} fields, expected {len(CSV_COLUMNS)} (truncated?)")
+    if len(row) != len(col):
+        raise _bad(p, line, f"{len(row)} fields, expected {len(col)} (truncated?)")
 
     def field(name: str, parse: Callable[[str], Any]) -> Any:
         try:
@@ -327,7 +328,7 @@ def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], by_step: d
     step = field("step", lambda v: _positive_int(int(v)))
     rank = field("rank", lambda v: _rank(int(v), MAX_WORLD))
     flagged = row[col["flagged"]] == "1"
-    scores = {s: field(f"score_{s}", float) for s in SIGNALS}
+    scores = {s: field(f"score_{s}", float) for s in signals}
     keff = field("k_eff", float)
     if step < last:
         raise _bad(p, line, f"step {step} after step {last}: steps must increase (two runs concatenated, or "

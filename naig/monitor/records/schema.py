@@ -17,7 +17,8 @@ from naig.monitor.detectors import SCORES, SIDES, SIGNALS, Decision
 if TYPE_CHECKING:
     from naig.monitor.signals import RankSignals
 
-__all__ = ["CSV_COLUMNS", "PREFIX", "SCHEMA_VERSION", "decision_scalars", "decode", "encode", "flat_scalars",
+__all__ = ["CSV_COLUMNS", "PREFIX", "SCHEMA_VERSION", "csv_columns", "csv_signals", "decision_scalars",
+           "decode", "encode", "flat_scalars",
            "k_eff", "step_record"]
 
 
@@ -25,10 +26,22 @@ SCHEMA_VERSION = 1
 PREFIX = "naig_monitor/"
 _ENCODED = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _PER_RANK = ("nonfinite", "usable", "sq_norm", "rel_norm", "energy", "cos", "sq_dist")
-CSV_COLUMNS = ("step", "rank", "host", "flagged", "flags", "where", *_PER_RANK, "cos_kind", "sq_dist_kind",
-               "weight", *(f"score_{s}" for s in SIGNALS), *(f"{c}_{s}" for s in SIGNALS for c in SCORES),
-               "max_score", "k_eff", "b_simple")
+def csv_columns(signals: tuple[str, ...] = SIGNALS) -> tuple[str, ...]:
+    """The CSV header for the scores of ``signals`` (in ``SIGNALS`` order): one row per rank per step."""
+    return ("step", "rank", "host", "flagged", "flags", "where", *_PER_RANK, "cos_kind", "sq_dist_kind",
+            "weight", *(f"score_{s}" for s in signals), *(f"{c}_{s}" for s in signals for c in SCORES),
+            "max_score", "k_eff", "b_simple")
+
+
+CSV_COLUMNS = csv_columns()
 """The CSV header: one row per rank per step."""
+
+
+def csv_signals(header: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The signals of a monitor CSV header (a file written before a signal existed has fewer), or
+    None when it is not one."""
+    signals = tuple(s for s in SIGNALS if f"score_{s}" in header)
+    return signals if signals and tuple(header) == csv_columns(signals) else None
 
 
 def encode(obj: Any) -> Any:

@@ -21,6 +21,7 @@ from naig.monitor.records.schema import (
     CSV_COLUMNS,
     PREFIX,
     SCHEMA_VERSION,
+    csv_signals,
     encode,
     flat_scalars,
     step_record,
@@ -335,8 +336,9 @@ class CsvRecords(_FileRecords):
         _check_path(self.path, "path", self.append, self.overwrite)
         self._hosts = header["hosts"]
         old = self.append and self.path.exists() and self.path.stat().st_size > 0
-        if old:
-            self._offset = _last_csv_step(self.path)
+        self._columns = CSV_COLUMNS
+        if old:  # continued with the file's own header (one written before a signal existed has fewer)
+            self._offset, self._columns = _last_csv_step(self.path)
         self._fh = self.path.open("a" if self.append else "w", newline="", encoding="utf-8")
         self._csv = csv.writer(self._fh)
         if not old:
@@ -352,6 +354,9 @@ class CsvRecords(_FileRecords):
                    *(_cell(record["scores"].get(n, [math.nan] * sig["world"])[k]) for n in SIGNALS),
                    *(_cell(record[c].get(n, [math.nan] * sig["world"])[k]) for n in SIGNALS for c in SCORES),
                    _cell(s["max_score"]), _cell(s["k_eff"]), _cell(s["b_simple"])]
+            if self._columns != CSV_COLUMNS:
+                cells = dict(zip(CSV_COLUMNS, row, strict=True))
+                row = [cells[c] for c in self._columns]
             self._csv.writerow(row)
         self._fh.flush()
 
@@ -366,13 +371,15 @@ def _cell(v: Any) -> Any:
     return repr(float(v)) if isinstance(v, float) else v
 
 
-def _last_csv_step(path: Path) -> int:
+def _last_csv_step(path: Path) -> tuple[int, tuple[str, ...]]:
+    """The last step of a monitor CSV and its header (``CSV_COLUMNS``, or fewer signals' columns)."""
     try:
         with path.open(newline="", encoding="utf-8") as fh:
             rows = csv.reader(fh)
-            if tuple(next(rows, ())) != CSV_COLUMNS:
+            head = tuple(next(rows, ()))
+            if csv_signals(head) is None:
                 raise ValueError("header")
-            return max((int(row[0]) for row in rows if row), default=0)
+            return max((int(row[0]) for row in rows if row), default=0), head
     except (ValueError, IndexError, UnicodeDecodeError) as exc:
         raise UsageError(f"is not a naig monitor CSV ({type(exc).__name__}); pass another path", field="path",
                          value=str(path)) from None
