@@ -194,7 +194,7 @@ def test_a_corrupted_rank_is_named_alone_at_its_step(k: int, kind: str, snr: flo
 
 def test_every_rank_decides_the_same_from_the_same_data() -> None:
     steps = _stream(4, 45, 3.0, seed=1)
-    dets = [Detector(4, quiet=True) for _ in range(3)]
+    dets = [Detector(4, signals=SIGNALS, quiet=True) for _ in range(3)]  # a one-step flip: cos, as above
     for i, g in enumerate(steps):
         g = _corrupt(g, 1, "flip") if i == 44 else g
         sig = _signals(g)
