@@ -78,8 +78,8 @@ for _name, _code in (("float8_e4m3fn", 4), ("float8_e5m2", 5), ("float8_e4m3fnuz
 
 FALLBACK = {
     "numpy": ("naig's C sketch kernel is not built, so CPU gradients are sketched with numpy, about 10x "
-              "slower (rebuild it with a C compiler: pip install -e . or python setup.py build_ext "
-              "--inplace; NAIG_PURE_NUMPY=1 asks for numpy and silences this)"),
+              "slower (reinstall naig where a C compiler is available, which builds it; "
+              "NAIG_PURE_NUMPY=1 asks for numpy and silences this)"),
     "torch": ("triton is not importable, so CUDA gradients are sketched with torch's index_add_, far below "
               "memory speed (pip install 'naig[triton]')"),
 }
