@@ -269,9 +269,9 @@ DEFAULT_DETECTOR = "monitor"
 DEFAULT_SIGNALS = ("norm", "distance", "energy", "persistence")
 """The signals of the default ``Detector`` (``Detector(signals=...)``), chosen on the validation
 seeds of the persistent-fault protocol (``naig.detect.sequential``; ``ndep/δ1``): ``persistence``
-raised the mean detection at the same false-alarm bound (a repeated batch); not ``cos``, whose sketched angle has
-heavy tails (its spread moves with the step's noise), so it raised the false-alarm rate for little
-detection (docs/results/monitor-detection.md)."""
+raised the mean detection at the same false-alarm bound (a repeated batch); not ``cos``, whose
+sketched angle has heavy tails (its spread moves with the step's noise), so it raised the
+false-alarm rate for little detection (docs/results/monitor-detection.md)."""
 DEFAULT_SCORES = SCORES
 """The scores of the default ``Detector`` (``Detector(scores=...)``)."""
 
