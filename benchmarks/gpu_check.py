@@ -93,12 +93,14 @@ from typing import Any, NoReturn
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from naig import __version__ as naig_version
 from naig import sketch_state_dict
 from naig.errors import NaigError, UsageError
 from naig.io import json_ready
-from naig.monitor import Monitor
+from naig.monitor import Monitor, MonitorHook
 from naig.monitor.signals import MonitorSketch
 from naig.simulate import SimulateConfig, StepEvent, parse_int_list, run_experiment
 from naig.simulate.engines import buffer_rows
@@ -488,17 +490,37 @@ def _kernel_check(name: str, widths: tuple[int, ...], device: torch.device, args
     return out
 
 
+def _one_rank_group(device: torch.device, out: Path) -> str:
+    """A one-rank default process group for the DDP variants (NCCL on CUDA, gloo on CPU); its backend."""
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        store = out / "one-rank-store"
+        store.unlink(missing_ok=True)
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=120))
+    return dist.get_backend()
+
+
 def _step_overhead(name: str, widths: tuple[int, ...], device: torch.device, args: argparse.Namespace,
                    log: _Log) -> dict[str, Any]:
-    """One GPU: SGD steps of the MLP with and without ``Monitor.observe`` of its gradients, interleaved."""
+    """One GPU: SGD steps of the MLP plain, with ``Monitor.observe`` of its gradients, under one-rank DDP,
+    and under one-rank DDP with ``MonitorHook`` (``log``), interleaved; every variant from the same init."""
     gen = torch.Generator(device=device).manual_seed(0)
     batch = 64
-    variants = {}
-    for variant in ("plain", "observe"):
+    backend = _one_rank_group(device, Path(args.out))
+    variants: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer, Monitor | None]] = {}
+    for variant in ("plain", "observe", "ddp", "ddp+hook"):
+        torch.manual_seed(0)
         model = _mlp(widths, device)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-        monitor = Monitor(window=8) if variant == "observe" else None
-        variants[variant] = (model, opt, monitor)
+        monitor = Monitor(window=8) if variant in ("observe", "ddp+hook") else None
+        if variant.startswith("ddp"):
+            module = model
+            model = DistributedDataParallel(module, device_ids=[device.index or 0] if device.type == "cuda"
+                                            else None)
+            if monitor is not None:
+                MonitorHook(module, monitor=monitor).register(model)
+                monitor = None  # the hook reads the buckets itself
+        variants[variant] = (model, torch.optim.SGD(model.parameters(), lr=1e-4), monitor)
 
     def step(variant: str) -> None:
         model, opt, monitor = variants[variant]
@@ -521,13 +543,21 @@ def _step_overhead(name: str, widths: tuple[int, ...], device: torch.device, arg
                 step(variant)
             _sync(device)
             times[variant].append(1000 * (time.perf_counter() - t0) / args.monitor_steps)
-    plain, watched = statistics.median(times["plain"]), statistics.median(times["observe"])
-    rounds = [w / p for w, p in zip(times["observe"], times["plain"], strict=True)]
+    ms = {v: statistics.median(t) for v, t in times.items()}
+
+    def paired(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
+
     out = {"n_params": sum(p.numel() for p in variants["plain"][0].parameters()), "batch": batch,
-           "ms_plain": plain, "ms_observe": watched, "ratio": watched / plain,
-           "paired_ratio": statistics.median(rounds)}
-    log(f"  monitor step {name} ({out['n_params']:,} parameters, batch {batch}): plain {plain:.2f} ms, "
-        f"observe {watched:.2f} ms, ratio {out['ratio']:.3f} (paired {out['paired_ratio']:.3f})")
+           "backend": backend, "ms": ms, "ms_plain": ms["plain"], "ms_observe": ms["observe"],
+           "ratio": ms["observe"] / ms["plain"], "paired_ratio": paired("observe", "plain"),
+           "ddp_ratio": ms["ddp+hook"] / ms["ddp"], "ddp_paired_ratio": paired("ddp+hook", "ddp")}
+    if device.type == "cuda":
+        out["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    log(f"  monitor step {name} ({out['n_params']:,} parameters, batch {batch}): plain {ms['plain']:.2f} ms, "
+        f"observe {ms['observe']:.2f} ms, ratio {out['ratio']:.3f} (paired {out['paired_ratio']:.3f}); "
+        f"one-rank DDP ({backend}) {ms['ddp']:.2f} ms, with MonitorHook {ms['ddp+hook']:.2f} ms, ratio "
+        f"{out['ddp_ratio']:.3f} (paired {out['ddp_paired_ratio']:.3f})")
     return out
 
 
@@ -539,15 +569,19 @@ def monitor_part(args: argparse.Namespace, device: torch.device, clock: _Clock, 
     names = [m.strip() for m in args.monitor_models.split(",") if m.strip()]
     record.update(hbm_tbps=HBM_TBPS, models={})
     log(f"part 3: the monitor's kernel and step overhead on {device}: {', '.join(names)}")
-    for name in names:
-        if clock.left() <= 0:
-            raise BudgetSpent(f"budget spent before the monitor's {name}")
-        widths = MONITOR_MODELS[name]
-        record["models"][name] = {"kernel": _kernel_check(name, widths, device, args, log),
-                                  "step": _step_overhead(name, widths, device, args, log)}
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    try:
+        for name in names:
+            if clock.left() <= 0:
+                raise BudgetSpent(f"budget spent before the monitor's {name}")
+            widths = MONITOR_MODELS[name]
+            record["models"][name] = {"kernel": _kernel_check(name, widths, device, args, log),
+                                      "step": _step_overhead(name, widths, device, args, log)}
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
     failed = [n for n, r in record["models"].items()
               if not all(r["kernel"][d]["check"]["passed"] for d in ("fp32", "bf16"))]
     if failed:
@@ -857,7 +891,9 @@ def _monitor_table(mon: dict[str, Any]) -> list[str]:
                          f"{k[d]['gb_per_s']:.0f} GB/s ({100 * k[d]['hbm_share']:.1f}% HBM)"
                          for d in ("fp32", "bf16"))
         lines.append(f"  {name} ({k['n_params']:,}): kernel {kern}; step {st['ms_plain']:.2f} -> "
-                     f"{st['ms_observe']:.2f} ms ({st['ratio']:.3f}x)")
+                     f"{st['ms_observe']:.2f} ms observe ({st['ratio']:.3f}x); one-rank DDP "
+                     f"{st['ms']['ddp']:.2f} -> {st['ms']['ddp+hook']:.2f} ms MonitorHook "
+                     f"({st['ddp_ratio']:.3f}x)")
     return lines
 
 

@@ -170,6 +170,11 @@ def test_the_monitor_part_on_cpu(tmp_path: Path) -> None:
     for d in ("fp32", "bf16"):
         assert tiny["kernel"][d]["check"]["passed"] and tiny["kernel"][d]["gb_per_s"] > 0
     assert tiny["step"]["ms_plain"] > 0 and tiny["step"]["ratio"] > 0
+    assert tiny["step"]["backend"] == "gloo"  # the one-rank group of the DDP variants
+    assert set(tiny["step"]["ms"]) == {"plain", "observe", "ddp", "ddp+hook"}
+    ms = tiny["step"]["ms"]
+    assert tiny["step"]["ddp_ratio"] == pytest.approx(ms["ddp+hook"] / ms["ddp"])
+    assert "MonitorHook" in r.stdout
     assert "monitor finished:" in r.stdout
 
 

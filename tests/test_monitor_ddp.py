@@ -186,3 +186,36 @@ def test_register_and_attach_refuse_other_objects() -> None:
     with pytest.raises(UsageError) as err:
         hook.attach("sgd")
     assert err.value.field == "optimizer"
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and NCCL)")
+
+
+@needs_cuda
+def test_on_cuda_log_mode_is_bit_identical_to_plain_ddp_over_nccl() -> None:
+    """One NCCL rank on the GPU: DDP with ``MonitorHook`` (log) trains bit for bit as plain DDP, and a NaN
+    step is named at that step."""
+    device = torch.device("cuda", 0)
+    with process_group_in_this_process("nccl"):
+        params, flagged = {}, {}
+        for variant in ("plain", "log"):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8))
+            model = model.to(device)
+            ddp = DistributedDataParallel(model, device_ids=[0], bucket_cap_mb=0.01)  # several buckets
+            hook = MonitorHook(model, Monitor(window=3)).register(ddp) if variant == "log" else None
+            opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+            gen = torch.Generator(device=device).manual_seed(1)
+            flagged[variant] = []
+            for step in range(12):
+                opt.zero_grad()
+                scale = float("nan") if step == 10 else 1.0
+                (ddp(torch.randn(32, 64, device=device, generator=gen)).square().mean() * scale).backward()
+                if hook is not None:
+                    flagged[variant].append(hook.decision.ranks if hook.decision.flagged else ())
+                if step != 10:
+                    opt.step()
+            params[variant] = [p.detach().cpu() for p in model.parameters()]
+            del ddp, hook
+        assert all(torch.equal(a, b) for a, b in zip(params["plain"], params["log"], strict=True))
+        assert flagged["log"] == [()] * 10 + [(0,), ()]

@@ -173,3 +173,28 @@ def test_a_monitor_state_of_other_settings_is_refused() -> None:
     assert err.value.field == "window"
     with pytest.raises(UsageError, match="version"):
         Monitor().load_state_dict({"detector": None})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_observe_gathers_the_cpu_payload_within_the_float64_bound() -> None:
+    """The same gradients (fp32, bf16, fp16, non-contiguous, one empty) observed on the GPU (Triton) and on
+    the CPU: every payload coordinate within 1e-12 relative of Σ|g| (both sum the same exact float64
+    terms in other orders), the same counts, the same decisions (a NaN step named on both)."""
+    gen = torch.Generator().manual_seed(0)
+    base = {"w": torch.randn(300, 70, generator=gen), "b": torch.randn(513, generator=gen).to(torch.bfloat16),
+            "h": torch.randn(4097, generator=gen).to(torch.float16),
+            "t": torch.randn(64, 96, generator=gen).t(), "e": torch.zeros(0)}
+    monitors = {"cpu": Monitor(window=3), "cuda": Monitor(window=3)}
+    for step in range(6):
+        grads = {k: (v * (1 + step) if k != "w" or step != 5 else v.clone().fill_(float("nan")))
+                 for k, v in base.items()}
+        rows = {}
+        for dev, mon in monitors.items():
+            decision = mon.observe({k: v.to(dev) for k, v in grads.items()})
+            rows[dev] = (mon.gathered.copy(), decision.ranks if decision.flagged else ())
+        (cpu, cpu_flag), (gpu, gpu_flag) = rows["cpu"], rows["cuda"]
+        scale = sum(float(v.double().abs().nan_to_num().sum()) for v in grads.values())
+        finite = np.isfinite(cpu)
+        assert np.array_equal(finite, np.isfinite(gpu))
+        assert np.abs(cpu[finite] - gpu[finite]).max() <= 1e-12 * scale
+        assert cpu_flag == gpu_flag == ((0,) if step == 5 else ())
