@@ -455,11 +455,12 @@ def payload_check(got: np.ndarray, ref: np.ndarray, n: int, abs_sum: float) -> d
 
 
 def _mlp(widths: tuple[int, ...], device: torch.device) -> torch.nn.Module:
+    """Linear + GELU layers of ``widths``, their parameters created on ``device``."""
     layers: list[torch.nn.Module] = []
-    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
-        layers += [torch.nn.Linear(a, b)] + ([torch.nn.GELU()] if i + 2 < len(widths) else [])
     with torch.device(device):
-        return torch.nn.Sequential(*layers)
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
+            layers += [torch.nn.Linear(a, b)] + ([torch.nn.GELU()] if i + 2 < len(widths) else [])
+    return torch.nn.Sequential(*layers)
 
 
 def _kernel_check(name: str, widths: tuple[int, ...], device: torch.device, args: argparse.Namespace,
@@ -481,11 +482,14 @@ def _kernel_check(name: str, widths: tuple[int, ...], device: torch.device, args
         ref = sk.layout(values, body).numpy()
         check = payload_check(got, ref, n, float(values.to(torch.float64).abs().sum()))
         ms = _median_ms(lambda x=on_device: sk.payload(x), device, args.sketch_repeats)
+        read_ms = _median_ms(lambda x=on_device: x.sum(), device, args.sketch_repeats)  # torch's one read
         gbps = n * values.element_size() / (ms / 1000) / 1e9
-        out[dname] = {"check": check, "ms": ms, "gb_per_s": gbps, "hbm_share": gbps / (HBM_TBPS * 1000)}
+        out[dname] = {"check": check, "ms": ms, "gb_per_s": gbps, "hbm_share": gbps / (HBM_TBPS * 1000),
+                      "read_ms": read_ms, "over_read": ms / read_ms}
         log(f"  monitor kernel {name} {dname}: {'pass' if check['passed'] else 'FAIL'} "
             f"(err {check['max_err_over_bound']:.2g} of the bound), {ms:.3f} ms, {gbps:.0f} GB/s = "
-            f"{100 * gbps / (HBM_TBPS * 1000):.1f}% of {HBM_TBPS} TB/s")
+            f"{100 * gbps / (HBM_TBPS * 1000):.1f}% of {HBM_TBPS} TB/s; torch's sum of it {read_ms:.3f} ms "
+            f"({ms / read_ms:.1f}x)")
         del on_device, values
     return out
 

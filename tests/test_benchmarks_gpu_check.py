@@ -184,3 +184,10 @@ def test_the_payload_check_fails_beyond_the_bound_and_on_other_counts() -> None:
     assert module.payload_check(ref.copy(), ref, 1000, 100.0)["passed"]
     assert not module.payload_check(ref + np.r_[np.zeros(13), 1e-6, 0, 0], ref, 1000, 100.0)["passed"]
     assert not module.payload_check(np.r_[ref[:-1], 1.0], ref, 1000, 100.0)["passed"]
+
+
+def test_the_monitor_models_are_built_on_the_device_asked_for() -> None:
+    """Part 3's MLPs hold their parameters on the device named (the first H200 run built them on the CPU)."""
+    model = _module()._mlp((8, 16, 4), torch.device("meta"))
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert sum(p.numel() for p in model.parameters()) == 8 * 16 + 16 + 16 * 4 + 4

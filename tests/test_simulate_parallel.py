@@ -4,6 +4,7 @@ does not apply."""
 import dataclasses
 
 import pytest
+import torch
 
 from naig.errors import UsageError
 from naig.simulate import SimulateConfig, run_experiment
@@ -64,3 +65,14 @@ def test_cli_refuses_bad_jobs_in_one_line_in_every_mode() -> None:
     assert_one_line_error(run_naig("simulate", "--jobs", "-1"), 2, "--jobs")
     assert_one_line_error(run_naig("simulate", "--engine", "distributed", "--nproc", "3", "--jobs", "2"), 2,
                           "--jobs")
+
+
+def test_a_process_that_has_used_cuda_runs_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After CUDA autograd in this process a forked child fails ('autograd's threading in combination with
+    fork', seen on an H200 when a CUDA test ran first): auto falls back to one process, jobs = 2 is
+    refused."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert resolve_jobs(SimulateConfig.from_options(**BASE), 4, "cpu") == 1
+    with pytest.raises(UsageError, match="used CUDA") as err:
+        resolve_jobs(SimulateConfig.from_options(**BASE, jobs=2), 4, "cpu")
+    assert err.value.field == "jobs"

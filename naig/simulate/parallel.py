@@ -25,6 +25,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -62,12 +63,15 @@ def resolve_jobs(config: SimulateConfig, runs: int, device_type: str) -> int:
     not apply; ``jobs = N``: N, at most one per run.
 
     Raises:
-        UsageError: ``jobs > 1`` with the distributed engine, a CUDA device, or no ``fork``.
+        UsageError: ``jobs > 1`` with the distributed engine, a CUDA device, no ``fork``, or a
+            process that has already initialised CUDA (a library caller that trained on the GPU).
     """
     why = ("the distributed engine runs its own processes (their number is `nproc`)"
            if config.setting.NAME == "distributed" else
            "runs on a CUDA device share it from one process" if device_type == "cuda" else
            "this platform cannot fork (runs side by side need it)" if "fork" not in mp.get_all_start_methods()
+           else "this process has used CUDA, and a forked child cannot run autograd after that (torch's "
+           "autograd-and-fork rule)" if _cuda_used()
            else None)
     if why is not None:
         if config.jobs > 1:
@@ -75,6 +79,12 @@ def resolve_jobs(config: SimulateConfig, runs: int, device_type: str) -> int:
         return 1
     wanted = config.jobs or available_cores()
     return max(1, min(wanted, runs))
+
+
+def _cuda_used() -> bool:
+    """Whether this process has initialised CUDA (torch imported and its CUDA state set up)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
 
 
 def _child_init() -> None:

@@ -120,7 +120,7 @@ if triton is not None:
     def _hit(z, v, cols):
         """(BLOCK, COLS): v_i signed by h_i & 1 in column (h_i >> 32) mod 14, h = splitmix64(z)."""
         h = _splitmix(z)
-        bucket = ((h >> 32) % 14).to(tl.int32)
+        bucket = ((h >> 32).to(tl.uint32) % 14).to(tl.int32)  # 32-bit modulo: a 64-bit one is a call
         signed = tl.where((h & 1) == 1, -v, v)
         return tl.where(bucket[:, None] == cols[None, :], signed[:, None], 0.0)
 
