@@ -13,9 +13,11 @@ h & 1: the codes of ``naig.sketch.core``), converts each value exactly to float6
 signed, into a (BLOCK, 16) float64 register accumulator (a select per bucket), with v² and the
 non-finite flag into (BLOCK,) accumulators. At the end each program reduces its accumulators
 to one row of G × (16·R + 2) float64 partial sums; one float64 ``torch.sum`` over the G rows
-gives the payload. For R > 1 blocks the program loops over the blocks on the chunk it holds
-(one read from memory). The summation order depends only on the layout and G, so a step is
-reproducible on one device.
+gives the payload. R = 1 (the default) has its own kernel with fourteen (BLOCK,) accumulators, one
+per bucket, instead of the (BLOCK, 16) tile: the tile measured 29-60x slower than torch's own read
+of the same gradient on an H200 (docs/results/gpu-h200.md). For R > 1 blocks the program loops
+over the blocks on the chunk it holds (one read from memory). The summation order depends only on
+the layout and G, so a step is reproducible on one device.
 
 Runs under ``TRITON_INTERPRET=1`` (numpy) too, which is how the tests check it on a CPU
 against ``naig.sketch.core``.
@@ -117,6 +119,79 @@ if triton is not None:
 
 
     @triton.jit
+    def _one_block_kernel(x_ptr, seg_ptr, first_ptr, keys_ptr, part_ptr, n_seg, n_prog, n_keys,
+                          BLOCK: tl.constexpr):
+        """R = 1 (the default): fourteen (BLOCK,) float64 accumulators, one per bucket, so each value
+        costs a select and an add per bucket in registers (no (BLOCK, 16) tile to lay out)."""
+        pid = tl.program_id(0)
+        lane = tl.arange(0, BLOCK)
+        sq = tl.zeros([BLOCK], dtype=tl.float64)
+        bad = tl.zeros([BLOCK], dtype=tl.float64)
+        a0 = tl.zeros([BLOCK], dtype=tl.float64)
+        a1 = tl.zeros([BLOCK], dtype=tl.float64)
+        a2 = tl.zeros([BLOCK], dtype=tl.float64)
+        a3 = tl.zeros([BLOCK], dtype=tl.float64)
+        a4 = tl.zeros([BLOCK], dtype=tl.float64)
+        a5 = tl.zeros([BLOCK], dtype=tl.float64)
+        a6 = tl.zeros([BLOCK], dtype=tl.float64)
+        a7 = tl.zeros([BLOCK], dtype=tl.float64)
+        a8 = tl.zeros([BLOCK], dtype=tl.float64)
+        a9 = tl.zeros([BLOCK], dtype=tl.float64)
+        a10 = tl.zeros([BLOCK], dtype=tl.float64)
+        a11 = tl.zeros([BLOCK], dtype=tl.float64)
+        a12 = tl.zeros([BLOCK], dtype=tl.float64)
+        a13 = tl.zeros([BLOCK], dtype=tl.float64)
+        for p in range(n_seg):
+            off = tl.load(seg_ptr + 4 * p)
+            length = tl.load(seg_ptr + 4 * p + 1)
+            start = tl.load(seg_ptr + 4 * p + 2).to(tl.uint64)
+            row = tl.load(seg_ptr + 4 * p + 3)
+            first = tl.load(first_ptr + p)
+            n_chunks = (length + BLOCK - 1) // BLOCK
+            c0 = (pid - first % n_prog + n_prog) % n_prog
+            k0 = tl.load(keys_ptr + row * n_keys).to(tl.uint64, bitcast=True) + start
+            for c in range(c0, n_chunks, n_prog):
+                idx = lane.to(tl.int64) + c * BLOCK
+                v = tl.load(x_ptr + off + idx, mask=idx < length, other=0.0).to(tl.float64)
+                sq += v * v
+                bad += tl.where((v - v) != 0.0, 1.0, 0.0)  # v − v is NaN exactly for NaN and ±inf
+                h = _splitmix(k0 + idx.to(tl.uint64))
+                b = ((h >> 32).to(tl.uint32) % 14).to(tl.int32)
+                s = tl.where((h & 1) == 1, -v, v)
+                a0 += tl.where(b == 0, s, 0.0)
+                a1 += tl.where(b == 1, s, 0.0)
+                a2 += tl.where(b == 2, s, 0.0)
+                a3 += tl.where(b == 3, s, 0.0)
+                a4 += tl.where(b == 4, s, 0.0)
+                a5 += tl.where(b == 5, s, 0.0)
+                a6 += tl.where(b == 6, s, 0.0)
+                a7 += tl.where(b == 7, s, 0.0)
+                a8 += tl.where(b == 8, s, 0.0)
+                a9 += tl.where(b == 9, s, 0.0)
+                a10 += tl.where(b == 10, s, 0.0)
+                a11 += tl.where(b == 11, s, 0.0)
+                a12 += tl.where(b == 12, s, 0.0)
+                a13 += tl.where(b == 13, s, 0.0)
+        base = part_ptr + pid.to(tl.int64) * 16
+        tl.store(base + 0, tl.sum(a0, axis=0))
+        tl.store(base + 1, tl.sum(a1, axis=0))
+        tl.store(base + 2, tl.sum(a2, axis=0))
+        tl.store(base + 3, tl.sum(a3, axis=0))
+        tl.store(base + 4, tl.sum(a4, axis=0))
+        tl.store(base + 5, tl.sum(a5, axis=0))
+        tl.store(base + 6, tl.sum(a6, axis=0))
+        tl.store(base + 7, tl.sum(a7, axis=0))
+        tl.store(base + 8, tl.sum(a8, axis=0))
+        tl.store(base + 9, tl.sum(a9, axis=0))
+        tl.store(base + 10, tl.sum(a10, axis=0))
+        tl.store(base + 11, tl.sum(a11, axis=0))
+        tl.store(base + 12, tl.sum(a12, axis=0))
+        tl.store(base + 13, tl.sum(a13, axis=0))
+        tl.store(base + 14, tl.sum(sq, axis=0))
+        tl.store(base + 15, tl.sum(bad, axis=0))
+
+
+    @triton.jit
     def _hit(z, v, cols):
         """(BLOCK, COLS): v_i signed by h_i & 1 in column (h_i >> 32) mod 14, h = splitmix64(z)."""
         h = _splitmix(z)
@@ -173,6 +248,11 @@ def sketch_payload(x: Tensor, plan: Plan) -> Tensor:
     n_seg = plan.segments.shape[0]
     if n_seg == 0:
         return out
+    if r == 1:
+        part = torch.empty(plan.programs, SKETCH_DIM + 2, dtype=torch.float64, device=x.device)
+        _one_block_kernel[(plan.programs,)](x, plan.segments, plan.first, plan.keys, part, n_seg,
+                                            plan.programs, r, BLOCK=BLOCK, num_warps=_WARPS)
+        return part.sum(dim=0)
     for col in range(0, r, 4):
         rg = min(4, r - col)
         part = torch.empty(plan.programs, rg * _COLS + 2, dtype=torch.float64, device=x.device)
