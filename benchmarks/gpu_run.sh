@@ -5,7 +5,7 @@
 # under $OUT: nvidia-smi.txt, build.log, cuda-tests.log, gpu_check.json, simulate.json, gpu_check.log,
 # simulate-csv.tar.gz. naig is not installed there: PYTHONPATH=. (the image's python3 has torch, triton,
 # numpy, safetensors, typer, rich, pytest). Extra arguments go to gpu_check.py, e.g. for a rerun:
-#   GPU_CHECK_BUDGET=200 SKIP_TESTS=1 bash benchmarks/gpu_run.sh --skip-sketch --monitor-models 124m
+#   GPU_CHECK_BUDGET=200 CUDA_TESTS=tests/test_sketch_triton_sketch.py bash benchmarks/gpu_run.sh --skip-sketch --monitor-models 124m
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -18,11 +18,13 @@ if ! timeout 90 python3 setup.py -q build_ext --inplace >"$out/build.log" 2>&1; 
   echo "gpu_run: build_ext failed (see build.log): the kernel check compares with the numpy body instead"
 fi
 if [ -z "${SKIP_TESTS:-}" ]; then
+  # shellcheck disable=SC2086 (CUDA_TESTS is a list of test ids)
   timeout "${TESTS_SECONDS:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts="" -rs \
-    tests/test_sketch_triton_sketch.py tests/test_sketch_torch_sketch.py tests/test_sketch_layout_sketch.py \
+    ${CUDA_TESTS:-tests/test_sketch_triton_sketch.py tests/test_sketch_torch_sketch.py \
+    tests/test_sketch_layout_sketch.py \
     tests/test_monitor_observe.py::test_on_cuda_observe_gathers_the_cpu_payload_within_the_float64_bound \
     tests/test_monitor_ddp.py::test_on_cuda_log_mode_is_bit_identical_to_plain_ddp_over_nccl \
-    tests/test_simulate_lags_engine.py >"$out/cuda-tests.log" 2>&1
+    tests/test_simulate_lags_engine.py} >"$out/cuda-tests.log" 2>&1
   echo "gpu_run: CUDA tests exit $? ($(tail -n 1 "$out/cuda-tests.log"))"
   grep -E "^(FAILED|ERROR|SKIPPED)" "$out/cuda-tests.log" | head -20
 fi
