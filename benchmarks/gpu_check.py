@@ -104,7 +104,7 @@ from naig.monitor import Monitor, MonitorHook
 from naig.monitor.signals import MonitorSketch
 from naig.simulate import SimulateConfig, StepEvent, parse_int_list, run_experiment
 from naig.simulate.engines import buffer_rows
-from naig.simulate.model import GPT, get_preset
+from naig.simulate.model import GPT, get_preset, lm_loss
 from naig.simulate.strategies import STRATEGIES
 from naig.sketch.core import SKETCH_DIM, TensorHash, sketch_tensor
 from naig.sketch.layout_sketch import compiled_available
@@ -126,10 +126,12 @@ TOLERANCE_NOTE = (
     "rounding). A worst case: the observed error is reported as a fraction of it (max_err_over_bound).")
 MARGIN = 1.15  # sizing: the probe's times are scaled by this (drift, the first steps' warm-up)
 HBM_TBPS = 4.8  # H200 HBM3e peak bandwidth, TB/s (NVIDIA H200 datasheet), for the monitor kernel's share
-MONITOR_MODELS = {  # MLP widths (Linear + GELU) of part 3's one-GPU step overhead
+MONITOR_MODELS: dict[str, tuple[int, ...] | str] = {  # part 3: MLP widths (Linear + GELU), or a GPT preset
     "124m": (1024, 8192, 8192, 4096, 4096, 1024),  # 125.9M parameters
     "1b": (4096, 16384, 16384, 16384, 16384, 4096),  # 939.6M parameters
     "tiny": (64, 128, 64),  # the CPU plumbing test
+    "gpt2-124m": "gpt2-124m",  # GPT-2 small's shape, byte vocabulary: 86.0M parameters, next-byte loss
+    "gpt-nano": "gpt-nano",  # the CPU plumbing test of the GPT path
 }
 RESERVE_S = 15.0  # sizing: seconds kept for writing the files and the table (at most 10% of the budget)
 
@@ -187,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"part 3's models, a comma list of {', '.join(MONITOR_MODELS)}")
     ap.add_argument("--monitor-rounds", type=int, default=7, help="part 3: interleaved rounds (median)")
     ap.add_argument("--monitor-steps", type=int, default=5, help="part 3: steps per variant and round")
+    ap.add_argument("--monitor-batch", type=int, default=None,
+                    help="part 3: examples per step (default 64 for an MLP, 8 sequences for a GPT)")
     ap.add_argument("--skip-simulate", action="store_true", help="skip part 2")
     ap.add_argument("--budget-seconds", type=float, default=480.0,
                     help="start no work that cannot finish within this many seconds of the start")
@@ -463,11 +467,35 @@ def _mlp(widths: tuple[int, ...], device: torch.device) -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
-def _kernel_check(name: str, widths: tuple[int, ...], device: torch.device, args: argparse.Namespace,
+def _model(spec: tuple[int, ...] | str, device: torch.device) -> torch.nn.Module:
+    """Part 3's model: an MLP of widths ``spec``, or the GPT preset named ``spec``, on ``device``."""
+    if isinstance(spec, str):
+        if device.type == "meta":
+            with torch.device(device):
+                return GPT(get_preset(spec))
+        return GPT(get_preset(spec), generator=torch.Generator().manual_seed(0)).to(device)  # CPU init
+    return _mlp(spec, device)
+
+
+def _batch(spec: tuple[int, ...] | str, batch: int, device: torch.device, gen: torch.Generator,
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One step's input (and targets for a GPT: ``batch`` sequences of the preset's context)."""
+    if isinstance(spec, str):
+        ctx = get_preset(spec).context
+        idx = torch.randint(0, 256, (batch, ctx + 1), device=device, generator=gen)
+        return idx[:, :-1], idx[:, 1:]
+    return torch.randn(batch, spec[0], device=device, generator=gen), None
+
+
+def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+    return model(x).square().mean() if y is None else lm_loss(model(x), y)
+
+
+def _kernel_check(name: str, widths: tuple[int, ...] | str, device: torch.device, args: argparse.Namespace,
                   log: _Log) -> dict[str, Any]:
     """The monitor's payload kernel on one flat gradient of the model's layout: check, ms, GB/s."""
     with torch.device("meta"):
-        layout = [(n, p.numel()) for n, p in _mlp(widths, torch.device("meta")).named_parameters()]
+        layout = [(n, p.numel()) for n, p in _model(widths, torch.device("meta")).named_parameters()]
     n = sum(size for _, size in layout)
     t0 = time.perf_counter()
     sk = MonitorSketch.build(layout, seed=0)
@@ -505,17 +533,17 @@ def _one_rank_group(device: torch.device, out: Path) -> str:
     return dist.get_backend()
 
 
-def _step_overhead(name: str, widths: tuple[int, ...], device: torch.device, args: argparse.Namespace,
+def _step_overhead(name: str, widths: tuple[int, ...] | str, device: torch.device, args: argparse.Namespace,
                    log: _Log) -> dict[str, Any]:
     """One GPU: SGD steps of the MLP plain, with ``Monitor.observe`` of its gradients, under one-rank DDP,
     and under one-rank DDP with ``MonitorHook`` (``log``), interleaved; every variant from the same init."""
     gen = torch.Generator(device=device).manual_seed(0)
-    batch = 64
+    batch = args.monitor_batch or (8 if isinstance(widths, str) else 64)
     backend = _one_rank_group(device, Path(args.out))
     variants: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer, Monitor | None]] = {}
     for variant in ("plain", "observe", "ddp", "ddp+hook"):
         torch.manual_seed(0)
-        model = _mlp(widths, device)
+        model = _model(widths, device)
         monitor = Monitor(window=8) if variant in ("observe", "ddp+hook") else None
         if variant.startswith("ddp"):
             module = model
@@ -528,9 +556,9 @@ def _step_overhead(name: str, widths: tuple[int, ...], device: torch.device, arg
 
     def step(variant: str) -> None:
         model, opt, monitor = variants[variant]
-        x = torch.randn(batch, widths[0], device=device, generator=gen)
+        x, y = _batch(widths, batch, device, gen)
         opt.zero_grad()
-        model(x).square().mean().backward()
+        _loss(model, x, y).backward()
         if monitor is not None:
             monitor.observe({n: p.grad for n, p in model.named_parameters()})
         opt.step()
@@ -951,8 +979,9 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [m for m in args.monitor_models.split(",") if m.strip() and m.strip() not in MONITOR_MODELS]
         if unknown:
             _usage(f"--monitor-models {unknown[0]}: use a comma list of {', '.join(MONITOR_MODELS)}")
+        batch = 1 if args.monitor_batch is None else args.monitor_batch
         for value, flag in ((args.monitor_rounds, "--monitor-rounds"),
-                            (args.monitor_steps, "--monitor-steps")):
+                            (args.monitor_steps, "--monitor-steps"), (batch, "--monitor-batch")):
             if value < 1:
                 _usage(f"{flag} {value}: use a positive int")
         get_preset(args.sketch_model or args.model)

@@ -102,9 +102,11 @@ def test_cuda_without_a_gpu_is_a_one_line_usage_error(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_usage_errors_are_one_line(tmp_path: Path) -> None:
-    r = _run(*TINY, "--lags", "0,x", "--out", str(tmp_path / "out"), timeout=60)
+@pytest.mark.parametrize("bad", [("--lags", "0,x"), ("--monitor-batch", "0"), ("--monitor-models", "gpt9")])
+def test_usage_errors_are_one_line(tmp_path: Path, bad: tuple[str, str]) -> None:
+    r = _run(*TINY, *bad, "--out", str(tmp_path / "out"), timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert bad[0].lstrip("-") in r.stderr and not (tmp_path / "out").exists()
 
 
 def _module() -> object:
@@ -160,7 +162,7 @@ def test_steps_are_sized_from_a_probe_to_the_budget(tmp_path: Path) -> None:
 def test_the_monitor_part_on_cpu(tmp_path: Path) -> None:
     """Part 3's plumbing: the payload kernel against the other CPU body, and the step overhead."""
     out = tmp_path / "out"
-    r = _run("--device", "cpu", "--skip-sketch", "--skip-simulate", "--monitor-models", "tiny",
+    r = _run("--device", "cpu", "--skip-sketch", "--skip-simulate", "--monitor-models", "tiny,gpt-nano",
              "--monitor-rounds", "2", "--monitor-steps", "1", "--sketch-repeats", "2", "--out", str(out))
     assert r.returncode == 0, (r.stdout, r.stderr)
     mon = json.loads((out / "gpu_check.json").read_text())["monitor"]
@@ -175,6 +177,9 @@ def test_the_monitor_part_on_cpu(tmp_path: Path) -> None:
     ms = tiny["step"]["ms"]
     assert tiny["step"]["ddp_ratio"] == pytest.approx(ms["ddp+hook"] / ms["ddp"])
     assert "MonitorHook" in r.stdout
+    nano = mon["models"]["gpt-nano"]  # the GPT path: the preset's layout, 8 sequences, next-byte loss
+    assert nano["kernel"]["n_params"] == nano["step"]["n_params"] == 120_576 and nano["step"]["batch"] == 8
+    assert all(nano["kernel"][d]["check"]["passed"] for d in ("fp32", "bf16"))
     assert "monitor finished:" in r.stdout
 
 
