@@ -79,3 +79,21 @@ def test_launch_plan_spreads_small_segments() -> None:
     segments = np.array([[0, 10, 0, 0], [10, 5 * BLOCK, 0, 1], [0, 1, 0, 2]])
     programs, first = launch_plan(segments, torch.device("cpu"))
     assert programs == 7 and first.tolist() == [0, 1, 6]
+
+
+@pytest.mark.parametrize("cap", [1 << 26, 40, 1])  # one launch; several runs; a launch per tensor
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_of_tensors_concatenates_runs_of_tensors_of_mixed_dtypes(monkeypatch: pytest.MonkeyPatch, cap: int,
+                                                                 blocks: int) -> None:
+    """``of_tensors`` on the Triton body (``observe`` on CUDA) sketches runs of at most ``GROUP_VALUES``
+    values in one launch each: the same payload as the reference, whatever the runs, with fp32, bf16 and
+    fp16 tensors (concatenated exactly as float32), an empty one and a strided one among them."""
+    import naig.sketch.layout_sketch as layout_sketch
+
+    monkeypatch.setattr(layout_sketch, "GROUP_VALUES", cap)
+    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float32, torch.float32)
+    state = {n: t.to(d) for (n, t), d in zip(_state(11, torch.float32).items(), dtypes, strict=True)}
+    state["t"] = torch.randn(6, 9).t()
+    sk = LayoutSketch.build([(n, t.numel()) for n, t in state.items()], seed=5, blocks=blocks)
+    got = sk.of_tensors([t.to(DEVICE) for t in state.values()], "triton")
+    _check(got, {n: t.contiguous() for n, t in state.items()}, 5, blocks)

@@ -54,10 +54,14 @@ from torch import Tensor
 from naig.errors import UsageError, warn_caller
 from naig.sketch.core import MASK, SKETCH_DIM, bucket_of, check_seed, splitmix64_array, tensor_key
 
-__all__ = ["CHUNK", "FALLBACK", "IMPLS", "LayoutSketch", "compiled_available", "triton_available"]
+__all__ = ["CHUNK", "FALLBACK", "GROUP_VALUES", "IMPLS", "LayoutSketch", "compiled_available",
+           "triton_available"]
 
 CHUNK = 1 << 16  # values per chunk of the torch and numpy bodies (bounded temporaries)
 IMPLS = ("auto", "compiled", "triton", "torch", "numpy")
+GROUP_VALUES = 1 << 26
+"""The most values ``of_tensors`` concatenates for one Triton launch (256 MiB of float32): the
+transient copy stays bounded whatever the model's size."""
 
 _PURE = os.environ.get("NAIG_PURE_NUMPY") == "1"
 try:
@@ -219,11 +223,14 @@ class LayoutSketch:
         return body(x.reshape(-1))
 
     def of_tensors(self, tensors: Sequence[Tensor], impl: str = "auto") -> Tensor:
-        """The payload of the flat concatenation of ``tensors``, without concatenating them.
+        """The payload of the flat concatenation of ``tensors``.
 
         For a sketch from ``build``: tensor t of the layout is ``tensors[t]`` (any shape, its numel
-        as laid out). The C body reads each tensor where it lies; the other bodies sketch tensor by
-        tensor and add the payloads (on CUDA, one kernel launch per tensor).
+        as laid out). The C body reads each tensor where it lies. The Triton body (CUDA) copies runs
+        of consecutive tensors of at most ``GROUP_VALUES`` values into one buffer each
+        (``torch.cat``: a bounded transient copy, mixed float dtypes promoted exactly) and launches
+        once per run: a Python launch per tensor costs tens of microseconds, more than the sketch of
+        most tensors. The numpy and torch bodies sketch tensor by tensor and add the payloads.
 
         Args:
             tensors: T float tensors on one device, in layout order.
@@ -251,6 +258,9 @@ class LayoutSketch:
             out = np.zeros(self.dim + 2)
             _KERNEL.monitor_sketch(pieces, self.keys, self.blocks, out)  # flat keeps the tensors alive
             return torch.from_numpy(out)
+        on_cuda = bool(flat) and flat[0].device.type == "cuda"
+        if impl == "triton" or (impl == "auto" and on_cuda and triton_available()):
+            return self._triton_groups(flat, impl)
         out = None
         for i, t in enumerate(flat):
             if t.numel() == 0:
@@ -263,6 +273,24 @@ class LayoutSketch:
             part = sub(t, impl)
             out = part if out is None else out + part
         return out if out is not None else torch.zeros(self.dim + 2, dtype=torch.float64)
+
+    def _triton_groups(self, flat: list[Tensor], impl: str) -> Tensor:
+        """``of_tensors`` on the Triton body: runs of consecutive tensors of at most ``GROUP_VALUES``
+        values are concatenated (``torch.cat``, which promotes mixed float dtypes exactly) and sketched
+        in one launch each; a launch per tensor costs more than the sketch (docs/results/gpu-h200.md)."""
+        out = torch.zeros(self.dim + 2, dtype=torch.float64, device=flat[0].device if flat else None)
+        for i, j in _runs([t.numel() for t in flat], GROUP_VALUES):
+            sub = self._cache.get(("group", i, j))
+            if sub is None:
+                sizes = np.array([t.numel() for t in flat[i:j]], dtype=np.int64)
+                offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+                segments = np.stack([offsets, sizes, np.zeros_like(sizes), np.arange(j - i)], 1)
+                sub = LayoutSketch(tuple(self.names[i:j]), self.keys[i:j], segments, int(sizes.sum()),
+                                   self.seed)
+                self._cache[("group", i, j)] = sub
+            x = flat[i] if j - i == 1 else torch.cat(flat[i:j])
+            out += sub(x, impl)
+        return out
 
     def _sizes(self) -> np.ndarray:
         sizes = np.zeros(len(self.names), dtype=np.int64)
@@ -343,6 +371,33 @@ class LayoutSketch:
             for base in range(0, length, CHUNK):
                 n = min(CHUNK, length - base)
                 yield x[off + base:off + base + n], row, start + base
+
+
+def _runs(sizes: Sequence[int], cap: int) -> list[tuple[int, int]]:
+    """[(i, j)]: runs of consecutive non-empty entries of ``sizes`` summing to at most ``cap`` (one
+    larger entry is a run of its own); empty entries belong to no run.
+
+    Example:
+        >>> _runs([3, 0, 4, 9, 2, 2], 8)
+        [(0, 1), (2, 3), (3, 4), (4, 6)]
+    """
+    runs: list[tuple[int, int]] = []
+    start, total = None, 0
+    for k, n in enumerate(sizes):
+        if n == 0:
+            if start is not None:
+                runs.append((start, k))
+                start, total = None, 0
+            continue
+        if start is not None and total + n > cap:
+            runs.append((start, k))
+            start, total = None, 0
+        if start is None:
+            start = k
+        total += n
+    if start is not None:
+        runs.append((start, len(sizes)))
+    return runs
 
 
 def _check_blocks(blocks: object) -> int:
