@@ -603,20 +603,3 @@ def test_a_signal_none_of_whose_tests_is_asked_for_is_refused() -> None:
     with pytest.raises(UsageError, match="persistence"):
         Detector(4, signals=("norm", "persistence"), scores=("transient",))
 
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=300))
-def test_the_sorting_median_is_numpys_bit_for_bit(values: list[float]) -> None:
-    from naig.monitor.detectors import _median
-
-    v = np.array(values)
-    assert _median(v) == float(np.median(v))
-
-
-@pytest.mark.parametrize("k", [3, 4, 64])
-def test_the_other_ranks_table_lists_every_rank_but_its_own_in_order(k: int) -> None:
-    from naig.monitor.detectors import _others
-
-    table = _others(k)
-    assert table.shape == (k, k - 1) and not table.flags.writeable
-    assert all(list(table[r]) == [j for j in range(k) if j != r] for r in range(k))
