@@ -226,6 +226,9 @@ SIDES = {spec.name: spec.side for spec in SIGNAL_TABLE}
 _SPEC = {spec.name: spec for spec in SIGNAL_TABLE}
 MAD_SCALE = 1.482602218505602  # 1 / Φ⁻¹(3/4)
 NULL_DRAWS, NULL_BUDGET, NULL_MAX_N, NULL_SEED = 400_000, 4_000_000, 256, 20180601
+NULL_CHUNK = 1 << 17
+"""Standard normals drawn and reduced, and null draws summed, at a time for the robust z's null
+(1 MB of float64 each): its memory stays a few MB beyond the two kept sizes' draws."""
 POOL_SIZES = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 """The pool sizes thresholds are computed for: a pool of n values uses the largest size ≤ n."""
 ARL_STATES = 200  # Brook–Evans states of the CUSUM's Markov chain
@@ -331,15 +334,29 @@ def _median_rows(x: np.ndarray) -> np.ndarray:
     return x[:, n // 2] if n % 2 else 0.5 * (x[:, n // 2 - 1] + x[:, n // 2])
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=1)
 def _null(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded draws of (median, 1.4826·MAD) of n standard normals, sorted by the scale."""
+    """Seeded draws of (median, 1.4826·MAD) of n standard normals, sorted by the scale.
+
+    One size is kept (up to 6.4 MB): a detector asks for one pool size at a time, for each side
+    at the same step, and ``robust_threshold`` keeps every threshold once computed.
+
+    The draws are generated and reduced ``NULL_CHUNK`` values at a time (the generator's stream is
+    the same as one (draws, n) call's), so the transient memory is a few MB, not the 3 × 32 MB a
+    whole (draws, n) array and its sorted copies took (the monitor's peak RSS at gpt-nano).
+    """
     draws = min(NULL_DRAWS, NULL_BUDGET // n)
-    x = np.random.default_rng(NULL_SEED + n).standard_normal((draws, n))
-    m = _median_rows(x)
-    s = MAD_SCALE * _median_rows(np.abs(x - m[:, None]))
+    rng = np.random.default_rng(NULL_SEED + n)
+    m, s = np.empty(draws), np.empty(draws)
+    rows = max(1, NULL_CHUNK // n)
+    for lo in range(0, draws, rows):
+        x = rng.standard_normal((min(rows, draws - lo), n))
+        mid = _median_rows(x)
+        m[lo:lo + len(x)] = mid
+        s[lo:lo + len(x)] = MAD_SCALE * _median_rows(np.abs(x - mid[:, None]))
     order = np.argsort(s, kind="stable")
-    return m[order], s[order]
+    m = m[order]
+    return m, s[order]
 
 
 def null_tail(t: float, n: int, side: str) -> float:
@@ -362,13 +379,17 @@ def _tail_and_slope(t: float, n: int, two: bool) -> tuple[float, float]:
     over the seeded draws (m, s) of ``_null``; dP/dt = −mean s·φ(m + s·t) (− s·φ(s·t − m))."""
     m, s = _null(min(n, NULL_MAX_N))
     cut = int(np.searchsorted(s, (9.0 + float(np.abs(m).max())) / t, side="right")) if t > 0 else len(s)
-    mm, ss = m[:cut], s[:cut]  # beyond the cut Φ̄ < 1e-19: nothing to add
-    u = mm + ss * t
-    tail, slope = _sf(u), ss * np.exp(-0.5 * u * u)
-    if two:
-        v = ss * t - mm
-        tail, slope = tail + _sf(v), slope + ss * np.exp(-0.5 * v * v)
-    return float(tail.sum()) / len(m), -float(slope.sum()) / (len(m) * math.sqrt(2.0 * math.pi))
+    tail = slope = 0.0
+    for lo in range(0, cut, NULL_CHUNK):  # beyond the cut Φ̄ < 1e-19: nothing to add
+        mm, ss = m[lo:min(cut, lo + NULL_CHUNK)], s[lo:min(cut, lo + NULL_CHUNK)]
+        u = mm + ss * t
+        tail += float(_sf(u).sum())
+        slope += float((ss * np.exp(-0.5 * u * u)).sum())
+        if two:
+            v = ss * t - mm
+            tail += float(_sf(v).sum())
+            slope += float((ss * np.exp(-0.5 * v * v)).sum())
+    return tail / len(m), -slope / (len(m) * math.sqrt(2.0 * math.pi))
 
 
 def _check_null(n: int, side: str) -> tuple[int, bool]:
