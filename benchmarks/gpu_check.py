@@ -539,6 +539,8 @@ def _step_overhead(name: str, widths: tuple[int, ...] | str, device: torch.devic
     and under one-rank DDP with ``MonitorHook`` (``log``), interleaved; every variant from the same init."""
     gen = torch.Generator(device=device).manual_seed(0)
     batch = args.monitor_batch or (8 if isinstance(widths, str) else 64)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # peak_gib: this model's four variants only
     backend = _one_rank_group(device, Path(args.out))
     variants: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer, Monitor | None]] = {}
     for variant in ("plain", "observe", "ddp", "ddp+hook"):

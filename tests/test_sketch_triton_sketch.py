@@ -85,14 +85,16 @@ def test_launch_plan_spreads_small_segments() -> None:
 @pytest.mark.parametrize("blocks", [1, 2])
 def test_of_tensors_concatenates_runs_of_tensors_of_mixed_dtypes(monkeypatch: pytest.MonkeyPatch, cap: int,
                                                                  blocks: int) -> None:
-    """``of_tensors`` on the Triton body (``observe`` on CUDA) sketches runs of at most ``GROUP_VALUES``
-    values in one launch each: the same payload as the reference, whatever the runs, with fp32, bf16 and
-    fp16 tensors (concatenated exactly as float32), an empty one and a strided one among them."""
+    """``of_tensors`` on the Triton body (``observe`` on CUDA) sketches runs of one dtype and at most
+    ``GROUP_VALUES`` values in one launch each: the same payload as the reference, whatever the runs, with
+    fp32, bf16 and fp16 tensors, an empty one between two fp32 ones (left out of the run, which goes on)
+    and a strided one among them."""
     import naig.sketch.layout_sketch as layout_sketch
 
     monkeypatch.setattr(layout_sketch, "GROUP_VALUES", cap)
-    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float32, torch.float32)
+    dtypes = (torch.float32, torch.bfloat16, torch.float32, torch.float32, torch.float32)  # w b s e long
     state = {n: t.to(d) for (n, t), d in zip(_state(11, torch.float32).items(), dtypes, strict=True)}
+    state["h"] = torch.randn(300).to(torch.float16)
     state["t"] = torch.randn(6, 9).t()
     sk = LayoutSketch.build([(n, t.numel()) for n, t in state.items()], seed=5, blocks=blocks)
     got = sk.of_tensors([t.to(DEVICE) for t in state.values()], "triton")

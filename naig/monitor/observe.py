@@ -456,8 +456,8 @@ def _readable(name: str, g: Tensor, full_dtensor: bool) -> Tensor:
 
 def _flatten(grads: Mapping[str, Tensor | None] | Tensor, full_dtensor: bool = False
              ) -> tuple[tuple[tuple[str, int], ...], list[Tensor], tuple[tuple[str, tuple[int, ...]], ...]]:
-    """The (name, numel) layout, the given gradients (detached; sketched where they lie, no copy) and
-    their (name, shape).
+    """The (name, numel) layout, the given gradients (detached, not copied here; see ``pack_tensors``
+    for what the sketch copies) and their (name, shape).
 
     Raises:
         UsageError: for anything but a non-empty mapping of float tensors or one float tensor.

@@ -214,8 +214,9 @@ def pack(flat: Tensor, sketch: MonitorSketch) -> Tensor:
 
 
 def pack_tensors(tensors: Sequence[Tensor], sketch: MonitorSketch) -> Tensor:
-    """``pack`` of the flat concatenation of ``tensors`` (the layout's tensors, in order), each
-    read where it lies (no concatenated copy; see ``LayoutSketch.of_tensors``).
+    """``pack`` of the flat concatenation of ``tensors`` (the layout's tensors, in order): on the CPU
+    each is read where it lies; on CUDA runs of them are concatenated, a bounded transient copy, and
+    sketched one launch per run (see ``LayoutSketch.of_tensors``).
 
     Raises:
         UsageError: tensors that do not match the sketch's layout.

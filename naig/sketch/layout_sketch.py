@@ -60,8 +60,8 @@ __all__ = ["CHUNK", "FALLBACK", "GROUP_VALUES", "IMPLS", "LayoutSketch", "compil
 CHUNK = 1 << 16  # values per chunk of the torch and numpy bodies (bounded temporaries)
 IMPLS = ("auto", "compiled", "triton", "torch", "numpy")
 GROUP_VALUES = 1 << 26
-"""The most values ``of_tensors`` concatenates for one Triton launch (256 MiB of float32): the
-transient copy stays bounded whatever the model's size."""
+"""The most values ``of_tensors`` concatenates for one Triton launch (256 MiB of float32, one dtype
+per run): the transient copy stays bounded whatever the model's size."""
 
 _PURE = os.environ.get("NAIG_PURE_NUMPY") == "1"
 try:
@@ -227,10 +227,10 @@ class LayoutSketch:
 
         For a sketch from ``build``: tensor t of the layout is ``tensors[t]`` (any shape, its numel
         as laid out). The C body reads each tensor where it lies. The Triton body (CUDA) copies runs
-        of consecutive tensors of at most ``GROUP_VALUES`` values into one buffer each
-        (``torch.cat``: a bounded transient copy, mixed float dtypes promoted exactly) and launches
-        once per run: a Python launch per tensor costs tens of microseconds, more than the sketch of
-        most tensors. The numpy and torch bodies sketch tensor by tensor and add the payloads.
+        of consecutive non-empty tensors of one dtype, at most ``GROUP_VALUES`` values each, into one
+        buffer per run (``torch.cat``: a bounded transient copy) and launches once per run: a Python
+        launch per tensor costs tens of microseconds, more than the sketch of most tensors. The numpy
+        and torch bodies sketch tensor by tensor and add the payloads.
 
         Args:
             tensors: T float tensors on one device, in layout order.
@@ -275,21 +275,20 @@ class LayoutSketch:
         return out if out is not None else torch.zeros(self.dim + 2, dtype=torch.float64)
 
     def _triton_groups(self, flat: list[Tensor], impl: str) -> Tensor:
-        """``of_tensors`` on the Triton body: runs of consecutive tensors of at most ``GROUP_VALUES``
-        values are concatenated (``torch.cat``, which promotes mixed float dtypes exactly) and sketched
-        in one launch each; a launch per tensor costs more than the sketch (docs/results/gpu-h200.md)."""
+        """``of_tensors`` on the Triton body: the non-empty tensors, in order, in runs of one dtype and at
+        most ``GROUP_VALUES`` values, each run concatenated (``torch.cat``) and sketched in one launch; a
+        launch per tensor costs more than the sketch (docs/results/gpu-h200.md)."""
         out = torch.zeros(self.dim + 2, dtype=torch.float64, device=flat[0].device if flat else None)
-        for i, j in _runs([t.numel() for t in flat], GROUP_VALUES):
-            sub = self._cache.get(("group", i, j))
+        for run in _runs([t.numel() for t in flat], [t.dtype for t in flat], GROUP_VALUES):
+            sub = self._cache.get(("group", run))
             if sub is None:
-                sizes = np.array([t.numel() for t in flat[i:j]], dtype=np.int64)
+                sizes = np.array([flat[t].numel() for t in run], dtype=np.int64)
                 offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-                segments = np.stack([offsets, sizes, np.zeros_like(sizes), np.arange(j - i)], 1)
-                sub = LayoutSketch(tuple(self.names[i:j]), self.keys[i:j], segments, int(sizes.sum()),
-                                   self.seed)
-                self._cache[("group", i, j)] = sub
-            x = flat[i] if j - i == 1 else torch.cat(flat[i:j])
-            out += sub(x, impl)
+                segments = np.stack([offsets, sizes, np.zeros_like(sizes), np.arange(len(run))], 1)
+                sub = LayoutSketch(tuple(self.names[t] for t in run), self.keys[list(run)], segments,
+                                   int(sizes.sum()), self.seed)
+                self._cache[("group", run)] = sub
+            out += sub(flat[run[0]] if len(run) == 1 else torch.cat([flat[t] for t in run]), impl)
         return out
 
     def _sizes(self) -> np.ndarray:
@@ -373,30 +372,27 @@ class LayoutSketch:
                 yield x[off + base:off + base + n], row, start + base
 
 
-def _runs(sizes: Sequence[int], cap: int) -> list[tuple[int, int]]:
-    """[(i, j)]: runs of consecutive non-empty entries of ``sizes`` summing to at most ``cap`` (one
-    larger entry is a run of its own); empty entries belong to no run.
+def _runs(sizes: Sequence[int], kinds: Sequence[object], cap: int) -> list[tuple[int, ...]]:
+    """Runs of the indices of non-empty entries, in order: one kind (dtype) per run, sizes summing to
+    at most ``cap`` (a larger entry is a run of its own); empty entries are left out.
 
     Example:
-        >>> _runs([3, 0, 4, 9, 2, 2], 8)
-        [(0, 1), (2, 3), (3, 4), (4, 6)]
+        >>> _runs([3, 0, 4, 9, 2, 2, 1], "aaaaaab", 8)
+        [(0, 2), (3,), (4, 5), (6,)]
     """
-    runs: list[tuple[int, int]] = []
-    start, total = None, 0
-    for k, n in enumerate(sizes):
+    runs: list[tuple[int, ...]] = []
+    run: list[int] = []
+    total = 0
+    for k, (n, kind) in enumerate(zip(sizes, kinds, strict=True)):
         if n == 0:
-            if start is not None:
-                runs.append((start, k))
-                start, total = None, 0
             continue
-        if start is not None and total + n > cap:
-            runs.append((start, k))
-            start, total = None, 0
-        if start is None:
-            start = k
+        if run and (total + n > cap or kinds[run[0]] != kind):
+            runs.append(tuple(run))
+            run, total = [], 0
+        run.append(k)
         total += n
-    if start is not None:
-        runs.append((start, len(sizes)))
+    if run:
+        runs.append(tuple(run))
     return runs
 
 
