@@ -15,12 +15,15 @@ worst case; the observed error is reported as a fraction of it. Then the sketch'
 gradient on the device (synchronised, median of ``--sketch-repeats``), for one row and for K rows.
 
 Part 3 (monitor; runs between parts 1 and 2): per model of ``--monitor-models`` (MLPs of 126M
-and 940M parameters, ``MONITOR_MODELS``), the monitor's payload kernel (``MonitorSketch.payload``:
-Triton on CUDA) on one flat fp32 and bf16 gradient of that layout, checked against the CPU's C
-kernel within the float64 summation bound (``payload_check``; counts equal), its synchronised
-time (median of ``--sketch-repeats``), GB/s read and share of the H200's 4.8 TB/s HBM bandwidth;
-then the one-GPU step overhead: SGD steps with and without ``Monitor.observe`` of the gradients
-(interleaved ``--monitor-rounds`` of ``--monitor-steps`` steps, medians and paired ratio).
+and 940M parameters by default; ``gpt2-124m``, GPT-2 small's shape, on request; ``MONITOR_MODELS``),
+the monitor's payload kernel (``MonitorSketch.payload``: Triton on CUDA) on one flat fp32 and bf16
+gradient of that layout, checked against the CPU's C kernel within the float64 summation bound
+(``payload_check``; counts equal), its synchronised time (median of ``--sketch-repeats``), GB/s
+read, share of the H200's 4.8 TB/s HBM bandwidth and ratio to torch's own ``x.sum()``; then the
+one-GPU step overhead: SGD steps plain, with ``Monitor.observe`` of the gradients, under one-rank
+DDP (NCCL; gloo on CPU) and under that DDP with ``MonitorHook`` (``log``), every variant from the
+same initialisation (interleaved ``--monitor-rounds`` of ``--monitor-steps`` steps of
+``--monitor-batch`` examples, medians and paired ratios).
 
 Part 2 (simulate): ``SimulateConfig.from_options`` + ``run_experiment`` (the library behind
 ``naig simulate``) at ``--lags`` for ``--strategies``, in fp32: ``naig simulate`` has no bf16
@@ -48,6 +51,9 @@ On a lent H200 (one call, ~8 minutes; the device tool's ``timeout_s`` 600 leaves
 for start-up and the files; naig is not installed there, hence ``PYTHONPATH=.``)::
 
     PYTHONUNBUFFERED=1 PYTHONPATH=. python3 benchmarks/gpu_check.py --out "$OUT"
+
+or ``bash benchmarks/gpu_run.sh`` (the C kernel built in place, the CUDA tests, then this script;
+its settings and the four runs of 2026-12-04 are in docs/results/gpu-h200.md).
 
 A rerun with less device time left: ``--budget-seconds 240 --skip-sketch``, or fixed steps
 ``--steps 100 --strategies naig,hogwild``. Copy into ``docs/results/`` (dated, "H200", the
