@@ -228,7 +228,7 @@ MAD_SCALE = 1.482602218505602  # 1 / Φ⁻¹(3/4)
 NULL_DRAWS, NULL_BUDGET, NULL_MAX_N, NULL_SEED = 400_000, 4_000_000, 256, 20180601
 NULL_CHUNK = 1 << 17
 """Standard normals drawn and reduced, and null draws summed, at a time for the robust z's null
-(1 MB of float64 each): its memory stays a few MB beyond the two kept sizes' draws."""
+(1 MB of float64 each): its memory stays a few MB beyond the one kept size's draws."""
 POOL_SIZES = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 """The pool sizes thresholds are computed for: a pool of n values uses the largest size ≤ n."""
 ARL_STATES = 200  # Brook–Evans states of the CUSUM's Markov chain
@@ -355,7 +355,7 @@ def _null(n: int) -> tuple[np.ndarray, np.ndarray]:
         m[lo:lo + len(x)] = mid
         s[lo:lo + len(x)] = MAD_SCALE * _median_rows(np.abs(x - mid[:, None]))
     order = np.argsort(s, kind="stable")
-    m = m[order]
+    m = m[order]  # the unsorted m goes before the sorted s is made: one array less at the peak
     return m, s[order]
 
 
@@ -999,8 +999,8 @@ class Detector:
             if len(v) == 0:
                 self._stats[name] = (0.0, math.nan, 0)
             else:
-                med = _median(v)
-                self._stats[name] = (med, MAD_SCALE * _median(np.abs(v - med)), len(v))
+                med = float(_median_rows(v[None])[0])  # np.median's value, by one sort
+                self._stats[name] = (med, MAD_SCALE * float(_median_rows(np.abs(v - med)[None])[0]), len(v))
         return self._stats[name]
 
     def _scale(self, name: str) -> np.ndarray:
@@ -1207,14 +1207,6 @@ def _rows(rows: list, k: int, maxlen: int) -> deque[np.ndarray]:
     """A deque of (k,) float64 rows from their plain values (None as NaN)."""
     return deque((np.array([math.nan if v is None else v for v in row], dtype=np.float64).reshape(k)
                   for row in rows), maxlen=maxlen)
-
-
-def _median(v: np.ndarray) -> float:
-    """``np.median`` of a non-empty 1-D float64 array of finite values, bit for bit, by one sort
-    (np.median's dispatch costs more than the sort on these few hundred values)."""
-    x = np.sort(v)
-    n = len(x)
-    return float(x[n // 2]) if n % 2 else float((x[n // 2 - 1] + x[n // 2]) / 2)
 
 
 def _nan_median_rows(v: np.ndarray) -> np.ndarray:

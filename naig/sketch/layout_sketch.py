@@ -265,12 +265,7 @@ class LayoutSketch:
         for i, t in enumerate(flat):
             if t.numel() == 0:
                 continue
-            sub = self._cache.get(("sub", i))
-            if sub is None:
-                sub = LayoutSketch((self.names[i],), self.keys[i:i + 1], np.array([[0, t.numel(), 0, 0]]),
-                                   t.numel(), self.seed)
-                self._cache[("sub", i)] = sub
-            part = sub(t, impl)
+            part = self._sub((i,), [t.numel()])(t, impl)
             out = part if out is None else out + part
         return out if out is not None else torch.zeros(self.dim + 2, dtype=torch.float64)
 
@@ -280,16 +275,20 @@ class LayoutSketch:
         launch per tensor costs more than the sketch (docs/results/gpu-h200.md)."""
         out = torch.zeros(self.dim + 2, dtype=torch.float64, device=flat[0].device if flat else None)
         for run in _runs([t.numel() for t in flat], [t.dtype for t in flat], GROUP_VALUES):
-            sub = self._cache.get(("group", run))
-            if sub is None:
-                sizes = np.array([flat[t].numel() for t in run], dtype=np.int64)
-                offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-                segments = np.stack([offsets, sizes, np.zeros_like(sizes), np.arange(len(run))], 1)
-                sub = LayoutSketch(tuple(self.names[t] for t in run), self.keys[list(run)], segments,
-                                   int(sizes.sum()), self.seed)
-                self._cache[("group", run)] = sub
+            sub = self._sub(run, [flat[t].numel() for t in run])
             out += sub(flat[run[0]] if len(run) == 1 else torch.cat([flat[t] for t in run]), impl)
         return out
+
+    def _sub(self, tensors: tuple[int, ...], sizes: Sequence[int]) -> LayoutSketch:
+        """The layout of these whole tensors of ``build``'s layout laid one after another (cached)."""
+        sub = self._cache.get(("sub", tensors))
+        if sub is None:
+            n = np.array(sizes, dtype=np.int64)
+            segments = np.stack([np.cumsum(n) - n, n, np.zeros_like(n), np.arange(len(n))], 1)
+            sub = LayoutSketch(tuple(self.names[t] for t in tensors), self.keys[list(tensors)], segments,
+                               int(n.sum()), self.seed)
+            self._cache[("sub", tensors)] = sub
+        return sub
 
     def _sizes(self) -> np.ndarray:
         sizes = np.zeros(len(self.names), dtype=np.int64)
