@@ -25,9 +25,13 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     tests/test_monitor_observe.py::test_on_cuda_observe_gathers_the_cpu_payload_within_the_float64_bound \
     tests/test_monitor_ddp.py::test_on_cuda_log_mode_is_bit_identical_to_plain_ddp_over_nccl \
     tests/test_simulate_lags_engine.py} >"$out/cuda-tests.log" 2>&1
-  echo "gpu_run: CUDA tests exit $? ($(tail -n 1 "$out/cuda-tests.log"))"
+  tests_rc=$?
+  echo "gpu_run: CUDA tests exit $tests_rc ($(tail -n 1 "$out/cuda-tests.log"))"
   grep -E "^(FAILED|ERROR|SKIPPED)" "$out/cuda-tests.log" | head -20
 fi
 timeout "${CHECK_SECONDS:-420}" python3 benchmarks/gpu_check.py --out "$out" \
   --budget-seconds "${GPU_CHECK_BUDGET:-330}" "$@"
-echo "gpu_run: gpu_check exit $?"
+check_rc=$?
+echo "gpu_run: gpu_check exit $check_rc"
+# the exit status is the first failure's: the tests', else gpu_check's
+exit $(( ${tests_rc:-0} != 0 ? ${tests_rc:-0} : check_rc ))
