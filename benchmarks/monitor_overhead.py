@@ -4,7 +4,9 @@ docs/monitor.md ("Overhead and memory"). Two ranks on this machine (this process
 starts rank 1) train ``--preset``: ``gpt-nano`` (naig.simulate.model, Adam, random bytes) or
 ``mlp-113m``, a wide MLP of 113M parameters (1024 → 8192 → 8192 → 4096 → 1024, GELU, mean
 squared error on random data, plain SGD so that two variants' models fit in memory; use few
-steps). For each framework every variant has its own model and optimizer, built once:
+steps), or ``gpt2-small``: GPT-2 small's shape and vocabulary (12 layers, width 768, 1024-token
+context, 50,257 tokens, tied head: 124,439,808 parameters; Adam, random tokens, full-length
+sequences: a step of real language-model compute, seconds per step on one CPU core). For each framework every variant has its own model and optimizer, built once:
 
 - DDP: ``plain`` (no hook), ``log`` (``MonitorHook``, one all-gather per bucket), ``log-step``
   (``per_bucket=False``: one all-gather per step), ``exact`` (exact dots: a gradient copy, a
@@ -30,7 +32,7 @@ ratio to ``plain``'s (``--rss-only``: that part alone). Targets: ``log`` ≤ 1.0
 gpt-nano, ≤ 1.02× step time and peak RSS at ≥ 100M parameters.
 
 Usage: python benchmarks/monitor_overhead.py [--repeats 15] [--steps 20] [--warmup 40] [--batch 8]
-[--preset gpt-nano|mlp-113m] [--variants plain,log] [--window 32] [--rss]
+[--preset gpt-nano|mlp-113m|gpt2-small] [--variants plain,log] [--window 32] [--rss]
 """
 
 from __future__ import annotations
@@ -53,11 +55,12 @@ from torch.nn.parallel import DistributedDataParallel
 from naig.distributed.launch import process_group
 from naig.monitor import Monitor, MonitorHook
 from naig.monitor.fsdp import fully_shard_monitor
-from naig.simulate.model import GPT, get_preset, lm_loss
+from naig.simulate.model import GPT, GPTConfig, get_preset, lm_loss
 
 __all__ = ["main"]
 
-TARGET = {"gpt-nano": 1.05, "mlp-113m": 1.02}
+TARGET = {"gpt-nano": 1.05, "mlp-113m": 1.02, "gpt2-small": 1.02}
+GPT2_SMALL = GPTConfig(layers=12, heads=12, d_model=768, context=1024, vocab=50257)  # 124,439,808 parameters
 MLP_WIDTHS = (1024, 8192, 8192, 4096, 1024)  # 113.3M parameters
 VARIANTS = {"ddp": ("plain", "log", "log-step", "exact"), "fsdp2": ("plain", "log", "log-step")}
 
@@ -71,7 +74,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
                         "calibrates the thresholds once per process (about 1 s)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--preset", default="gpt-nano",
-                   help="naig.simulate.model preset (gpt-micro: 7x larger) or mlp-113m")
+                   help="naig.simulate.model preset (gpt-micro: 7x larger), mlp-113m, or gpt2-small "
+                        "(GPT-2 small: gpt2-124m's shape with its 50,257-token vocabulary, 124M parameters)")
     p.add_argument("--variants", default=None,
                    help="comma-separated subset (default: all; plain always runs)")
     p.add_argument("--window", type=int, default=32, help="the detectors' window (Monitor(window=))")
@@ -114,11 +118,11 @@ class Variant:
         self.name, self.framework, self.mlp = name, framework, preset == "mlp-113m"
         gen = torch.Generator().manual_seed(0)
         if self.mlp:
-            model, self.context = _MLP(MLP_WIDTHS, gen), 0
+            model, self.context, self.vocab = _MLP(MLP_WIDTHS, gen), 0, 0
             blocks = list(model.layers)
         else:
-            cfg = get_preset(preset)
-            model, self.context = GPT(cfg, generator=gen), cfg.context
+            cfg = GPT2_SMALL if preset == "gpt2-small" else get_preset(preset)
+            model, self.context, self.vocab = GPT(cfg, generator=gen), cfg.context, cfg.vocab
             blocks = list(model.blocks)
         self.n_params = sum(p.numel() for p in model.parameters())
         self.watch = None
@@ -147,7 +151,7 @@ class Variant:
             y = torch.randn(self.batch, MLP_WIDTHS[-1], generator=self.gen)
             nn.functional.mse_loss(self.model(x), y).backward()
         else:
-            x = torch.randint(0, 256, (self.batch, self.context + 1), generator=self.gen)
+            x = torch.randint(0, self.vocab, (self.batch, self.context + 1), generator=self.gen)
             lm_loss(self.model(x[:, :-1]), x[:, 1:]).backward()
         self.opt.step()
 
@@ -260,7 +264,7 @@ def main(argv: list[str]) -> None:
         if args.rss or args.rss_only:
             _rss(argv, args, _say)
         target = TARGET.get(args.preset, TARGET["gpt-nano"])
-        print(f"target: ratio <= {target} (log{', and peak RSS' if args.preset == 'mlp-113m' else ''}); "
+        print(f"target: ratio <= {target} (log{', and peak RSS' if TARGET.get(args.preset) == 1.02 else ''}); "
               f"{args.repeats} rounds x {args.steps} steps interleaved; "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 
