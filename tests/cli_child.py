@@ -1,8 +1,10 @@
 """The body of one ``naig`` CLI run in a child forked from a preloaded server (``tests.conftest.run_naig``).
 
 It imports nothing heavy itself: the server preloads ``naig_cli.main`` (and with it numpy, typer,
-rich), so each child starts with the CLI imported instead of paying ~0.7 s of interpreter start and
-imports, and a command that trains imports torch in the child as a fresh ``python -m naig_cli`` does.
+rich) and torch (with ``torch._dynamo``, which the first optimizer imports), so each child starts
+with them imported instead of paying interpreter start and imports (~0.7 s, and ~3.4 s of CPU more
+for a command that trains). torch reads no setting of the environment the child replaces when it
+is imported: the commands set its threads themselves (``--threads``).
 """
 
 from __future__ import annotations
