@@ -6,7 +6,8 @@ starts rank 1) train ``--preset``: ``gpt-nano`` (naig.simulate.model, Adam, rand
 squared error on random data, plain SGD so that two variants' models fit in memory; use few
 steps), or ``gpt2-small``: GPT-2 small's shape and vocabulary (12 layers, width 768, 1024-token
 context, 50,257 tokens, tied head: 124,439,808 parameters; Adam, random tokens, full-length
-sequences: a step of real language-model compute, seconds per step on one CPU core). For each framework every variant has its own model and optimizer, built once:
+sequences: a step of real language-model compute, seconds per step on one CPU core). For each
+framework every variant has its own model and optimizer, built once:
 
 - DDP: ``plain`` (no hook), ``log`` (``MonitorHook``, one all-gather per bucket), ``log-step``
   (``per_bucket=False``: one all-gather per step), ``exact`` (exact dots: a gradient copy, a
@@ -264,7 +265,8 @@ def main(argv: list[str]) -> None:
         if args.rss or args.rss_only:
             _rss(argv, args, _say)
         target = TARGET.get(args.preset, TARGET["gpt-nano"])
-        print(f"target: ratio <= {target} (log{', and peak RSS' if TARGET.get(args.preset) == 1.02 else ''}); "
+        rss = ", and peak RSS" if TARGET.get(args.preset) == 1.02 else ""
+        print(f"target: ratio <= {target} (log{rss}); "
               f"{args.repeats} rounds x {args.steps} steps interleaved; "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 

@@ -13,7 +13,7 @@ import os
 import runpy
 import sys
 
-__all__ = ["run_cli"]
+__all__ = ["run_cli", "run_rank"]
 
 
 def run_cli(args: list[str], env: dict[str, str], cwd: str, out_path: str, err_path: str) -> None:
@@ -52,6 +52,45 @@ def run_cli(args: list[str], env: dict[str, str], cwd: str, out_path: str, err_p
     elif not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_rank(module: str, argv: list[str], env: dict[str, str], cwd: str, log_path: str) -> None:
+    """Run ``python -m module *argv`` as one rank (``env`` holds RANK, WORLD_SIZE, MASTER_ADDR, …) in this
+    (forked) process, its output to ``log_path``, and exit with its exit status.
+
+    As a launcher's child would: one torch thread (``OMP_NUM_THREADS`` in ``env`` is read by torch
+    at import, which the server did before), standard input /dev/null.
+    """
+    import torch
+
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    f = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(f, 1)
+    os.dup2(f, 2)
+    os.close(f)
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)
+    sys.argv = [module, *argv]
+    code: object = 0
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    code = 0 if code is None else code if isinstance(code, int) else 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

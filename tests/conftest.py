@@ -168,20 +168,61 @@ def leftover_processes(marker: str) -> list[str]:
 
 
 def run_ranks(module: str, tmp: Path, timeout: float) -> dict:
-    """Run ``python -m module OUT.json`` (a script that starts its own ranks) with its temporary files
-    in ``tmp``; assert it succeeded and left no process; return the JSON rank 0 wrote."""
+    """Run the rank script ``module`` (``python -m module OUT.json``) as ``WORLD`` ranks, with its
+    temporary files in ``tmp``; assert every rank succeeded and none is left; return the JSON rank 0
+    wrote.
+
+    The ranks are started as ``torchrun`` starts them (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT`` in their environment; the script's ``process_group`` joins that group), each
+    forked from the CLI's server process (``run_naig``), which has imported torch already: ~3.4 s
+    of CPU saved per rank. The rendezvous store is this process's. ``WORLD`` is read from the
+    script's source (its module-level ``WORLD`` assignment).
+    """
     out = tmp / "out.json"
-    env = {**os.environ, "TMPDIR": str(tmp)}
+    world = _world_of(module)
+    store = dist.TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False)
+    base = {**os.environ, "TMPDIR": str(tmp), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "NAIG_DISTRIBUTED_STORE": "1",
+            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
+    ctx = _cli_context()
+    procs = [ctx.Process(target=_cli_child.run_rank,
+                         args=(module, [str(out)], {**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+                               os.getcwd(), str(tmp / f"rank{r}.log")))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
     try:
-        r = subprocess.run([sys.executable, "-m", module, str(out)], capture_output=True, text=True,
-                           timeout=timeout, env=env)
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
     finally:
-        deadline = time.monotonic() + 10
-        while leftover_processes(str(tmp)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not leftover_processes(str(tmp))
-    assert r.returncode == 0, r.stderr[-3000:]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    failed = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
+    logs = {r: log.read_text(errors="replace")[-3000:] if (log := tmp / f"rank{r}.log").exists()
+            else "(no log)" for r in failed}
+    assert not failed, f"{module}: ranks {failed} (exit codes; -9: killed after {timeout} s)\n" + "\n".join(
+        f"--- rank {r}\n{logs[r]}" for r in failed)
     return json.loads(out.read_text())
+
+
+def _world_of(module: str) -> int:
+    """The int a rank script assigns to ``WORLD`` at module level (``WORLD = 3`` or ``WORLD, X = 3, …``)."""
+    import ast
+    import importlib.util
+
+    tree = ast.parse(Path(importlib.util.find_spec(module).origin).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            names = [target] if isinstance(target, ast.Name) else getattr(target, "elts", [])
+            values = [value] if isinstance(target, ast.Name) else getattr(value, "elts", [])
+            for name, v in zip(names, values, strict=False):
+                if isinstance(name, ast.Name) and name.id == "WORLD" and isinstance(v, ast.Constant):
+                    return int(v.value)
+    raise AssertionError(f"{module}: no module-level WORLD = <int>")
 
 
 def flagged_steps(run: dict) -> dict[int, list[list[float]]]:

@@ -1,7 +1,8 @@
 """Ranks for tests/test_monitor_detectors_ranks.py: a persistent fault, a resumed monitor, and two ranks.
 
 ``python -m tests.monitor_persistent_ranks OUT.json`` makes this process rank 0 of ``WORLD`` (4)
-and starts the others. Every rank trains a tiny MLP on its own batches (64 examples per rank)
+and starts the others (the tests start all ``WORLD`` ranks, as torchrun does:
+``tests.conftest.run_ranks``). Every rank trains a tiny MLP on its own batches (64 examples per rank)
 with ``Monitor.observe`` before its own all-reduce (mean) and SGD, for ``STEPS`` steps:
 
 - ``persistent``: from step ``ONSET`` on, rank ``BAD_RANK`` sends its gradient ×2 (and the
