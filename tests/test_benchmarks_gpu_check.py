@@ -24,7 +24,9 @@ TINY = ["--device", "cpu", "--skip-monitor", "--model", "gpt-nano", "--sketch-mo
 
 
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    # One torch thread: on CPU the script checks plumbing, not speed, and beside the other test
+    # worker two threads cost it 2x the CPU (14 s vs 7 s wall beside two busy processes, measured).
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.pop("OUT", None)
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=env)
