@@ -23,38 +23,7 @@ def run_cli(args: list[str], env: dict[str, str], cwd: str, out_path: str, err_p
     ``err_path`` (file descriptors 1 and 2, so children of the CLI write there too); the
     environment is replaced by ``env`` and the working directory by ``cwd``.
     """
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(cwd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    for fd, path in ((1, out_path), (2, err_path)):
-        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(f, fd)
-        os.close(f)
-    sys.stdin = open(0, closefd=False)  # the process's own descriptors
-    sys.stdout = open(1, "w", closefd=False)
-    sys.stderr = open(2, "w", closefd=False)
-    sys.argv = ["-m", *args]
-    code: object = 0
-    try:
-        runpy.run_module("naig_cli", run_name="__main__", alter_sys=True)
-    except SystemExit as exc:
-        code = exc.code
-    except BaseException:  # reported as Python reports an uncaught one
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    _run_module("naig_cli", ["-m", *args], env, cwd, out_path, err_path)
 
 
 def run_rank(module: str, argv: list[str], env: dict[str, str], cwd: str, log_path: str) -> None:
@@ -67,30 +36,45 @@ def run_rank(module: str, argv: list[str], env: dict[str, str], cwd: str, log_pa
     import torch
 
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+    _run_module(module, [module, *argv], env, cwd, log_path, log_path)
+
+
+def _run_module(module: str, argv: list[str], env: dict[str, str], cwd: str, out_path: str,
+                err_path: str) -> None:
+    """``runpy`` ``module`` as ``__main__`` with ``sys.argv = argv``, after replacing the environment,
+    the working directory and descriptors 0-2 (/dev/null, ``out_path``, ``err_path``: one file when
+    they are the same path); exit with its status (an uncaught exception: traceback, status 1)."""
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    f = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.dup2(f, 1)
-    os.dup2(f, 2)
-    os.close(f)
+    out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    err = out if err_path == out_path else os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    for fd, f in ((1, out), (2, err)):
+        os.dup2(f, fd)
+    for f in {out, err}:
+        os.close(f)
+    sys.stdin = open(0, closefd=False)  # the process's own descriptors
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", closefd=False)
-    sys.argv = [module, *argv]
+    sys.argv = argv
     code: object = 0
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = exc.code
-    except BaseException:
+    except BaseException:  # reported as Python reports an uncaught one
         import traceback
 
         traceback.print_exc()
         code = 1
-    code = 0 if code is None else code if isinstance(code, int) else 1
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
