@@ -2,7 +2,7 @@
 
 docs/monitor.md ("Overhead and memory"). What every rank computes once per step after the
 all-gather, whatever the model size: ``rank_signals`` on the (K, 14·R + 2) payloads, and
-``Monitor.decide`` (unpack, signals, the detectors' update and decision), for K = 2, 4, 8, 64 ranks
+``Monitor.decide`` (unpack, signals, the detectors' update and decision), for K = 2, 4, 8, 64, 256, 1024 ranks
 and R = 1, 4. Payloads are drawn as K noisy copies of one gradient's sketch (no rank flagged).
 Each configuration first runs ``--warmup`` steps (past the detectors' 32-step window and their
 one-off calibration), then ``--steps`` timed steps; printed: the median µs per step (this thread's
@@ -28,7 +28,7 @@ from naig.monitor.signals import rank_signals, unpack
 
 __all__ = ["main"]
 
-RANKS = (2, 4, 8, 64)
+RANKS = (2, 4, 8, 64, 256, 1024)
 
 
 def _args(argv: list[str]) -> argparse.Namespace:

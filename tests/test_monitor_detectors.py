@@ -603,3 +603,73 @@ def test_a_signal_none_of_whose_tests_is_asked_for_is_refused() -> None:
     with pytest.raises(UsageError, match="persistence"):
         Detector(4, signals=("norm", "persistence"), scores=("transient",))
 
+
+
+def _each_ranks_others(rows: np.ndarray) -> list[np.ndarray]:
+    """For each rank k of (T, K) rows: the finite values of every other rank, as a plain list."""
+    return [np.array([v for j in range(rows.shape[1]) if j != k for v in rows[:, j] if np.isfinite(v)])
+            for k in range(rows.shape[1])]
+
+
+def _reference_median(v: np.ndarray) -> float:
+    x = np.sort(v)
+    n = len(x)
+    return math.nan if n == 0 else float(x[n // 2] if n % 2 else 0.5 * (x[n // 2 - 1] + x[n // 2]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(t=st.integers(1, 5), k=st.integers(1, 90), seed=st.integers(0, 10_000),
+       levels=st.sampled_from([3, 20, 0]), missing=st.floats(0.0, 0.9))
+def test_leave_one_out_medians_and_spreads_equal_sorting_each_ranks_others(
+        t: int, k: int, seed: int, levels: int, missing: float) -> None:
+    """Both ways (a sorted copy per rank, up to DENSE_RANKS; one sort for all above it) give each
+    rank's median and MAD of the other ranks' values bit for bit as sorting that rank's own list,
+    with ties (values from a few levels), missing values and ranks without any."""
+    from naig.monitor.detectors import _LeaveOneOut, _median_of_others, _spread_of_others
+
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, levels, (t, k)).astype(np.float64) if levels else rng.standard_normal((t, k))
+    rows[rng.random((t, k)) < missing] = np.nan
+    others = _each_ranks_others(rows)
+    mid = np.array([_reference_median(v) for v in others])
+    mad = np.array([MAD_SCALE * _reference_median(np.abs(v - m)) for v, m in zip(others, mid, strict=True)])
+    loo = _LeaveOneOut(rows)
+    assert np.array_equal(loo.median(), mid, equal_nan=True)
+    assert np.array_equal(MAD_SCALE * loo.mad(mid), mad, equal_nan=True)
+    assert np.array_equal(loo.count, [len(v) for v in others])
+    count, spread = _spread_of_others(rows)
+    assert np.array_equal(spread, mad, equal_nan=True) and np.array_equal(count, loo.count)
+    x, ref = rows[0], rng.random(k) < 0.8
+    row_only = _each_ranks_others(np.where(ref, x, np.nan)[None, :])
+    assert np.array_equal(_median_of_others(x, ref), [_reference_median(v) for v in row_only], equal_nan=True)
+
+
+@pytest.mark.parametrize("k", [70, 130])
+def test_many_ranks_decide_as_with_a_sorted_copy_per_rank(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above DENSE_RANKS the detector's decisions, scores and CUSUM statistics are those of the
+    per-rank copies (DENSE_RANKS raised past K), step for step, with a rank ×4 from step 30."""
+    import naig.monitor.detectors as detectors
+
+    rng = np.random.default_rng(k)
+    steps = []
+    for i in range(45):
+        s, sq = rng.standard_normal((k, 14)) + 3.0, 40.0 + rng.standard_normal(k)
+        if i >= 30:
+            s[5], sq[5] = 2 * s[5], 4 * sq[5]
+        steps.append(rank_signals(s, sq, np.zeros(k)))
+    fast = Detector(k, quiet=True)
+    got = [fast.update(sig) for sig in steps]
+    monkeypatch.setattr(detectors, "DENSE_RANKS", 10 ** 9)
+    dense = Detector(k, quiet=True)
+    assert [repr(d) for d in got] == [repr(dense.update(sig)) for sig in steps]  # repr: NaN compares equal
+    assert not any(d.flagged for d in got[:30]) and any(d.ranks == (5,) for d in got[30:])
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 300), seed=st.integers(0, 10_000), levels=st.sampled_from([0, 2, 7]))
+def test_the_pooled_median_is_numpys(n: int, seed: int, levels: int) -> None:
+    from naig.monitor.detectors import _median
+
+    rng = np.random.default_rng(seed)
+    v = rng.integers(0, levels, n).astype(np.float64) if levels else rng.standard_normal(n)
+    assert _median(v) == float(np.median(v))
