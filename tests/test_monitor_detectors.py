@@ -476,8 +476,8 @@ def test_a_version_2_state_loads_and_fits_its_tails_afresh() -> None:
     for g in _stream(4, 40, 1.0, seed=1):
         det.update(_signals(g))
     state = det.state_dict()
-    assert state["version"] == 4 and len(state["tails"]["norm"]) == 40 - 16
-    newer = ("tails", "calibration", "fresh", "last")
+    assert state["version"] == 5 and len(state["tails"]["norm"]) == 40 - 16
+    newer = ("tails", "calibration", "fresh", "last", "drift")
     old = {k: v for k, v in state.items() if k not in newer} | {"version": 2}
     resumed = Detector(4, quiet=True)
     resumed.load_state_dict(old)
@@ -625,7 +625,10 @@ def test_leave_one_out_medians_and_spreads_equal_sorting_each_ranks_others(
     """Both ways (a sorted copy per rank, up to DENSE_RANKS; one sort for all above it) give each
     rank's median and MAD of the other ranks' values bit for bit as sorting that rank's own list,
     with ties (values from a few levels), missing values and ranks without any."""
-    from naig.monitor.detectors import _LeaveOneOut, _median_of_others, _spread_of_others
+    import unittest.mock
+
+    import naig.monitor.detectors as detectors
+    from naig.monitor.detectors import median_of_others, stats_of_others
 
     rng = np.random.default_rng(seed)
     rows = rng.integers(0, levels, (t, k)).astype(np.float64) if levels else rng.standard_normal((t, k))
@@ -633,15 +636,15 @@ def test_leave_one_out_medians_and_spreads_equal_sorting_each_ranks_others(
     others = _each_ranks_others(rows)
     mid = np.array([_reference_median(v) for v in others])
     mad = np.array([MAD_SCALE * _reference_median(np.abs(v - m)) for v, m in zip(others, mid, strict=True)])
-    loo = _LeaveOneOut(rows)
-    assert np.array_equal(loo.median(), mid, equal_nan=True)
-    assert np.array_equal(MAD_SCALE * loo.mad(mid), mad, equal_nan=True)
-    assert np.array_equal(loo.count, [len(v) for v in others])
-    count, spread = _spread_of_others(rows)
-    assert np.array_equal(spread, mad, equal_nan=True) and np.array_equal(count, loo.count)
     x, ref = rows[0], rng.random(k) < 0.8
-    row_only = _each_ranks_others(np.where(ref, x, np.nan)[None, :])
-    assert np.array_equal(_median_of_others(x, ref), [_reference_median(v) for v in row_only], equal_nan=True)
+    row_only = [_reference_median(v) for v in _each_ranks_others(np.where(ref, x, np.nan)[None, :])]
+    for dense in (0, 10 ** 9):  # one sort for all ranks, then a sorted copy per rank
+        with unittest.mock.patch.object(detectors, "DENSE_RANKS", dense):
+            count, median, spread = stats_of_others(rows)
+            assert np.array_equal(count, [len(v) for v in others])
+            assert np.array_equal(median, mid, equal_nan=True)
+            assert np.array_equal(spread, mad, equal_nan=True)
+            assert np.array_equal(median_of_others(x, ref), row_only, equal_nan=True)
 
 
 @pytest.mark.parametrize("k", [70, 130])
@@ -668,8 +671,120 @@ def test_many_ranks_decide_as_with_a_sorted_copy_per_rank(k: int, monkeypatch: p
 @settings(max_examples=100, deadline=None)
 @given(n=st.integers(1, 300), seed=st.integers(0, 10_000), levels=st.sampled_from([0, 2, 7]))
 def test_the_pooled_median_is_numpys(n: int, seed: int, levels: int) -> None:
-    from naig.monitor.detectors import _median
+    from naig.monitor.detectors import pooled_median
 
     rng = np.random.default_rng(seed)
     v = rng.integers(0, levels, n).astype(np.float64) if levels else rng.standard_normal(n)
-    assert _median(v) == float(np.median(v))
+    assert pooled_median(v) == float(np.median(v))
+
+
+DRIFTING = ("norm", "distance", "energy", "drift")
+
+
+def test_drift_t2_is_the_multivariate_ewma_statistic() -> None:
+    """T²_k = e_kᵀ P e_k / (m λ/(2 − λ)), e_k = (1 − λ) e_prev + λ (s_k − mean s), in float64."""
+    from naig.monitor.detectors import DriftState
+
+    rng = np.random.default_rng(11)
+    s, prev = rng.standard_normal((4, 28)), rng.standard_normal((4, 28))
+    a = rng.standard_normal((28, 28))
+    precision = a @ a.T / 28 + np.eye(28)
+    sq = (s * s).sum(1)
+    sig = rank_signals(s, sq, np.zeros(4)).with_drift(DriftState(prev, precision, 0.2))
+    e = 0.8 * prev + 0.2 * (s - s.mean(0))
+    want = np.einsum("ka,ab,kb->k", e, precision, e) / (28 * 0.2 / 1.8)
+    np.testing.assert_allclose(sig.drift_t2, want, rtol=1e-12)
+    assert np.isnan(rank_signals(s, sq, np.zeros(4)).drift_t2).all()  # no state: not measured
+    bad = rank_signals(s, sq, np.array([0, 0, 3, 0])).with_drift(DriftState(prev, precision, 0.2))
+    assert np.isnan(bad.drift_t2[2]) and np.isfinite(bad.drift_t2[[0, 1, 3]]).all()
+    with pytest.raises(UsageError, match="drift"):
+        sig.with_drift(DriftState(prev[:3], precision, 0.2))
+
+
+def test_a_rank_that_keeps_reusing_its_batch_is_named_by_drift() -> None:
+    """Its norm and distance keep the clean law; the EWMA of its drift names it, after the onset."""
+    steps = [_signals(g) for g in _repeating_stream(4, 70, bad=2, onset=41, seed=5)]
+    det = Detector(4, signals=DRIFTING, quiet=True)
+    decisions = [det.update(s) for s in steps]
+    assert not any(d.flagged for d in decisions[16:40])  # clean before the onset
+    named = [i + 1 for i, d in enumerate(decisions)
+             if any(f.signal == "drift" for f in d.flags if f.rank == 2)]
+    assert named and named[0] <= 55, named
+    assert decisions[named[0] - 1].ranks == (2,)
+    assert math.isnan(decisions[named[0] - 1].cusum["drift"][2])  # the transient test only
+
+
+def test_drift_raises_no_alarm_on_clean_ranks() -> None:
+    """600 clean steps at K = 4 and false_alarm = 0.01: drift's share (1/8 of the tests) expects
+    < 1 flag; at most 3 allowed."""
+    det = Detector(4, signals=DRIFTING, false_alarm=0.01, quiet=True)
+    flags = [f for g in _stream(4, 600, 1.0, seed=8) for f in det.update(_signals(g)).flags]
+    assert sum(f.signal == "drift" for f in flags) <= 3, flags
+
+
+def test_a_resumed_detector_keeps_the_drifts_ewma_and_covariance() -> None:
+    import json
+
+    steps = [_signals(g) for g in _repeating_stream(4, 60, bad=1, onset=30, seed=9)]
+    whole = Detector(4, signals=DRIFTING, quiet=True)
+    decisions = [repr(whole.update(s)) for s in steps]
+    first = Detector(4, signals=DRIFTING, quiet=True)
+    for s in steps[:35]:
+        first.update(s)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert len(state["drift"]["ewma"]) == 4 and len(state["drift"]["cov"]) == 14
+    resumed = Detector(4, signals=DRIFTING, quiet=True)
+    resumed.load_state_dict(state)
+    assert [repr(resumed.update(s)) for s in steps[35:]] == decisions[35:]
+    assert any("'drift'" in d and "Flag(rank=1" in d for d in decisions[35:])
+
+
+def test_a_state_saved_before_drift_existed_loads_and_drift_starts_afresh() -> None:
+    steps = [_signals(g) for g in _stream(4, 45, 1.0, seed=4)]
+    before = Detector(4, signals=PERSIST, quiet=True)
+    for s in steps[:40]:
+        before.update(s)
+    state = {k: v for k, v in before.state_dict().items() if k != "drift"} | {"version": 4}
+    now = Detector(4, signals=(*PERSIST, "drift"), quiet=True)
+    now.load_state_dict(state)
+    assert now.step == 40 and len(now.pool["drift"]) == 0 and now.ewma is None
+    assert now.last is not None
+    assert [list(v) for v in now.pool["norm"]] == [list(v) for v in before.pool["norm"]]
+    now.update(steps[40])
+
+
+@pytest.mark.parametrize("drift", [{"ewma": [[1.0] * 14] * 3, "cov": None, "cov_weight": 0, "cov_count": 0},
+                                   {"ewma": [[1.0] * 14] * 4, "cov": [[1.0] * 13] * 14, "cov_weight": 1,
+                                    "cov_count": 4},
+                                   {"ewma": [[1.0] * 14] * 4, "cov": None, "cov_weight": 2.0, "cov_count": 4},
+                                   {"ewma": [[1.0] * 14] * 4},
+                                   {"ewma": [[1.0] * 14] * 4, "cov": None, "cov_weight": 0, "cov_count": 0,
+                                    "record": [[[1.0] * 13] * 4]}, "x"])
+def test_a_state_with_a_malformed_drift_is_refused(drift: object) -> None:
+    det = Detector(4, signals=DRIFTING, quiet=True)
+    for g in _stream(4, 20, 1.0, seed=1):
+        det.update(_signals(g))
+    state = det.state_dict() | {"drift": drift}
+    with pytest.raises(UsageError, match="malformed detector state"):
+        Detector(4, signals=DRIFTING, quiet=True).load_state_dict(state)
+
+
+def test_the_drift_threshold_is_the_steady_state_quantile_and_grows_with_heavy_tails() -> None:
+    """Gaussian drifts: T² = χ²_m/m exactly in the steady state, so h is close to its (1 − α) quantile
+    (measured: +3%, +8%, +13% at α = 1e-2, 1e-3, 1e-4: the bootstrap's autocorrelated values and
+    the tail fit's shrinkage err on the high side); Student-t(3) drifts of the same variance give
+    a far larger h (a single heavy step dominates e for ~1/λ steps)."""
+    from scipy.stats import chi2
+
+    from naig.monitor.detectors import drift_threshold
+
+    rng = np.random.default_rng(0)
+    gauss = rng.standard_normal((5000, 14))
+    for alpha in (1e-2, 1e-3):
+        exact = chi2.ppf(1 - alpha, 14) / 14
+        assert exact <= drift_threshold(gauss, np.eye(14), 0.1, alpha) <= 1.15 * exact, alpha
+    heavy = rng.standard_t(3, (5000, 14)) / math.sqrt(3)
+    assert drift_threshold(heavy, np.eye(14), 0.1, 1e-3) > 2 * chi2.ppf(1 - 1e-3, 14) / 14
+    assert drift_threshold(gauss, np.eye(14), 0.1, 1e-3) == drift_threshold(gauss, np.eye(14), 0.1, 1e-3)
+    with pytest.raises(UsageError, match="drifts"):
+        drift_threshold(gauss, np.eye(13), 0.1, 1e-3)

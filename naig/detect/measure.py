@@ -39,6 +39,8 @@ CANDIDATES: dict[str, dict] = {
     "nde/δ0.5": {"signals": ("norm", "distance", "energy"), "delta": 0.5},
     "ndep/δ1": {"signals": ("norm", "distance", "energy", "persistence"), "delta": 1.0},
     "ndep/δ0.5": {"signals": ("norm", "distance", "energy", "persistence"), "delta": 0.5},
+    "ndew/δ1": {"signals": ("norm", "distance", "energy", "drift"), "delta": 1.0},
+    "ndepw/δ1": {"signals": ("norm", "distance", "energy", "persistence", "drift"), "delta": 1.0},
     "all/δ1": {"signals": SIGNALS, "delta": 1.0},
     "all/δ0.5": {"signals": SIGNALS, "delta": 0.5},
 }

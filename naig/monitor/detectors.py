@@ -11,6 +11,7 @@ signal          value x_k              flagged when     meaning
 ``distance``    log ‖g_k − ḡ‖²         u > t            a rank far from the mean
 ``energy``      E_k^(1/3)              u > t            a large Fano–Fisher drift energy
 ``persistence`` cos(d_k,t, d_k,t−1)    CUSUM only       a drift that keeps its direction
+``drift``       T²_k                   T² > h           a drift accumulated over ~1/λ steps
 =============== ====================== ================ ======================================
 
 (a norm of 0 is taken as 1e-150 before the log, so a zero gradient is an extreme low norm). The
@@ -24,6 +25,25 @@ batch 8: mean 0.0, sd 0.35–0.4); a rank whose departure keeps one direction (a
 reusing, a shard of another kind of data, weights that drifted) stays near 0.7–0.9. One step of it
 says little (the cosine is bounded: no single value is far out), so only its CUSUM runs; the
 detector keeps the previous step's sketches (K × m floats, in its state) to measure it.
+
+``drift`` (``RankSignals.drift_t2``) is the multivariate EWMA statistic of the same drifts (Lowry
+et al. 1992): e_k,t = (1 − λ) e_k,t−1 + λ d_k,t with λ = ``DRIFT_LAMBDA`` (0.1), and
+T²_k = e_kᵀ P e_k / (m λ/(2 − λ)), P the inverse of the clean ranks' drift covariance Σ̂ (each
+clean step adds the mean of d_k d_kᵀ over the pooled ranks to an average that forgets at the
+rate 1/``window``). Where ``persistence`` compares two steps, e carries ~1/λ of them: a small
+departure that keeps its direction (a stale rank, a batch reused, text of another kind) grows
+in e while the noise of fresh batches averages out, and P weighs each sketch coordinate by its
+own spread. T² is already on its null scale, and it is autocorrelated (e moves slowly), so it is
+not centred, pooled and fitted as the other signals are (a bad rank's rising T² would enter the
+pool and the tail record before it is named and raise its own threshold): its threshold h is the
+(1 − α) quantile of T² in the steady state of EWMA chains fed with the *single-step* clean drifts,
+whitened by P and resampled (``drift_threshold``: a bootstrap of the empirical law, heavy tails
+included, then the same peaks-over-threshold extrapolation as "Tails"), refitted with the other
+thresholds. A single step of a slightly shifted rank barely moves that law. It gets the transient
+test only (the EWMA is already the accumulation a CUSUM would add), and a rank named by it restarts
+its e from 0 (as a CUSUM side restarts after its alarm). The detector keeps e (K × m), Σ̂ (m × m)
+and the last ``DRIFT_RECORD`` clean drifts in its state; T² is NaN (not scored) until Σ̂ rests on
+2m clean drifts.
 
 **Normalisation (K ≥ 3).** Each value is centred on the other ranks at the same step,
 
@@ -177,9 +197,10 @@ if TYPE_CHECKING:
 __all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE", "MAD_SCALE", "DEFAULT_DETECTOR",
            "DEFAULT_SIGNALS", "DEFAULT_SCORES", "DEFAULT_WINDOW", "DEFAULT_WARMUP", "DEFAULT_DELTA",
            "DEFAULT_CLIP", "DEFAULT_HOLD", "POOL_SIZES", "STATE_VERSION", "TWO_RANKS", "WARMUP",
-           "BadRankError", "Decision", "Detector", "Flag", "SignalSpec", "check_action", "cusum_arl",
-           "cusum_threshold", "cusum_threshold_sample", "gpd_fit", "null_tail", "robust_threshold",
-           "robust_z", "signal_values", "tail_quantile"]
+           "DRIFT_LAMBDA", "BadRankError", "Decision", "Detector", "DriftState", "Flag", "SignalSpec",
+           "check_action", "cusum_arl", "cusum_threshold", "cusum_threshold_sample", "drift_threshold",
+           "gpd_fit", "median_of_others", "null_tail", "pooled_median", "stats_of_others",
+           "robust_threshold", "robust_z", "signal_values", "tail_quantile"]
 
 TINY = 1e-300  # a squared norm of 0 before the log
 
@@ -216,6 +237,7 @@ SIGNAL_TABLE: tuple[SignalSpec, ...] = (
     SignalSpec("energy", "energy", "upper", np.cbrt),  # E^{1/3} (Wilson–Hilferty: a χ²-like energy)
     SignalSpec("persistence", "drift_cos", "upper", lambda x: np.arctanh(np.clip(x, -0.999, 0.999)),
                ("cusum",)),  # Fisher z of cos(d_t, d_{t−1})
+    SignalSpec("drift", "drift_t2", "upper", lambda x: x, ("transient",)),  # MEWMA T², its own null
 )
 """Every signal the detectors score, once: ``SIGNALS``, ``SIDES``, ``signal_values``, the records'
 columns and ``naig detect``'s scores all come from it. A new signal is one entry here plus its
@@ -248,11 +270,21 @@ TAIL_STEPS, RECALIBRATE, SAMPLE_ARL_STATES = 1024, 8, 100
 """Clean steps of normalised values kept to fit the tails (K × 1024 per signal), clean steps
 between two fits (4 × as many once the record holds 64 steps), Brook–Evans states of the
 empirical CUSUM chain."""
-STATE_VERSION = 4
+STATE_VERSION = 5
 """The layout version of ``Detector.state_dict`` (``load_state_dict`` also reads versions 2, whose
-states have no tail record: the tails are then fitted afresh, and 3, saved before ``persistence``
+states have no tail record: the tails are then fitted afresh; 3, saved before ``persistence``
 existed: a version-3 state whose signals are this detector's without ``persistence`` loads, and
-persistence starts afresh, with an empty pool and no previous sketches)."""
+persistence starts afresh, with an empty pool and no previous sketches; and 4, saved before
+``drift`` existed, which loads likewise, the drift's EWMA and covariance starting afresh)."""
+_SINCE = {"persistence": 4, "drift": 5}  # the state version each later signal first appears in
+DRIFT_LAMBDA = 0.1
+"""λ of the ``drift`` signal's EWMA: the newest step's weight (chosen on the validation seeds of the
+persistent-fault protocol, 2026-12-05, among 0.1, 0.2, 0.3; docs/results/monitor-detection.md)."""
+DRIFT_RECORD, DRIFT_CHAINS, DRIFT_STEPS, DRIFT_EVERY = 2048, 1000, 400, 4
+"""Clean single-step drifts kept for ``drift``'s threshold (the last 2048 rank-steps: 512 steps at
+K = 4), and its bootstrap: 1000 EWMA chains, 400 steps after a burn-in of 5/λ, every 4th value kept
+(10⁵ values of T²)."""
+_OWN_NULL = frozenset({"drift"})  # signals on their own null scale: not centred or pooled
 TWO_RANKS = ("monitor with 2 ranks: cos, distance, energy and persistence are measured against the mean, "
              "where d_0 = -d_1, so they cannot tell the two ranks apart and are not scored; only non-finite "
              "gradients and the norm are; use 3 or more ranks to compare ranks")
@@ -334,9 +366,10 @@ def _median_rows(x: np.ndarray) -> np.ndarray:
     return x[:, n // 2] if n % 2 else 0.5 * (x[:, n // 2 - 1] + x[:, n // 2])
 
 
-def _median(v: np.ndarray) -> float:
-    """np.median's value of a non-empty 1-D array without NaN, by a partition (O(n): the pool holds
-    K × window values, 65,536 at K = 1024, where a sort made most of a step's cost)."""
+def pooled_median(v: np.ndarray) -> float:
+    """``np.median``'s value of a non-empty 1-D float64 array without NaN, by a partition: O(n), for
+    the pooled values (K × window of them, 65,536 at K = 1024, where a sort made most of a step's
+    cost)."""
     h = len(v) // 2
     if len(v) % 2:
         return float(np.partition(v, h)[h])
@@ -756,6 +789,68 @@ def _describe_flag(f: Flag) -> str:
     return f"{f.signal} transient z={f.z:+.3g} (threshold {f.threshold:.3g})"
 
 
+def drift_threshold(drifts: np.ndarray, precision: np.ndarray, lam: float, alpha: float,
+                    seed: int = NULL_SEED) -> float:
+    """h with P(T² > h) = α for a clean rank: the ``drift`` test's threshold (see the module).
+
+    T² = eᵀ P e / (m λ/(2 − λ)) with e_t = (1 − λ) e_t−1 + λ d_t, the d_t drawn independently from
+    the empirical law of ``drifts``: ``DRIFT_CHAINS`` chains run ``DRIFT_STEPS`` steps after a
+    burn-in of 5/λ, every ``DRIFT_EVERY``-th value kept, and the (1 − α) quantile of those values by
+    peaks over a threshold (``tail_quantile``), at least their largest value below it. Seeded: the
+    same drifts give the same h on every rank.
+
+    Args:
+        drifts: (n, m) float64 clean single-step drifts (n ≥ 1).
+        precision: (m, m) float64 P, symmetric positive definite.
+        lam: λ in (0, 1].
+        alpha: the per-step false-alarm probability of one rank's test, in (0, 0.5).
+
+    Raises:
+        UsageError: shapes that disagree, λ outside (0, 1] or alpha outside (0, 0.5).
+    """
+    d = np.asarray(drifts, dtype=np.float64)
+    if d.ndim != 2 or len(d) == 0 or precision.shape != (d.shape[1], d.shape[1]):
+        raise UsageError(f"expected (n, m) drifts and an (m, m) precision, got {d.shape} and "
+                         f"{precision.shape}", field="drifts")
+    if not 0 < lam <= 1:
+        raise UsageError("must be in (0, 1]", field="lam", value=lam)
+    if not isinstance(alpha, int | float) or not 0 < alpha < 0.5:
+        raise UsageError("must be in (0, 0.5)", field="alpha", value=alpha)
+    m = d.shape[1]
+    z = d @ np.linalg.cholesky(precision)  # ‖z‖² = dᵀ P d
+    rng = np.random.default_rng(seed)
+    e = np.zeros((DRIFT_CHAINS, m))
+    burn, kept = math.ceil(5 / lam), []
+    for t in range(burn + DRIFT_STEPS):
+        e *= 1.0 - lam
+        e += lam * z[rng.integers(len(z), size=DRIFT_CHAINS)]
+        if t >= burn and (t - burn) % DRIFT_EVERY == 0:
+            kept.append(np.einsum("ca,ca->c", e, e))
+    t2 = np.concatenate(kept) / (m * lam / (2.0 - lam))
+    h = tail_quantile(t2, alpha, "upper")
+    return float(h) if math.isfinite(h) else float(t2.max())
+
+
+@dataclass(frozen=True, eq=False)
+class DriftState:
+    """What ``drift_t2`` needs from the steps before (kept by the detector; see the module).
+
+    Attributes:
+        ewma: (K, m) float64 e_k,t−1, the exponentially weighted drift of each rank (0 to start).
+        precision: (m, m) float64 P = Σ̂⁻¹, the inverse covariance of a clean rank's drift
+            coordinates.
+        lam: λ in (0, 1], the weight of the newest step.
+    """
+
+    ewma: np.ndarray
+    precision: np.ndarray
+    lam: float
+
+    def step(self, drift: np.ndarray) -> np.ndarray:
+        """(K, m) e_k,t = (1 − λ) e_k,t−1 + λ d_k,t (NaN rows of ``drift`` give NaN rows)."""
+        return (1.0 - self.lam) * self.ewma + self.lam * drift
+
+
 class Detector:
     """Pooled-calibration transient tests and CUSUM change detection per rank and signal.
 
@@ -826,6 +921,10 @@ class Detector:
         self.calibration: dict[str, tuple[float, float]] = {}  # signal → (transient t, CUSUM h) fitted
         self.fresh = 0  # clean steps recorded since the last fit
         self.last: np.ndarray | None = None  # (K, m) the previous step's sketches (persistence)
+        self.ewma: np.ndarray | None = None  # (K, m) each rank's EWMA drift e (drift)
+        self.cov: np.ndarray | None = None  # (m, m) Σ̂ · weight, the clean drifts' covariance (drift)
+        self.cov_weight, self.cov_count = 0.0, 0  # its weight, and the clean drifts it has seen
+        self.drift_record: deque[np.ndarray] = deque(maxlen=max(1, DRIFT_RECORD // self.world))
         self._stats: dict[str, tuple[float, float, int] | np.ndarray] = {}
 
     @property
@@ -889,6 +988,8 @@ class Detector:
             same = self.last is not None and self.last.shape == sig.inputs.sketches.shape
             sig = sig.with_previous(self.last if same else None)  # another sketch width: start afresh
             self.last = np.where(sig.usable[:, None], sig.inputs.sketches, np.nan)
+        if "drift" in self.signals and self.world > 2:
+            sig = sig.with_drift(self._drift_state(sig.inputs.sketches.shape))
         warming = self.warming
         active = sig.usable.copy()
         ref = self._reference(active)
@@ -899,6 +1000,8 @@ class Detector:
             c, scored, active, ref = self._explain(sig, active, ref, scored)
             flags += [f for f in kept.setdefault(c, scored.parent).flags if f.rank == c]
         self._commit(first, scored, kept, flags, sig.usable)  # named ranks are now "recent"
+        if "drift" in self.signals and self.world > 2:
+            self._fold_drift(sig, flags)
         flags.sort(key=lambda f: (f.rank, f.signal != "nonfinite", f.score, f.signal))
         view = _View.of(self, scored, kept)
         return Decision(self.step, self.world, self.action, tuple(flags), view.transient, view.cusum,
@@ -909,6 +1012,51 @@ class Detector:
         recent = (self.named > 0) & (self.step - self.named <= self.hold)
         ref = active & ~recent
         return ref if ref.sum() >= 2 else active.copy()
+
+    def _drift_state(self, shape: tuple[int, int]) -> DriftState | None:
+        """The ``drift`` signal's EWMA and precision for sketches of ``shape`` (None until Σ̂ rests on
+        2m clean drifts; another sketch width starts afresh)."""
+        if self.ewma is None or self.ewma.shape != shape:
+            self.ewma, self.cov, self.cov_weight, self.cov_count = np.zeros(shape), None, 0.0, 0
+            self.drift_record.clear()
+        m = shape[1]
+        if self.cov is None or self.cov_count < 2 * m:
+            return None
+        cov = self.cov / self.cov_weight
+        ridge = 1e-9 * max(float(np.trace(cov)) / m, TINY)
+        return DriftState(self.ewma, np.linalg.inv(cov + ridge * np.eye(m)), DRIFT_LAMBDA)
+
+    def _drift_threshold(self) -> float:
+        """h of the ``drift`` test, refitted with the other thresholds (inf until it can be fitted)."""
+        if "drift" not in self.calibration:
+            rows = np.concatenate(list(self.drift_record)) if self.drift_record else np.zeros((0, 1))
+            state = self._drift_state(self.ewma.shape) if self.ewma is not None else None
+            h = math.inf
+            if state is not None and len(rows) >= 2 * rows.shape[1]:
+                h = drift_threshold(rows, state.precision, DRIFT_LAMBDA, self.alpha)
+            self.calibration["drift"] = (h, math.nan)
+        return self.calibration["drift"][0]
+
+    def _fold_drift(self, sig: RankSignals, flags: list[Flag]) -> None:
+        """Fold this step's drifts (against the usable ranks' mean) into each usable rank's EWMA and
+        the clean ones (pooled this step) into Σ̂; a rank named by ``drift`` restarts from 0."""
+        s, usable = sig.inputs.sketches, sig.usable
+        if not usable.any() or self.ewma is None:
+            return
+        d = s - s[usable].mean(axis=0)
+        self.ewma = np.where(usable[:, None], (1.0 - DRIFT_LAMBDA) * self.ewma + DRIFT_LAMBDA * d, self.ewma)
+        for f in flags:
+            if f.signal == "drift":
+                self.ewma[f.rank] = 0.0
+        clean = usable & ~self._recent()
+        if clean.any():
+            dc = d[clean]
+            self.drift_record.append(dc)
+            forget = 1.0 - 1.0 / self.window
+            outer = dc.T @ dc / len(dc)
+            self.cov = outer if self.cov is None else forget * self.cov + outer
+            self.cov_weight = forget * self.cov_weight + 1.0
+            self.cov_count += len(dc)
 
     def _explain(self, sig: RankSignals, active: np.ndarray, ref: np.ndarray, scored: _Pass
                  ) -> tuple[int, _Pass, np.ndarray, np.ndarray]:
@@ -951,12 +1099,15 @@ class Detector:
                 out.y[name] = out.u[name] = np.full(k, np.nan)
                 continue
             x = np.where(active, signal_values(cur, name), np.nan)
-            y = x if k <= 2 else x - _median_of_others(x, ref)
+            y = x if k <= 2 or name in _OWN_NULL else x - median_of_others(x, ref)
             out.y[name] = y
             if not scored:
                 out.u[name] = np.full(k, np.nan)
                 continue
-            u = self._individual(name, y) if k <= 2 else self._normalise(name, y)
+            if name in _OWN_NULL:
+                u = y
+            else:
+                u = self._individual(name, y) if k <= 2 else self._normalise(name, y)
             out.u[name] = u
             self._flags(out, i, name, u)
         return out
@@ -1009,8 +1160,8 @@ class Detector:
             if len(v) == 0:
                 self._stats[name] = (0.0, math.nan, 0)
             else:
-                med = _median(v)
-                self._stats[name] = (med, MAD_SCALE * _median(np.abs(v - med)), len(v))
+                med = pooled_median(v)
+                self._stats[name] = (med, MAD_SCALE * pooled_median(np.abs(v - med)), len(v))
         return self._stats[name]
 
     def _scale(self, name: str) -> np.ndarray:
@@ -1020,13 +1171,15 @@ class Detector:
         if key not in self._stats:
             scale = np.full(self.world, self._pool_stats(name)[1])
             if self.recent[name]:
-                count, loo = _spread_of_others(np.array(self.recent[name]))  # of the (T, K) rows
+                count, _, loo = stats_of_others(np.array(self.recent[name]))  # of the (T, K) rows
                 enough = count >= 2 * RECENT_STEPS
                 scale = np.where(enough & (loo > scale), loo, scale)
             self._stats[key] = scale
         return self._stats[key]
 
     def _transient_threshold(self, name: str) -> float:
+        if name in _OWN_NULL:
+            return self._drift_threshold()
         if self.world <= 2:
             n = min(sum(1 for _ in self.pool[name]), NULL_MAX_N)
         else:
@@ -1127,7 +1280,12 @@ class Detector:
                 "tails": {s: [_plain(row) for row in self.tails[s]] for s in self.signals},
                 "recent": {s: [_plain(row) for row in self.recent[s]] for s in self.signals},
                 "calibration": {s: _plain(np.array(v)) for s, v in self.calibration.items()},
-                "fresh": self.fresh, "last": None if self.last is None else [_plain(r) for r in self.last]}
+                "fresh": self.fresh, "last": None if self.last is None else [_plain(r) for r in self.last],
+                "drift": None if self.ewma is None else {
+                    "ewma": [_plain(r) for r in self.ewma], "cov_weight": self.cov_weight,
+                    "cov_count": self.cov_count,
+                    "cov": None if self.cov is None else [_plain(r) for r in self.cov],
+                    "record": [[_plain(r) for r in step] for step in self.drift_record]}}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()`` of a detector with the same settings.
@@ -1136,15 +1294,15 @@ class Detector:
             UsageError: another version, other settings (naming the first that differs) or a
                 malformed state.
         """
-        if not isinstance(state, Mapping) or state.get("version") not in (2, 3, STATE_VERSION):
+        if not isinstance(state, Mapping) or state.get("version") not in (2, 3, 4, STATE_VERSION):
             got = state.get("version") if isinstance(state, Mapping) else type(state).__name__
             raise UsageError(f"not a detector state of version 2 to {STATE_VERSION}", field="state",
                              value=got)
         mine, theirs = self.settings(), dict(state.get("settings", {}))
         saved = list(theirs.get("signals") or [])
-        older = [s for s in self.signals if s != "persistence"]
-        if state["version"] <= 3 and "persistence" in self.signals and saved == older:
-            theirs["signals"] = list(self.signals)  # saved before persistence existed: it starts afresh
+        older = [s for s in self.signals if _SINCE.get(s, 0) <= state["version"]]
+        if older != list(self.signals) and saved == older:
+            theirs["signals"] = list(self.signals)  # saved before these signals existed: they start afresh
         for key, value in mine.items():
             other = theirs.get(key)
             if (list(other) if isinstance(other, list | tuple) else other) != value:
@@ -1168,6 +1326,7 @@ class Detector:
                            for n in (state["calibration"] if v3 else {})}
             fresh = int(state["fresh"]) if v3 else 0
             last = _sketch_rows(state.get("last") if state["version"] >= 4 else None, k)
+            drift = _drift_rows(state.get("drift") if state["version"] >= 5 else None, k)
             if any(n not in self.signals or len(v) != 2 for n, v in calibration.items()):
                 raise ValueError("a calibration entry is not (t, h) of a signal")
         except (KeyError, TypeError, ValueError) as exc:
@@ -1175,6 +1334,8 @@ class Detector:
         self.stat, self.start, self.named, self.pool, self.step = stat, start, named, pool, step
         self.tails, self.recent, self.calibration, self.fresh = tails, recent, calibration, fresh
         self.last = last
+        self.ewma, self.cov, self.cov_weight, self.cov_count, record = drift
+        self.drift_record = deque(record, maxlen=self.drift_record.maxlen)
         self._stats = {}
 
 
@@ -1202,6 +1363,34 @@ def _sketch_rows(rows: object, k: int) -> np.ndarray | None:
     if last.ndim != 2 or last.shape[0] != k or last.shape[1] == 0 or last.shape[1] % 14:
         raise ValueError(f"the previous sketches are not {k} rows of 14·R values")
     return last
+
+
+def _drift_rows(saved: object, k: int
+                ) -> tuple[np.ndarray | None, np.ndarray | None, float, int, list[np.ndarray]]:
+    """(ewma, cov, weight, count, record) of the ``drift`` signal from a state (None: afresh).
+
+    Raises:
+        ValueError: a malformed entry.
+    """
+    if saved is None:
+        return None, None, 0.0, 0, []
+    if not isinstance(saved, Mapping):
+        raise ValueError("the drift state is not a mapping")
+    ewma = _sketch_rows(saved.get("ewma"), k)
+    m = ewma.shape[1]
+    cov = None if saved.get("cov") is None else _sketch_rows(saved["cov"], m)
+    if cov is not None and cov.shape != (m, m):
+        raise ValueError(f"the drift covariance is not {m} x {m}")
+    weight, count = float(saved["cov_weight"]), int(saved["cov_count"])
+    if not (math.isfinite(weight) and weight >= 0 and count >= 0) or (cov is None) != (weight == 0):
+        raise ValueError("the drift covariance's weight or count is out of range")
+    record = saved.get("record", [])
+    if not isinstance(record, list):
+        raise ValueError("the drift record is not a list of steps")
+    steps = [_sketch_rows(step, len(step)) if isinstance(step, list) and step else None for step in record]
+    if any(st is None or st.shape[1] != m for st in steps):
+        raise ValueError(f"a step of the drift record is not rows of {m} values")
+    return ewma, cov, weight, count, steps
 
 
 def _plain(row: np.ndarray) -> list[float | None]:
@@ -1244,8 +1433,14 @@ def _others(k: int) -> np.ndarray:
     return out
 
 
-def _median_of_others(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """(K,) the median of x_j over j ≠ k in ``ref`` with finite x_j (NaN when there is none)."""
+def median_of_others(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """(K,) for each rank k, the median of x_j over the ranks j ≠ k in ``ref`` with finite x_j
+    (NaN when there is none): the centring of every signal (see "Normalisation").
+
+    Args:
+        x: (K,) float64 values.
+        ref: (K,) bool, the reference ranks.
+    """
     k = len(x)
     v = np.where(ref & np.isfinite(x), x, np.nan)
     if k > DENSE_RANKS:
@@ -1255,16 +1450,22 @@ def _median_of_others(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return _nan_median_rows(m)
 
 
-def _spread_of_others(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each rank k of the (T, K) ``rows`` (NaN where unused), the other ranks' finite values:
-    (K,) how many, and (K,) 1.4826 · their MAD about their median (NaN where there are none)."""
+def stats_of_others(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each rank k, the finite values of the other ranks over the (T, K) ``rows`` (NaN where
+    unused): how many, their median and 1.4826 · their MAD about it (NaN where there are none);
+    each rank's scale from the others' recent spread (see "Scale that keeps up").
+
+    Returns:
+        (K,) int64 counts, (K,) float64 medians, (K,) float64 spreads.
+    """
     k = rows.shape[1]
     if k > DENSE_RANKS:
         others = _LeaveOneOut(rows)
-        return others.count, MAD_SCALE * others.mad(others.median())
+        mid = others.median()
+        return others.count, mid, MAD_SCALE * others.mad(mid)
     v = rows[:, _others(k)].transpose(1, 0, 2).reshape(k, -1)  # (K, T·(K − 1))
     mid = _nan_median_rows(v)
-    return np.isfinite(v).sum(axis=1), MAD_SCALE * _nan_median_rows(np.abs(v - mid[:, None]))
+    return np.isfinite(v).sum(axis=1), mid, MAD_SCALE * _nan_median_rows(np.abs(v - mid[:, None]))
 
 
 class _LeaveOneOut:

@@ -20,6 +20,17 @@ reduction. It contributes a payload of m + 2 float64 values (``pack``):
   step, so its drift is fresh noise and the cosine scatters about 0; a rank whose departure
   persists in one direction (a batch it keeps reusing, a data shard of another kind, weights
   that drifted) keeps pointing the same way: the cosine stays high (always a sketch quantity);
+- ``drift_t2`` the multivariate EWMA statistic of rank k's sketched drift (Lowry, Woodall, Champ &
+  Rigdon, "A multivariate exponentially weighted moving average control chart", Technometrics
+  34(1), 1992): with e_k,t = (1 − λ) e_k,t−1 + λ d_k,t (``naig.monitor.detectors.DriftState``:
+  the previous e and the precision P = Σ̂⁻¹ of the clean ranks' drift coordinates, which the detector keeps),
+
+      T²_k = e_kᵀ P e_k / (m · λ/(2 − λ))
+
+  (≈ χ²_m/m for a clean rank, whose e has covariance λ/(2 − λ)·Σ in the steady state). A departure
+  that keeps its direction accumulates in e over ~1/λ steps while fresh noise averages out, and
+  P weighs each sketch coordinate by its own spread (always a sketch quantity; NaN without a
+  ``DriftState``, see ``with_drift``);
 - the gradient noise scale B_simple of the step (McCandlish et al. 2018), one value per step.
 
 **The sketch and its scale.** S is R independent blocks of the project's CountSketch with 14
@@ -89,6 +100,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -100,14 +112,17 @@ from naig.metric import DEFAULT_LINE, fano_fisher_metric, parse_line
 from naig.sketch.core import SKETCH_DIM, check_seed
 from naig.sketch.layout_sketch import LayoutSketch
 
-__all__ = ["EXACT_ALWAYS", "MAX_BLOCKS", "MonitorSketch", "NoiseScale", "NoiseScaleAverage", "RankSignals",
-           "check_batch", "check_blocks", "noise_scale", "pack", "pack_tensors", "payload_size",
-           "rank_signals", "unpack"]
+if TYPE_CHECKING:
+    from naig.monitor.detectors import DriftState
+
+__all__ = ["EXACT_ALWAYS", "MAX_BLOCKS", "MonitorSketch", "NoiseScale", "NoiseScaleAverage",
+           "RankSignals", "check_batch", "check_blocks", "noise_scale", "pack", "pack_tensors",
+           "payload_size", "rank_signals", "unpack"]
 
 EXACT_ALWAYS = frozenset({"sq_norm", "rel_norm"})
 """Quantities that are exact whatever the statistics given (full-dimension float64 norms)."""
 _FROM_MEAN = ("cos", "sq_dist", "mean_sq_norm", "noise")  # exact only with the exact statistics
-_SKETCH_ONLY = frozenset({"energy", "drift_cos"})  # always sketch estimates
+_SKETCH_ONLY = frozenset({"energy", "drift_cos", "drift_t2"})  # always sketch estimates
 
 
 @dataclass(frozen=True, eq=False)
@@ -340,6 +355,8 @@ class RankSignals:
         energy: E_k of the sketched drift from the mean sketch (sketch).
         drift_cos: cos of rank k's sketched drift at this step and the previous one (sketch; NaN
             without the previous sketches, see ``with_previous``).
+        drift_t2: the multivariate EWMA statistic T² of rank k's sketched drift (sketch; NaN
+            without a ``DriftState``, see ``with_drift``).
         cos: cos(g_k, ḡ) (``kind("cos")``).
         sq_dist: ‖g_k − ḡ‖² (``kind("sq_dist")``).
         mean_sq_norm: ‖ḡ‖² of the usable ranks' mean.
@@ -362,6 +379,7 @@ class RankSignals:
     exact: frozenset[str]
     inputs: _Inputs = field(repr=False)
     drift_cos: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    drift_t2: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def with_reference(self, reference: np.ndarray) -> RankSignals:
         """The same step measured against the mean of the ``reference`` ranks (a (K,) bool mask).
@@ -388,6 +406,19 @@ class RankSignals:
         drift = s - s[ref].mean(axis=0)  # only drift_cos depends on the previous step
         return dataclasses.replace(self, inputs=inputs, drift_cos=_drift_cos(inputs, drift, self.usable, ref))
 
+    def with_drift(self, state: DriftState | None) -> RankSignals:
+        """The same step with the EWMA state of the ranks' drifts, so that ``drift_t2`` is measured
+        (None leaves it NaN); the reference stays this one's.
+
+        Raises:
+            UsageError: a state for another number of ranks or sketch width.
+        """
+        if state is not None and (state.ewma.shape != self.inputs.sketches.shape
+                                  or state.precision.shape != (state.ewma.shape[1],) * 2):
+            raise UsageError(f"expected a state for sketches of shape {self.inputs.sketches.shape}",
+                             field="drift")
+        return _signals(dataclasses.replace(self.inputs, drift=state), self.usable, self.reference)
+
     def kind(self, name: str) -> str:
         """``"exact"`` or ``"sketch"`` for a quantity (``energy``, ``cos``, ``sq_dist``, …).
 
@@ -402,7 +433,7 @@ class RankSignals:
     def to_dict(self) -> dict:
         """Plain lists and floats (NaN kept as float NaN) with each quantity's kind."""
         arrays = ("nonfinite", "usable", "reference", "sq_norm", "rel_norm", "energy", "cos", "sq_dist",
-                  "drift_cos")
+                  "drift_cos", "drift_t2")
         out: dict = {a: getattr(self, a).tolist() for a in arrays}
         out.update(world=self.world, blocks=self.blocks, mean_sq_norm=self.mean_sq_norm,
                    noise={"sq_grad": self.noise.sq_grad, "trace": self.noise.trace,
@@ -471,6 +502,18 @@ class _Inputs:
     batch: float
     line: tuple[int, int, int]
     previous: np.ndarray | None = None
+    drift: DriftState | None = None
+
+
+def _drift_t2(inp: _Inputs, drift: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """(K,) T²_k = e_kᵀ P e_k / (m · λ/(2 − λ)) with this step's drift folded in (NaN where undefined)."""
+    st = inp.drift
+    if st is None:
+        return np.full(len(drift), np.nan)
+    e = st.step(drift)
+    with np.errstate(invalid="ignore", over="ignore"):
+        t2 = np.einsum("ka,ab,kb->k", e, st.precision, e) / (e.shape[1] * st.lam / (2.0 - st.lam))
+    return np.where(usable & np.isfinite(t2), t2, np.nan)
 
 
 def _check_previous(previous: object, shape: tuple[int, int]) -> np.ndarray | None:
@@ -505,7 +548,8 @@ def _signals(inp: _Inputs, usable: np.ndarray, ref: np.ndarray) -> RankSignals:
     nan = np.full(k, np.nan)
     if not ref.any():
         return RankSignals(k, r, bad, usable, ref, sq, nan, nan.copy(), nan.copy(), nan.copy(), math.nan,
-                           noise_scale(sq[ref], math.nan, inp.batch), EXACT_ALWAYS, inp, nan.copy())
+                           noise_scale(sq[ref], math.nan, inp.batch), EXACT_ALWAYS, inp, nan.copy(),
+                           nan.copy())
     drift = s - s[ref].mean(axis=0)
     e = np.where(usable, energy(drift.reshape(k, r, SKETCH_DIM), _psi(inp.line)).mean(axis=1), np.nan)
     norms = np.sqrt(np.where(usable, sq, np.nan))
@@ -528,7 +572,7 @@ def _signals(inp: _Inputs, usable: np.ndarray, ref: np.ndarray) -> RankSignals:
     cos = np.where(usable & (norms > 0), np.clip(cos, -1.0, 1.0), np.nan)
     return RankSignals(k, r, bad, usable, ref, sq, rel, e, cos, np.where(usable, dist, np.nan), mean_sq,
                        noise_scale(sq[ref], mean_sq, inp.batch), frozenset(exact), inp,
-                       _drift_cos(inp, drift, usable, ref))
+                       _drift_cos(inp, drift, usable, ref), _drift_t2(inp, drift, usable))
 
 
 def _check_inputs(sketches: object, sq_norms: object, nonfinite: object
