@@ -417,7 +417,11 @@ class RankSignals:
                                   or state.precision.shape != (state.ewma.shape[1],) * 2):
             raise UsageError(f"expected a state for sketches of shape {self.inputs.sketches.shape}",
                              field="drift")
-        return _signals(dataclasses.replace(self.inputs, drift=state), self.usable, self.reference)
+        inputs, ref = dataclasses.replace(self.inputs, drift=state), self.reference
+        if not ref.any():
+            return dataclasses.replace(self, inputs=inputs)  # drift_t2 stays NaN
+        drift = self.inputs.sketches - self.inputs.sketches[ref].mean(axis=0)  # only drift_t2 depends on it
+        return dataclasses.replace(self, inputs=inputs, drift_t2=_drift_t2(inputs, drift, self.usable))
 
     def kind(self, name: str) -> str:
         """``"exact"`` or ``"sketch"`` for a quantity (``energy``, ``cos``, ``sq_dist``, …).
