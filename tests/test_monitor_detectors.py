@@ -682,7 +682,8 @@ DRIFTING = ("norm", "distance", "energy", "drift")
 
 
 def test_drift_t2_is_the_multivariate_ewma_statistic() -> None:
-    """T²_k = e_kᵀ P e_k / (m λ/(2 − λ)), e_k = (1 − λ) e_prev + λ (s_k − mean s), in float64."""
+    """T²_k = e_kᵀ P e_k / (m λ/(2 − λ)), e_k = (1 − λ) e_prev + λ d_k / median_j ‖d_j‖ with
+    d_k = s_k − mean s, in float64."""
     from naig.monitor.detectors import DriftState
 
     rng = np.random.default_rng(11)
@@ -691,12 +692,16 @@ def test_drift_t2_is_the_multivariate_ewma_statistic() -> None:
     precision = a @ a.T / 28 + np.eye(28)
     sq = (s * s).sum(1)
     sig = rank_signals(s, sq, np.zeros(4)).with_drift(DriftState(prev, precision, 0.2))
-    e = 0.8 * prev + 0.2 * (s - s.mean(0))
+    d = s - s.mean(0)
+    e = 0.8 * prev + 0.2 * d / np.median(np.linalg.norm(d, axis=1))
     want = np.einsum("ka,ab,kb->k", e, precision, e) / (28 * 0.2 / 1.8)
     np.testing.assert_allclose(sig.drift_t2, want, rtol=1e-12)
     assert np.isnan(rank_signals(s, sq, np.zeros(4)).drift_t2).all()  # no state: not measured
     bad = rank_signals(s, sq, np.array([0, 0, 3, 0])).with_drift(DriftState(prev, precision, 0.2))
     assert np.isnan(bad.drift_t2[2]) and np.isfinite(bad.drift_t2[[0, 1, 3]]).all()
+    same = np.tile(s[:1], (4, 1))  # every rank alike: no typical drift to measure against
+    assert np.isnan(rank_signals(same, (same * same).sum(1), np.zeros(4)).with_drift(
+        DriftState(prev, precision, 0.2)).drift_t2).all()
     with pytest.raises(UsageError, match="drift"):
         sig.with_drift(DriftState(prev[:3], precision, 0.2))
 

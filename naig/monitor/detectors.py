@@ -27,7 +27,9 @@ says little (the cosine is bounded: no single value is far out), so only its CUS
 detector keeps the previous step's sketches (K × m floats, in its state) to measure it.
 
 ``drift`` (``RankSignals.drift_t2``) is the multivariate EWMA statistic of the same drifts (Lowry
-et al. 1992): e_k,t = (1 − λ) e_k,t−1 + λ d_k,t with λ = ``DRIFT_LAMBDA`` (0.1), and
+et al. 1992), each relative to the step's typical one (d̃_k,t = d_k,t / median_j ‖d_j,t‖, which
+removes a spread that grows as training goes on, as the centring does for the other signals):
+e_k,t = (1 − λ) e_k,t−1 + λ d̃_k,t with λ = ``DRIFT_LAMBDA`` (0.1), and
 T²_k = e_kᵀ P e_k / (m λ/(2 − λ)), P the inverse of the clean ranks' drift covariance Σ̂ (each
 clean step adds the mean of d_k d_kᵀ over the pooled ranks to an average that forgets at the
 rate 1/``window``). Where ``persistence`` compares two steps, e carries ~1/λ of them: a small
@@ -846,9 +848,22 @@ class DriftState:
     precision: np.ndarray
     lam: float
 
-    def step(self, drift: np.ndarray) -> np.ndarray:
-        """(K, m) e_k,t = (1 − λ) e_k,t−1 + λ d_k,t (NaN rows of ``drift`` give NaN rows)."""
-        return (1.0 - self.lam) * self.ewma + self.lam * drift
+    def step(self, drift: np.ndarray, usable: np.ndarray) -> np.ndarray:
+        """(K, m) e_k,t = (1 − λ) e_k,t−1 + λ d̃_k,t, d̃ = ``relative(drift, usable)`` (NaN rows where
+        it is undefined)."""
+        return (1.0 - self.lam) * self.ewma + self.lam * self.relative(drift, usable)
+
+    @staticmethod
+    def relative(drift: np.ndarray, usable: np.ndarray) -> np.ndarray:
+        """(K, m) d̃_k = d_k / median_j ‖d_j‖ over the usable ranks (NaN rows for the others, all NaN
+        when that median is 0): the drifts relative to this step's typical one, so that a spread
+        that grows as training goes on (2–3× over the first 40–80 steps of the small GPT) moves
+        neither T² nor Σ̂."""
+        norms = np.sqrt(np.einsum("ka,ka->k", drift, drift))
+        scale = float(np.median(norms[usable])) if usable.any() else math.nan
+        if not (math.isfinite(scale) and scale > 0):
+            return np.full(drift.shape, np.nan)
+        return np.where(usable[:, None], drift / scale, np.nan)
 
 
 class Detector:
@@ -1043,7 +1058,9 @@ class Detector:
         s, usable = sig.inputs.sketches, sig.usable
         if not usable.any() or self.ewma is None:
             return
-        d = s - s[usable].mean(axis=0)
+        d = DriftState.relative(s - s[usable].mean(axis=0), usable)
+        if np.isnan(d[usable]).any():  # no typical drift this step (every usable rank alike)
+            return
         self.ewma = np.where(usable[:, None], (1.0 - DRIFT_LAMBDA) * self.ewma + DRIFT_LAMBDA * d, self.ewma)
         for f in flags:
             if f.signal == "drift":

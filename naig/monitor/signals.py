@@ -22,8 +22,9 @@ reduction. It contributes a payload of m + 2 float64 values (``pack``):
   that drifted) keeps pointing the same way: the cosine stays high (always a sketch quantity);
 - ``drift_t2`` the multivariate EWMA statistic of rank k's sketched drift (Lowry, Woodall, Champ &
   Rigdon, "A multivariate exponentially weighted moving average control chart", Technometrics
-  34(1), 1992): with e_k,t = (1 − λ) e_k,t−1 + λ d_k,t (``naig.monitor.detectors.DriftState``:
-  the previous e and the precision P = Σ̂⁻¹ of the clean ranks' drift coordinates, which the detector keeps),
+  34(1), 1992): with e_k,t = (1 − λ) e_k,t−1 + λ d̃_k,t, d̃_k = d_k / median_j ‖d_j‖ (the drift
+  relative to the step's typical one) and the precision P = Σ̂⁻¹ of the clean ranks' relative
+  drift coordinates (``naig.monitor.detectors.DriftState``, which the detector keeps),
 
       T²_k = e_kᵀ P e_k / (m · λ/(2 − λ))
 
@@ -514,7 +515,7 @@ def _drift_t2(inp: _Inputs, drift: np.ndarray, usable: np.ndarray) -> np.ndarray
     st = inp.drift
     if st is None:
         return np.full(len(drift), np.nan)
-    e = st.step(drift)
+    e = st.step(drift, usable)
     with np.errstate(invalid="ignore", over="ignore"):
         t2 = np.einsum("ka,ab,kb->k", e, st.precision, e) / (e.shape[1] * st.lam / (2.0 - st.lam))
     return np.where(usable & np.isfinite(t2), t2, np.nan)
