@@ -111,7 +111,7 @@ def _table(data: MonitorLog, rows: list[dict]) -> None:
         stdout.print(f"[yellow]the log ends cut short: {escape(printable(data.cut))}[/]")
     stdout.print("score = a test's statistic over its threshold, the larger of |u|/t (transient: the "
                  "rank's value against the other ranks') and |S|/h (its CUSUM); a test fires above 1; ∞: a "
-                 "non-finite gradient. cos, distance, energy and persistence are measured against the "
+                 "non-finite gradient. cos, distance, energy, persistence and drift are measured against the "
                  "mean, which a bad rank pulls, so at its step the others' scores rise too; the flags name "
                  "the rank whose exclusion explains them. flags: signal/test ×steps")
 

@@ -170,7 +170,7 @@ def run_all(cfg: SequentialConfig, faults: dict[str, list[Record]], pools: dict[
         validation[name] = {"kinds": kinds, "false_alarm": fa,
                             "mean_p": float(np.mean([v[f"p{cfg.horizon}"] for v in kinds.values()])),
                             "median_delays": [v["median_delay"] for v in kinds.values()]}
-    default = choose(validation, alpha) if faults["validation"] else "ndep/δ1"  # the code's default
+    default = choose(validation, alpha) if faults["validation"] else "ndepw/δ1"  # the code's default
     settings = CANDIDATES[default]
     test = {}
     for method in METHODS:

@@ -133,7 +133,7 @@ chain on 200 states, exact for the clipped normal increments up to the discretis
 **Thresholds from a false-alarm rate.** ``false_alarm`` is the probability that a clean step
 flags any rank (family-wise, per step). It is split evenly (Bonferroni, valid whatever the
 dependence) over the tests of a step: α = false_alarm / (K · Σ_signals (transient + CUSUM
-sides)); with every signal and both scores that is 9 tests per rank. Correlated signals make the
+sides)); with the default signals that is 9 tests per rank (11 with cos). Correlated signals make the
 realised rate lower than false_alarm; tails heavier than the record shows, and a spread that
 moves faster than the scale follows, make it higher (docs/results/monitor-detection.md measures
 it on real training).
@@ -287,9 +287,9 @@ DRIFT_RECORD, DRIFT_CHAINS, DRIFT_STEPS, DRIFT_EVERY = 2048, 1000, 400, 4
 K = 4), and its bootstrap: 1000 EWMA chains, 400 steps after a burn-in of 5/λ, every 4th value kept
 (10⁵ values of T²)."""
 _OWN_NULL = frozenset({"drift"})  # signals on their own null scale: not centred or pooled
-TWO_RANKS = ("monitor with 2 ranks: cos, distance, energy and persistence are measured against the mean, "
-             "where d_0 = -d_1, so they cannot tell the two ranks apart and are not scored; only non-finite "
-             "gradients and the norm are; use 3 or more ranks to compare ranks")
+TWO_RANKS = ("monitor with 2 ranks: cos, distance, energy, persistence and drift are measured against the "
+             "mean, where d_0 = -d_1, so they cannot tell the two ranks apart and are not scored; only "
+             "non-finite gradients and the norm are; use 3 or more ranks to compare ranks")
 """The one-line warning of a 2-rank ``Detector`` (see "Two ranks" in the module docstring)."""
 WARMUP = ("monitor warm-up: only non-finite gradients are checked until {steps} clean steps of history "
           "are pooled (step {until}); after that every test runs at false_alarm={rate:g} per step")
@@ -303,12 +303,13 @@ its validation seeds (docs/results/monitor-detection.md)."""
 DEFAULT_DETECTOR = "monitor"
 """The per-rank score ``naig detect`` (per-step protocol) chose on its validation seeds (a name of
 ``naig.detect.scores.DETECTORS``: the combined rule, every signal and both scores)."""
-DEFAULT_SIGNALS = ("norm", "distance", "energy", "persistence")
+DEFAULT_SIGNALS = ("norm", "distance", "energy", "persistence", "drift")
 """The signals of the default ``Detector`` (``Detector(signals=...)``), chosen on the validation
-seeds of the persistent-fault protocol (``naig.detect.sequential``; ``ndep/δ1``): ``persistence``
-raised the mean detection at the same false-alarm bound (a repeated batch); not ``cos``, whose
-sketched angle has heavy tails (its spread moves with the step's noise), so it raised the
-false-alarm rate for little detection (docs/results/monitor-detection.md)."""
+seeds of the persistent-fault protocol (``naig.detect.sequential``; ``ndepw/δ1``, 2026-12-05):
+``persistence`` raised the mean detection at the same false-alarm bound (a repeated batch), and
+``drift`` again (0.786 → 0.810: a text shard; validation false alarms 1.09 → 0.95 per 1000); not
+``cos``, whose sketched angle has heavy tails (its spread moves with the step's noise), so it
+raised the false-alarm rate for little detection (docs/results/monitor-detection.md)."""
 DEFAULT_SCORES = SCORES
 """The scores of the default ``Detector`` (``Detector(scores=...)``)."""
 
