@@ -793,3 +793,47 @@ def test_the_drift_threshold_is_the_steady_state_quantile_and_grows_with_heavy_t
     assert drift_threshold(gauss, np.eye(14), 0.1, 1e-3) == drift_threshold(gauss, np.eye(14), 0.1, 1e-3)
     with pytest.raises(UsageError, match="drifts"):
         drift_threshold(gauss, np.eye(13), 0.1, 1e-3)
+
+
+def test_ranks_equal_up_to_rounding_raise_no_drift_alarm() -> None:
+    """Identical ranks: their drifts are rounding errors of the mean, no typical drift to scale by."""
+    rng = np.random.default_rng(0)
+    det = Detector(3, signals=DRIFTING, quiet=True)
+    for _ in range(60):
+        s = np.tile(rng.normal(size=14) * rng.uniform(0.1, 10), (3, 1))
+        d = det.update(rank_signals(s, (s * s).sum(1), np.zeros(3)))
+        assert not any(f.signal == "drift" for f in d.flags), d.describe()
+
+
+def test_another_sketch_width_refits_the_drift_threshold() -> None:
+    """A threshold fitted at m = 56 is not applied to m = 14 values: drift starts afresh there."""
+    det = Detector(4, signals=DRIFTING, quiet=True)
+    rng = np.random.default_rng(1)
+    for blocks in (4, 1):
+        for _ in range(50 if blocks == 4 else 1):
+            s = rng.standard_normal((4, 14 * blocks))
+            d = det.update(rank_signals(s, (s * s).sum(1) + 40, np.zeros(4)))
+        if blocks == 4:
+            assert math.isfinite(d.thresholds["transient"]["drift"])
+    assert det.ewma.shape == (4, 14) and det.cov.shape == (14, 14) and det.cov_count == 4
+    assert d.thresholds["transient"]["drift"] == math.inf  # not scored until Σ̂ rests on 2m drifts
+
+
+@pytest.mark.parametrize("change", [{"drift": {}}, {"cov": [[0.0] * 14] * 14, "cov_weight": 1.0},
+                                    {"cov": [[-1.0 if i == j else 0.0 for j in range(14)] for i in range(14)],
+                                     "cov_weight": 1.0},
+                                    {"cov_weight": "2"}, {"cov_count": True}, {"ewma": [[None] * 14] * 4},
+                                    {"calibration": [0.0, None]}, {"calibration": [-5.0, None]}])
+def test_a_drift_state_that_would_fail_later_is_refused_at_load(change: dict) -> None:
+    det = Detector(4, signals=DRIFTING, quiet=True)
+    for g in _stream(4, 40, 1.0, seed=3):
+        det.update(_signals(g))
+    state = copy.deepcopy(det.state_dict())
+    if "drift" in change and change["drift"] == {}:
+        state["drift"] = {}
+    elif "calibration" in change:
+        state["calibration"]["drift"] = change["calibration"]
+    else:
+        state["drift"].update(change)
+    with pytest.raises(UsageError, match="malformed detector state"):
+        Detector(4, signals=DRIFTING, quiet=True).load_state_dict(state)

@@ -808,10 +808,14 @@ def drift_threshold(drifts: np.ndarray, precision: np.ndarray, lam: float, alpha
         lam: λ in (0, 1].
         alpha: the per-step false-alarm probability of one rank's test, in (0, 0.5).
 
+    Returns:
+        h, or inf when every drift is 0.
+
     Raises:
         UsageError: shapes that disagree, λ outside (0, 1] or alpha outside (0, 0.5).
+        numpy.linalg.LinAlgError: a precision that is not positive definite.
     """
-    d = np.asarray(drifts, dtype=np.float64)
+    d, precision = np.asarray(drifts, dtype=np.float64), np.asarray(precision, dtype=np.float64)
     if d.ndim != 2 or len(d) == 0 or precision.shape != (d.shape[1], d.shape[1]):
         raise UsageError(f"expected (n, m) drifts and an (m, m) precision, got {d.shape} and "
                          f"{precision.shape}", field="drifts")
@@ -830,6 +834,8 @@ def drift_threshold(drifts: np.ndarray, precision: np.ndarray, lam: float, alpha
         if t >= burn and (t - burn) % DRIFT_EVERY == 0:
             kept.append(np.einsum("ca,ca->c", e, e))
     t2 = np.concatenate(kept) / (m * lam / (2.0 - lam))
+    if not t2.max() > 0:  # drifts all 0: nothing to calibrate against
+        return math.inf
     h = tail_quantile(t2, alpha, "upper")
     return float(h) if math.isfinite(h) else float(t2.max())
 
@@ -849,20 +855,32 @@ class DriftState:
     precision: np.ndarray
     lam: float
 
-    def step(self, drift: np.ndarray, usable: np.ndarray) -> np.ndarray:
-        """(K, m) e_k,t = (1 − λ) e_k,t−1 + λ d̃_k,t, d̃ = ``relative(drift, usable)`` (NaN rows where
-        it is undefined)."""
-        return (1.0 - self.lam) * self.ewma + self.lam * self.relative(drift, usable)
+    def __post_init__(self) -> None:
+        e, p = np.asarray(self.ewma), np.asarray(self.precision)
+        if e.ndim != 2 or p.shape != (e.shape[1], e.shape[1]):
+            raise UsageError(f"expected a (K, m) ewma and an (m, m) precision, got {e.shape} and {p.shape}",
+                             field="drift")
+        if isinstance(self.lam, bool) or not isinstance(self.lam, int | float) or not 0 < self.lam <= 1:
+            raise UsageError("must be in (0, 1]", field="lam", value=self.lam)
+
+    def step(self, drift: np.ndarray, usable: np.ndarray, sketches: np.ndarray) -> np.ndarray:
+        """(K, m) e_k,t = (1 − λ) e_k,t−1 + λ d̃_k,t, d̃ = ``relative(drift, usable, sketches)`` (NaN
+        rows where it is undefined)."""
+        return (1.0 - self.lam) * self.ewma + self.lam * self.relative(drift, usable, sketches)
 
     @staticmethod
-    def relative(drift: np.ndarray, usable: np.ndarray) -> np.ndarray:
-        """(K, m) d̃_k = d_k / median_j ‖d_j‖ over the usable ranks (NaN rows for the others, all NaN
-        when that median is 0): the drifts relative to this step's typical one, so that a spread
-        that grows as training goes on (2–3× over the first 40–80 steps of the small GPT) moves
-        neither T² nor Σ̂."""
+    def relative(drift: np.ndarray, usable: np.ndarray, sketches: np.ndarray) -> np.ndarray:
+        """(K, m) d̃_k = d_k / median_j ‖d_j‖ over the usable ranks (NaN rows for the others): the
+        drifts relative to this step's typical one, so that a spread that grows as training goes on
+        (2–3× over the first 40–80 steps of the small GPT) moves neither T² nor Σ̂. All NaN when
+        there is no typical drift: a median drift norm of at most 1e-9 of the ranks' median sketch
+        norm (ranks equal up to rounding, whose drifts are rounding errors)."""
         norms = np.sqrt(np.einsum("ka,ka->k", drift, drift))
-        scale = float(np.median(norms[usable])) if usable.any() else math.nan
-        if not (math.isfinite(scale) and scale > 0):
+        if not usable.any():
+            return np.full(drift.shape, np.nan)
+        scale = float(np.median(norms[usable]))
+        size = float(np.median(np.sqrt(np.einsum("ka,ka->k", sketches[usable], sketches[usable]))))
+        if not (math.isfinite(scale) and scale > 1e-9 * size and scale > 0):
             return np.full(drift.shape, np.nan)
         return np.where(usable[:, None], drift / scale, np.nan)
 
@@ -1035,6 +1053,7 @@ class Detector:
         if self.ewma is None or self.ewma.shape != shape:
             self.ewma, self.cov, self.cov_weight, self.cov_count = np.zeros(shape), None, 0.0, 0
             self.drift_record.clear()
+            self.calibration.pop("drift", None)  # fitted for another sketch width
         m = shape[1]
         if self.cov is None or self.cov_count < 2 * m:
             return None
@@ -1059,7 +1078,7 @@ class Detector:
         s, usable = sig.inputs.sketches, sig.usable
         if not usable.any() or self.ewma is None:
             return
-        d = DriftState.relative(s - s[usable].mean(axis=0), usable)
+        d = DriftState.relative(s - s[usable].mean(axis=0), usable, s)
         if np.isnan(d[usable]).any():  # no typical drift this step (every usable rank alike)
             return
         self.ewma = np.where(usable[:, None], (1.0 - DRIFT_LAMBDA) * self.ewma + DRIFT_LAMBDA * d, self.ewma)
@@ -1319,7 +1338,8 @@ class Detector:
         mine, theirs = self.settings(), dict(state.get("settings", {}))
         saved = list(theirs.get("signals") or [])
         older = [s for s in self.signals if _SINCE.get(s, 0) <= state["version"]]
-        if older != list(self.signals) and saved == older:
+        afresh = older != list(self.signals) and saved == older
+        if afresh:
             theirs["signals"] = list(self.signals)  # saved before these signals existed: they start afresh
         for key, value in mine.items():
             other = theirs.get(key)
@@ -1347,7 +1367,12 @@ class Detector:
             drift = _drift_rows(state.get("drift") if state["version"] >= 5 else None, k)
             if any(n not in self.signals or len(v) != 2 for n, v in calibration.items()):
                 raise ValueError("a calibration entry is not (t, h) of a signal")
-        except (KeyError, TypeError, ValueError) as exc:
+            h_drift = calibration.get("drift", (math.nan,))[0]
+            if not (h_drift > 0 or math.isnan(h_drift)):
+                raise ValueError("the drift threshold is not > 0")
+            if afresh:
+                calibration = {}  # fitted with fewer tests per rank (a larger α each): refit
+        except (KeyError, TypeError, ValueError, np.linalg.LinAlgError) as exc:
             raise UsageError(f"malformed detector state ({exc})", field="state") from None
         self.stat, self.start, self.named, self.pool, self.step = stat, start, named, pool, step
         self.tails, self.recent, self.calibration, self.fresh = tails, recent, calibration, fresh
@@ -1392,22 +1417,29 @@ def _drift_rows(saved: object, k: int
     """
     if saved is None:
         return None, None, 0.0, 0, []
-    if not isinstance(saved, Mapping):
-        raise ValueError("the drift state is not a mapping")
-    ewma = _sketch_rows(saved.get("ewma"), k)
+    if not isinstance(saved, Mapping) or saved.get("ewma") is None:
+        raise ValueError("the drift state is not a mapping with an ewma")
+    ewma = _sketch_rows(saved["ewma"], k)
     m = ewma.shape[1]
     cov = None if saved.get("cov") is None else _sketch_rows(saved["cov"], m)
-    if cov is not None and cov.shape != (m, m):
-        raise ValueError(f"the drift covariance is not {m} x {m}")
-    weight, count = float(saved["cov_weight"]), int(saved["cov_count"])
+    if cov is not None and (cov.shape != (m, m) or not np.isfinite(cov).all() or not np.allclose(cov, cov.T)):
+        raise ValueError(f"the drift covariance is not a finite symmetric {m} x {m} matrix")
+    weight, count = saved["cov_weight"], saved["cov_count"]
+    if cov is not None and isinstance(count, int) and count >= 2 * m:  # in use: positive definite
+        np.linalg.cholesky(cov)  # LinAlgError when not
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or isinstance(count, bool) or \
+            not isinstance(count, int):
+        raise ValueError("the drift covariance's weight is not a number or its count not an int")
     if not (math.isfinite(weight) and weight >= 0 and count >= 0) or (cov is None) != (weight == 0):
         raise ValueError("the drift covariance's weight or count is out of range")
+    if not np.isfinite(ewma).all():
+        raise ValueError("the drift's ewma holds a missing value")
     record = saved.get("record", [])
     if not isinstance(record, list):
         raise ValueError("the drift record is not a list of steps")
     steps = [_sketch_rows(step, len(step)) if isinstance(step, list) and step else None for step in record]
-    if any(st is None or st.shape[1] != m for st in steps):
-        raise ValueError(f"a step of the drift record is not rows of {m} values")
+    if any(st is None or st.shape[1] != m or not np.isfinite(st).all() for st in steps):
+        raise ValueError(f"a step of the drift record is not rows of {m} finite values")
     return ewma, cov, weight, count, steps
 
 
@@ -1430,11 +1462,12 @@ K = 32, 187 vs 128 at K = 64, 2,190 vs 164 at K = 128; at K = 1024 the copies ma
 
 
 def _nan_median_rows(v: np.ndarray) -> np.ndarray:
-    """(R,) the median of each row's finite values of an (R, n) array (NaN for a row with none);
+    """(R,) the median of each row's finite values of an (R, n) array (NaN for a row with none; ±inf
+    count as missing, as in ``_LeaveOneOut``);
     a sort instead of ``np.nanmedian`` (several times faster on these small rows, and silent)."""
     if v.shape[1] == 0:
         return np.full(len(v), np.nan)
-    x = np.sort(v, axis=1)  # NaN last
+    x = np.sort(np.where(np.isfinite(v), v, np.nan), axis=1)  # NaN (and ±inf: missing) last
     n = np.isfinite(x).sum(axis=1)
     rows = np.arange(len(x))
     lo, hi = x[rows, np.maximum(n - 1, 0) // 2], x[rows, np.maximum(n, 1) // 2]

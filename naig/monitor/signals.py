@@ -515,7 +515,7 @@ def _drift_t2(inp: _Inputs, drift: np.ndarray, usable: np.ndarray) -> np.ndarray
     st = inp.drift
     if st is None:
         return np.full(len(drift), np.nan)
-    e = st.step(drift, usable)
+    e = st.step(drift, usable, inp.sketches)
     with np.errstate(invalid="ignore", over="ignore"):
         t2 = np.einsum("ka,ab,kb->k", e, st.precision, e) / (e.shape[1] * st.lam / (2.0 - st.lam))
     return np.where(usable & np.isfinite(t2), t2, np.nan)
