@@ -535,28 +535,37 @@ def test_a_rank_that_keeps_reusing_its_batch_is_named_by_persistence() -> None:
     assert math.isnan(first.thresholds["transient"]["persistence"])  # CUSUM only
 
 
-def test_persistence_raises_no_alarm_on_clean_ranks() -> None:
-    """600 clean steps at K = 4 and false_alarm = 0.01: persistence's share (1/8 of the tests) expects
+@pytest.mark.parametrize("signal, signals", [("persistence", PERSIST),
+                                             ("drift", ("norm", "distance", "energy", "drift"))])
+def test_a_signal_with_memory_raises_no_alarm_on_clean_ranks(signal: str, signals: tuple[str, ...]) -> None:
+    """600 clean steps at K = 4 and false_alarm = 0.01: the signal's share (1/8 of the tests) expects
     < 1 flag; at most 3 allowed."""
-    det = Detector(4, signals=PERSIST, false_alarm=0.01, quiet=True)
+    det = Detector(4, signals=signals, false_alarm=0.01, quiet=True)
     flags = [f for g in _stream(4, 600, 1.0, seed=8) for f in det.update(_signals(g)).flags]
-    assert sum(f.signal == "persistence" for f in flags) <= 3, flags
+    assert sum(f.signal == signal for f in flags) <= 3, flags
+
+
+def _resumed_state(signals: tuple[str, ...], steps: list, cut: int) -> tuple[dict, list[str], list[str]]:
+    """A detector's JSON state after ``cut`` steps, the uninterrupted decisions, and a resumed
+    detector's decisions from there (as reprs: NaN scores compare equal)."""
+    import json
+
+    whole = Detector(4, signals=signals, quiet=True)
+    decisions = [repr(whole.update(s)) for s in steps]
+    first = Detector(4, signals=signals, quiet=True)
+    for s in steps[:cut]:
+        first.update(s)
+    state = json.loads(json.dumps(first.state_dict()))
+    resumed = Detector(4, signals=signals, quiet=True)
+    resumed.load_state_dict(state)
+    return state, decisions, [repr(resumed.update(s)) for s in steps[cut:]]
 
 
 def test_a_resumed_detector_keeps_the_previous_sketches_for_persistence() -> None:
-    import json
-
     steps = [_signals(g) for g in _repeating_stream(4, 55, bad=1, onset=30, seed=9)]
-    whole = Detector(4, signals=PERSIST, quiet=True)
-    decisions = [repr(whole.update(s)) for s in steps]
-    first = Detector(4, signals=PERSIST, quiet=True)
-    for s in steps[:35]:
-        first.update(s)
-    state = json.loads(json.dumps(first.state_dict()))
+    state, decisions, resumed = _resumed_state(PERSIST, steps, 35)
     assert state["last"] is not None and len(state["last"]) == 4
-    resumed = Detector(4, signals=PERSIST, quiet=True)
-    resumed.load_state_dict(state)
-    assert [repr(resumed.update(s)) for s in steps[35:]] == decisions[35:]
+    assert resumed == decisions[35:]
     assert any("persistence" in d for d in decisions[30:])
 
 
@@ -719,28 +728,11 @@ def test_a_rank_that_keeps_reusing_its_batch_is_named_by_drift() -> None:
     assert math.isnan(decisions[named[0] - 1].cusum["drift"][2])  # the transient test only
 
 
-def test_drift_raises_no_alarm_on_clean_ranks() -> None:
-    """600 clean steps at K = 4 and false_alarm = 0.01: drift's share (1/8 of the tests) expects
-    < 1 flag; at most 3 allowed."""
-    det = Detector(4, signals=DRIFTING, false_alarm=0.01, quiet=True)
-    flags = [f for g in _stream(4, 600, 1.0, seed=8) for f in det.update(_signals(g)).flags]
-    assert sum(f.signal == "drift" for f in flags) <= 3, flags
-
-
 def test_a_resumed_detector_keeps_the_drifts_ewma_and_covariance() -> None:
-    import json
-
     steps = [_signals(g) for g in _repeating_stream(4, 60, bad=1, onset=30, seed=9)]
-    whole = Detector(4, signals=DRIFTING, quiet=True)
-    decisions = [repr(whole.update(s)) for s in steps]
-    first = Detector(4, signals=DRIFTING, quiet=True)
-    for s in steps[:35]:
-        first.update(s)
-    state = json.loads(json.dumps(first.state_dict()))
+    state, decisions, resumed = _resumed_state(DRIFTING, steps, 35)
     assert len(state["drift"]["ewma"]) == 4 and len(state["drift"]["cov"]) == 14
-    resumed = Detector(4, signals=DRIFTING, quiet=True)
-    resumed.load_state_dict(state)
-    assert [repr(resumed.update(s)) for s in steps[35:]] == decisions[35:]
+    assert resumed == decisions[35:]
     assert any("'drift'" in d and "Flag(rank=1" in d for d in decisions[35:])
 
 
