@@ -9,6 +9,13 @@ loaded machine (docs/results/benchmarks.md). So ``simulate`` and ``detect`` defa
 for processes instead (``simulate``'s runs side by side, ``naig.simulate.parallel``); each takes a
 thread count (the ``threads`` field) for larger models.
 
+numpy's own BLAS (OpenBLAS in the numpy and scipy wheels) also starts one thread per core, and
+for the small matrices of the monitor's detectors (a 100 × 100 solve, a 14 × 14 inverse) that is
+far worse: beside busy processes, as every rank of a CPU training run is, a 100 × 100
+``np.linalg.solve`` took 14 ms with two threads and 0.34 ms with one (2-core machine,
+2026-12-05). ``one_blas_thread`` runs a block with numpy's BLAS on one thread (threadpoolctl);
+``Monitor.decide`` and ``Detector.update`` run under it, whatever ``OMP_NUM_THREADS`` says.
+
 Example:
     >>> import torch
     >>> before = torch.get_num_threads()
@@ -21,15 +28,16 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
+from threadpoolctl import ThreadpoolController
 
 from naig.choices import DEFAULT_THREADS  # intra-op threads per process unless `threads` says otherwise
 from naig.errors import UsageError
 
-__all__ = ["DEFAULT_THREADS", "MAX_THREADS", "check_threads", "torch_threads"]
+__all__ = ["DEFAULT_THREADS", "MAX_THREADS", "check_threads", "one_blas_thread", "torch_threads"]
 
 MAX_THREADS = 1024
 """More threads than any machine has cores: refused as a typo."""
@@ -54,6 +62,8 @@ def torch_threads(threads: int) -> Iterator[None]:
     Raises:
         UsageError: for a bad ``threads`` (before anything is changed).
     """
+    import torch  # here, not at the top: the detectors use one_blas_thread without torch
+
     n = check_threads(threads)
     before = torch.get_num_threads()
     torch.set_num_threads(n)
@@ -61,3 +71,27 @@ def torch_threads(threads: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@functools.cache
+def _blas() -> ThreadpoolController:
+    """The BLAS libraries loaded in this process (numpy's and scipy's OpenBLAS; ~2 ms to find, once)."""
+    return ThreadpoolController().select(user_api="blas")
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Run the block with numpy's and scipy's BLAS on one thread, restoring their counts after.
+
+    For many small matrix operations on a busy machine (see the module): the limit costs ~25 µs per
+    block. It is per process, so numpy called from another thread meanwhile runs on one thread too;
+    torch's own threads (``torch.set_num_threads``, OpenMP) are left as they are.
+
+    Example:
+        >>> import numpy as np
+        >>> with one_blas_thread():
+        ...     float(np.linalg.solve(2 * np.eye(3), np.ones(3))[0])
+        0.5
+    """
+    with _blas().limit(limits=1, user_api="blas"):
+        yield

@@ -22,9 +22,17 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from threadpoolctl import threadpool_limits
 
 from naig.io import save_gradients
 from tests import cli_child as _cli_child
+
+# numpy's BLAS (OpenBLAS: one thread per core by default) on one thread in each test process and in
+# every process it starts, as torch's are there (OMP_NUM_THREADS): the pytest-xdist workers fill the
+# cores, and beside a busy process a 100 x 100 solve took 14 ms on two threads, 0.34 ms on one
+# (naig.threads). The monitor sets this itself around its own work; this covers the rest.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+_BLAS_LIMIT = threadpool_limits(1, user_api="blas")
 
 
 def run_naig(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -192,6 +192,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from naig.errors import DataError, UsageError, warn_caller
+from naig.threads import one_blas_thread
 
 if TYPE_CHECKING:
     from naig.monitor.signals import RankSignals
@@ -1009,6 +1010,10 @@ class Detector:
         Raises:
             UsageError: when ``sig`` is for another number of ranks.
         """
+        with one_blas_thread():  # small solves and inverses: one BLAS thread (naig.threads)
+            return self._update(sig)
+
+    def _update(self, sig: RankSignals) -> Decision:
         if sig.world != self.world:
             raise UsageError(f"signals of {sig.world} ranks for a detector of {self.world}", field="world",
                              value=sig.world)

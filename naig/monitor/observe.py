@@ -72,6 +72,7 @@ from naig.monitor.signals import (
     unpack,
 )
 from naig.sketch.core import check_seed
+from naig.threads import one_blas_thread
 
 __all__ = ["HOST_BYTES", "TAIL", "Monitor", "layout_fingerprint"]
 
@@ -312,8 +313,9 @@ class Monitor:
         if self.detector is None:
             self.detector = Detector(rows.shape[0], **self._detector_args, quiet=self.rank != 0)
         s, sq, bad = unpack(rows)
-        sig = rank_signals(s, sq, bad, dots=dots, sq_dists=sq_dists, batch=self.batch, line=self.line)
-        decision = replace(self.detector.update(sig), hosts=self.hosts)
+        with one_blas_thread():  # the step's small matrices: numpy's BLAS on one thread (naig.threads)
+            sig = rank_signals(s, sq, bad, dots=dots, sq_dists=sq_dists, batch=self.batch, line=self.line)
+            decision = replace(self.detector.update(sig), hosts=self.hosts)
         if decision.flagged and where is not None:
             decision = replace(decision, where=dict(where(decision)))
         self.gathered, self.signals, self.decision = np.array(rows, dtype=np.float64), sig, decision
