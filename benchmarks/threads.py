@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -83,7 +84,8 @@ def _decide_ms(threads: int, steps: int) -> float:
     mon = Monitor(warmup=16, window=32)
     common = rng.standard_normal(14) * 3
     out = []
-    with threadpool_limits(threads, user_api="blas"):
+    with threadpool_limits(threads, user_api="blas"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the warm-up notice
         for i in range(80 + steps):
             rows = np.zeros((4, 16))
             rows[:, :14] = common + rng.standard_normal((4, 14))
