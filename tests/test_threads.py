@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from threadpoolctl import threadpool_info, threadpool_limits
 from typer.testing import CliRunner
 
 from naig.errors import UsageError
 from naig.simulate import SimulateConfig, run_experiment
-from naig.threads import DEFAULT_THREADS, MAX_THREADS, check_threads, torch_threads
+from naig.threads import DEFAULT_THREADS, MAX_THREADS, check_threads, one_blas_thread, torch_threads
 from naig_cli.main import app
 from tests.conftest import assert_one_line_error, run_naig
 
@@ -36,6 +37,21 @@ def test_torch_threads_restores_after_an_error() -> None:
 
 
 @pytest.mark.parametrize("bad", [0, -1, MAX_THREADS + 1, 1.5, True, "2", None])
+def _blas_threads() -> list[int]:
+    return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
+def test_one_blas_thread_sets_numpys_blas_to_one_thread_and_restores_it_after_an_error() -> None:
+    assert _blas_threads(), "numpy's wheels ship OpenBLAS: threadpoolctl should find it"
+    with threadpool_limits(2, user_api="blas"):
+        assert set(_blas_threads()) == {2}
+        torch_threads_before = torch.get_num_threads()
+        with pytest.raises(RuntimeError, match="inside"), one_blas_thread():
+            assert set(_blas_threads()) == {1}
+            raise RuntimeError("inside")
+        assert set(_blas_threads()) == {2} and torch.get_num_threads() == torch_threads_before
+
+
 def test_bad_thread_counts_are_refused(bad: object) -> None:
     with pytest.raises(UsageError, match="threads"):
         check_threads(bad)
