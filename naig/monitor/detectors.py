@@ -1078,18 +1078,12 @@ class Detector:
         return self.calibration["drift"][0]
 
     def _fold_drift(self, sig: RankSignals, flags: list[Flag]) -> None:
-        """Fold this step's drifts into each usable rank's EWMA and the clean ones (pooled this step)
-        into Σ̂; a rank named by ``drift`` restarts from 0.
-
-        The drifts are from the mean of the reference ranks (``_reference``: the usable ranks not
-        named within ``hold`` steps, this step's namings included): a named rank that stays bad
-        would otherwise pull the mean its way, shrinking its own drift by 1/K and adding the rest
-        to every clean rank's EWMA and to Σ̂."""
+        """Fold this step's drifts (against the usable ranks' mean) into each usable rank's EWMA and
+        the clean ones (pooled this step) into Σ̂; a rank named by ``drift`` restarts from 0."""
         s, usable = sig.inputs.sketches, sig.usable
         if not usable.any() or self.ewma is None:
             return
-        ref = self._reference(usable)
-        d = DriftState.relative(s - s[ref].mean(axis=0), usable, s)
+        d = DriftState.relative(s - s[usable].mean(axis=0), usable, s)
         if np.isnan(d[usable]).any():  # no typical drift this step (every usable rank alike)
             return
         self.ewma = np.where(usable[:, None], (1.0 - DRIFT_LAMBDA) * self.ewma + DRIFT_LAMBDA * d, self.ewma)
