@@ -102,6 +102,38 @@ def test_raise_and_warn_actions() -> None:
     assert len(lines) == 1 and "non-finite" in lines[0]
 
 
+def test_the_signals_handed_on_hold_what_the_detectors_measured_with_their_state(tmp_path) -> None:
+    """``drift_cos`` (persistence) and ``drift_t2`` (drift) need the detector's previous sketches
+    and EWMA: ``Monitor.signals``, the callback and the records get them as the detectors scored
+    them (they were NaN there before 2026-12-05), the same values the decision used."""
+    import json
+
+    from naig.monitor.records import JsonlRecords, Records
+
+    rng = np.random.default_rng(5)
+    seen = []
+    mon = Monitor(callback=lambda sig, decision: seen.append(sig))
+    records = Records(JsonlRecords(tmp_path / "monitor.jsonl"))
+    records.attach(mon)
+    common = rng.standard_normal(14) * 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the warm-up notice
+        for _ in range(80):
+            rows = np.zeros((4, 16))
+            rows[:, :14] = common + rng.standard_normal((4, 14))
+            rows[:, 14] = 126 + rng.standard_normal(4)
+            mon.decide(rows)
+    for name in ("drift_cos", "drift_t2"):
+        values = getattr(mon.signals, name)
+        assert values.shape == (4,) and np.isfinite(values).all(), (name, values)
+        np.testing.assert_array_equal(getattr(seen[-1], name), values)
+    assert mon.detector is not None and mon.detector.scored is mon.signals
+    records.close()
+    last = json.loads((tmp_path / "monitor.jsonl").read_text().splitlines()[-1])
+    assert last["signals"]["drift_t2"] == pytest.approx(mon.signals.drift_t2.tolist(), rel=1e-12)
+
+
+
 @pytest.mark.parametrize("grads, kwargs, field", [
     ({}, {}, "grads"), ({"w": None}, {}, "grads"), ({"w": torch.ones(2, dtype=torch.int64)}, {}, "grads"),
     ([torch.ones(2)], {}, "grads"), ({"w": torch.ones(2)}, {"action": "stop"}, "action"),

@@ -956,6 +956,7 @@ class Detector:
         self.calibration: dict[str, tuple[float, float]] = {}  # signal → (transient t, CUSUM h) fitted
         self.fresh = 0  # clean steps recorded since the last fit
         self.last: np.ndarray | None = None  # (K, m) the previous step's sketches (persistence)
+        self.scored: RankSignals | None = None  # the last step's signals as scored (drift_cos, drift_t2 in)
         self.ewma: np.ndarray | None = None  # (K, m) each rank's EWMA drift e (drift)
         self.cov: np.ndarray | None = None  # (m, m) Σ̂ · weight, the clean drifts' covariance (drift)
         self.cov_weight, self.cov_count = 0.0, 0  # its weight, and the clean drifts it has seen
@@ -1003,6 +1004,9 @@ class Detector:
     def update(self, sig: RankSignals) -> Decision:
         """Score one step, name the bad ranks, update the pool and the change statistics.
 
+        ``scored`` then holds ``sig`` as the detectors measured it: with ``drift_cos`` (persistence)
+        and ``drift_t2`` (drift) filled in from the detector's own state, which ``sig`` lacks.
+
         ``Decision.transient`` and ``cusum`` hold each rank's values from the pass that decided
         it: a named rank's from the pass that named it, every other rank's from the last pass
         (against the reference without the named ranks), as its ``Flag`` values are.
@@ -1029,6 +1033,7 @@ class Detector:
             self.last = np.where(sig.usable[:, None], sig.inputs.sketches, np.nan)
         if "drift" in self.signals and self.world > 2:
             sig = sig.with_drift(self._drift_state(sig.inputs.sketches.shape))
+        self.scored = sig
         warming = self.warming
         active = sig.usable.copy()
         ref = self._reference(active)

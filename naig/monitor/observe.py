@@ -316,6 +316,8 @@ class Monitor:
         with one_blas_thread():  # the step's small matrices: numpy's BLAS on one thread (naig.threads)
             sig = rank_signals(s, sq, bad, dots=dots, sq_dists=sq_dists, batch=self.batch, line=self.line)
             decision = replace(self.detector.update(sig), hosts=self.hosts)
+            if self.detector.scored is not None:  # drift_cos and drift_t2 as the detectors measured them
+                sig = self.detector.scored
         if decision.flagged and where is not None:
             decision = replace(decision, where=dict(where(decision)))
         self.gathered, self.signals, self.decision = np.array(rows, dtype=np.float64), sig, decision
