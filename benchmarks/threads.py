@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -38,6 +40,19 @@ from naig.simulate.engines import start
 __all__ = ["main"]
 
 SPIN = "import time\nend = time.time() + 600\nwhile time.time() < end: pass\n"
+CONDITIONS = (("as the machine is", False), ("+ one busy process", True))
+
+
+@contextmanager
+def _beside(busy: bool) -> Iterator[None]:
+    """Run the block beside one process spinning on a core (``busy``), or as the machine is."""
+    spin = subprocess.Popen([sys.executable, "-c", SPIN]) if busy else None
+    try:
+        yield
+    finally:
+        if spin is not None:
+            spin.kill()
+            spin.wait()
 
 
 def _block_ms(run: object, threads: int, steps: int) -> list[float]:
@@ -102,17 +117,12 @@ def blas(steps: int, rounds: int, cores: int) -> None:
     print(f"\nnumpy's BLAS threads for the monitor's small matrices; {cores} cores; load average "
           f"{os.getloadavg()[0]:.2f}")
     print(f"{'condition':<24} {'what':<34} {'1 thread ms':>12} {f'{cores} threads ms':>13} {'ratio':>7}")
-    for label, busy in (("as the machine is", False), ("+ one busy process", True)):
-        spin = subprocess.Popen([sys.executable, "-c", SPIN]) if busy else None
-        try:
+    for label, busy in CONDITIONS:
+        with _beside(busy):
             for what, fn, n in (("refit: CUSUM + drift thresholds", _refit_ms, rounds),
                                 ("Monitor.decide, K = 4 (as shipped)", _decide_ms, steps)):
                 one, many = fn(1, n), fn(cores, n)
                 print(f"{label:<24} {what:<34} {one:>12.2f} {many:>13.2f} {many / one:>6.2f}×")
-        finally:
-            if spin is not None:
-                spin.kill()
-                spin.wait()
 
 
 def main() -> None:
@@ -136,14 +146,9 @@ def torch_part(steps: int, rounds: int, cores: int) -> None:
     print(f"naig simulate's default workload (gpt-nano, K = 4, hogwild), {rounds} × {steps} steps per "
           f"thread count; {cores} cores; load average at start {os.getloadavg()[0]:.2f}")
     print(f"{'condition':<24} {'1 thread ms/step':>17} {f'{cores} threads ms/step':>18} {'ratio':>7}")
-    for label, busy in (("as the machine is", False), ("+ one busy process", True)):
-        spin = subprocess.Popen([sys.executable, "-c", SPIN]) if busy else None
-        try:
+    for label, busy in CONDITIONS:
+        with _beside(busy):
             ms = measure(steps, rounds, counts)
-        finally:
-            if spin is not None:
-                spin.kill()
-                spin.wait()
         many = ms.get(cores, float("nan"))
         print(f"{label:<24} {ms[1]:>17.1f} {many:>18.1f} {many / ms[1]:>6.2f}×")
 
