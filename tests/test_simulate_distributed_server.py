@@ -42,9 +42,17 @@ def distributed(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess
 
 @pytest.fixture(scope="module")
 def equal_workers(tmp_path_factory) -> dict:
-    """Three equal workers, hogwild, 40 step-equivalents (120 gradients)."""
+    """Three equal workers, hogwild, 40 step-equivalents (120 gradients), each worker's compute
+    slowed 3× (a sleep of twice its measured compute time).
+
+    The K − 1 law of the mean staleness holds when the server keeps up (a renewal argument: for any
+    worker cycles the mean over arrivals is K − 1). Without the slowdown the server was busy ~70% of
+    the run on a quiet 2-core machine, and once in the suite's load (2026-12-05) it fell behind:
+    the gradients queued, the workers waited on its replies and the mean staleness was 0.55. The
+    sleeps halve the arrival rate the server sees, not the law's prediction.
+    """
     r, doc = distributed(tmp_path_factory.mktemp("equal"), "--nproc", "4", "--steps", "40",
-                         "--strategies", "hogwild")
+                         "--strategies", "hogwild", "--set", "distributed.slowdown=3,3,3")
     assert r.returncode == 0, r.stderr
     return doc
 
