@@ -28,7 +28,8 @@ Example:
 
 from __future__ import annotations
 
-import functools
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -73,19 +74,32 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-@functools.cache
+_LOCK = threading.RLock()  # one thread at a time inside one_blas_thread (nesting allowed)
+_FOUND: dict = {"modules": -1, "controller": None}
+
+
 def _blas() -> ThreadpoolController:
-    """The BLAS libraries loaded in this process (numpy's and scipy's OpenBLAS; ~2 ms to find, once)."""
-    return ThreadpoolController().select(user_api="blas")
+    """The BLAS libraries loaded in this process (numpy's and scipy's OpenBLAS), found again when
+    modules have been imported since (a library such as scipy's comes with an extension module;
+    finding them takes ~0.5 ms). Called with ``_LOCK`` held."""
+    if _FOUND["modules"] != len(sys.modules):
+        _FOUND["controller"] = ThreadpoolController().select(user_api="blas")
+        _FOUND["modules"] = len(sys.modules)
+    return _FOUND["controller"]
 
 
 @contextmanager
 def one_blas_thread() -> Iterator[None]:
     """Run the block with numpy's and scipy's BLAS on one thread, restoring their counts after.
 
-    For many small matrix operations on a busy machine (see the module): the limit costs ~25 µs per
-    block. It is per process, so numpy called from another thread meanwhile runs on one thread too;
-    torch's own threads (``torch.set_num_threads``, OpenMP) are left as they are.
+    For many small matrix operations on a busy machine (see the module); ~10 µs per block. The
+    count is per process, so numpy called meanwhile from another thread runs on one thread too.
+    Blocks nest, and blocks in several threads run one at a time (a lock: threadpoolctl's limits
+    entered and left out of order by two threads would leave the count wrong). threadpoolctl ≥ 3.6
+    lets only one thread at a time change OpenBLAS's count: while another thread holds its own
+    ``threadpool_limits``, this one changes nothing. torch's own threads (``torch.set_num_threads``,
+    OpenMP) are left as they are; where threadpoolctl finds no BLAS (numpy built on Accelerate)
+    nothing changes.
 
     Example:
         >>> import numpy as np
@@ -93,5 +107,5 @@ def one_blas_thread() -> Iterator[None]:
         ...     float(np.linalg.solve(2 * np.eye(3), np.ones(3))[0])
         0.5
     """
-    with _blas().limit(limits=1, user_api="blas"):
+    with _LOCK, _blas().limit(limits=1, user_api="blas"):
         yield

@@ -829,3 +829,23 @@ def test_a_drift_state_that_would_fail_later_is_refused_at_load(change: dict) ->
         state["drift"].update(change)
     with pytest.raises(UsageError, match="malformed detector state"):
         Detector(4, signals=DRIFTING, quiet=True).load_state_dict(state)
+
+
+def test_scored_is_this_steps_or_none() -> None:
+    """``Detector.scored``: the last step's signals as scored; None after a load or a refused step;
+    at K = 2 drift_cos stays NaN (the two ranks' drifts are opposite; persistence is blind there)."""
+    steps = [_signals(g) for g in _stream(4, 6, 1.0, seed=3)]
+    det = Detector(4, quiet=True)
+    for s in steps:
+        det.update(s)
+    assert det.scored is not None and np.isfinite(det.scored.drift_cos).all()
+    with pytest.raises(UsageError):
+        det.update(_signals(_stream(3, 1, 1.0, seed=3)[0]))
+    assert det.scored is None
+    det.update(steps[-1])
+    det.load_state_dict(det.state_dict())
+    assert det.scored is None
+    two = Detector(2, quiet=True)
+    for g in _stream(2, 4, 1.0, seed=3):
+        two.update(_signals(g))
+    assert two.scored is not None and np.isnan(two.scored.drift_cos).all()

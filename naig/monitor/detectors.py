@@ -1021,6 +1021,7 @@ class Detector:
             return self._update(sig)
 
     def _update(self, sig: RankSignals) -> Decision:
+        self.scored = None
         if sig.world != self.world:
             raise UsageError(f"signals of {sig.world} ranks for a detector of {self.world}", field="world",
                              value=sig.world)
@@ -1032,7 +1033,8 @@ class Detector:
                  for r in range(self.world) if not sig.usable[r]]
         if "persistence" in self.signals:
             same = self.last is not None and self.last.shape == sig.inputs.sketches.shape
-            sig = sig.with_previous(self.last if same else None)  # another sketch width: start afresh
+            if self.world > 2:  # at K = 2 the two drifts are opposite: blind, drift_cos left NaN
+                sig = sig.with_previous(self.last if same else None)  # another sketch width: afresh
             self.last = np.where(sig.usable[:, None], sig.inputs.sketches, np.nan)
         if "drift" in self.signals and self.world > 2:
             sig = sig.with_drift(self._drift_state(sig.inputs.sketches.shape))
@@ -1389,6 +1391,7 @@ class Detector:
             raise UsageError(f"malformed detector state ({exc})", field="state") from None
         self.stat, self.start, self.named, self.pool, self.step = stat, start, named, pool, step
         self.tails, self.recent, self.calibration, self.fresh = tails, recent, calibration, fresh
+        self.scored = None  # the loaded state's steps were scored elsewhere
         self.last = last
         self.ewma, self.cov, self.cov_weight, self.cov_count, record = drift
         self.drift_record = deque(record, maxlen=self.drift_record.maxlen)
