@@ -74,7 +74,8 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-_LOCK = threading.RLock()  # one thread at a time inside one_blas_thread (nesting allowed)
+_LOCK = threading.Lock()  # one thread at a time inside one_blas_thread
+_INSIDE = threading.local()  # .depth: this thread's nesting (an inner block changes nothing)
 _FOUND: dict = {"modules": -1, "controller": None}
 
 
@@ -107,5 +108,17 @@ def one_blas_thread() -> Iterator[None]:
         ...     float(np.linalg.solve(2 * np.eye(3), np.ones(3))[0])
         0.5
     """
+    depth = getattr(_INSIDE, "depth", 0)
+    if depth:  # nested in this thread: the outer block holds the lock and the limit
+        _INSIDE.depth = depth + 1
+        try:
+            yield
+        finally:
+            _INSIDE.depth = depth
+        return
     with _LOCK, _blas().limit(limits=1, user_api="blas"):
-        yield
+        _INSIDE.depth = 1
+        try:
+            yield
+        finally:
+            _INSIDE.depth = 0
