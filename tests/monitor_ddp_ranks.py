@@ -9,7 +9,9 @@ buckets per step) with Adam on its own random batches for ``STEPS`` steps, in th
 - ``flip``: at step ``BAD_STEP`` rank ``BAD_RANK``'s gradient has its sign flipped (a tensor hook
   on the parameters, before DDP sees it), with 1024 examples per rank so that the ranks agree;
 - ``skip`` / ``raise``: a NaN in one entry of its first parameter, with that action;
-- ``exclude`` / ``warn``: its gradient ×1000, with that action.
+- ``exclude`` / ``warn``: its gradient ×1000, with that action;
+- ``desync``: after step ``DESYNC_STEP``'s update rank ``BAD_RANK``'s weights are perturbed by 1%
+  (θ ← θ·(1 + 0.01 z)), with the replica check every ``WEIGHTS_EVERY`` steps (1, 5, 9).
 
 The detectors' window is ``WINDOW`` (the individual scores start at step WINDOW + 1). Every
 collective of the script waits at most ``TIMEOUT`` seconds. Rank 0 writes what each rank saw.
@@ -30,6 +32,7 @@ from naig.monitor import SIGNALS, BadRankError, Monitor, MonitorHook
 from tests.monitor_rank_tools import exit_after, gather_rows, rank_batch
 
 WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 10, 10, 8, 30.0
+DESYNC_STEP, WEIGHTS_EVERY = 5, 4
 BUCKET_MB = 0.005  # 5 kB buckets: 4 or 5 buckets per step
 
 
@@ -46,7 +49,8 @@ def _flat(ts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in ts])
 
 
-def _run(rank: int, kind: str, action: str | None = None, size: int = 16, **hook_args: object) -> dict:
+def _run(rank: int, kind: str, action: str | None = None, size: int = 16, monitor_args: dict | None = None,
+         **hook_args: object) -> dict:
     model = _model()
     ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_MB)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
@@ -55,7 +59,7 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16, **hook
     if action is not None:
         extra = {"signals": SIGNALS} if kind == "flip" else {}  # a one-step flip: cos, not a default
         mon = Monitor(window=WINDOW, action=action, timeout=TIMEOUT,
-                      callback=lambda s, d: records.append((s, d)), **extra)
+                      callback=lambda s, d: records.append((s, d)), **extra, **(monitor_args or {}))
         hook = MonitorHook(model, monitor=mon, **hook_args).register(ddp)
         hook.attach(opt)
     local: dict[str, torch.Tensor] = {}
@@ -92,6 +96,11 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16, **hook
                 opt.step()
             except BadRankError as exc:
                 err = str(exc)
+        if kind == "desync" and rank == BAD_RANK and step == DESYNC_STEP:
+            gen = torch.Generator().manual_seed(7)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(1 + 0.01 * torch.randn(p.shape, generator=gen))
         after = _flat(list(model.parameters()))
         out["grads"].append(_rows(_flat([local[n] for n, _ in model.named_parameters()])))
         if hook is not None:
@@ -102,6 +111,8 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16, **hook
             out["payloads"].append(hook.monitor.gathered.tolist())
             out["signals"].append(hook.monitor.signals.to_dict())
             out["where"].append({str(k): v for k, v in hook.decision.where.items()})
+            out.setdefault("weight_flags", []).append([[f.rank, f.since] for f in hook.decision.flags
+                                                       if f.signal == "weights"])
         if step == BAD_STEP:
             out["unchanged"] = _rows(torch.tensor([float(torch.equal(before, after))]))
             out["adam_steps"] = _rows(torch.tensor([float(max(
@@ -131,6 +142,7 @@ RUNS = {
     "raise": dict(kind="nan", action="raise"),
     "exclude": dict(kind="scale", action="exclude"),
     "warn": dict(kind="scale", action="warn"),
+    "desync": dict(kind="desync", action="log", monitor_args={"weights_every": WEIGHTS_EVERY}),
 }
 
 
@@ -139,7 +151,8 @@ def main(out: str) -> None:
     with process_group(WORLD, argv, timeout=TIMEOUT) as (rank, _):
         runs = {name: _run(rank, **args) for name, args in RUNS.items()}
         if rank == 0:
-            doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "window": WINDOW, "runs": runs}
+            doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "window": WINDOW, "runs": runs,
+                   "desync_step": DESYNC_STEP, "weights_every": WEIGHTS_EVERY}
             with open(out, "w") as fh:
                 json.dump(doc, fh)
 

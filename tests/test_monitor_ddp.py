@@ -43,6 +43,22 @@ def test_every_rank_names_the_bad_rank_at_its_step_and_none_before(ranks: dict, 
     assert f"rank {bad} on {run['hosts'][bad]} in bucket " in line and "parameters)" in line
 
 
+def test_a_rank_whose_weights_were_perturbed_is_named_from_the_next_check_on_every_rank(ranks: dict) -> None:
+    """Weights ×(1 + 0.01 z) on one rank after step 5's update; checks at steps 1, 5, 9: named by the
+    replica check at steps 9 and 10 (since 9), on every rank; the clean runs' checks name nobody."""
+    run, bad, world = ranks["runs"]["desync"], ranks["bad_rank"], ranks["world"]
+    every, after = ranks["weights_every"], ranks["desync_step"]
+    first = next(s for s in range(after + 1, 100) if (s - 1) % every == 0)
+    assert run["weight_flags"][:first - 1] == [[]] * (first - 1)
+    assert run["weight_flags"][first - 1:] == [[[bad, first]]] * (len(run["weight_flags"]) - first + 1)
+    expected = [1.0 if r == bad else 0.0 for r in range(world)]
+    for step in range(first, len(run["flagged"]) + 1):
+        assert run["flagged"][step - 1] == [expected] * world, step
+    assert "weights differ" in run["describe"][-1]
+    for name in ("log", "skip", "flip"):  # replicas in sync: checked at steps 1 and 9, never named
+        assert ranks["runs"][name]["weight_flags"] == [[]] * len(ranks["runs"][name]["flagged"])
+
+
 def test_nan_is_located_in_its_bucket(ranks: dict) -> None:
     run = ranks["runs"]["skip"]
     where = run["where"][ranks["bad_step"] - 1][str(ranks["bad_rank"])]

@@ -689,9 +689,11 @@ class Flag:
 
     Attributes:
         rank: the rank named.
-        signal: ``nonfinite`` or one of ``SIGNALS``.
+        signal: ``nonfinite``, ``weights`` (the replica check, ``naig.monitor.replicas``) or one of
+            ``SIGNALS``.
         score: ``nonfinite`` or ``overflow`` (for the signal ``nonfinite``: NaN/Inf entries, or every
-            entry finite but ‖g‖² beyond float64), ``transient`` or ``cusum``.
+            entry finite but ‖g‖² beyond float64), ``mismatch`` (for ``weights``), ``transient`` or
+            ``cusum``.
         z: the normalised value u (transient), the CUSUM statistic (cusum; negative for the
             lower side), +inf (non-finite).
         threshold: the threshold it passed (0 for non-finite).
@@ -788,6 +790,9 @@ _NOT_FINITE = {"overflow": "gradient beyond float64 (no non-finite entry; its sq
 def _describe_flag(f: Flag) -> str:
     if f.signal == "nonfinite":
         return _NOT_FINITE.get(f.score, "non-finite gradient")
+    if f.signal == "weights":  # the replica check (naig.monitor.replicas)
+        return f"weights differ from the other ranks' by {f.z:.3g} of their norm (> {f.threshold:g}) " \
+               f"since step {f.since}"
     if f.score == "cusum":
         side = "low" if f.z < 0 else "high"
         return f"{f.signal} {side} since step {f.since} (cusum {abs(f.z):.3g} > {f.threshold:.3g})"

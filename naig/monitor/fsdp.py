@@ -93,9 +93,14 @@ class FSDPMonitor(GradientMonitor):
     """
 
     part_kind = "module"
+    replicated = False  # sharded weights: no replicas to compare (naig.monitor.replicas)
 
     def __init__(self, module: nn.Module, monitor: Monitor | None = None, *, per_bucket: bool = True) -> None:
         super().__init__(module, monitor, per_bucket=per_bucket)
+        if self.monitor.weights_asked:
+            raise UsageError("FSDP2 shards the weights, so no two ranks hold the same ones to compare: "
+                             "pass Monitor(weights_every=0) or leave it unset", field="weights_every",
+                             value=self.monitor.weights_asked)
         if self.action == "exclude":
             raise UsageError("exclude needs the whole step's gradient before any reduction; FSDP2 reduce-"
                              "scatters module by module (use skip or raise)", field="action", value="exclude")

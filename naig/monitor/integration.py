@@ -60,6 +60,7 @@ class GradientMonitor:
     """
 
     part_kind = "bucket"  # what a part is called in ``Decision.where``
+    replicated = True  # every rank holds the whole model: the replica check runs (not under FSDP2)
 
     def __init__(self, module: nn.Module, monitor: Monitor | None = None, *, per_bucket: bool = True) -> None:
         if not isinstance(module, nn.Module):
@@ -72,6 +73,7 @@ class GradientMonitor:
         inner = getattr(module, "module", module) if isinstance(module, nn.parallel.DistributedDataParallel) \
             else module
         self.names = {id(p): name for name, p in inner.named_parameters()}
+        self.weights = dict(inner.named_parameters())  # the replica check's (naig.monitor.replicas)
         if not self.names:
             raise UsageError("has no parameters; pass the model whose gradients are reduced", field="module")
         self.monitor = monitor if monitor is not None else Monitor()
@@ -159,6 +161,7 @@ class GradientMonitor:
         self._check_attached()
         self.step, self.parts, self.extra_bytes = self.step + 1, [], 0
         self._gathered: Callable[[], Tensor] | None = None  # the step's all-gather, from its last part
+        self._checking = False  # whether it carries the replica check's row
         if not self.monitor.hosts and self.monitor.world > 1:
             self.extra_bytes += HOST_BYTES
 
@@ -182,7 +185,11 @@ class GradientMonitor:
         self.parts.append(part)
         if last:
             stacked = torch.stack([p.payload for p in self.parts])
-            sent = self._with_lost(stacked if self.per_bucket else stacked.sum(dim=0, keepdim=True))
+            rows = stacked if self.per_bucket else stacked.sum(dim=0, keepdim=True)
+            self._checking = self.replicated and self.monitor.world > 1 and self.monitor.weights_due()
+            if self._checking:  # the replica check's row rides in the same all-gather
+                rows = torch.cat([rows, self.monitor.weights_row(self.weights, rows.device)[None]])
+            sent = self._with_lost(rows)
             self.extra_bytes += sent.numel() * sent.element_size()
             self._gathered = self.monitor.start_gather(sent)
         return part
@@ -205,7 +212,9 @@ class GradientMonitor:
         rows = self._gathered()  # (K, B or 1, m + 3)
         per_part = rows.to(torch.float64).numpy()
         self.monitor.note_gathered_lost(per_part[:, :, -1].max(axis=1))
-        per_part = per_part[:, :, :-1]
+        per_part, checked = per_part[:, :, :-1], None
+        if self._checking:
+            per_part, checked = per_part[:, :-1], per_part[:, -1]
         dots = dists = None
         if exact is not None:
             mine = torch.tensor(exact, dtype=torch.float64)
@@ -213,7 +222,7 @@ class GradientMonitor:
             both = self.monitor.all_gather(mine).numpy()
             dots, dists = both[:, 0], both[:, 1]
         names = [p.names for p in self.parts] if self.per_bucket else None
-        self.decision = self.monitor.decide(per_part.sum(axis=1), dots=dots, sq_dists=dists,
+        self.decision = self.monitor.decide(per_part.sum(axis=1), dots=dots, sq_dists=dists, weights=checked,
                                             where=lambda d: _where(d, per_part, names, self._label))
         return self.decision
 

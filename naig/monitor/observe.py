@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import math
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -62,6 +63,7 @@ from naig.monitor.detectors import (
     Detector,
     check_action,
 )
+from naig.monitor.replicas import WEIGHTS_EVERY, ReplicaCheck, check_every
 from naig.monitor.signals import (
     MonitorSketch,
     RankSignals,
@@ -100,6 +102,10 @@ class Monitor:
         hold: steps a named rank stays out of the other ranks' centring.
         action: one of ``ACTIONS``.
         timeout: seconds each collective may take, in (0, 30].
+        weights_every: steps between checks that every rank holds the same weights
+            (``naig.monitor.replicas``; 0: never). None: every ``WEIGHTS_EVERY`` steps where the
+            weights are replicated (``MonitorHook``; ``observe`` when given ``weights``), never
+            under FSDP2 (sharded weights: an explicit value is refused there).
         callback: called on every rank with each step's (``RankSignals``, ``Decision``).
             Record writers come after it, in the order added (``add_writer``).
 
@@ -119,7 +125,7 @@ class Monitor:
                  window: int = DEFAULT_WINDOW, warmup: int = DEFAULT_WARMUP,
                  signals: Sequence[str] = DEFAULT_SIGNALS, scores: Sequence[str] = DEFAULT_SCORES,
                  delta: float = DEFAULT_DELTA, clip: float = DEFAULT_CLIP, hold: int = DEFAULT_HOLD,
-                 action: str = "log", timeout: float = MAX_TIMEOUT,
+                 action: str = "log", timeout: float = MAX_TIMEOUT, weights_every: int | None = None,
                  callback: Callable[[RankSignals, Decision], None] | None = None) -> None:
         self.group, self.blocks, self.seed = process_group, check_blocks(blocks), check_seed(seed)
         check_seed(self.seed + self.blocks - 1, field="seed")
@@ -128,6 +134,8 @@ class Monitor:
                 0 < timeout <= MAX_TIMEOUT):
             raise UsageError(f"must be in (0, {MAX_TIMEOUT:g}] seconds", field="timeout", value=timeout)
         self.timeout, self.callback = float(timeout), callback
+        self.weights_asked = None if weights_every is None else check_every(weights_every)
+        self.replicas = ReplicaCheck(WEIGHTS_EVERY if weights_every is None else self.weights_asked)
         self._detector_args = dict(false_alarm=false_alarm, window=window, warmup=warmup, signals=signals,
                                    scores=scores, delta=delta, clip=clip, hold=hold, action=action)
         Detector(1, **self._detector_args, quiet=True)  # check the detector's arguments now
@@ -137,6 +145,7 @@ class Monitor:
         self.gathered: np.ndarray | None = None
         self.hosts: tuple[str, ...] = ()
         self._sketches: dict[tuple, MonitorSketch] = {}
+        self._weights_sketch: tuple[tuple, MonitorSketch] | None = None
         self.records_lost = 0
         self._lost_here, self._lost_warned = 0, False
         self.writers: list[Callable[[RankSignals, Decision], None]] = []
@@ -164,7 +173,8 @@ class Monitor:
         group = self.group if self.group is not None else dist.group.WORLD
         return dist.get_world_size(group), dist.get_rank(group)
 
-    def observe(self, grads: Mapping[str, Tensor | None] | Tensor, *, full_dtensor: bool = False) -> Decision:
+    def observe(self, grads: Mapping[str, Tensor | None] | Tensor, *, full_dtensor: bool = False,
+                weights: Mapping[str, Tensor] | None = None) -> Decision:
         """One step: sketch, all-gather, signals, decision (the same on every rank).
 
         Args:
@@ -177,6 +187,9 @@ class Monitor:
                 mesh: every rank of the mesh must call ``observe``). Without it a sharded DTensor
                 is refused (a rank's shard of a reduced gradient is not that rank's gradient: for
                 FSDP2 use ``naig.monitor.fsdp``, which reads each rank's gradient before the reduction).
+            weights: {name: tensor} of this rank's replicated weights (e.g.
+                ``dict(model.named_parameters())``) for the replica check (``naig.monitor.replicas``):
+                read on its steps only (every ``weights_every``). Give it on every rank or on none.
 
         Returns:
             The step's ``Decision``.
@@ -185,20 +198,52 @@ class Monitor:
             UsageError: ``grads`` empty, not float tensors (a sparse, meta or sharded DTensor
                 gradient included, naming it), or not a mapping or tensor.
             DataError: a collective that did not finish within ``timeout`` seconds; ranks that
-                passed different names or shapes (on every rank, naming them).
+                passed different names or shapes (on every rank, naming them); ``weights`` given on
+                some ranks only.
             BadRankError: a rank was flagged and the action is ``raise`` (on every rank).
         """
         if not isinstance(full_dtensor, bool):
             raise UsageError("must be True or False", field="full_dtensor", value=full_dtensor)
         layout, tensors, shapes = _flatten(grads, full_dtensor)
         sketch = self._sketch(layout, tensors[0].device)
+        device = tensors[0].device
+        if weights is None and self.weights_asked:
+            raise UsageError(f"weights_every={self.weights_asked} checks the ranks' weights: pass "
+                             "observe(..., weights=dict(model.named_parameters())) or weights_every=0",
+                             field="weights")
         tail = torch.tensor([layout_fingerprint(shapes), float(self._lost_here)], dtype=torch.float64,
-                            device=tensors[0].device)
-        rows = self._check_tail(self.all_gather(torch.cat([pack_tensors(tensors, sketch), tail])))
-        decision = self.decide(rows)
+                            device=device)
+        due = self.world > 1 and self.weights_due()
+        mine = [pack_tensors(tensors, sketch), *([self.weights_row(weights, device)] if due else []), tail]
+        rows = self._check_tail(self.all_gather(torch.cat(mine)))
+        checked = None
+        if due:
+            rows, checked = rows[:, :sketch.dim + 2], rows[:, sketch.dim + 2:]
+        decision = self.decide(rows, weights=checked)
         if decision.flagged and self.action == "raise":
             raise decision.error()
         return decision
+
+    def weights_due(self) -> bool:
+        """Whether the next step decided is a replica-check step (``naig.monitor.replicas``)."""
+        return self.replicas.due(self.detector.step if self.detector is not None else 0)
+
+    def weights_row(self, weights: Mapping[str, Tensor] | None, device: torch.device) -> Tensor:
+        """This rank's ``[S θ | ‖θ‖² | non-finite count]`` (m + 2,) float64 on ``device`` for the replica
+        check; without ``weights`` a row of NaN with the count −1 ("not given").
+
+        Raises:
+            UsageError: ``weights`` empty or not float tensors (naming the tensor).
+        """
+        if weights is None:
+            row = torch.full((self.blocks * 14 + 2,), math.nan, dtype=torch.float64, device=device)
+            row[-1] = -1.0
+            return row
+        layout, tensors, _ = _flatten(weights, field="weights")
+        key = (layout, str(tensors[0].device))
+        if self._weights_sketch is None or self._weights_sketch[0] != key:
+            self._weights_sketch = (key, MonitorSketch.build(layout, self.seed, self.blocks))
+        return pack_tensors(tensors, self._weights_sketch[1]).to(device)
 
     def note_lost_record(self) -> None:
         """Count one record a writer of this rank could not write (``naig.monitor.records``).
@@ -290,7 +335,7 @@ class Monitor:
         return lambda: self._wait(work, out)
 
     def decide(self, gathered: Tensor | np.ndarray, *, dots: np.ndarray | None = None,
-               sq_dists: np.ndarray | None = None,
+               sq_dists: np.ndarray | None = None, weights: Tensor | np.ndarray | None = None,
                where: Callable[[Decision], Mapping[int, str]] | None = None) -> Decision:
         """Signals and the decision of one step from every rank's payload (the same on every rank).
 
@@ -301,6 +346,9 @@ class Monitor:
             gathered: (K, m + 2) float64 payloads ``[S g_k | ‖g_k‖² | non-finite count]``.
             dots: (K,) exact ⟨g_k, ḡ⟩ (with ``sq_dists``), or None: sketch estimates.
             sq_dists: (K,) exact ‖g_k − ḡ‖², or None.
+            weights: (K, m + 2) float64 every rank's ``weights_row`` for the replica check
+                (``naig.monitor.replicas``), or None (not a check step: ranks named at the last
+                check stay named). Rows with the count −1 were not given: none given, no check.
             where: given the decision, rank → where its gradient departs most (for the line).
 
         Returns:
@@ -308,6 +356,7 @@ class Monitor:
 
         Raises:
             UsageError: payloads of the wrong shape.
+            DataError: ``weights`` given on some ranks only (naming the others).
         """
         rows = gathered if isinstance(gathered, np.ndarray) else gathered.detach().cpu().numpy()
         if self.detector is None:
@@ -318,6 +367,11 @@ class Monitor:
             decision = replace(self.detector.update(sig), hosts=self.hosts)
             if self.detector.scored is not None:  # drift_cos and drift_t2 as the detectors measured them
                 sig = self.detector.scored
+        replica = self.replicas.update(decision.step, _given(weights, rows.shape[0]))
+        if replica:
+            flags = sorted((*decision.flags, *replica),
+                           key=lambda f: (f.rank, f.signal != "nonfinite", f.score, f.signal))
+            decision = replace(decision, flags=tuple(flags))
         if decision.flagged and where is not None:
             decision = replace(decision, where=dict(where(decision)))
         self.gathered, self.signals, self.decision = np.array(rows, dtype=np.float64), sig, decision
@@ -338,7 +392,8 @@ class Monitor:
         state (decisions are computed from gathered data), so rank 0's copy serves all ranks.
         ``detector`` is None before the first step.
         """
-        return {"version": 1, "detector": None if self.detector is None else self.detector.state_dict()}
+        return {"version": 1, "detector": None if self.detector is None else self.detector.state_dict(),
+                "replicas": self.replicas.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()`` (see there).
@@ -350,6 +405,7 @@ class Monitor:
         if not isinstance(state, Mapping) or state.get("version") != 1 or "detector" not in state:
             raise UsageError("not a Monitor.state_dict() of version 1", field="state")
         det = state["detector"]
+        self.replicas.load_state_dict(state.get("replicas", {"named": []}))
         if det is None:
             self.detector = None
             return
@@ -425,6 +481,28 @@ def _layout_message(prints: np.ndarray) -> str:
             "differs across ranks?), else the sketches are of different layouts and no signal means anything")
 
 
+def _given(weights: Tensor | np.ndarray | None, world: int) -> np.ndarray | None:
+    """The gathered weights rows (K, m + 2) float64, or None when no rank gave its weights.
+
+    Raises:
+        UsageError: not (K, m + 2) rows.
+        DataError: some ranks gave their weights and others did not (naming them).
+    """
+    if weights is None:
+        return None
+    rows = weights.detach().cpu().numpy() if isinstance(weights, Tensor) else np.asarray(weights)
+    rows = rows.astype(np.float64, copy=False)
+    if rows.ndim != 2 or rows.shape[0] != world:
+        raise UsageError(f"expected ({world}, 14*R + 2) rows, got {rows.shape}", field="weights")
+    missing = rows[:, -1] == -1.0
+    if missing.all():
+        return None
+    if missing.any():
+        raise DataError(f"ranks {np.flatnonzero(missing).tolist()} gave no weights to the replica check "
+                        "and the others did: pass observe(..., weights=...) on every rank or on none")
+    return rows
+
+
 def _is_dtensor(g: object) -> bool:
     try:
         from torch.distributed.tensor import DTensor
@@ -433,7 +511,7 @@ def _is_dtensor(g: object) -> bool:
     return isinstance(g, DTensor)
 
 
-def _readable(name: str, g: Tensor, full_dtensor: bool) -> Tensor:
+def _readable(name: str, g: Tensor, full_dtensor: bool, field: str = "grads") -> Tensor:
     """The plain strided tensor the monitor sketches for one gradient.
 
     Raises:
@@ -447,18 +525,18 @@ def _readable(name: str, g: Tensor, full_dtensor: bool) -> Tensor:
                              "shard is not this rank's gradient; pass full_dtensor=True to gather it "
                              "(full_tensor(), a collective of its mesh), or monitor FSDP2 with "
                              "naig.monitor.fsdp",
-                             field="grads")
+                             field=field)
         return g.full_tensor()
     if g.layout != torch.strided:
         raise UsageError(f"{name!r} is a sparse gradient ({g.layout}); pass it as g.to_dense() (e.g. for "
-                         "nn.Embedding(sparse=True)) or leave it out", field="grads")
+                         "nn.Embedding(sparse=True)) or leave it out", field=field)
     if g.is_meta:
         raise UsageError(f"{name!r} is a meta tensor (no data); pass the gradient after backward()",
-                         field="grads")
+                         field=field)
     return g
 
 
-def _flatten(grads: Mapping[str, Tensor | None] | Tensor, full_dtensor: bool = False
+def _flatten(grads: Mapping[str, Tensor | None] | Tensor, full_dtensor: bool = False, field: str = "grads"
              ) -> tuple[tuple[tuple[str, int], ...], list[Tensor], tuple[tuple[str, tuple[int, ...]], ...]]:
     """The (name, numel) layout, the given gradients (detached, not copied here; see ``pack_tensors``
     for what the sketch copies) and their (name, shape).
@@ -472,15 +550,15 @@ def _flatten(grads: Mapping[str, Tensor | None] | Tensor, full_dtensor: bool = F
         items = [(str(n), g) for n, g in grads.items() if g is not None]
     else:
         raise UsageError(f"got {a_type(grads)}; pass {{name: gradient}} or one tensor",
-                         field="grads")
+                         field=field)
     if not items:
-        raise UsageError("no gradient to observe (empty, or every entry None)", field="grads")
+        raise UsageError("no gradient to observe (empty, or every entry None)", field=field)
     bad = [n for n, g in items if not isinstance(g, Tensor) or not g.is_floating_point()]
     if bad:
-        raise UsageError(f"not a float tensor: {', '.join(bad[:3])}", field="grads")
-    items = [(n, _readable(n, g, full_dtensor)) for n, g in items]
+        raise UsageError(f"not a float tensor: {', '.join(bad[:3])}", field=field)
+    items = [(n, _readable(n, g, full_dtensor, field)) for n, g in items]
     if len({g.device for _, g in items}) != 1:
-        raise UsageError("gradients on several devices; pass one device's", field="grads")
+        raise UsageError("gradients on several devices; pass one device's", field=field)
     layout = tuple((n, g.numel()) for n, g in items)
     shapes = tuple((n, tuple(g.shape)) for n, g in items)
     return layout, [g.detach() for _, g in items], shapes

@@ -1,0 +1,167 @@
+"""naig.monitor.replicas: the check that every rank holds the same weights (the DDP run is in
+tests/test_monitor_ddp.py: a rank perturbed by 1% named from the next check, on every rank)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+from naig.errors import DataError, UsageError
+from naig.monitor import Monitor, MonitorSketch
+from naig.monitor.fsdp import fully_shard_monitor
+from naig.monitor.replicas import TOLERANCE, WEIGHTS_EVERY, ReplicaCheck, check_every, replica_departure
+from naig.monitor.signals import pack
+from tests.conftest import process_group_in_this_process
+
+N = 5000
+
+
+def _rows(weights: list[torch.Tensor], blocks: int = 1) -> np.ndarray:
+    sketch = MonitorSketch.build([("w", N)], seed=3, blocks=blocks)
+    return torch.stack([pack(w, sketch) for w in weights]).numpy()
+
+
+def _weights(k: int, seed: int = 0) -> list[torch.Tensor]:
+    w = torch.randn(N, generator=torch.Generator().manual_seed(seed))
+    return [w.clone() for _ in range(k)]
+
+
+def test_identical_replicas_depart_by_exactly_zero():
+    assert replica_departure(_rows(_weights(4))).tolist() == [0.0] * 4
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_one_percent_perturbation_is_named_and_float32_rounding_is_not(seed):
+    ws = _weights(5, seed)  # three of five agree: the median is theirs, coordinate by coordinate
+    gen = torch.Generator().manual_seed(100 + seed)
+    ws[2] = ws[2] * (1 + 0.01 * torch.randn(N, generator=gen))  # the protocol's perturb: θ + 0.01 θ⊙z
+    ws[1] = torch.nextafter(ws[1], torch.full_like(ws[1], math.inf))  # every entry one float32 ulp up
+    u = replica_departure(_rows(ws))
+    assert u[0] == u[3] == u[4] == 0.0
+    assert 0 < u[1] < TOLERANCE / 10  # ~6e-8 relative: rounding, not a departure
+    assert 3e-3 < u[2] < 3e-2  # ‖0.01 θ⊙z‖/‖θ‖ ≈ 0.01, to within the 14-float sketch's spread
+
+
+def test_two_ranks_that_differ_both_depart_and_a_non_finite_rank_is_infinite():
+    ws = _weights(2)
+    ws[1] = ws[1] * 1.01
+    u = replica_departure(_rows(ws))
+    assert u[0] == pytest.approx(u[1]) and u[0] > TOLERANCE
+    ws = _weights(3)
+    ws[0][7] = float("nan")
+    u = replica_departure(_rows(ws))
+    assert u[0] == math.inf and u[1:].tolist() == [0.0, 0.0]
+    assert replica_departure(_rows([ws[0]])).tolist() == [math.inf]
+
+
+def test_more_blocks_measure_the_same_departure():
+    ws = _weights(3)
+    ws[2] = ws[2] * 1.001  # u = 1e-3 exactly in the norm term
+    for blocks in (1, 4):
+        u = replica_departure(_rows(ws, blocks))
+        assert u[2] == pytest.approx(1e-3, rel=0.5) and u[0] == u[1] == 0.0
+
+
+def test_bad_rows_and_bad_cadences_are_refused():
+    with pytest.raises(UsageError, match="14\\*R \\+ 2") as err:
+        replica_departure(np.zeros((3, 15)))
+    assert err.value.field == "weights"
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(UsageError) as err:
+            check_every(bad)
+        assert err.value.field == "weights_every"
+    with pytest.raises(UsageError) as err:
+        Monitor(weights_every=-2)
+    assert err.value.field == "weights_every"
+
+
+def test_checks_run_at_steps_one_and_every_n_after_and_a_named_rank_stays_named_until_it_agrees():
+    check = ReplicaCheck(every=4)
+    assert [s for s in range(12) if check.due(s)] == [0, 4, 8]  # steps done before steps 1, 5, 9
+    assert ReplicaCheck().every == WEIGHTS_EVERY and not ReplicaCheck(every=0).due(0)
+    good, ws = _rows(_weights(3)), _weights(3)
+    ws[1] = ws[1] * 1.01
+    bad = _rows(ws)
+    assert check.update(1, good) == []
+    first = check.update(5, bad)
+    assert [(f.rank, f.signal, f.score, f.since) for f in first] == [(1, "weights", "mismatch", 5)]
+    assert [(f.rank, f.since) for f in check.update(6, None)] == [(1, 5)]  # between checks: still named
+    assert [(f.rank, f.since) for f in check.update(9, bad)] == [(1, 5)]  # since the first check naming it
+    saved = check.state_dict()
+    resumed = ReplicaCheck(every=4)
+    resumed.load_state_dict(saved)
+    assert [(f.rank, f.since, f.z) for f in resumed.update(10, None)] == \
+        [(f.rank, f.since, f.z) for f in check.update(10, None)]
+    assert check.update(13, good) == [] and check.update(14, None) == []  # back in agreement
+    with pytest.raises(UsageError) as err:
+        resumed.load_state_dict({"named": [[1]]})
+    assert err.value.field == "state"
+
+
+def _payload(k: int) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    rows = np.zeros((k, 16))
+    rows[:, :14] = rng.normal(size=(k, 14))
+    rows[:, 14] = (rows[:, :14] ** 2).sum(1)
+    return rows
+
+
+def test_decide_merges_the_replica_flags_into_the_decision_and_its_line():
+    mon = Monitor(weights_every=2)
+    ws = _weights(3)
+    ws[0] = ws[0] * 1.02
+    weights = _rows(ws)
+    with pytest.warns(UserWarning):
+        d1 = mon.decide(_payload(3), weights=weights)  # step 1: a check
+    assert d1.ranks == (0,) and [f.signal for f in d1.flags] == ["weights"]
+    assert "rank 0" in d1.describe() and "weights differ from the other ranks'" in d1.describe()
+    assert mon.decide(_payload(3)).ranks == (0,)  # step 2: between checks, still named
+    state = mon.state_dict()
+    resumed = Monitor(weights_every=2)
+    resumed.load_state_dict(state)
+    assert resumed.decide(_payload(3)).ranks == mon.decide(_payload(3)).ranks == (0,)
+
+
+def test_weights_given_on_some_ranks_only_is_a_data_error_and_on_none_no_check():
+    rows = _rows(_weights(3))
+    missing = rows.copy()
+    missing[1] = math.nan
+    missing[1, -1] = -1.0  # Monitor.weights_row(None): "not given"
+    with pytest.warns(UserWarning):
+        with pytest.raises(DataError, match=r"ranks \[1\] gave no weights"):
+            Monitor().decide(_payload(3), weights=missing)
+    none = np.tile(missing[1], (3, 1))
+    with pytest.warns(UserWarning):
+        assert Monitor().decide(_payload(3), weights=none).flags == ()
+
+
+def test_observe_checks_the_weights_it_is_given_and_asks_for_them_when_told_to():
+    model = nn.Linear(4, 3)
+    mon = Monitor(weights_every=1)
+    grads = {n: torch.ones_like(p) for n, p in model.named_parameters()}
+    with pytest.raises(UsageError, match="weights=dict") as err:
+        mon.observe(grads)
+    assert err.value.field == "weights"
+    with pytest.warns(UserWarning):
+        # one rank: nothing to compare
+        assert mon.observe(grads, weights=dict(model.named_parameters())).flags == ()
+    row = mon.weights_row(dict(model.named_parameters()), torch.device("cpu"))
+    assert row.dtype == torch.float64 and row.shape == (16,)
+    assert row[-2].item() == pytest.approx(sum(float((p.double() ** 2).sum()) for p in model.parameters()))
+    with pytest.raises(UsageError, match="not a float tensor") as err:
+        mon.weights_row({"step": torch.tensor([3])}, torch.device("cpu"))
+    assert err.value.field == "weights"
+
+
+def test_fsdp2_refuses_an_explicit_replica_check():
+    with process_group_in_this_process():
+        model = nn.Sequential(nn.Linear(3, 2))
+        fully_shard(model)
+        with pytest.raises(UsageError, match="shards the weights") as err:
+            fully_shard_monitor(model, Monitor(weights_every=8))
+        assert err.value.field == "weights_every"
