@@ -35,12 +35,30 @@ def test_fault_runs_share_the_clean_prefix_and_differ_from_the_onset(runs: list)
     assert nan.skipped == CFG.horizon + 1 and x2.skipped == 0  # a non-finite mean applies no update
 
 
+def test_the_replica_payloads_are_the_weights_each_rank_computed_at(runs: list) -> None:
+    """Every rank's weights agree but the bad rank's from the onset on, for the faults of its weights
+    (stale: θ of 20 steps before; reinit: another initialisation); the others' are θ's."""
+    x2, stale, _, reinit = runs
+    t = CFG.onset - 1
+    for r in runs:
+        assert r.weights.shape == r.payload.shape
+        assert (r.weights[:t] == r.weights[:t, :1]).all()  # clean prefix: the replicas agree
+    assert (x2.weights == x2.weights[:, :1]).all()  # a gradient fault leaves the weights alone
+    for r in (stale, reinit):
+        others = [k for k in range(4) if k != r.bad]
+        assert (r.weights[t:, others] == r.weights[t:, others[:1]]).all()
+        assert not np.isclose(r.weights[t:, r.bad, 14], r.weights[t:, others[0], 14], rtol=1e-4).any()
+    np.testing.assert_array_equal(stale.weights[t, stale.bad], stale.weights[t - 20, 0])  # θ_{t−20}
+
+
 def test_the_exact_statistics_of_a_pool_subset_equal_a_direct_computation() -> None:
     ctx = Context(CFG)
-    payload, gram = pool_run(ctx, PoolSpec(8, "test", 0, 3))
-    assert payload.shape == (3, 5, 16) and gram.shape == (3, 5, 5)
+    payload, gram, weights = pool_run(ctx, PoolSpec(8, "test", 0, 3))
+    assert payload.shape == (3, 5, 16) and gram.shape == (3, 5, 5) and weights.shape == (3, 16)
+    assert not np.array_equal(weights[0], weights[1])  # θ moves with training
     ranks = np.array([4, 1, 2])
-    rec = subset(payload, gram, ranks)
+    rec = subset(payload, gram, ranks, weights)
+    assert rec.weights.shape == (3, 3, 16) and (rec.weights == weights[:, None]).all()
     g = torch.randn(5, 7, generator=torch.Generator().manual_seed(0)).double()
     gm = (g @ g.T).numpy()[None]
     sub = subset(np.zeros((1, 5, 16)), gm, ranks)

@@ -57,6 +57,8 @@ def monitor_names(record: Record, *, exact: bool, false_alarm: float, **settings
         warnings.simplefilter("ignore", UserWarning)
         for t in range(len(record.payload)):
             kw = {"dots": record.dots[t], "sq_dists": record.sq_dists[t]} if exact else {}
+            if record.weights is not None and mon.weights_due():  # the replica check's steps
+                kw["weights"] = record.weights[t]
             out.append(mon.decide(record.payload[t], **kw).ranks)
     return out
 
@@ -97,8 +99,10 @@ def summarise(results: list[dict], horizon: int) -> dict:
             "runs": n, "curve": [sum(d <= m for d in delays) / n for m in range(horizon + 1)]}
 
 
-def replays(payload: np.ndarray, gram: np.ndarray, k: int, count: int, seed: int) -> list[Record]:
-    """``count`` clean runs of K ranks from a pool: distinct fixed subsets of its M ranks (seeded)."""
+def replays(payload: np.ndarray, gram: np.ndarray, k: int, count: int, seed: int,
+            weights: np.ndarray | None = None) -> list[Record]:
+    """``count`` clean runs of K ranks from a pool: distinct fixed subsets of its M ranks (seeded),
+    with the replica-check payloads of θ (``weights`` (T, 16)) when given."""
     m = payload.shape[1]
     rng = np.random.default_rng(seed)
     seen: set[tuple[int, ...]] = set()
@@ -109,7 +113,7 @@ def replays(payload: np.ndarray, gram: np.ndarray, k: int, count: int, seed: int
         if ranks in seen:
             continue
         seen.add(ranks)
-        out.append(subset(payload, gram, np.array(rng.permutation(ranks))))
+        out.append(subset(payload, gram, np.array(rng.permutation(ranks)), weights))
     return out
 
 
@@ -144,19 +148,19 @@ def run_all(cfg: SequentialConfig, faults: dict[str, list[Record]], pools: dict[
 
     Args:
         faults: role → its fault-run records.
-        pools: (batch, role, seed) → (payload, gram) of the clean pools.
+        pools: (batch, role, seed) → (payload, gram, weights) of the clean pools.
         tick: called with a short label as each part starts (progress).
     """
     say = tick or (lambda _: None)
     k, alpha = cfg.ranks, cfg.false_alarm
     say("calibrating the baselines")
-    cal = [r for (b, role, s), (p, g) in pools.items() if role == "calibration" and b == cfg.batch_size
-           for r in replays(p, g, k, cfg.replays, 7 + s)]
+    cal = [r for (b, role, s), (p, g, w) in pools.items() if role == "calibration" and b == cfg.batch_size
+           for r in replays(p, g, k, cfg.replays, 7 + s, w)]
     cal_payload = np.stack([r.payload for r in cal])
     thresholds = {"norm-z": baselines.calibrate_z(cal_payload, alpha),
                   "norm-cusum": baselines.calibrate_cusum(cal_payload, alpha)}
-    val_pool = [r for (b, role, s), (p, g) in pools.items() if role == "validation" and b == cfg.batch_size
-                for r in replays(p, g, k, cfg.replays, 11 + s)]
+    val_pool = [r for (b, role, s), (p, g, w) in pools.items() if role == "validation" and b == cfg.batch_size
+                for r in replays(p, g, k, cfg.replays, 11 + s, w)]
     validation = {}
     for name, settings in CANDIDATES.items():
         say(f"validation: {name}")
@@ -165,7 +169,7 @@ def run_all(cfg: SequentialConfig, faults: dict[str, list[Record]], pools: dict[
                                  cfg.horizon)
                  for kind in cfg.faults}
         fa = false_alarms([method_names("monitor", r, cfg, thresholds, settings) for r in val_pool],
-                          sum(len(p) for (b, role, _), (p, _g) in pools.items()
+                          sum(len(p) for (b, role, _), (p, *_) in pools.items()
                               if role == "validation" and b == cfg.batch_size))
         validation[name] = {"kinds": kinds, "false_alarm": fa,
                             "mean_p": float(np.mean([v[f"p{cfg.horizon}"] for v in kinds.values()])),
@@ -193,10 +197,10 @@ def _test_false_alarms(cfg: SequentialConfig, pools: dict[tuple, tuple], thresho
     out = []
     batches = sorted({b for (b, role, _) in pools if role == "test"})
     for b in batches:
-        mine = [(p, g, s) for (bb, role, s), (p, g) in pools.items() if role == "test" and bb == b]
-        recorded = sum(len(p) for p, _, _ in mine)
+        mine = [(p, g, s, w) for (bb, role, s), (p, g, w) in pools.items() if role == "test" and bb == b]
+        recorded = sum(len(p) for p, *_ in mine)
         for k in cfg.fa_ranks:
-            runs = [r for p, g, s in mine for r in replays(p, g, k, cfg.replays, 13 + 100 * k + s)]
+            runs = [r for p, g, s, w in mine for r in replays(p, g, k, cfg.replays, 13 + 100 * k + s, w)]
             main = b == cfg.batch_size and k == cfg.ranks
             for rate in cfg.fa_rates:
                 methods = METHODS if main and rate == cfg.false_alarm else ("monitor",)

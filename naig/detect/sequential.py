@@ -8,7 +8,10 @@ loss scaler would), for ``horizon + 1`` steps. The clean prefix is computed once
 every fault kind branches from it (θ, Adam state, minibatch streams and θ history restored).
 Each step records what the monitor gathers (``naig.monitor.signals.pack``: the 14-float sketch,
 ‖g_k‖² and the non-finite count, with the sketch of ``Monitor()``'s layout and seed) and the
-exact ⟨g_k, ḡ⟩ and ‖g_k − ḡ‖² (float64), so every method replays the same run.
+exact ⟨g_k, ḡ⟩ and ‖g_k − ḡ‖² (float64), so every method replays the same run, and what the
+monitor's replica check gathers (``naig.monitor.replicas``): the same payload of the weights each
+rank computes its gradient at (θ for a clean rank; θ + offset, or θ of 20 steps before, for a bad
+one).
 
 **Fault kinds** (``FAULTS``), each persistent from the onset on the bad rank; the gradient
 faults are named in naig's one vocabulary (``naig.faults``, as ``naig simulate --faults``):
@@ -71,6 +74,7 @@ FAULTS = ("scale:2", "scale:0.5", "scale:0", "repeat", "perturb", "reinit", "sta
           "data-text", "signflip:1", "nan:1", "inf:1", "bitflip32:30", "bitflip32:26")
 """The persistent faults, in the order that seeds them (``_branch``: the index is part of the seed)."""
 STALE, PERTURB, REINIT_SEED = 20, 0.01, 2_000_000
+RECORD_FORMAT = 2  # what a cache holds (2: the replica check's payloads too); another format: refused
 SEED_BASE = {"fault": 0, "pool": 500}  # seed offsets of the two kinds of runs
 
 
@@ -158,6 +162,8 @@ class Record:
 
     Attributes:
         payload: (T, K, 16) float64 [S g_k | ‖g_k‖² | non-finite count] per step and rank.
+        weights: (T, K, 16) float64 [S θ_k | ‖θ_k‖² | non-finite count] of the weights each rank
+            computed its gradient at (the replica check's payload), or None (not recorded).
         dots: (T, K) float64 exact ⟨g_k, ḡ⟩ (NaN where not finite).
         sq_dists: (T, K) float64 exact ‖g_k − ḡ‖².
         bad: the faulty rank (−1 for a clean run).
@@ -175,6 +181,7 @@ class Record:
     kind: str = ""
     seed: int = 0
     skipped: int = 0
+    weights: np.ndarray | None = None
 
 
 class Context:
@@ -216,7 +223,7 @@ class _State:
     opt: torch.optim.Optimizer
     streams: list[torch.Generator]
     past: deque[Tensor]
-    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
 
     def snapshot(self) -> dict:
         return {"theta": self.theta.detach().clone(), "opt": copy.deepcopy(self.opt.state_dict()),
@@ -254,7 +261,7 @@ def fault_runs(ctx: Context, seed: int, advance: Callable[[int], None] | None = 
     for _ in range(cfg.onset - 1):
         state.past.append(theta.detach().clone())
         grads = torch.stack([ctx.grad(theta, *ctx.batch_of(s)) for s in state.streams])
-        state.rows.append(_stats(grads, ctx.sketch))
+        state.rows.append((*_stats(grads, ctx.sketch), _replicas(theta.detach(), None, -1, k, ctx.sketch)))
         skipped += _step(state, grads)
         if advance is not None:
             advance(1)
@@ -281,6 +288,7 @@ def _branch(ctx: Context, state: _State, kind: str, bad: int, seed: int, skipped
         state.past.append(state.theta.detach().clone())
         theta = state.theta.detach()
         grads = []
+        at = _bad_weights(kind, theta, offset, state)
         for r, stream in enumerate(state.streams):
             x, y = ctx.batch_of(stream)
             if r != bad:
@@ -290,21 +298,40 @@ def _branch(ctx: Context, state: _State, kind: str, bad: int, seed: int, skipped
             if kind == "repeat" and repeat is None:
                 repeat = (x, y)
         g = torch.stack(grads)
-        state.rows.append(_stats(g, ctx.sketch))
+        state.rows.append((*_stats(g, ctx.sketch), _replicas(theta, at, bad, len(state.streams), ctx.sketch)))
         skipped += _step(state, g)
         if advance is not None:
             advance(1)
-    payload, dots, sqd = (np.stack(a) for a in zip(*state.rows, strict=True))
-    return Record(payload, dots, sqd, bad, cfg.onset, kind, seed, skipped)
+    payload, dots, sqd, weights = (np.stack(a) for a in zip(*state.rows, strict=True))
+    return Record(payload, dots, sqd, bad, cfg.onset, kind, seed, skipped, weights)
+
+
+def _bad_weights(kind: str, theta: Tensor, offset: Tensor | None, state: _State) -> Tensor | None:
+    """The weights the bad rank computes its gradient at, when they are not θ (None: θ)."""
+    if kind in ("perturb", "reinit"):
+        return theta + offset
+    if kind == "stale":
+        return state.past[0]
+    return None
+
+
+def _replicas(theta: Tensor, bad_weights: Tensor | None, bad: int, k: int, sketch: MonitorSketch
+              ) -> np.ndarray:
+    """(K, 16) every rank's replica-check payload: θ's, and ``bad_weights``' on rank ``bad`` when given.
+
+    The clean ranks hold the same tensor θ (as DDP's replicas hold equal ones), so it is packed once.
+    """
+    rows = np.tile(pack(theta, sketch).numpy(), (k, 1))
+    if bad_weights is not None:
+        rows[bad] = pack(bad_weights, sketch).numpy()
+    return rows
 
 
 def _faulty(ctx: Context, kind: str, theta: Tensor, x: Tensor, y: Tensor, state: _State,
             offset: Tensor | None, gen: torch.Generator, repeat: tuple[Tensor, Tensor] | None) -> Tensor:
     """What the bad rank sends at this step."""
-    if kind in ("perturb", "reinit"):
-        return ctx.grad(theta + offset, x, y)
-    if kind == "stale":
-        return ctx.grad(state.past[0], x, y)  # θ of STALE steps ago (the history holds STALE + 1)
+    if kind in ("perturb", "reinit", "stale"):  # stale: θ of STALE steps ago (the history holds STALE + 1)
+        return ctx.grad(_bad_weights(kind, theta, offset, state), x, y)
     if kind == "repeat":
         return ctx.grad(theta, *(repeat if repeat is not None else (x, y)))
     if kind.startswith("data-"):
@@ -316,35 +343,40 @@ def _faulty(ctx: Context, kind: str, theta: Tensor, x: Tensor, y: Tensor, state:
 
 
 def pool_run(ctx: Context, spec: PoolSpec, advance: Callable[[int], None] | None = None
-             ) -> tuple[np.ndarray, np.ndarray]:
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A clean pool: M ranks train on their mean for ``spec.steps`` steps.
 
     Returns:
-        payload (T, M, 16) float64 and the Gram matrices (T, M, M) float64 of the gradients.
+        payload (T, M, 16) float64, the Gram matrices (T, M, M) float64 of the gradients and the
+        replica-check payload (T, 16) float64 of θ, which every rank holds.
     """
     cfg, wl, m = ctx.cfg, ctx.wl, ctx.cfg.pool_ranks
     seed = SEED_BASE["pool"] + spec.seed
     theta = torch.nn.Parameter(wl.init_params(seed))
     state = _State(theta, make_optimizer("adam", [theta], cfg.lr), wl.worker_streams(seed, m), deque(), [])
-    payloads, grams = [], []
+    payloads, grams, weights = [], [], []
     for _ in range(spec.steps):
         grads = torch.stack([ctx.grad(theta, *ctx.batch_of(s)) for s in state.streams])
         payloads.append(torch.stack([pack(g, ctx.sketch) for g in grads]).numpy())
+        weights.append(pack(theta.detach(), ctx.sketch).numpy())
         g = grads.double()
         grams.append((g @ g.T).numpy())
         _step(state, grads)
         if advance is not None:
             advance(1)
-    return np.stack(payloads), np.stack(grams)
+    return np.stack(payloads), np.stack(grams), np.stack(weights)
 
 
-def subset(payload: np.ndarray, gram: np.ndarray, ranks: np.ndarray) -> Record:
-    """The clean run of the ranks ``ranks`` (K,) of a pool: their payloads and exact statistics."""
+def subset(payload: np.ndarray, gram: np.ndarray, ranks: np.ndarray, weights: np.ndarray | None = None
+           ) -> Record:
+    """The clean run of the ranks ``ranks`` (K,) of a pool: their payloads and exact statistics, and
+    the replica-check payloads (every rank θ's, from ``weights`` (T, 16)) when given."""
     p = payload[:, ranks]
     g = gram[:, ranks][:, :, ranks]
     dots = g.mean(axis=2)
     sqd = np.einsum("tkk->tk", g) - 2 * dots + g.mean(axis=(1, 2))[:, None]
-    return Record(p, dots, np.maximum(sqd, 0.0))
+    w = None if weights is None else np.repeat(weights[:, None, :], len(ranks), axis=1)
+    return Record(p, dots, np.maximum(sqd, 0.0), weights=w)
 
 
 def total_steps(cfg: SequentialConfig) -> int:
@@ -354,8 +386,8 @@ def total_steps(cfg: SequentialConfig) -> int:
 
 
 def record_all(cfg: SequentialConfig, advance: Callable[[int], None] | None = None, cache: str | None = None
-               ) -> tuple[dict[str, list[Record]], dict[tuple, tuple[np.ndarray, np.ndarray]]]:
-    """Every fault run (by role) and every clean pool ((batch, role, seed) → (payload, gram)).
+               ) -> tuple[dict[str, list[Record]], dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """Every fault run (by role) and every clean pool ((batch, role, seed) → (payload, gram, weights)).
 
     Args:
         cache: a directory: runs already recorded there (same config) are read, new ones written
@@ -370,7 +402,7 @@ def record_all(cfg: SequentialConfig, advance: Callable[[int], None] | None = No
     if root is not None:
         root.mkdir(parents=True, exist_ok=True)
         meta = root / "config.json"
-        doc = json.dumps(cfg.to_dict(), sort_keys=True)
+        doc = json.dumps({**cfg.to_dict(), "record_format": RECORD_FORMAT}, sort_keys=True)
         if meta.exists() and meta.read_text() != doc:
             raise UsageError(f"{root} holds the runs of another configuration; use an empty directory",
                              field="cache")
@@ -397,7 +429,8 @@ def _cached(root: object, name: str, make: Callable[[], list[Record]], cfg: Sequ
     if path is not None and path.exists():
         z = np.load(path)
         return [Record(z[f"{i}_payload"], z[f"{i}_dots"], z[f"{i}_sq_dists"], int(z[f"{i}_bad"]),
-                       int(z[f"{i}_onset"]), str(z[f"{i}_kind"]), int(z[f"{i}_seed"]), int(z[f"{i}_skipped"]))
+                       int(z[f"{i}_onset"]), str(z[f"{i}_kind"]), int(z[f"{i}_seed"]), int(z[f"{i}_skipped"]),
+                       z[f"{i}_weights"])
                 for i in range(len(cfg.faults))]
     out = make()
     if path is not None:
@@ -405,20 +438,20 @@ def _cached(root: object, name: str, make: Callable[[], list[Record]], cfg: Sequ
         for i, r in enumerate(out):
             arrays.update({f"{i}_payload": r.payload, f"{i}_dots": r.dots, f"{i}_sq_dists": r.sq_dists,
                            f"{i}_bad": r.bad, f"{i}_onset": r.onset, f"{i}_kind": r.kind, f"{i}_seed": r.seed,
-                           f"{i}_skipped": r.skipped})
+                           f"{i}_skipped": r.skipped, f"{i}_weights": r.weights})
         np.savez(path, **arrays)
     return out
 
 
 def _cached_pool(root: object, spec: PoolSpec, make: Callable[[], tuple],
-                 advance: Callable[[int], None] | None) -> tuple[np.ndarray, np.ndarray]:
+                 advance: Callable[[int], None] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     path = None if root is None else root / f"pool-{spec.batch}-{spec.role}-{spec.seed}.npz"
     if path is not None and path.exists():
         z = np.load(path)
         if advance is not None:
             advance(spec.steps)
-        return z["payload"], z["gram"]
-    payload, gram = make()
+        return z["payload"], z["gram"], z["weights"]
+    payload, gram, weights = make()
     if path is not None:
-        np.savez(path, payload=payload, gram=gram)
-    return payload, gram
+        np.savez(path, payload=payload, gram=gram, weights=weights)
+    return payload, gram, weights
