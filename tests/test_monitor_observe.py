@@ -181,19 +181,29 @@ def _payloads(steps: int, world: int, seed: int) -> list[np.ndarray]:
 def test_a_resumed_monitor_decides_as_the_uninterrupted_one(tmp_path) -> None:
     """Monitor.state_dict through torch.save at step 33 (a change in flight), into a new Monitor."""
     rows = _payloads(45, 4, seed=5)
+    weights = np.tile(_payloads(1, 4, seed=6)[0][:1], (4, 1))  # the replicas agree ...
+    apart = weights.copy()
+    apart[3, 0] += 1.0  # ... until rank 3's weights come apart, found at the check of step 25
+
+    def decide(mon: Monitor, r: np.ndarray) -> str:
+        due = mon.weights_due()
+        step = 1 + (mon.detector.step if mon.detector is not None else 0)
+        return repr(mon.decide(r, weights=(apart if step >= 20 else weights) if due else None))
+
     whole = Monitor()
     with pytest.warns(UserWarning, match="warm-up"):
-        decisions = [repr(whole.decide(r)) for r in rows]
+        decisions = [decide(whole, r) for r in rows]
     assert any("Flag(rank=1, signal='norm', score='cusum'" in d for d in decisions[33:])
+    assert all("Flag(rank=3, signal='weights', score='mismatch'" in d for d in decisions[24:])
     first = Monitor()
-    assert first.state_dict() == {"version": 1, "detector": None}
+    assert first.state_dict() == {"version": 1, "detector": None, "replicas": {"named": []}}
     with pytest.warns(UserWarning, match="warm-up"):
         for r in rows[:33]:
-            first.decide(r)
+            decide(first, r)
     torch.save(first.state_dict(), tmp_path / "monitor.pt")
     resumed = Monitor()
     resumed.load_state_dict(torch.load(tmp_path / "monitor.pt", weights_only=True))
-    assert [repr(resumed.decide(r)) for r in rows[33:]] == decisions[33:]
+    assert [decide(resumed, r) for r in rows[33:]] == decisions[33:]
 
 
 def test_a_monitor_state_of_other_settings_is_refused() -> None:
