@@ -24,8 +24,8 @@ its steps. Printed per variant: the median step time over the rounds (ms), its r
 ``plain``'s median (target ≤ 1.05), the median and the range of the paired ratios (each round's
 variant over that round's plain: less sensitive to load that changes between rounds), rank 0's
 main-thread CPU time per step and its ratio (waiting excluded: the monitor's own compute), and the
-bytes each rank sends per step beyond the framework's own, next to
-the gradient bytes the framework itself reduces per step.
+bytes each rank sends per step beyond the framework's own (the mean over every step run: the
+replica check adds a row every 8th step), next to the gradient bytes the framework itself reduces per step.
 
 With ``--rss``, each variant also runs alone in a fresh pair of processes (``--warmup`` + ``--steps``
 steps) and reports the larger of the two ranks' peak resident set (``VmHWM``); printed with its
@@ -144,6 +144,7 @@ class Variant:
         self.opt = torch.optim.SGD(params, lr=1e-3) if self.mlp else torch.optim.Adam(params, lr=1e-3)
         self.gen = torch.Generator().manual_seed(1000 + rank)
         self.batch = batch
+        self.sent, self.steps = 0, 0
 
     def step(self) -> None:
         self.opt.zero_grad()
@@ -155,10 +156,17 @@ class Variant:
             x = torch.randint(0, self.vocab, (self.batch, self.context + 1), generator=self.gen)
             lm_loss(self.model(x[:, :-1]), x[:, 1:]).backward()
         self.opt.step()
+        self.sent, self.steps = self.sent + self.extra_bytes, self.steps + 1
 
     @property
     def extra_bytes(self) -> int:
+        """Bytes this rank sent beyond the framework's own in the latest step."""
         return 0 if self.watch is None else self.watch.extra_bytes
+
+    @property
+    def mean_extra_bytes(self) -> float:
+        """The same, averaged over every step so far (the replica check's row rides every 8th step)."""
+        return self.sent / self.steps if self.steps else 0.0
 
 
 def _block(v: Variant, steps: int) -> tuple[float, float]:
@@ -200,7 +208,8 @@ def _framework(name: str, variants: list[str], args: argparse.Namespace, rank: i
         med, used = statistics.median(times[v.name]), statistics.median(cpu[v.name])
         rounds = [t / p for t, p in zip(times[v.name], times["plain"], strict=True)]
         out(f"  {v.name:<9} {med:8.1f} {med / base:6.3f} {statistics.median(rounds):7.3f} "
-            f"{min(rounds):6.3f}-{max(rounds):<7.3f} {used:7.1f} {used / cpu_base:6.3f} {v.extra_bytes:13d}")
+            f"{min(rounds):6.3f}-{max(rounds):<7.3f} {used:7.1f} {used / cpu_base:6.3f} "
+            f"{v.mean_extra_bytes:13.0f}")
     parts = {v.name: len(v.watch.parts) for v in vs if v.watch is not None}
     out(f"  parts gathered per step: {parts} (buckets for DDP, FSDP modules for FSDP2)")
     del vs
