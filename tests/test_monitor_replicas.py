@@ -165,3 +165,35 @@ def test_fsdp2_refuses_an_explicit_replica_check():
         with pytest.raises(UsageError, match="shards the weights") as err:
             fully_shard_monitor(model, Monitor(weights_every=8))
         assert err.value.field == "weights_every"
+
+
+def test_weights_on_two_devices_add_up_to_the_whole_layouts_row():
+    """A model spread over devices is packed device by device (here CPU and meta is not possible, so
+    two halves of one layout on the CPU stand in: the per-part rows add up to the whole row)."""
+    mon = Monitor()
+    model = nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 2))
+    params = dict(model.named_parameters())
+    whole = mon.weights_row(params, torch.device("cpu"))
+    names = list(params)
+    halves = [{n: params[n] for n in names[:2]}, {n: params[n] for n in names[2:]}]
+    parts = sum(mon.weights_row(h, torch.device("cpu")) for h in halves)
+    torch.testing.assert_close(parts, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_integer_parameters_are_left_out_and_a_sharded_dtensor_turns_the_check_off_with_a_warning():
+    from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
+
+    from naig.monitor.integration import replicated_weights
+
+    model = nn.Linear(4, 4)
+    model.register_parameter("count", nn.Parameter(torch.tensor([3]), requires_grad=False))
+    assert set(replicated_weights(model, Monitor())) == {"weight", "bias"}
+    assert replicated_weights(model, Monitor(weights_every=0)) == {}
+    with process_group_in_this_process():
+        mesh = DeviceMesh("cpu", [0])
+        model.weight = nn.Parameter(distribute_tensor(model.weight.detach(), mesh, [Shard(0)]))
+        with pytest.warns(UserWarning, match="replica check is off .*'weight' is a sharded DTensor"):
+            assert replicated_weights(model, Monitor()) == {}
+        with pytest.raises(UsageError, match="sharded DTensor") as err:
+            replicated_weights(model, Monitor(weights_every=8))
+        assert err.value.field == "weights_every"

@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from naig.errors import UsageError, a_type
+from naig.errors import UsageError, a_type, warn_caller
 from naig.monitor.detectors import Decision
 from naig.monitor.observe import HOST_BYTES, Monitor
 from naig.monitor.signals import MonitorSketch
 
-__all__ = ["GradientMonitor"]
+__all__ = ["GradientMonitor", "replicated_weights"]
 
 _NEED_OPTIMIZER = ("skip", "raise")
 
@@ -73,11 +73,11 @@ class GradientMonitor:
         inner = getattr(module, "module", module) if isinstance(module, nn.parallel.DistributedDataParallel) \
             else module
         self.names = {id(p): name for name, p in inner.named_parameters()}
-        self.weights = dict(inner.named_parameters())  # the replica check's (naig.monitor.replicas)
         if not self.names:
             raise UsageError("has no parameters; pass the model whose gradients are reduced", field="module")
         self.monitor = monitor if monitor is not None else Monitor()
         self.action, self.per_bucket = self.monitor.action, per_bucket
+        self.weights = replicated_weights(inner, self.monitor) if self.replicated else {}
         self.step = 0
         self.decision: Decision | None = None
         self.parts: list[_Part] = []
@@ -186,7 +186,7 @@ class GradientMonitor:
         if last:
             stacked = torch.stack([p.payload for p in self.parts])
             rows = stacked if self.per_bucket else stacked.sum(dim=0, keepdim=True)
-            self._checking = self.replicated and self.monitor.world > 1 and self.monitor.weights_due()
+            self._checking = bool(self.weights) and self.monitor.world > 1 and self.monitor.weights_due()
             if self._checking:  # the replica check's row rides in the same all-gather
                 rows = torch.cat([rows, self.monitor.weights_row(self.weights, rows.device)[None]])
             sent = self._with_lost(rows)
@@ -230,6 +230,32 @@ class GradientMonitor:
         p = self.parts[part]
         shown = ", ".join(p.names[:2]) + (", …" if len(p.names) > 2 else "")
         return f"{self.part_kind} {p.index} ({shown}; {len(p.names)} parameters)"
+
+
+def replicated_weights(module: nn.Module, monitor: Monitor) -> dict[str, Tensor]:
+    """The parameters the replica check compares (``naig.monitor.replicas``): the float ones.
+
+    Empty (no check) when ``weights_every`` is 0, or when a parameter is a sharded DTensor (each rank
+    holds another shard: a ``UserWarning`` says the check is off, or, when ``weights_every`` was
+    given, a ``UsageError``).
+
+    Raises:
+        UsageError: ``weights_every`` given for a model with sharded DTensor parameters.
+    """
+    if monitor.replicas.every == 0:
+        return {}
+    params = {n: p for n, p in module.named_parameters() if p.is_floating_point()}
+    from torch.distributed.tensor import DTensor
+
+    sharded = next((n for n, p in params.items() if isinstance(p, DTensor)
+                    and not all(pl.is_replicate() for pl in p.placements)), None)
+    if sharded is None:
+        return params
+    why = f"parameter {sharded!r} is a sharded DTensor: each rank holds another shard, nothing to compare"
+    if monitor.weights_asked:
+        raise UsageError(f"{why}; pass weights_every=0", field="weights_every", value=monitor.weights_asked)
+    warn_caller(f"naig.monitor: the replica check is off ({why}); weights_every=0 silences this")
+    return {}
 
 
 def _where(decision: Decision, per_part: np.ndarray, names: list[tuple[str, ...]] | None,

@@ -145,7 +145,7 @@ class Monitor:
         self.gathered: np.ndarray | None = None
         self.hosts: tuple[str, ...] = ()
         self._sketches: dict[tuple, MonitorSketch] = {}
-        self._weights_sketch: tuple[tuple, MonitorSketch] | None = None
+        self._weights_sketches: dict[tuple, MonitorSketch] = {}  # the replica check's, per device
         self.records_lost = 0
         self._lost_here, self._lost_warned = 0, False
         self.writers: list[Callable[[RankSignals, Decision], None]] = []
@@ -232,6 +232,9 @@ class Monitor:
         """This rank's ``[S θ | ‖θ‖² | non-finite count]`` (m + 2,) float64 on ``device`` for the replica
         check; without ``weights`` a row of NaN with the count −1 ("not given").
 
+        Weights on several devices (a model spread over GPUs) are packed device by device and
+        added (the sketch is linear and keyed by names: the sum is the whole layout's payload).
+
         Raises:
             UsageError: ``weights`` empty or not float tensors (naming the tensor).
         """
@@ -239,11 +242,20 @@ class Monitor:
             row = torch.full((self.blocks * 14 + 2,), math.nan, dtype=torch.float64, device=device)
             row[-1] = -1.0
             return row
+        if not isinstance(weights, Mapping):
+            raise UsageError(f"got {a_type(weights)}; pass {{name: weight}}, e.g. "
+                             "dict(model.named_parameters())", field="weights")
+        by_device: dict[torch.device, dict[str, Tensor]] = {}
+        for name, w in weights.items():
+            if isinstance(w, Tensor):
+                by_device.setdefault(w.device, {})[name] = w
+        if len(by_device) > 1:
+            return sum(self.weights_row(part, device) for part in by_device.values())
         layout, tensors, _ = _flatten(weights, field="weights")
         key = (layout, str(tensors[0].device))
-        if self._weights_sketch is None or self._weights_sketch[0] != key:
-            self._weights_sketch = (key, MonitorSketch.build(layout, self.seed, self.blocks))
-        return pack_tensors(tensors, self._weights_sketch[1]).to(device)
+        if key not in self._weights_sketches:
+            self._weights_sketches[key] = MonitorSketch.build(layout, self.seed, self.blocks)
+        return pack_tensors(tensors, self._weights_sketches[key]).to(device)
 
     def note_lost_record(self) -> None:
         """Count one record a writer of this rank could not write (``naig.monitor.records``).
