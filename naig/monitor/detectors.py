@@ -346,8 +346,8 @@ def robust_z(x: float, ref: np.ndarray, min_scale: float = 0.0) -> float:
         ref: (n,) finite reference values, n ≥ 1.
         min_scale: a floor on the scale, in x's units.
     """
-    med = float(np.median(ref))
-    scale = max(MAD_SCALE * float(np.median(np.abs(ref - med))), min_scale)
+    med = pooled_median(ref)  # np.median's value (ref is finite), without its overhead on small arrays
+    scale = max(MAD_SCALE * pooled_median(np.abs(ref - med)), min_scale)
     if scale == 0.0:
         return 0.0 if x == med else math.copysign(math.inf, x - med)
     return (x - med) / scale
@@ -887,8 +887,8 @@ class DriftState:
         norms = np.sqrt(np.einsum("ka,ka->k", drift, drift))
         if not usable.any():
             return np.full(drift.shape, np.nan)
-        scale = float(np.median(norms[usable]))
-        size = float(np.median(np.sqrt(np.einsum("ka,ka->k", sketches[usable], sketches[usable]))))
+        scale = pooled_median(norms[usable])
+        size = pooled_median(np.sqrt(np.einsum("ka,ka->k", sketches[usable], sketches[usable])))
         if not (math.isfinite(scale) and scale > 1e-9 * size and scale > 0):
             return np.full(drift.shape, np.nan)
         return np.where(usable[:, None], drift / scale, np.nan)
