@@ -24,8 +24,8 @@ its steps. Printed per variant: the median step time over the rounds (ms), its r
 ``plain``'s median (target ≤ 1.05), the median and the range of the paired ratios (each round's
 variant over that round's plain: less sensitive to load that changes between rounds), rank 0's
 main-thread CPU time per step and its ratio (waiting excluded: the monitor's own compute), and the
-bytes each rank sends per step beyond the framework's own (the mean over every step run: the
-replica check adds a row every 8th step), next to the gradient bytes the framework itself reduces per step.
+bytes each rank sends per step beyond the framework's own (the mean over every step run), next
+to the gradient bytes the framework itself reduces per step.
 
 With ``--rss``, each variant also runs alone in a fresh pair of processes (``--warmup`` + ``--steps``
 steps) and reports the larger of the two ranks' peak resident set (``VmHWM``); printed with its
@@ -165,7 +165,7 @@ class Variant:
 
     @property
     def mean_extra_bytes(self) -> float:
-        """The same, averaged over every step so far (the replica check's row rides every 8th step)."""
+        """The same, averaged over every step so far (the host names ride the first step only)."""
         return self.sent / self.steps if self.steps else 0.0
 
 

@@ -10,8 +10,9 @@ buckets per step) with Adam on its own random batches for ``STEPS`` steps, in th
   on the parameters, before DDP sees it), with 1024 examples per rank so that the ranks agree;
 - ``skip`` / ``raise``: a NaN in one entry of its first parameter, with that action;
 - ``exclude`` / ``warn``: its gradient ×1000, with that action;
-- ``desync``: after step ``DESYNC_STEP``'s update rank ``BAD_RANK``'s weights are perturbed by 1%
-  (θ ← θ·(1 + 0.01 z)), with the replica check every ``WEIGHTS_EVERY`` steps (1, 5, 9).
+- ``desync`` (and ``desync_skip``, ``desync_exclude``: with those actions): after step
+  ``DESYNC_STEP``'s update rank ``BAD_RANK``'s weights are perturbed by 1% (θ ← θ·(1 + 0.01 z)),
+  with the replica check every ``WEIGHTS_EVERY`` steps (1, 5, 9).
 
 The detectors' window is ``WINDOW`` (the individual scores start at step WINDOW + 1). Every
 collective of the script waits at most ``TIMEOUT`` seconds. Rank 0 writes what each rank saw.
@@ -113,6 +114,7 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16, monito
             out["where"].append({str(k): v for k, v in hook.decision.where.items()})
             out.setdefault("weight_flags", []).append([[f.rank, f.since] for f in hook.decision.flags
                                                        if f.signal == "weights"])
+            out.setdefault("flags", []).append([[f.rank, f.signal] for f in hook.decision.flags])
         if step == BAD_STEP:
             out["unchanged"] = _rows(torch.tensor([float(torch.equal(before, after))]))
             out["adam_steps"] = _rows(torch.tensor([float(max(
@@ -143,6 +145,8 @@ RUNS = {
     "exclude": dict(kind="scale", action="exclude"),
     "warn": dict(kind="scale", action="warn"),
     "desync": dict(kind="desync", action="log", monitor_args={"weights_every": WEIGHTS_EVERY}),
+    "desync_skip": dict(kind="desync", action="skip", monitor_args={"weights_every": WEIGHTS_EVERY}),
+    "desync_exclude": dict(kind="desync", action="exclude", monitor_args={"weights_every": WEIGHTS_EVERY}),
 }
 
 

@@ -55,8 +55,24 @@ def test_a_rank_whose_weights_were_perturbed_is_named_from_the_next_check_on_eve
     for step in range(first, len(run["flagged"]) + 1):
         assert run["flagged"][step - 1] == [expected] * world, step
     assert "weights differ" in run["describe"][-1]
+    if all(f[1] == "weights" for f in run["flags"][-1]):  # named by the replica check alone: no bucket
+        assert " in bucket" not in run["describe"][-1]
     for name in ("log", "skip", "flip"):  # replicas in sync: checked at steps 1 and 9, never named
         assert ranks["runs"][name]["weight_flags"] == [[]] * len(ranks["runs"][name]["flagged"])
+
+
+def test_no_action_stops_training_for_desynchronised_weights(ranks: dict) -> None:
+    """skip does not skip for the replica check (it cannot repair weights; skipping every step would
+    stop training); exclude leaves the named rank out of the mean while the majority agrees (K = 3)."""
+    bad, step = ranks["bad_rank"], ranks["bad_step"]  # step 10: after the check of step 9 named it
+    for name in ("desync_skip", "desync_exclude"):
+        run = ranks["runs"][name]
+        assert run["weight_flags"][step - 1] == [[bad, 9]], name
+        assert run["unchanged"] == [[0.0]] * ranks["world"], name  # the update was applied on every rank
+    grads = np.array(ranks["runs"]["desync_exclude"]["grads"][step - 1], dtype=np.float64)
+    others = [r for r in range(ranks["world"]) if r != bad]
+    np.testing.assert_allclose(ranks["runs"]["desync_exclude"]["synced"], grads[others].mean(axis=0),
+                               rtol=1e-6, atol=1e-7)
 
 
 def test_nan_is_located_in_its_bucket(ranks: dict) -> None:
@@ -100,8 +116,10 @@ def test_warn_writes_one_line_on_rank_zero(ranks: dict) -> None:
 def test_bytes_beyond_ddps_own(ranks: dict) -> None:
     runs = ranks["runs"]
     buckets = len(runs["log"]["buckets"])
-    assert runs["log"]["extra_bytes"] == 136 * buckets and buckets >= 2  # 16 floats + records lost
-    assert runs["log_exact"]["extra_bytes"] == 136 + 16
+    # 16 floats + records lost per bucket, and the replica check's row (at every step: a NaN row
+    # between checks, so the payload's width never depends on a rank's step count)
+    assert runs["log"]["extra_bytes"] == 136 * (buckets + 1) and buckets >= 2
+    assert runs["log_exact"]["extra_bytes"] == 136 * 2 + 16
 
 
 @pytest.mark.parametrize("kind", ["log", "log_exact", "skip", "warn", "flip"])

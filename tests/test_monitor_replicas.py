@@ -14,7 +14,17 @@ from torch.distributed.fsdp import fully_shard
 from naig.errors import DataError, UsageError
 from naig.monitor import Monitor, MonitorSketch
 from naig.monitor.fsdp import fully_shard_monitor
-from naig.monitor.replicas import TOLERANCE, WEIGHTS_EVERY, ReplicaCheck, check_every, replica_departure
+from naig.monitor.replicas import (
+    NOT_DUE,
+    NOT_GIVEN,
+    TOLERANCE,
+    WEIGHTS_EVERY,
+    ReplicaCheck,
+    action_ranks,
+    check_every,
+    gradient_flagged,
+    replica_departure,
+)
 from naig.monitor.signals import pack
 from tests.conftest import process_group_in_this_process
 
@@ -197,3 +207,85 @@ def test_integer_parameters_are_left_out_and_a_sharded_dtensor_turns_the_check_o
         with pytest.raises(UsageError, match="sharded DTensor") as err:
             replicated_weights(model, Monitor(weights_every=8))
         assert err.value.field == "weights_every"
+
+
+def _flag_rows(k: int, off: tuple[int, ...]) -> np.ndarray:
+    ws = _weights(k)
+    for r in off:
+        ws[r] = ws[r] * 1.01
+    return _rows(ws)
+
+
+def test_ranks_at_another_step_are_a_data_error_not_a_crash():
+    """Every step carries the row (NaN, count NOT_DUE between checks), so ranks whose step counts
+    disagree gather the same width; the check then names them."""
+    rows = _flag_rows(3, ())
+    rows[2] = math.nan
+    rows[2, -1] = NOT_DUE
+    with pytest.warns(UserWarning), pytest.raises(DataError, match=r"ranks \[2\] are not at a replica-check"):
+        Monitor().decide(_payload(3), weights=rows)
+    idle = np.tile(rows[2], (3, 1))
+    with pytest.warns(UserWarning):
+        assert Monitor().decide(_payload(3), weights=idle).flags == ()
+
+
+def test_turning_the_check_off_or_a_check_without_weights_clears_the_names():
+    mon = Monitor()
+    with pytest.warns(UserWarning):
+        assert mon.decide(_payload(3), weights=_flag_rows(3, (2,))).ranks == (2,)
+    off = Monitor(weights_every=0)
+    off.load_state_dict(mon.state_dict())
+    assert off.decide(_payload(3)).ranks == ()
+    missing = np.full((3, 16), math.nan)
+    missing[:, -1] = NOT_GIVEN
+    assert mon.decide(_payload(3), weights=missing).ranks == ()  # a check step nobody vouched for
+
+
+def test_a_state_that_fails_to_load_changes_nothing():
+    mon = Monitor()
+    with pytest.warns(UserWarning):
+        mon.decide(_payload(3), weights=_flag_rows(3, (2,)))
+    state = mon.state_dict()
+    fresh = Monitor()
+    with pytest.raises(UsageError):
+        fresh.load_state_dict({**state, "detector": {"settings": {}}})
+    assert fresh.replicas.named == {} and fresh.detector is None
+
+
+def test_skip_does_not_act_on_weights_and_exclude_keeps_a_majority():
+    from naig.monitor import Decision, Flag
+
+    def decision(world: int, flags: list[tuple[int, str]]) -> Decision:
+        return Decision(9, world, "exclude", tuple(Flag(r, s, "mismatch" if s == "weights" else "transient",
+                                                        1.0, 1.0, 9) for r, s in flags))
+
+    one = decision(4, [(1, "weights")])
+    assert action_ranks(one) == (1,) and not gradient_flagged(one)
+    assert action_ranks(decision(2, [(0, "weights"), (1, "weights")])) == ()  # K = 2: who is wrong is unknown
+    assert action_ranks(decision(4, [(0, "weights"), (1, "weights")])) == ()  # no majority
+    both = decision(4, [(0, "weights"), (1, "weights"), (3, "norm")])
+    assert action_ranks(both) == (3,) and gradient_flagged(both)
+
+
+def test_non_finite_weights_say_so():
+    ws = _weights(3)
+    ws[1][0] = float("inf")
+    mon = Monitor()
+    with pytest.warns(UserWarning):
+        line = mon.decide(_payload(3), weights=_rows(ws)).describe()
+    assert "rank 1" in line and "weights not finite" in line
+
+
+def test_the_parameters_ddp_ignores_are_left_out():
+    from torch.nn.parallel import DistributedDataParallel
+
+    from naig.monitor import MonitorHook
+
+    with process_group_in_this_process():
+        model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2))
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ["1.weight"])
+        ddp = DistributedDataParallel(model)
+        hook = MonitorHook(model)
+        assert set(hook.weights) == {"0.weight", "0.bias", "1.bias"}
+        hook.register(ddp)
+        assert set(hook.weights) == {"0.weight", "0.bias", "1.bias"}

@@ -92,8 +92,9 @@ from torch import Tensor, nn
 
 from naig.errors import UsageError, a_type
 from naig.monitor.detectors import Decision
-from naig.monitor.integration import GradientMonitor
+from naig.monitor.integration import GradientMonitor, replicated_weights
 from naig.monitor.observe import Monitor
+from naig.monitor.replicas import action_ranks
 from naig.monitor.signals import pack
 
 __all__ = ["MonitorHook", "monitor_comm_hook"]
@@ -148,6 +149,8 @@ class MonitorHook(GradientMonitor):
         if not isinstance(ddp, nn.parallel.DistributedDataParallel):
             raise UsageError(f"got {a_type(ddp)}; pass the DistributedDataParallel model",
                              field="ddp")
+        if self.replicated:  # what DDP synchronises: not the parameters it ignores
+            self.weights = replicated_weights(ddp.module, self.monitor, ddp.parameters_to_ignore)
         try:
             ddp.register_comm_hook(self, monitor_comm_hook)
         except RuntimeError as exc:
@@ -222,7 +225,7 @@ class MonitorHook(GradientMonitor):
 
     def _reduce_excluding(self, decision: Decision, world: int, rank: int) -> None:
         """Weight flagged ranks 0 and the others 1/(K − F), all-reduce every held bucket, complete them."""
-        flagged = set(decision.ranks)
+        flagged = set(action_ranks(decision))  # the replica check's ranks only while a majority agrees
         kept = world - len(flagged)
         group = self._group()
         for p in self.parts:

@@ -791,6 +791,8 @@ def _describe_flag(f: Flag) -> str:
     if f.signal == "nonfinite":
         return _NOT_FINITE.get(f.score, "non-finite gradient")
     if f.signal == "weights":  # the replica check (naig.monitor.replicas)
+        if not math.isfinite(f.z):
+            return f"weights not finite (or beyond float64) since step {f.since}"
         return f"weights differ from the other ranks' by {f.z:.3g} of their norm (> {f.threshold:g}) " \
                f"since step {f.since}"
     if f.score == "cusum":

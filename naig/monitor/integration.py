@@ -14,7 +14,7 @@ pre-hook that applies the decision before ``optimizer.step()``; ``detach()`` rem
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from naig.errors import UsageError, a_type, warn_caller
 from naig.monitor.detectors import Decision
 from naig.monitor.observe import HOST_BYTES, Monitor
+from naig.monitor.replicas import gradient_flagged
 from naig.monitor.signals import MonitorSketch
 
 __all__ = ["GradientMonitor", "replicated_weights"]
@@ -77,7 +78,9 @@ class GradientMonitor:
             raise UsageError("has no parameters; pass the model whose gradients are reduced", field="module")
         self.monitor = monitor if monitor is not None else Monitor()
         self.action, self.per_bucket = self.monitor.action, per_bucket
-        self.weights = replicated_weights(inner, self.monitor) if self.replicated else {}
+        ignore = module.parameters_to_ignore if isinstance(module, nn.parallel.DistributedDataParallel) else \
+            getattr(inner, "_ddp_params_and_buffers_to_ignore", ())
+        self.weights = replicated_weights(inner, self.monitor, ignore) if self.replicated else {}
         self.step = 0
         self.decision: Decision | None = None
         self.parts: list[_Part] = []
@@ -143,7 +146,7 @@ class GradientMonitor:
             return
         if self.action == "raise":
             raise d.error()
-        if self.action == "skip" and self._applied.get(id(optimizer)) != d.step:
+        if self.action == "skip" and gradient_flagged(d) and self._applied.get(id(optimizer)) != d.step:
             self._applied[id(optimizer)] = d.step
             for group in optimizer.param_groups:
                 for p in group["params"]:
@@ -161,7 +164,7 @@ class GradientMonitor:
         self._check_attached()
         self.step, self.parts, self.extra_bytes = self.step + 1, [], 0
         self._gathered: Callable[[], Tensor] | None = None  # the step's all-gather, from its last part
-        self._checking = False  # whether it carries the replica check's row
+        self._weights_row: Tensor | None = None  # this step's replica-check row (naig.monitor.replicas)
         if not self.monitor.hosts and self.monitor.world > 1:
             self.extra_bytes += HOST_BYTES
 
@@ -182,13 +185,15 @@ class GradientMonitor:
         """Keep a part's payload; at the step's ``last`` part start the step's one all-gather of them
         (before that part is reduced: see ``Monitor.start_gather``)."""
         part = _Part(index, names, payload)
+        if not self.parts and self.weights and self.monitor.world > 1:  # read before any reduction ends
+            self._weights_row = self.monitor.weights_row(self.weights, payload.device,
+                                                         due=self.monitor.weights_due())
         self.parts.append(part)
         if last:
             stacked = torch.stack([p.payload for p in self.parts])
             rows = stacked if self.per_bucket else stacked.sum(dim=0, keepdim=True)
-            self._checking = bool(self.weights) and self.monitor.world > 1 and self.monitor.weights_due()
-            if self._checking:  # the replica check's row rides in the same all-gather
-                rows = torch.cat([rows, self.monitor.weights_row(self.weights, rows.device)[None]])
+            if self._weights_row is not None:  # the replica check's row rides in the same all-gather
+                rows = torch.cat([rows, self._weights_row[None].to(rows.device)])
             sent = self._with_lost(rows)
             self.extra_bytes += sent.numel() * sent.element_size()
             self._gathered = self.monitor.start_gather(sent)
@@ -213,7 +218,7 @@ class GradientMonitor:
         per_part = rows.to(torch.float64).numpy()
         self.monitor.note_gathered_lost(per_part[:, :, -1].max(axis=1))
         per_part, checked = per_part[:, :, :-1], None
-        if self._checking:
+        if self._weights_row is not None:
             per_part, checked = per_part[:, :-1], per_part[:, -1]
         dots = dists = None
         if exact is not None:
@@ -232,8 +237,10 @@ class GradientMonitor:
         return f"{self.part_kind} {p.index} ({shown}; {len(p.names)} parameters)"
 
 
-def replicated_weights(module: nn.Module, monitor: Monitor) -> dict[str, Tensor]:
-    """The parameters the replica check compares (``naig.monitor.replicas``): the float ones.
+def replicated_weights(module: nn.Module, monitor: Monitor, ignore: Collection[str] = ()
+                       ) -> dict[str, Tensor]:
+    """The parameters the replica check compares (``naig.monitor.replicas``): the float ones but
+    ``ignore`` (the names DDP leaves unsynchronised, ``DistributedDataParallel.parameters_to_ignore``).
 
     Empty (no check) when ``weights_every`` is 0, or when a parameter is a sharded DTensor (each rank
     holds another shard: a ``UserWarning`` says the check is off, or, when ``weights_every`` was
@@ -244,7 +251,7 @@ def replicated_weights(module: nn.Module, monitor: Monitor) -> dict[str, Tensor]
     """
     if monitor.replicas.every == 0:
         return {}
-    params = {n: p for n, p in module.named_parameters() if p.is_floating_point()}
+    params = {n: p for n, p in module.named_parameters() if p.is_floating_point() and n not in ignore}
     from torch.distributed.tensor import DTensor
 
     sharded = next((n for n, p in params.items() if isinstance(p, DTensor)
@@ -278,6 +285,8 @@ def _where(decision: Decision, per_part: np.ndarray, names: list[tuple[str, ...]
         out = {}
         for r in decision.ranks:
             signals = {f.signal for f in decision.flags if f.rank == r}
+            if signals == {"weights"}:  # the replica check names the weights, not a part of the gradient
+                continue
             if not finite[r].all():
                 parts = np.flatnonzero(~finite[r])
                 out[r] = "; ".join(label(int(b)) for b in parts[:2]) + ("; …" if len(parts) > 2 else "")

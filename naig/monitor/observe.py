@@ -63,7 +63,7 @@ from naig.monitor.detectors import (
     Detector,
     check_action,
 )
-from naig.monitor.replicas import WEIGHTS_EVERY, ReplicaCheck, check_every
+from naig.monitor.replicas import NOT_DUE, NOT_GIVEN, WEIGHTS_EVERY, ReplicaCheck, check_every
 from naig.monitor.signals import (
     MonitorSketch,
     RankSignals,
@@ -213,11 +213,11 @@ class Monitor:
                              field="weights")
         tail = torch.tensor([layout_fingerprint(shapes), float(self._lost_here)], dtype=torch.float64,
                             device=device)
-        due = self.world > 1 and self.weights_due()
-        mine = [pack_tensors(tensors, sketch), *([self.weights_row(weights, device)] if due else []), tail]
-        rows = self._check_tail(self.all_gather(torch.cat(mine)))
+        replica = self.world > 1 and self.replicas.every > 0  # a row every step: see naig.monitor.replicas
+        row = [self.weights_row(weights, device, due=self.weights_due())] if replica else []
+        rows = self._check_tail(self.all_gather(torch.cat([pack_tensors(tensors, sketch), *row, tail])))
         checked = None
-        if due:
+        if replica:
             rows, checked = rows[:, :sketch.dim + 2], rows[:, sketch.dim + 2:]
         decision = self.decide(rows, weights=checked)
         if decision.flagged and self.action == "raise":
@@ -228,9 +228,11 @@ class Monitor:
         """Whether the next step decided is a replica-check step (``naig.monitor.replicas``)."""
         return self.replicas.due(self.detector.step if self.detector is not None else 0)
 
-    def weights_row(self, weights: Mapping[str, Tensor] | None, device: torch.device) -> Tensor:
+    def weights_row(self, weights: Mapping[str, Tensor] | None, device: torch.device, *, due: bool = True
+                    ) -> Tensor:
         """This rank's ``[S θ | ‖θ‖² | non-finite count]`` (m + 2,) float64 on ``device`` for the replica
-        check; without ``weights`` a row of NaN with the count −1 ("not given").
+        check; a row of NaN with the count ``NOT_GIVEN`` without ``weights``, ``NOT_DUE`` when not
+        ``due`` (nothing read; ``naig.monitor.replicas``).
 
         Weights on several devices (a model spread over GPUs) are packed device by device and
         added (the sketch is linear and keyed by names: the sum is the whole layout's payload).
@@ -238,9 +240,9 @@ class Monitor:
         Raises:
             UsageError: ``weights`` empty or not float tensors (naming the tensor).
         """
-        if weights is None:
+        if weights is None or not due:
             row = torch.full((self.blocks * 14 + 2,), math.nan, dtype=torch.float64, device=device)
-            row[-1] = -1.0
+            row[-1] = NOT_DUE if not due else NOT_GIVEN
             return row
         if not isinstance(weights, Mapping):
             raise UsageError(f"got {a_type(weights)}; pass {{name: weight}}, e.g. "
@@ -359,8 +361,9 @@ class Monitor:
             dots: (K,) exact ⟨g_k, ḡ⟩ (with ``sq_dists``), or None: sketch estimates.
             sq_dists: (K,) exact ‖g_k − ḡ‖², or None.
             weights: (K, m + 2) float64 every rank's ``weights_row`` for the replica check
-                (``naig.monitor.replicas``), or None (not a check step: ranks named at the last
-                check stay named). Rows with the count −1 were not given: none given, no check.
+                (``naig.monitor.replicas``), or None: no check (ranks named at the last check stay
+                named). Rows with the count ``NOT_DUE`` (every rank's): no check either; ``NOT_GIVEN``
+                (every rank's): a check step without weights, which clears the names.
             where: given the decision, rank → where its gradient departs most (for the line).
 
         Returns:
@@ -368,7 +371,8 @@ class Monitor:
 
         Raises:
             UsageError: payloads of the wrong shape.
-            DataError: ``weights`` given on some ranks only (naming the others).
+            DataError: ``weights`` given on some ranks only, or ranks at another step than others
+                (naming them).
         """
         rows = gathered if isinstance(gathered, np.ndarray) else gathered.detach().cpu().numpy()
         if self.detector is None:
@@ -417,9 +421,9 @@ class Monitor:
         if not isinstance(state, Mapping) or state.get("version") != 1 or "detector" not in state:
             raise UsageError("not a Monitor.state_dict() of version 1", field="state")
         det = state["detector"]
-        self.replicas.load_state_dict(state.get("replicas", {"named": []}))
         if det is None:
             self.detector = None
+            self.replicas.load_state_dict(state.get("replicas", {"named": []}))
             return
         world = det.get("settings", {}).get("world") if isinstance(det, Mapping) else None
         if not isinstance(world, int) or world < 1:
@@ -429,6 +433,7 @@ class Monitor:
                              field="world", value=world)
         detector = Detector(world, **self._detector_args, quiet=True)
         detector.load_state_dict(dict(det))
+        self.replicas.load_state_dict(state.get("replicas", {"named": []}))  # after every check passed
         self.detector = detector
 
     def _sketch(self, layout: tuple[tuple[str, int], ...], device: torch.device) -> MonitorSketch:
@@ -494,11 +499,13 @@ def _layout_message(prints: np.ndarray) -> str:
 
 
 def _given(weights: Tensor | np.ndarray | None, world: int) -> np.ndarray | None:
-    """The gathered weights rows (K, m + 2) float64, or None when no rank gave its weights.
+    """The gathered weights rows (K, m + 2) float64 for ``ReplicaCheck.update``: None when this is
+    no check step, an empty (0, m + 2) array for a check step at which no rank gave its weights.
 
     Raises:
         UsageError: not (K, m + 2) rows.
-        DataError: some ranks gave their weights and others did not (naming them).
+        DataError: some ranks gave their weights and others did not, or some are at a check step and
+            others are not (naming them).
     """
     if weights is None:
         return None
@@ -506,9 +513,16 @@ def _given(weights: Tensor | np.ndarray | None, world: int) -> np.ndarray | None
     rows = rows.astype(np.float64, copy=False)
     if rows.ndim != 2 or rows.shape[0] != world:
         raise UsageError(f"expected ({world}, 14*R + 2) rows, got {rows.shape}", field="weights")
-    missing = rows[:, -1] == -1.0
-    if missing.all():
+    idle = rows[:, -1] == NOT_DUE
+    if idle.all():
         return None
+    if idle.any():
+        raise DataError(f"ranks {np.flatnonzero(idle).tolist()} are not at a replica-check step and ranks "
+                        f"{np.flatnonzero(~idle).tolist()} are: their monitors count steps differently (load "
+                        "the same Monitor state on every rank)")
+    missing = rows[:, -1] == NOT_GIVEN
+    if missing.all():
+        return rows[:0]
     if missing.any():
         raise DataError(f"ranks {np.flatnonzero(missing).tolist()} gave no weights to the replica check "
                         "and the others did: pass observe(..., weights=...) on every rank or on none")

@@ -13,7 +13,14 @@ while the weights themselves differ at once.
 by default) each rank packs its parameters as it packs its gradient,
 ``[S θ_k | ‖θ_k‖² | non-finite count]`` (``naig.monitor.signals.pack_tensors``: one read of the
 weights, the monitor's sketch keyed by the parameters' names), one more row of the step's one
-all-gather (14·R + 2 floats). Between checks nothing is read or sent.
+all-gather (14·R + 2 floats). The row travels at every step, so that the payload's width never
+depends on a rank's step count (ranks whose counts disagree, e.g. a monitor state loaded on one
+rank only, would otherwise gather different sizes and crash): between checks it is NaN with the
+count ``NOT_DUE`` (−2), nothing read; at a check, a rank given no weights sends the count
+``NOT_GIVEN`` (−1). A check where some ranks are due and others are not is a ``DataError``
+naming them. The DDP hook reads the weights at the step's first bucket, before any of the step's
+reductions can have completed (an optimizer overlapped with DDP, such as ZeRO's
+``overlap_with_ddp``, updates parameters as their buckets finish).
 
 **The test.** With s̃ the coordinate-wise median of the ranks' sketches and ñ the median of their
 norms ‖θ_k‖, rank k departs by
@@ -36,7 +43,15 @@ of the two and both depart alike: both are named, since which one is wrong canno
 **Between checks** a named rank stays named (its weights do not come back by themselves): from
 the check that found it to the check that finds it back in agreement, every step's decision
 names it (``Flag(rank, "weights", "mismatch", u, TOLERANCE, since)``, ``since`` the check that
-first found it), so ``skip``, ``exclude`` and ``raise`` act at every step in between.
+first found it). A check step at which no rank gives its weights, or ``every`` = 0, clears them
+(nothing vouches for them any more).
+
+**Actions.** No action repairs desynchronised weights (restore every rank from one checkpoint);
+what each does (``action_ranks``): ``raise`` stops the run at the check; ``exclude`` leaves the
+named ranks out of the mean at every step while a majority agrees (K ≥ 3: training goes on from
+the majority's gradients, computed at the right weights), and leaves nobody out for them at K = 2
+or with no majority (excluding every rank would stop training); ``skip`` does not skip for them
+(skipping every step would stop training without a word); ``log`` and ``warn`` record it.
 
 **Where it runs.** ``MonitorHook`` (DDP, and the Lightning, Accelerate and Trainer callbacks
 built on it) and ``Monitor.observe(weights=...)``. Not under FSDP2: its weights are sharded,
@@ -51,16 +66,21 @@ import math
 import numpy as np
 
 from naig.errors import UsageError
-from naig.monitor.detectors import Flag
+from naig.monitor.detectors import Decision, Flag
 from naig.sketch.core import SKETCH_DIM
 
-__all__ = ["TOLERANCE", "WEIGHTS_EVERY", "ReplicaCheck", "check_every", "replica_departure"]
+__all__ = ["NOT_DUE", "NOT_GIVEN", "TOLERANCE", "WEIGHTS_EVERY", "ReplicaCheck", "action_ranks",
+           "check_every", "gradient_flagged", "replica_departure"]
 
 WEIGHTS_EVERY = 8
 """Steps between replica checks by default (steps 1, 9, 17, …): a desynchronised rank is named at
 most 7 steps after it departs, for one read of the weights per 8 steps."""
 TOLERANCE = 1e-5
 """The relative departure u above which a rank's weights differ from the others' (see the module)."""
+NOT_GIVEN = -1.0
+"""The count of a weights row that carries no weights at a check step (``observe`` without them)."""
+NOT_DUE = -2.0
+"""The count of the NaN weights row every rank sends between checks (nothing read)."""
 
 
 def check_every(value: object) -> int:
@@ -131,9 +151,13 @@ class ReplicaCheck:
 
         Args:
             step: the step being decided (1-based, the detector's).
-            rows: (K, 14·R + 2) every rank's weights payload, or None between checks.
+            rows: (K, 14·R + 2) every rank's weights payload at a check, an empty (0, ·) array for a
+                check step at which no rank gave its weights (clears the names), or None between
+                checks.
         """
-        if rows is not None:
+        if self.every == 0 or (rows is not None and len(rows) == 0):
+            self.named = {}
+        elif rows is not None:
             u = replica_departure(rows)
             self.named = {k: (self.named.get(k, (step, 0.0))[0], float(u[k]))
                           for k in range(len(u)) if len(u) > 1 and not u[k] <= self.tolerance}
@@ -157,3 +181,20 @@ class ReplicaCheck:
         except (KeyError, TypeError, ValueError):
             raise UsageError("malformed replica-check state (expected {'named': [[rank, since, u], ...]})",
                              field="state") from None
+
+
+def action_ranks(decision: Decision) -> tuple[int, ...]:
+    """The ranks an action leaves out of the mean (``exclude``), ascending (see "Actions").
+
+    Every rank a gradient test or the non-finite check named; a rank named only by the replica
+    check when the ranks so named are fewer than half of K (a majority agrees).
+    """
+    by_gradient = {f.rank for f in decision.flags if f.signal != "weights"}
+    by_weights = {f.rank for f in decision.flags if f.signal == "weights"} - by_gradient
+    keep_out = by_gradient | (by_weights if 2 * len(by_weights) < decision.world else set())
+    return tuple(sorted(keep_out))
+
+
+def gradient_flagged(decision: Decision) -> bool:
+    """Whether a gradient test or the non-finite check named a rank (what ``skip`` acts on)."""
+    return any(f.signal != "weights" for f in decision.flags)
