@@ -81,6 +81,18 @@ class GradientMonitor:
         ignore = module.parameters_to_ignore if isinstance(module, nn.parallel.DistributedDataParallel) else \
             getattr(inner, "_ddp_params_and_buffers_to_ignore", ())
         self.weights = replicated_weights(inner, self.monitor, ignore) if self.replicated else {}
+
+    @property
+    def weights(self) -> dict[str, Tensor]:
+        """The parameters the replica check reads (``replicated_weights``), those still alive: the
+        monitor keeps weak references, so that it never keeps a model (and through DDP's reducer,
+        its process group) alive past its owner."""
+        live = {n: r() for n, r in self._weights.items()}
+        return {n: p for n, p in live.items() if p is not None}
+
+    @weights.setter
+    def weights(self, params: Mapping[str, Tensor]) -> None:
+        self._weights = {n: weakref.ref(p) for n, p in params.items()}
         self.step = 0
         self.decision: Decision | None = None
         self.parts: list[_Part] = []
@@ -102,6 +114,7 @@ class GradientMonitor:
         for _, handle in self._optimizers:
             handle.remove()
         self._optimizers, self.decision, self.parts, self.detached = [], None, [], True
+        self._gathered, self._weights_row = None, None  # no collective's work or buffer kept alive
 
     # ---------------------------------------------------------------- the optimizer side
 
@@ -185,9 +198,10 @@ class GradientMonitor:
         """Keep a part's payload; at the step's ``last`` part start the step's one all-gather of them
         (before that part is reduced: see ``Monitor.start_gather``)."""
         part = _Part(index, names, payload)
-        if not self.parts and self.weights and self.monitor.world > 1:  # read before any reduction ends
-            self._weights_row = self.monitor.weights_row(self.weights, payload.device,
-                                                         due=self.monitor.weights_due())
+        if not self.parts and self._weights and self.monitor.world > 1:  # read before any reduction ends
+            due = self.monitor.weights_due()
+            weights = (self.weights or None) if due else None  # None: "not given" (the model is gone)
+            self._weights_row = self.monitor.weights_row(weights, payload.device, due=due)
         self.parts.append(part)
         if last:
             stacked = torch.stack([p.payload for p in self.parts])
