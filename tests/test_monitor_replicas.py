@@ -289,3 +289,21 @@ def test_the_parameters_ddp_ignores_are_left_out():
         assert set(hook.weights) == {"0.weight", "0.bias", "1.bias"}
         hook.register(ddp)
         assert set(hook.weights) == {"0.weight", "0.bias", "1.bias"}
+
+
+def test_register_after_attach_keeps_the_optimizer_and_the_step_count():
+    """register() sets the replica check's parameters again (DDP's ignore list) and nothing else."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from naig.monitor import MonitorHook
+
+    with process_group_in_this_process():
+        model = nn.Linear(3, 2)
+        ddp = DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        hook = MonitorHook(model, Monitor(action="skip")).attach(opt)
+        hook.register(ddp)
+        with pytest.warns(UserWarning, match="warm-up"):
+            ddp(torch.randn(4, 3)).square().mean().backward()  # skip without an optimizer would refuse
+        opt.step()
+        assert hook.step == 1 and hook.decision is not None and not hook.decision.flagged

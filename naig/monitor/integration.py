@@ -81,6 +81,14 @@ class GradientMonitor:
         ignore = module.parameters_to_ignore if isinstance(module, nn.parallel.DistributedDataParallel) else \
             getattr(inner, "_ddp_params_and_buffers_to_ignore", ())
         self.weights = replicated_weights(inner, self.monitor, ignore) if self.replicated else {}
+        self.step = 0
+        self.decision: Decision | None = None
+        self.parts: list[_Part] = []
+        self.extra_bytes = 0  # bytes this rank sent beyond the framework's own in the latest step
+        self._sketches: dict[tuple, MonitorSketch] = {}
+        self._optimizers: list[tuple[weakref.ref, Any]] = []
+        self._applied: dict[int, int] = {}
+        self.detached = False
 
     @property
     def weights(self) -> dict[str, Tensor]:
@@ -93,14 +101,6 @@ class GradientMonitor:
     @weights.setter
     def weights(self, params: Mapping[str, Tensor]) -> None:
         self._weights = {n: weakref.ref(p) for n, p in params.items()}
-        self.step = 0
-        self.decision: Decision | None = None
-        self.parts: list[_Part] = []
-        self.extra_bytes = 0  # bytes this rank sent beyond the framework's own in the latest step
-        self._sketches: dict[tuple, MonitorSketch] = {}
-        self._optimizers: list[tuple[weakref.ref, Any]] = []
-        self._applied: dict[int, int] = {}
-        self.detached = False
 
     def detach(self) -> None:
         """Remove what this monitor registered; it neither reads, gathers nor acts from now on.
