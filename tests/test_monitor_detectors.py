@@ -633,7 +633,8 @@ def test_leave_one_out_medians_and_spreads_equal_sorting_each_ranks_others(
         t: int, k: int, seed: int, levels: int, missing: float) -> None:
     """Both ways (a sorted copy per rank, up to DENSE_RANKS; one sort for all above it) give each
     rank's median and MAD of the other ranks' values bit for bit as sorting that rank's own list,
-    with ties (values from a few levels), missing values and ranks without any."""
+    with ties (values from a few levels), missing values and ranks without any; several signals' rows
+    at once (median_of_others of a (T, K) array) give each row's own."""
     import unittest.mock
 
     import naig.monitor.detectors as detectors
@@ -654,6 +655,8 @@ def test_leave_one_out_medians_and_spreads_equal_sorting_each_ranks_others(
             assert np.array_equal(median, mid, equal_nan=True)
             assert np.array_equal(spread, mad, equal_nan=True)
             assert np.array_equal(median_of_others(x, ref), row_only, equal_nan=True)
+            each = np.array([median_of_others(r, ref) for r in rows])
+            assert np.array_equal(median_of_others(rows, ref), each, equal_nan=True)
 
 
 @pytest.mark.parametrize("k", [70, 130])

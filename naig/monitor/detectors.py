@@ -953,6 +953,11 @@ class Detector:
         self.action = check_action(action)
         self.quiet = quiet
         self.blind = frozenset(s for s in self.signals if s != "norm") if self.world <= 2 else frozenset()
+        self._blind = np.array([s in self.blind for s in self.signals])  # (S,) masks of the signals
+        self._own = np.array([s in _OWN_NULL for s in self.signals])
+        self._two = np.array([SIDES[s] == "both" for s in self.signals])
+        self._transient_on = np.array([self._applies(s, "transient") for s in self.signals])
+        self._cusum_on = np.array([self._applies(s, "cusum") and self.world > 2 for s in self.signals])
         if self.world == 2 and self.blind and not quiet:
             warn_caller(TWO_RANKS)
         self.alpha = self.false_alarm / (self.world * self.tests_per_rank)
@@ -1029,6 +1034,7 @@ class Detector:
 
     def _update(self, sig: RankSignals) -> Decision:
         self.scored = None
+        self._stats.pop("thresholds", None)  # pool and calibration move between steps
         if sig.world != self.world:
             raise UsageError(f"signals of {sig.world} ranks for a detector of {self.world}", field="world",
                              value=sig.world)
@@ -1146,33 +1152,37 @@ class Detector:
         return c, trial, rest, rest_ref
 
     def _pass(self, sig: RankSignals, active: np.ndarray, ref: np.ndarray, *, scored: bool) -> _Pass:
-        """Every signal's centred values, u, candidate CUSUM statistics and flags for ``active`` ranks."""
-        k = self.world
-        out = _Pass(self, {}, {}, np.full_like(self.stat, np.nan), self.start.copy(), [])
+        """Every signal's centred values y, normalised u, candidate CUSUM statistics and flags for
+        ``active`` ranks: one (S, K) array per quantity, S = len(``signals``), every signal at once."""
+        k, n = self.world, len(self.signals)
+        out = _Pass(self, None, None, np.full_like(self.stat, np.nan), self.start.copy(), [])
         if not active.any():
             return out
         mean_ref = active & sig.usable
         cur = sig if np.array_equal(sig.reference, mean_ref) else sig.with_reference(mean_ref)
-        for i, name in enumerate(self.signals):
-            if name in self.blind:
-                out.y[name] = out.u[name] = np.full(k, np.nan)
-                continue
-            x = np.where(active, signal_values(cur, name), np.nan)
-            y = x if k <= 2 or name in _OWN_NULL else x - median_of_others(x, ref)
-            out.y[name] = y
-            if not scored:
-                out.u[name] = np.full(k, np.nan)
-                continue
-            if name in _OWN_NULL:
-                u = y
-            else:
-                u = self._individual(name, y) if k <= 2 else self._normalise(name, y)
-            out.u[name] = u
-            self._flags(out, i, name, u)
+        seen = ~self._blind
+        y = np.full((n, k), np.nan)
+        if seen.any():
+            x = np.stack([signal_values(cur, s) for s, on in zip(self.signals, seen, strict=True) if on])
+            y[seen] = np.where(active, x, np.nan)
+        centre = seen & ~self._own if k > 2 else np.zeros(n, dtype=bool)
+        if centre.any():
+            y[centre] -= median_of_others(y[centre], ref)
+        out.y = y
+        out.u = u = y.copy() if scored else np.full((n, k), np.nan)
+        rows = seen & ~self._own
+        if scored and rows.any():
+            u[rows] = self._individual(y[rows], rows) if k <= 2 else self._normalise(y[rows], rows)
+        if scored and seen.any():
+            self._flags(out, u, seen)
         return out
 
-    def _normalise(self, name: str, y: np.ndarray) -> np.ndarray:
-        return (y - self._pool_stats(name)[0]) / np.maximum(self._scale(name), self.min_scale)
+    def _normalise(self, y: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """(len(y), K) u = (y − m) / max(s_k, ``min_scale``) of the signals ``rows`` selects (y: theirs)."""
+        names = [s for s, on in zip(self.signals, rows, strict=True) if on]
+        loc = np.array([self._pool_stats(s)[0] for s in names])
+        scale = np.stack([self._scale(s) for s in names])
+        return (y - loc[:, None]) / np.maximum(scale, self.min_scale)
 
     def _fitted(self, name: str) -> tuple[float, float]:
         """(t, h) fitted on the signal's tail record (NaN where it is too short; see "Tails")."""
@@ -1201,46 +1211,67 @@ class Detector:
         loc, scale, _ = self._pool_stats(name)
         return (pool - loc) / max(scale, self.min_scale) if len(pool) and math.isfinite(scale) else rec
 
-    def _individual(self, name: str, y: np.ndarray) -> np.ndarray:
-        """K ≤ 2: the robust z of each rank's own value against its own pooled history."""
-        hist = np.array(self.pool[name]) if self.pool[name] else np.zeros((0, self.world))
-        z = np.full(self.world, np.nan)
-        for r in np.flatnonzero(np.isfinite(y)):
-            col = hist[:, r][np.isfinite(hist[:, r])]
-            if len(col) >= 3:
-                z[r] = robust_z(float(y[r]), col, self.min_scale)
-        return z
+    def _individual(self, y: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """K ≤ 2: each rank's robust z (``robust_z``) against its own pooled history, for the signals
+        ``rows`` selects (y: their (len(y), K) values; NaN where fewer than 3 finite values are pooled)."""
+        out = np.full(y.shape, np.nan)
+        for j, name in enumerate(s for s, on in zip(self.signals, rows, strict=True) if on):
+            if not self.pool[name]:
+                continue
+            hist = np.array(self.pool[name]).T  # (K, T)
+            count = np.isfinite(hist).sum(axis=1)
+            med = _nan_median_rows(hist)
+            scale = np.maximum(MAD_SCALE * _nan_median_rows(np.abs(hist - med[:, None])), self.min_scale)
+            ok = np.isfinite(y[j]) & (count >= 3)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                z = np.where(scale == 0.0, np.where(y[j] == med, 0.0, np.copysign(np.inf, y[j] - med)),
+                             (y[j] - med) / scale)
+            out[j] = np.where(ok, z, np.nan)
+        return out
 
     def _pool_stats(self, name: str) -> tuple[float, float, int]:
-        """(median, 1.4826·MAD, n) of the pooled finite values of a signal (cached until the pool moves)."""
-        if name not in self._stats:
-            v = np.concatenate(list(self.pool[name])) if self.pool[name] else np.zeros(0)
-            v = v[np.isfinite(v)]
-            if len(v) == 0:
-                self._stats[name] = (0.0, math.nan, 0)
-            else:
-                med = pooled_median(v)
-                self._stats[name] = (med, MAD_SCALE * pooled_median(np.abs(v - med)), len(v))
-        return self._stats[name]
+        """(median, 1.4826·MAD, n) of the pooled finite values of a signal (0, NaN, 0 when there are
+        none; cached until the pool moves)."""
+        loc, scale, n, _ = self._all_stats()
+        i = self.signals.index(name)
+        return float(loc[i]), float(scale[i]), int(n[i])
 
     def _scale(self, name: str) -> np.ndarray:
         """(K,) each rank's scale: the larger of the pooled one and the spread of the other ranks over
         the last ``RECENT_STEPS`` steps (1.4826·MAD about their median; see "Scale that keeps up")."""
-        key = "recent:" + name
-        if key not in self._stats:
-            scale = np.full(self.world, self._pool_stats(name)[1])
-            if self.recent[name]:
-                count, _, loo = stats_of_others(np.array(self.recent[name]))  # of the (T, K) rows
-                enough = count >= 2 * RECENT_STEPS
-                scale = np.where(enough & (loo > scale), loo, scale)
-            self._stats[key] = scale
-        return self._stats[key]
+        return self._all_stats()[3][self.signals.index(name)]
+
+    def _all_stats(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(S,) pooled medians, (S,) pooled scales, (S,) pooled counts and (S, K) scales of each rank
+        (``_scale``) of every signal at once, cached until the pool moves."""
+        if "all" not in self._stats:
+            pool = _stacked([self.pool[s] for s in self.signals], self.world)  # (S, T, K)
+            v = pool.reshape(len(pool), -1)
+            n = np.isfinite(v).sum(axis=1)
+            if v.shape[1] <= SORTED_POOL:  # one sort of every signal's values
+                med = _nan_median_rows(v)
+                mad = _nan_median_rows(np.abs(v - med[:, None]))
+            else:  # large pools: a partition per signal (O(n), see pooled_median)
+                med, mad = np.full(len(v), np.nan), np.full(len(v), np.nan)
+                for i, row in enumerate(v):
+                    row = row[np.isfinite(row)]
+                    if len(row):
+                        med[i] = pooled_median(row)
+                        mad[i] = pooled_median(np.abs(row - med[i]))
+            loc, scale = np.where(n > 0, med, 0.0), MAD_SCALE * mad
+            ranks = np.broadcast_to(scale[:, None], (len(v), self.world)).copy()
+            recent = _stacked([self.recent[s] for s in self.signals], self.world)  # (S, T', K)
+            if recent.shape[1]:
+                count, loo = _recent_spread(recent)
+                ranks = np.where((count >= 2 * RECENT_STEPS) & (loo > ranks), loo, ranks)
+            self._stats["all"] = (loc, scale, n, ranks)
+        return self._stats["all"]
 
     def _transient_threshold(self, name: str) -> float:
         if name in _OWN_NULL:
             return self._drift_threshold()
         if self.world <= 2:
-            n = min(sum(1 for _ in self.pool[name]), NULL_MAX_N)
+            n = min(len(self.pool[name]), NULL_MAX_N)
         else:
             n = self._pool_stats(name)[2]
         sizes = [s for s in POOL_SIZES if s <= n]
@@ -1249,31 +1280,49 @@ class Detector:
         t = robust_threshold(self.alpha, sizes[-1], SIDES[name])
         return t if self.world <= 2 else max(t, self._fitted(name)[0])
 
-    def _flags(self, out: _Pass, i: int, name: str, u: np.ndarray) -> None:
-        """Transient and CUSUM flags of one signal into ``out`` (candidate statistics too)."""
+    def _thresholds_now(self, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(S,) this step's transient t and CUSUM h of each signal (NaN where the test does not run or
+        the signal is not seen), computed once per step."""
+        if "thresholds" not in self._stats:
+            n = len(self.signals)
+            t, h = np.full(n, np.nan), np.full(n, np.nan)
+            for i, name in enumerate(self.signals):
+                if not seen[i]:
+                    continue
+                if self._transient_on[i]:
+                    t[i] = self._transient_threshold(name)
+                if self._cusum_on[i]:
+                    h[i] = self.cusum_threshold_of(name)
+            self._stats["thresholds"] = (t, h)
+        return self._stats["thresholds"]
+
+    def _flags(self, out: _Pass, u: np.ndarray, seen: np.ndarray) -> None:
+        """Transient and CUSUM flags of every seen signal into ``out`` (candidate statistics too), in
+        signal order; for each signal its transient flags by rank, then its CUSUM flags by rank and side."""
+        t, h = self._thresholds_now(seen)
         ok = np.isfinite(u)
-        two = SIDES[name] == "both"
-        if self._applies(name, "transient"):
-            t = self._transient_threshold(name)
-            with np.errstate(invalid="ignore"):
-                over = ok & ((u > t) | ((u < -t) if two else False))
-            for r in np.flatnonzero(over):  # ranks in order; usually none
-                out.flags.append(Flag(int(r), name, "transient", float(u[r]), t, self.step))
-        if not self._applies(name, "cusum") or self.world <= 2:
-            return
-        h = self.cusum_threshold_of(name)
-        inc = np.clip(np.where(ok, u, 0.0), -self.clip, self.clip)
-        old = self.stat[i]
-        new = np.stack([np.maximum(0.0, old[:, 0] + inc - self.delta),
-                        np.maximum(0.0, old[:, 1] - inc - self.delta) if two else np.zeros(self.world)], 1)
-        new[~ok] = old[~ok]
-        start = np.where((old == 0) & (new > 0), self.step, np.where(new > 0, self.start[i], 0))
-        out.cand[i], out.start[i] = new, start
+        two = self._two[:, None]
         with np.errstate(invalid="ignore"):
-            hit = ok[:, None] & (new > h)
-        for r, side in np.argwhere(hit):  # rank-major, then side; usually none
-            z = float(new[r, side]) * (1 if side == 0 else -1)
-            out.flags.append(Flag(int(r), name, "cusum", z, h, int(start[r, side])))
+            over = ok & ((u > t[:, None]) | (two & (u < -t[:, None])))  # NaN t: no transient test
+        cus = seen & self._cusum_on
+        hit = np.zeros((len(u), self.world, 2), dtype=bool)
+        if cus.any():
+            inc = np.clip(np.where(ok[cus], u[cus], 0.0), -self.clip, self.clip)
+            old = self.stat[cus]
+            new = np.stack([np.maximum(0.0, old[..., 0] + inc - self.delta),
+                            np.where(two[cus], np.maximum(0.0, old[..., 1] - inc - self.delta), 0.0)], -1)
+            new[~ok[cus]] = old[~ok[cus]]
+            start = np.where((old == 0) & (new > 0), self.step, np.where(new > 0, self.start[cus], 0))
+            out.cand[cus], out.start[cus] = new, start
+            with np.errstate(invalid="ignore"):
+                hit[cus] = ok[cus][..., None] & (new > h[cus][:, None, None])
+        for i in np.flatnonzero(over.any(axis=1) | hit.any(axis=(1, 2))):  # usually none
+            name = self.signals[i]
+            for r in np.flatnonzero(over[i]):
+                out.flags.append(Flag(int(r), name, "transient", float(u[i, r]), float(t[i]), self.step))
+            for r, side in np.argwhere(hit[i]):
+                z = float(out.cand[i, r, side]) * (1 if side == 0 else -1)
+                out.flags.append(Flag(int(r), name, "cusum", z, float(h[i]), int(out.start[i, r, side])))
 
     def _commit(self, first: _Pass, last: _Pass, kept: dict[int, _Pass], flags: list[Flag],
                 usable: np.ndarray) -> None:
@@ -1303,33 +1352,24 @@ class Detector:
         """Pool the first pass's centred values of the ``keep`` ranks (K ≤ 2: only on unflagged steps)."""
         if flags and self.world <= 2:
             return
-        for name in self.signals:
-            y = first.y.get(name)
-            if y is None:
-                continue
-            self.pool[name].append(np.where(keep, y, np.nan))
-            self.recent[name].append(np.where(keep, y, np.nan))
-            self._stats.pop(name, None)
-            self._stats.pop("recent:" + name, None)
-            u = first.u.get(name)
-            if self.world > 2 and u is not None and np.isfinite(u[keep]).any():
-                self.tails[name].append(np.where(keep, u, np.nan))
+        if first.y is not None:
+            y, u = np.where(keep, first.y, np.nan), np.where(keep, first.u, np.nan)
+            tail = self.world > 2 and np.isfinite(first.u[:, keep]).any(axis=1)
+            for i, name in enumerate(self.signals):
+                self.pool[name].append(y[i])
+                self.recent[name].append(y[i])
+                if tail[i] if self.world > 2 else False:
+                    self.tails[name].append(u[i])
+            self._stats.clear()
         self.fresh += 1
         if self.fresh >= RECALIBRATE * (1 if len(self.tails[self.signals[0]]) < TAIL_STEPS // 16 else 4):
             self.calibration, self.fresh = {}, 0
 
     def _thresholds(self) -> dict[str, dict[str, float]]:
-        out: dict[str, dict[str, float]] = {s: {} for s in self.scores}
-        warming = self.warming
-        for name in self.signals:
-            blind = name in self.blind or warming
-            if "transient" in self.scores:
-                off = blind or not self._applies(name, "transient")
-                out["transient"][name] = math.nan if off else self._transient_threshold(name)
-            if "cusum" in self.scores:
-                off = blind or self.world <= 2 or not self._applies(name, "cusum")
-                out["cusum"][name] = math.nan if off else self.cusum_threshold_of(name)
-        return out
+        n = len(self.signals)
+        t, h = (np.full(n, np.nan),) * 2 if self.warming else self._thresholds_now(~self._blind)
+        return {score: dict(zip(self.signals, (t if score == "transient" else h).tolist(), strict=True))
+                for score in self.scores}
 
     def state_dict(self) -> dict:
         """The whole state as plain JSON values (NaN as None): settings, step, pool, CUSUM, namings."""
@@ -1476,6 +1516,10 @@ def _rows(rows: list, k: int, maxlen: int) -> deque[np.ndarray]:
                   for row in rows), maxlen=maxlen)
 
 
+SORTED_POOL = 1024
+"""Up to this many pooled values per signal (window × K) the pooled medians of every signal come
+from one sort of an (S, window × K) array; above it, from a partition per signal."""
+
 DENSE_RANKS = 48
 """Up to this many ranks the leave-one-out medians sort each rank's copy of the others' values
 (K small rows in one numpy call); above it ``_LeaveOneOut`` sorts once. Measured per signal and
@@ -1508,20 +1552,49 @@ def _others(k: int) -> np.ndarray:
 
 
 def median_of_others(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """(K,) for each rank k, the median of x_j over the ranks j ≠ k in ``ref`` with finite x_j
-    (NaN when there is none): the centring of every signal (see "Normalisation").
+    """For each rank k, the median of x_j over the ranks j ≠ k in ``ref`` with finite x_j (NaN when
+    there is none): the centring of every signal (see "Normalisation"), of one signal or several.
 
     Args:
-        x: (K,) float64 values.
+        x: (K,) or (S, K) float64 values (S signals: each row on its own).
         ref: (K,) bool, the reference ranks.
+
+    Returns:
+        x's shape.
     """
-    k = len(x)
-    v = np.where(ref & np.isfinite(x), x, np.nan)
+    v = np.atleast_2d(np.where(ref & np.isfinite(x), x, np.nan))
+    s, k = v.shape
     if k > DENSE_RANKS:
-        return _LeaveOneOut(v[None, :]).median()
-    m = np.broadcast_to(v, (k, k)).copy()
-    np.fill_diagonal(m, np.nan)
-    return _nan_median_rows(m)
+        out = np.stack([_LeaveOneOut(row[None, :]).median() for row in v])
+    else:
+        m = np.broadcast_to(v[:, None, :], (s, k, k)).copy()
+        m[:, np.arange(k), np.arange(k)] = np.nan
+        out = _nan_median_rows(m.reshape(s * k, k)).reshape(s, k)
+    return out.reshape(np.shape(x))
+
+
+def _stacked(rows: list[deque[np.ndarray]], k: int) -> np.ndarray:
+    """(S, T, K) float64 of S deques of (K,) rows, the shorter ones padded with NaN rows in front."""
+    t = max((len(r) for r in rows), default=0)
+    if all(len(r) == t for r in rows):
+        return np.array([list(r) for r in rows], dtype=np.float64).reshape(len(rows), t, k)
+    out = np.full((len(rows), t, k), np.nan)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, t - len(r):] = np.array(r)
+    return out
+
+
+def _recent_spread(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``stats_of_others``'s counts and spreads of each of S signals' (T, K) rows: (S, K) each."""
+    s, _, k = rows.shape
+    if k > DENSE_RANKS:
+        stats = [stats_of_others(r) for r in rows]
+        return np.stack([c for c, _, _ in stats]), np.stack([loo for _, _, loo in stats])
+    v = rows[:, :, _others(k)].transpose(0, 2, 1, 3).reshape(s * k, -1)  # (S·K, T·(K − 1))
+    mid = _nan_median_rows(v)
+    loo = MAD_SCALE * _nan_median_rows(np.abs(v - mid[:, None]))
+    return np.isfinite(v).sum(axis=1).reshape(s, k), loo.reshape(s, k)
 
 
 def stats_of_others(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -1621,11 +1694,12 @@ def _median_skipping(values: np.ndarray, rows: np.ndarray, removed: np.ndarray, 
 
 @dataclass
 class _Pass:
-    """One scoring pass: centred values y, normalised u, candidate CUSUM statistics, flags."""
+    """One scoring pass: (S, K) centred values y and normalised u (None: no rank was active),
+    (S, K, 2) candidate CUSUM statistics and their starts, flags."""
 
     det: Detector
-    y: dict[str, np.ndarray]
-    u: dict[str, np.ndarray]
+    y: np.ndarray | None
+    u: np.ndarray | None
     cand: np.ndarray
     start: np.ndarray
     flags: list[Flag]
@@ -1642,17 +1716,14 @@ class _View:
 
     @classmethod
     def of(cls, det: Detector, last: _Pass, kept: dict[int, _Pass]) -> _View:
-        k = det.world
-        transient, cusum = {}, {}
-        for i, n in enumerate(det.signals):
-            u = np.array(last.u.get(n, np.full(k, np.nan)), dtype=np.float64)
-            c = last.cand[i].copy()
-            for r, p in kept.items():
-                u[r] = p.u.get(n, np.full(k, np.nan))[r]
-                c[r] = p.cand[i, r]
-            transient[n] = tuple(u.tolist())
-            cusum[n] = tuple(np.where(c[:, 1] > c[:, 0], -c[:, 1], c[:, 0]).tolist())
-        return cls(transient, cusum)
+        u = np.full(det.stat.shape[:2], np.nan) if last.u is None else last.u.copy()  # (S, K)
+        c = last.cand.copy()  # (S, K, 2)
+        for r, p in kept.items():
+            u[:, r] = np.nan if p.u is None else p.u[:, r]
+            c[:, r] = p.cand[:, r]
+        signed = np.where(c[..., 1] > c[..., 0], -c[..., 1], c[..., 0])
+        return cls({n: tuple(row) for n, row in zip(det.signals, u.tolist(), strict=True)},
+                   {n: tuple(row) for n, row in zip(det.signals, signed.tolist(), strict=True)})
 
 
 def _check_int(value: object, name: str, low: int) -> int:
