@@ -110,6 +110,7 @@ from torch import Tensor
 from naig.energy import energy
 from naig.errors import UsageError
 from naig.metric import DEFAULT_LINE, fano_fisher_metric, parse_line
+from naig.monitor.detectors import pooled_median
 from naig.sketch.core import SKETCH_DIM, check_seed
 from naig.sketch.layout_sketch import LayoutSketch
 
@@ -558,7 +559,7 @@ def _signals(inp: _Inputs, usable: np.ndarray, ref: np.ndarray) -> RankSignals:
     drift = s - s[ref].mean(axis=0)
     e = np.where(usable, energy(drift.reshape(k, r, SKETCH_DIM), _psi(inp.line)).mean(axis=1), np.nan)
     norms = np.sqrt(np.where(usable, sq, np.nan))
-    med = float(np.median(norms[ref]))
+    med = pooled_median(norms[ref])  # np.median's value (finite), without its overhead
     rel = norms / med if med > 0 else nan.copy()  # NaN for unusable ranks (norms is NaN there)
     exact_ok = inp.dots is not None and bool(ref.all()) and bool(
         np.isfinite(inp.dots).all() and np.isfinite(inp.sq_dists).all())
