@@ -6,8 +6,10 @@ all-gather, whatever the model size: ``rank_signals`` on the (K, 14·R + 2) payl
 and R = 1, 4. Payloads are drawn as K noisy copies of one gradient's sketch (no rank flagged).
 Each configuration first runs ``--warmup`` steps (past the detectors' 32-step window and their
 one-off calibration), then ``--steps`` timed steps; printed: the median µs per step (this thread's
-CPU time, ``time.thread_time``, so that other load on a shared machine does not count) and the
-90th percentile.
+CPU time, ``time.thread_time``, so that other load on a shared machine does not count), the 90th
+percentile, and for ``decide`` the mean, which carries the detectors' periodic refits of their
+thresholds (every 8 clean steps, every 32 once 64 steps are recorded; at K ≥ 3 each refit runs the
+``drift`` threshold's bootstrap, ~11 ms): what a training step pays on average.
 
 Usage: python benchmarks/monitor_step_cost.py [--steps 300] [--warmup 80]
 """
@@ -61,7 +63,7 @@ def main(argv: list[str]) -> None:
     args = _args(argv)
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
-    print(f"{'K':>3} {'R':>2} {'signals us':>11} {'p90':>7} {'decide us':>10} {'p90':>7}")
+    print(f"{'K':>3} {'R':>2} {'signals us':>11} {'p90':>7} {'decide us':>10} {'p90':>7} {'mean':>7}")
     for k in RANKS:
         for blocks in (1, 4):
             monitor = Monitor(blocks=blocks)
@@ -75,7 +77,7 @@ def main(argv: list[str]) -> None:
             rows = batches[-1]
             sig = _time(lambda rows=rows: rank_signals(*unpack(rows)), args.steps)
             print(f"{k:3d} {blocks:2d} {statistics.median(sig):11.1f} {np.percentile(sig, 90):7.1f} "
-                  f"{statistics.median(dec):10.1f} {np.percentile(dec, 90):7.1f}")
+                  f"{statistics.median(dec):10.1f} {np.percentile(dec, 90):7.1f} {statistics.mean(dec):7.1f}")
 
 
 if __name__ == "__main__":

@@ -1242,27 +1242,22 @@ class Detector:
 
     def _all_stats(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(S,) pooled medians, (S,) pooled scales, (S,) pooled counts and (S, K) scales of each rank
-        (``_scale``) of every signal at once, cached until the pool moves."""
+        (``_scale``) of every signal normalised on its pool (not ``drift``: NaN, 0 there), at once;
+        cached until the pool moves."""
         if "all" not in self._stats:
-            pool = _stacked([self.pool[s] for s in self.signals], self.world)  # (S, T, K)
-            v = pool.reshape(len(pool), -1)
-            n = np.isfinite(v).sum(axis=1)
-            if v.shape[1] <= SORTED_POOL:  # one sort of every signal's values
-                med = _nan_median_rows(v)
-                mad = _nan_median_rows(np.abs(v - med[:, None]))
-            else:  # large pools: a partition per signal (O(n), see pooled_median)
-                med, mad = np.full(len(v), np.nan), np.full(len(v), np.nan)
-                for i, row in enumerate(v):
-                    row = row[np.isfinite(row)]
-                    if len(row):
-                        med[i] = pooled_median(row)
-                        mad[i] = pooled_median(np.abs(row - med[i]))
-            loc, scale = np.where(n > 0, med, 0.0), MAD_SCALE * mad
-            ranks = np.broadcast_to(scale[:, None], (len(v), self.world)).copy()
-            recent = _stacked([self.recent[s] for s in self.signals], self.world)  # (S, T', K)
-            if recent.shape[1]:
-                count, loo = _recent_spread(recent)
-                ranks = np.where((count >= 2 * RECENT_STEPS) & (loo > ranks), loo, ranks)
+            k, rows = self.world, np.flatnonzero(~self._own)
+            loc, scale, n = np.zeros(len(self.signals)), np.full(len(self.signals), np.nan), \
+                np.zeros(len(self.signals), dtype=np.int64)
+            ranks = np.full((len(self.signals), k), np.nan)
+            if len(rows):
+                loc[rows], scale[rows], n[rows] = _pooled_stats(
+                    _stacked([self.pool[self.signals[i]] for i in rows], k).reshape(len(rows), -1))
+                ranks[rows] = scale[rows, None]
+                recent = _stacked([self.recent[self.signals[i]] for i in rows], k)  # (S', T', K)
+                if recent.shape[1]:
+                    count, loo = _recent_spread(recent)
+                    wider = (count >= 2 * RECENT_STEPS) & (loo > ranks[rows])
+                    ranks[rows] = np.where(wider, loo, ranks[rows])
             self._stats["all"] = (loc, scale, n, ranks)
         return self._stats["all"]
 
@@ -1575,6 +1570,24 @@ def median_of_others(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
         m[:, np.arange(k), np.arange(k)] = np.nan
         out = _nan_median_rows(m.reshape(s * k, k)).reshape(s, k)
     return out.reshape(np.shape(x))
+
+
+def _pooled_stats(v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's (median, 1.4826·MAD, n) of its finite values (0, NaN, 0 for a row with none), for
+    (S, n) pooled values: one sort of them all up to ``SORTED_POOL`` values a row, else a partition
+    per row (O(n), see ``pooled_median``)."""
+    n = np.isfinite(v).sum(axis=1)
+    if v.shape[1] <= SORTED_POOL:
+        med = _nan_median_rows(v)
+        mad = _nan_median_rows(np.abs(v - med[:, None]))
+    else:
+        med, mad = np.full(len(v), np.nan), np.full(len(v), np.nan)
+        for i, row in enumerate(v):
+            row = row[np.isfinite(row)]
+            if len(row):
+                med[i] = pooled_median(row)
+                mad[i] = pooled_median(np.abs(row - med[i]))
+    return np.where(n > 0, med, 0.0), MAD_SCALE * mad, n
 
 
 def _stacked(rows: list[deque[np.ndarray]], k: int) -> np.ndarray:
