@@ -5,7 +5,8 @@ Usage: python scripts/monitor_detection_tables.py docs/results/monitor-detection
 The detection table (test seeds): P(named at the onset) / P(named within the horizon) in % /
 median delay / wrong ranks per run, per fault kind and method, and the false alarms per 1000
 clean steps (K = ``ranks``, batch ``batch_size``, α = ``false_alarm``) as its last row; then the
-false-alarm table over every (batch, K, α) and method measured.
+false-alarm table over every (batch, K, α) and method measured; then the chosen default's false alarms
+on the validation pools (every batch size), when the document has them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 
-__all__ = ["detection_table", "false_alarm_table", "main"]
+__all__ = ["detection_table", "false_alarm_table", "main", "validation_false_alarm_table"]
 
 
 def _num(v: float | None, digits: int = 3) -> str:
@@ -55,11 +56,24 @@ def false_alarm_table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def validation_false_alarm_table(doc: dict) -> str:
+    """The default's false alarms on the validation pools, per (batch, K) at α (markdown; empty when
+    the document predates them)."""
+    rows = doc.get("validation_false_alarms") or []
+    lines = ["| batch | K | α | flagged / clean steps | per 1000 | 95% interval |",
+             "|--:|--:|--:|--:|--:|--:|"]
+    lines += [f"| {r['batch']} | {r['ranks']} | {r['alpha']:g} | {r['flagged']}/{r['steps']:,} "
+              f"({r['recorded_steps']} recorded) | {r['per_1000']:.3g} | "
+              f"{r['per_1000_low']:.2g}–{r['per_1000_high']:.2g} |" for r in rows]
+    return "\n".join(lines) if rows else ""
+
+
 def main(path: str) -> None:
     """Print both tables of the JSON document at ``path``."""
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
-    print(detection_table(doc), "", false_alarm_table(doc), sep="\n")
+    print(detection_table(doc), "", false_alarm_table(doc), "", validation_false_alarm_table(doc),
+          sep="\n")
 
 
 if __name__ == "__main__":

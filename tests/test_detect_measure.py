@@ -5,8 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from naig.detect.measure import CANDIDATES, choose, detection, false_alarms, monitor_names, replays, summarise
-from naig.detect.sequential import Record
+from naig.detect.measure import (
+    CANDIDATES,
+    choose,
+    detection,
+    false_alarms,
+    monitor_names,
+    replays,
+    run_all,
+    summarise,
+)
+from naig.detect.sequential import PoolSpec, Record, SequentialConfig
 from naig.monitor.detectors import DEFAULT_WARMUP
 
 
@@ -62,3 +71,30 @@ def test_the_monitor_path_names_a_non_finite_rank_in_its_warm_up() -> None:
     rec.payload[..., 14] = 1.0
     rec.payload[1, 3, 15] = 1.0
     assert monitor_names(rec, exact=False, false_alarm=1e-3) == [(), (3,), ()]
+
+
+def _pool(rng: np.random.Generator, steps: int, m: int) -> tuple[np.ndarray, np.ndarray, None]:
+    payload = np.zeros((steps, m, 16))
+    payload[..., :14] = rng.standard_normal((steps, 1, 14)) + 0.3 * rng.standard_normal((steps, m, 14))
+    payload[..., 14] = 1.0 + 0.05 * rng.random((steps, m))
+    return payload, np.tile(np.eye(m), (steps, 1, 1)), None
+
+
+def test_run_all_reports_the_defaults_false_alarms_on_every_validation_pool() -> None:
+    """A validation pool at another batch size than the faults' is measured (every K, the chosen
+    default, the configured alpha) and is not one of the test rows; its flags are counted after the
+    warm-up over its replays."""
+    rng = np.random.default_rng(0)
+    pools_spec = (PoolSpec(8, "calibration", 0, 30), PoolSpec(8, "validation", 1, 30),
+                  PoolSpec(64, "validation", 5, 40), PoolSpec(8, "test", 2, 30))
+    cfg = SequentialConfig(faults=("scale:2",), validation=1, test=1, pools=pools_spec, replays=3,
+                           fa_ranks=(3, 4), fa_rates=(1e-3,), pool_ranks=5)
+    pools = {(p.batch, p.role, p.seed): _pool(rng, p.steps, 5) for p in pools_spec}
+    rec = Record(*(_pool(rng, 45, 4)[0], np.zeros((45, 4)), np.zeros((45, 4))), bad=1, onset=41,
+                 kind="scale:2")
+    doc = run_all(cfg, {"validation": [rec], "test": [rec]}, pools)
+    rows = {(r["batch"], r["ranks"]): r for r in doc["validation_false_alarms"]}
+    assert set(rows) == {(8, 3), (8, 4), (64, 3), (64, 4)}
+    assert rows[(64, 4)]["recorded_steps"] == 40 and rows[(64, 4)]["runs"] == 3
+    assert rows[(64, 4)]["steps"] == 3 * (40 - DEFAULT_WARMUP) and rows[(64, 3)]["alpha"] == 1e-3
+    assert {r["batch"] for r in doc["false_alarms"]} == {8}  # test pools only

@@ -182,12 +182,31 @@ def run_all(cfg: SequentialConfig, faults: dict[str, list[Record]], pools: dict[
         test[method] = {kind: summarise([detection(method_names(method, r, cfg, thresholds, settings), r,
                                                    cfg.horizon) for r in faults["test"] if r.kind == kind],
                                         cfg.horizon) for kind in cfg.faults}
+    seen = _pool_false_alarms(cfg, pools, "validation", thresholds, settings, say)
     rates = _test_false_alarms(cfg, pools, thresholds, settings, say)
     return {"config": cfg.to_dict(), "thresholds": thresholds, "validation": validation, "default": default,
+            "validation_false_alarms": seen,
             "default_settings": {k2: list(v) if isinstance(v, tuple) else v for k2, v in settings.items()},
             "test": test, "false_alarms": rates,
             "skipped": {kind: int(sum(r.skipped for r in faults["test"] if r.kind == kind))
                         for kind in cfg.faults}}
+
+
+def _pool_false_alarms(cfg: SequentialConfig, pools: dict[tuple, tuple], role: str,
+                       thresholds: dict[str, float], settings: dict, say: Callable[[str], None]
+                       ) -> list[dict]:
+    """The chosen default's false alarms on a role's pools, per batch size and K, at ``false_alarm``
+    (validation: what the choice could see, at every batch size, before the test pools are read)."""
+    out = []
+    for b in sorted({b for (b, r, _) in pools if r == role}):
+        mine = [(p, g, s, w) for (bb, r, s), (p, g, w) in pools.items() if r == role and bb == b]
+        for k in cfg.fa_ranks:
+            say(f"{role} false alarms: batch {b}, K={k}")
+            runs = [r for p, g, s, w in mine for r in replays(p, g, k, cfg.replays, 11 + s, w)]
+            named = [method_names("monitor", r, cfg, thresholds, settings) for r in runs]
+            row = false_alarms(named, sum(len(p) for p, *_ in mine))
+            out.append({"batch": b, "ranks": k, "alpha": cfg.false_alarm, **row})
+    return out
 
 
 def _test_false_alarms(cfg: SequentialConfig, pools: dict[tuple, tuple], thresholds: dict[str, float],

@@ -112,7 +112,7 @@ class SequentialConfig:
     pool_ranks: int = 10
     pools: tuple[PoolSpec, ...] = field(default_factory=lambda: (
         PoolSpec(8, "calibration", 0, 200), PoolSpec(8, "validation", 1, 200), PoolSpec(8, "test", 2, 200),
-        PoolSpec(8, "test", 3, 200), PoolSpec(64, "test", 4, 80)))
+        PoolSpec(8, "test", 3, 200), PoolSpec(64, "validation", 5, 200), PoolSpec(64, "test", 4, 200)))
     fa_ranks: tuple[int, ...] = (3, 4, 8)
     fa_rates: tuple[float, ...] = (1e-3, 1e-4)
     replays: int = 40
