@@ -110,13 +110,14 @@ normalised by itself while the record is shorter than the pool):
 
 Both are in the state, so a resumed detector decides as the uninterrupted one. A transient fit
 needs 32 values, so at the first scored steps (16 × K pooled values) only normal theory applies
-to it. **The CUSUM waits for its fit** (160 values: the record of the first 40 scored steps at
-K = 4, 54 at K = 3, 20 at K = 8; its threshold is inf until then): run on the normal-theory h
-alone, it raised most of the early false alarms (chosen on the validation pools of the
-persistent-fault protocol, 2026-12-05: per 1000 clean steps at α = 10⁻³, batch 8, K = 3: 1.22 →
-0.41; batch 64, K = 3: 1.22 → 0.68, K = 4: 1.90 → 1.77; the other K and every validation
-detection unchanged). Until then persistent faults are left to the transient tests, ``drift``
-and the replica check.
+to it. **The CUSUM waits for its fit** (160 values, the pool's while it is the longer sample,
+warm-up included: from about step 41 at K = 4, 57 at K = 3, 25 at K = 8, as thresholds are refitted
+every 8 clean steps; its threshold is inf until then): run on the normal-theory h alone, it raised
+most of the early false alarms (chosen on the validation pools of the persistent-fault protocol,
+2026-12-05: per 1000 clean steps at α = 10⁻³, batch 8, K = 3: 1.22 → 0.41; batch 64, K = 3: 1.22 →
+0.68, K = 4: 1.90 → 1.77; the other K unchanged; validation detection within 10 steps unchanged,
+but a ×0.5 rank from step 41 was named later: median delay 2 → 8). Until then persistent faults
+are left to the transient tests, ``drift`` and the replica check.
 
 **Transient tests** (``transient``), for one-step faults: a rank is flagged when u_k passes t,
 at least the (1 − α) quantile of the robust z of a normal value against n pooled normal values
