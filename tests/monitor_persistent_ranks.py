@@ -34,7 +34,7 @@ from naig.distributed.launch import process_group
 from naig.monitor import Monitor
 from tests.monitor_rank_tools import exit_after, gather_rows, rank_batch
 
-WORLD, BAD_RANK, ONSET, STEPS, CUT, TIMEOUT = 4, 2, 30, 42, 36, 30.0
+WORLD, BAD_RANK, ONSET, STEPS, CUT, TIMEOUT = 4, 2, 30, 42, 32, 30.0
 
 
 def _train(rank: int, world: int, factor: float, monitor: Monitor, steps: range, model: nn.Module,

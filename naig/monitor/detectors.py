@@ -110,14 +110,15 @@ normalised by itself while the record is shorter than the pool):
 
 Both are in the state, so a resumed detector decides as the uninterrupted one. A transient fit
 needs 32 values, so at the first scored steps (16 × K pooled values) only normal theory applies
-to it. **The CUSUM waits for its fit** (160 values, the pool's while it is the longer sample,
-warm-up included: from about step 41 at K = 4, 57 at K = 3, 25 at K = 8, as thresholds are refitted
-every 8 clean steps; its threshold is inf until then): run on the normal-theory h alone, it raised
-most of the early false alarms (chosen on the validation pools of the persistent-fault protocol,
-2026-12-05: per 1000 clean steps at α = 10⁻³, batch 8, K = 3: 1.22 → 0.41; batch 64, K = 3: 1.22 →
-0.68, K = 4: 1.90 → 1.77; the other K unchanged; validation detection within 10 steps unchanged,
-but a ×0.5 rank from step 41 was named later: median delay 2 → 8). Until then persistent faults
-are left to the transient tests, ``drift`` and the replica check.
+to it. **Until its fit, the CUSUM runs on a stricter threshold** (the fit needs 160 values, the
+pool's while it is the longer sample, warm-up included: from about step 41 at K = 4, 57 at K = 3,
+25 at K = 8, as thresholds are refitted every 8 clean steps; until then h is the normal-theory h
+at α × ``UNFITTED_CUSUM``, 1/100 of the rate): on the normal-theory h at α it raised most of the
+early false alarms. Chosen on the validation pools and seeds of the persistent-fault protocol,
+2026-12-05, per 1000 clean steps at α = 10⁻³: batch 8, K = 3: 1.22 → 0.41; batch 64, K = 3: 1.22
+→ 0.68, K = 4: 1.90 → 1.77; the other K and the detection within 10 steps unchanged. No CUSUM at
+all until the fit gave the same false alarms but named a ×0.5 rank from step 41 later (median
+delay 2 → 8; 4 with the stricter threshold).
 
 **Transient tests** (``transient``), for one-step faults: a rank is flagged when u_k passes t,
 at least the (1 − α) quantile of the robust z of a normal value against n pooled normal values
@@ -208,7 +209,8 @@ if TYPE_CHECKING:
 __all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE", "MAD_SCALE", "DEFAULT_DETECTOR",
            "DEFAULT_SIGNALS", "DEFAULT_SCORES", "DEFAULT_WINDOW", "DEFAULT_WARMUP", "DEFAULT_DELTA",
            "DEFAULT_CLIP", "DEFAULT_HOLD", "POOL_SIZES", "STATE_VERSION", "TWO_RANKS", "WARMUP",
-           "DRIFT_LAMBDA", "BadRankError", "Decision", "Detector", "DriftState", "Flag", "SignalSpec",
+           "DRIFT_LAMBDA", "UNFITTED_CUSUM", "BadRankError", "Decision", "Detector", "DriftState", "Flag",
+           "SignalSpec",
            "check_action", "cusum_arl", "cusum_threshold", "cusum_threshold_sample", "drift_threshold",
            "gpd_fit", "median_of_others", "null_tail", "pooled_median", "stats_of_others",
            "robust_threshold", "robust_z", "signal_values", "tail_quantile"]
@@ -291,6 +293,10 @@ _SINCE = {"persistence": 4, "drift": 5}  # the state version each later signal f
 DRIFT_LAMBDA = 0.1
 """λ of the ``drift`` signal's EWMA: the newest step's weight (chosen on the validation seeds of the
 persistent-fault protocol, 2026-12-05, among 0.1, 0.2, 0.3; docs/results/monitor-detection.md)."""
+UNFITTED_CUSUM = 0.01
+"""Until a signal's tail record can fit its CUSUM threshold, the CUSUM runs on the normal-theory h
+of α × this (6.4 instead of 4.2 at the default rate and K = 4): normal theory at α itself raised
+most of the early false alarms (see "Tails")."""
 DRIFT_RECORD, DRIFT_CHAINS, DRIFT_STEPS, DRIFT_EVERY = 2048, 1000, 400, 4
 """Clean single-step drifts kept for ``drift``'s threshold (the last 2048 rank-steps: 512 steps at
 K = 4), and its bootstrap: 1000 EWMA chains, 400 steps after a burn-in of 5/λ, every 4th value kept
@@ -1010,9 +1016,14 @@ class Detector:
 
     def cusum_threshold_of(self, name: str) -> float:
         """A signal's CUSUM threshold now: the larger of ``cusum_h`` and the h fitted on its tail
-        record; inf until the record is long enough to fit it (see "Tails")."""
+        record; until the record is long enough to fit it, the normal-theory h at
+        ``UNFITTED_CUSUM`` × the per-test rate (see "Tails")."""
         fitted = self._fitted(name)[1]
-        return max(self.cusum_h, fitted) if math.isfinite(fitted) else math.inf
+        if math.isfinite(fitted):
+            return max(self.cusum_h, fitted)
+        if "cusum" not in self.scores or self.world <= 2:
+            return math.nan
+        return cusum_threshold(self.alpha * UNFITTED_CUSUM, self.delta, self.clip)
 
     @property
     def warming(self) -> bool:
