@@ -1185,12 +1185,11 @@ class Detector:
         if seen.any():
             x = np.stack([signal_values(cur, s) for s, on in zip(self.signals, seen, strict=True) if on])
             y[seen] = np.where(active, x, np.nan)
-        centre = seen & ~self._own if k > 2 else np.zeros(n, dtype=bool)
-        if centre.any():
-            y[centre] -= median_of_others(y[centre], ref)
+        rows = seen & ~self._own  # centred and normalised on their pool (K > 2) or history (K <= 2)
+        if k > 2 and rows.any():
+            y[rows] -= median_of_others(y[rows], ref)
         out.y = y
         out.u = u = y.copy() if scored else np.full((n, k), np.nan)
-        rows = seen & ~self._own
         if scored and rows.any():
             u[rows] = self._individual(y[rows], rows) if k <= 2 else self._normalise(y[rows], rows)
         if scored and seen.any():
@@ -1199,10 +1198,8 @@ class Detector:
 
     def _normalise(self, y: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """(len(y), K) u = (y − m) / max(s_k, ``min_scale``) of the signals ``rows`` selects (y: theirs)."""
-        names = [s for s, on in zip(self.signals, rows, strict=True) if on]
-        loc = np.array([self._pool_stats(s)[0] for s in names])
-        scale = np.stack([self._scale(s) for s in names])
-        return (y - loc[:, None]) / np.maximum(scale, self.min_scale)
+        loc, _, _, scale = self._all_stats()
+        return (y - loc[rows, None]) / np.maximum(scale[rows], self.min_scale)
 
     def _fitted(self, name: str) -> tuple[float, float]:
         """(t, h) fitted on the signal's tail record (NaN where it is too short; see "Tails")."""
@@ -1295,14 +1292,14 @@ class Detector:
         t = robust_threshold(self.alpha, sizes[-1], SIDES[name])
         return t if self.world <= 2 else max(t, self._fitted(name)[0])
 
-    def _thresholds_now(self, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _thresholds_now(self) -> tuple[np.ndarray, np.ndarray]:
         """(S,) this step's transient t and CUSUM h of each signal (NaN where the test does not run or
-        the signal is not seen), computed once per step."""
+        the signal is blind), computed once per step."""
         if "thresholds" not in self._stats:
             n = len(self.signals)
             t, h = np.full(n, np.nan), np.full(n, np.nan)
             for i, name in enumerate(self.signals):
-                if not seen[i]:
+                if self._blind[i]:
                     continue
                 if self._transient_on[i]:
                     t[i] = self._transient_threshold(name)
@@ -1314,7 +1311,7 @@ class Detector:
     def _flags(self, out: _Pass, u: np.ndarray, seen: np.ndarray) -> None:
         """Transient and CUSUM flags of every seen signal into ``out`` (candidate statistics too), in
         signal order; for each signal its transient flags by rank, then its CUSUM flags by rank and side."""
-        t, h = self._thresholds_now(seen)
+        t, h = self._thresholds_now()
         ok = np.isfinite(u)
         two = self._two[:, None]
         with np.errstate(invalid="ignore"):
@@ -1369,11 +1366,11 @@ class Detector:
             return
         if first.y is not None:
             y, u = np.where(keep, first.y, np.nan), np.where(keep, first.u, np.nan)
-            tail = self.world > 2 and np.isfinite(first.u[:, keep]).any(axis=1)
+            tail = np.isfinite(first.u[:, keep]).any(axis=1) & (self.world > 2)  # K <= 2: no tail record
             for i, name in enumerate(self.signals):
                 self.pool[name].append(y[i])
                 self.recent[name].append(y[i])
-                if tail[i] if self.world > 2 else False:
+                if tail[i]:
                     self.tails[name].append(u[i])
             self._stats.clear()
         self.fresh += 1
@@ -1382,7 +1379,7 @@ class Detector:
 
     def _thresholds(self) -> dict[str, dict[str, float]]:
         n = len(self.signals)
-        t, h = (np.full(n, np.nan),) * 2 if self.warming else self._thresholds_now(~self._blind)
+        t, h = (np.full(n, np.nan),) * 2 if self.warming else self._thresholds_now()
         return {score: dict(zip(self.signals, (t if score == "transient" else h).tolist(), strict=True))
                 for score in self.scores}
 
