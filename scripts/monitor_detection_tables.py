@@ -6,7 +6,8 @@ The detection table (test seeds): P(named at the onset) / P(named within the hor
 median delay / wrong ranks per run, per fault kind and method, and the false alarms per 1000
 clean steps (K = ``ranks``, batch ``batch_size``, α = ``false_alarm``) as its last row; then the
 false-alarm table over every (batch, K, α) and method measured; then the chosen default's false alarms
-on the validation pools (every batch size), when the document has them.
+on the validation pools (every batch size), when the document has them; then the candidates the
+validation seeds chose among.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
-__all__ = ["detection_table", "false_alarm_table", "main", "validation_false_alarm_table"]
+__all__ = ["candidate_table", "detection_table", "false_alarm_table", "main", "validation_false_alarm_table"]
 
 
 def _num(v: float | None, digits: int = 3) -> str:
@@ -68,12 +69,28 @@ def validation_false_alarm_table(doc: dict) -> str:
     return "\n".join(lines) if rows else ""
 
 
+def candidate_table(doc: dict) -> str:
+    """The candidates on validation (markdown): false alarms per 1000 at K = ``ranks``, batch
+    ``batch_size``; mean P(named within the horizon); mean median delay; and, for the candidates tied
+    on detection, the mean false alarms per 1000 over every validation pool and K (the tie-break)."""
+    lines = ["| candidate | false alarms / 1000 | mean P(within) | mean delay | every pool, mean / 1000 |"
+             " chosen |", "|---|--:|--:|--:|--:|---|"]
+    for name, v in doc["validation"].items():
+        delays = [d for d in v["median_delays"] if d is not None]
+        every = v.get("false_alarms_everywhere")
+        mean_every = _num(sum(r["per_1000"] for r in every) / len(every)) if every else "–"
+        lines.append(f"| `{name}` | {v['false_alarm']['per_1000']:.3g} | {v['mean_p']:.3f} | "
+                     f"{_num(sum(delays) / len(delays) if delays else None)} | {mean_every} | "
+                     f"{'yes' if name == doc['default'] else ''} |")
+    return "\n".join(lines)
+
+
 def main(path: str) -> None:
     """Print both tables of the JSON document at ``path``."""
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
-    print(detection_table(doc), "", false_alarm_table(doc), "", validation_false_alarm_table(doc),
-          sep="\n")
+    print(detection_table(doc), "", false_alarm_table(doc), "", validation_false_alarm_table(doc), "",
+          candidate_table(doc), sep="\n")
 
 
 if __name__ == "__main__":

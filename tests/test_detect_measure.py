@@ -66,6 +66,26 @@ def test_the_default_is_the_best_candidate_within_the_false_alarm_bound() -> Non
     assert choose(val, 1e-3) == names[2]
 
 
+def test_a_tie_on_detection_goes_to_fewer_false_alarms_everywhere_then_to_the_delay() -> None:
+    """Only the tied candidates' false alarms on every validation pool are measured; the fewest win
+    even against a shorter delay; an equal count leaves it to the delay."""
+    base = {"false_alarm": {"rate": 1e-3}, "mean_p": 0.5, "median_delays": [5.0]}
+    names = list(CANDIDATES)
+    val = {name: dict(base) for name in names}
+    val[names[0]] = {**base, "mean_p": 0.8, "median_delays": [2.0]}  # tied, the shortest delay
+    val[names[1]] = {**base, "mean_p": 0.8, "median_delays": [4.0]}  # tied, fewer alarms everywhere
+    val[names[2]] = {**base, "mean_p": 0.8, "median_delays": [3.0]}  # tied, as few alarms
+    asked: list[str] = []
+
+    def everywhere(name: str) -> float:
+        asked.append(name)
+        return {names[0]: 5.0, names[1]: 1.0, names[2]: 1.0}[name]
+
+    assert choose(val, 1e-3, everywhere) == names[2]
+    assert sorted(asked) == sorted(names[:3])
+    assert choose(val, 1e-3) == names[0]  # without the measure: the delay decides
+
+
 def test_the_monitor_path_names_a_non_finite_rank_in_its_warm_up() -> None:
     rec = _record(steps=3)
     rec.payload[..., 14] = 1.0
@@ -98,3 +118,7 @@ def test_run_all_reports_the_defaults_false_alarms_on_every_validation_pool() ->
     assert rows[(64, 4)]["recorded_steps"] == 40 and rows[(64, 4)]["runs"] == 3
     assert rows[(64, 4)]["steps"] == 3 * (40 - DEFAULT_WARMUP) and rows[(64, 3)]["alpha"] == 1e-3
     assert {r["batch"] for r in doc["false_alarms"]} == {8}  # test pools only
+    tied = [n for n, v in doc["validation"].items() if "false_alarms_everywhere" in v]
+    if tied:  # the tie-break measured the chosen default among them: the same rows
+        assert doc["default"] in tied
+        assert doc["validation"][doc["default"]]["false_alarms_everywhere"] == doc["validation_false_alarms"]

@@ -117,7 +117,10 @@ def test_a_persistently_scaled_rank_is_named_within_a_few_steps(k: int, factor: 
     """Rank 1's gradient ×factor from step 41 on: named (alone) within 10 steps, its change dated at 41.
 
     The ranks' log-norms spread by about 0.02 here, so ln 2 is a large shift: the transient test
-    names it at once, and the CUSUM follows (measured: named at step 41 for every K).
+    names it at once, and the CUSUM follows (measured: named at step 41 for every K). The 24–33
+    scored clean steps before may hold one false alarm at the configured rate (10⁻³ per step: about
+    a 3% chance per stream; the K = 8 stream holds one, ``turn`` at step 30, since that signal
+    joined the default); the rate itself is test_a_clean_stream_flags_about_the_chosen_rate's.
     """
     det = Detector(k, quiet=True)
     decisions = []
@@ -126,7 +129,7 @@ def test_a_persistently_scaled_rank_is_named_within_a_few_steps(k: int, factor: 
             g = g.copy()
             g[1] *= factor
         decisions.append(det.update(_signals(g)))
-    assert not any(d.flagged for d in decisions[:40]), [d.describe() for d in decisions if d.flagged]
+    assert sum(d.flagged for d in decisions[:40]) <= 1, [d.describe() for d in decisions if d.flagged]
     named = [d for d in decisions[40:] if d.flagged]
     assert named and named[0].step <= 50, [d.describe() for d in decisions if d.flagged]
     assert all(d.ranks == (1,) for d in named), [d.describe() for d in named]
@@ -476,7 +479,7 @@ def test_a_version_2_state_loads_and_fits_its_tails_afresh() -> None:
     for g in _stream(4, 40, 1.0, seed=1):
         det.update(_signals(g))
     state = det.state_dict()
-    assert state["version"] == 5 and len(state["tails"]["norm"]) == 40 - 16
+    assert state["version"] == 6 and len(state["tails"]["norm"]) == 40 - 16
     newer = ("tails", "calibration", "fresh", "last", "drift")
     old = {k: v for k, v in state.items() if k not in newer} | {"version": 2}
     resumed = Detector(4, quiet=True)
@@ -536,13 +539,84 @@ def test_a_rank_that_keeps_reusing_its_batch_is_named_by_persistence() -> None:
 
 
 @pytest.mark.parametrize("signal, signals", [("persistence", PERSIST),
-                                             ("drift", ("norm", "distance", "energy", "drift"))])
+                                             ("drift", ("norm", "distance", "energy", "drift")),
+                                             ("turn", ("norm", "distance", "energy", "turn"))])
 def test_a_signal_with_memory_raises_no_alarm_on_clean_ranks(signal: str, signals: tuple[str, ...]) -> None:
     """600 clean steps at K = 4 and false_alarm = 0.01: the signal's share (1/8 of the tests) expects
     < 1 flag; at most 3 allowed."""
     det = Detector(4, signals=signals, false_alarm=0.01, quiet=True)
     flags = [f for g in _stream(4, 600, 1.0, seed=8) for f in det.update(_signals(g)).flags]
     assert sum(f.signal == signal for f in flags) <= 3, flags
+
+
+TURNING = ("norm", "distance", "energy", "turn")
+
+
+def test_turn_is_the_angle_between_this_and_the_previous_steps_sketch() -> None:
+    rng = np.random.default_rng(3)
+    prev, now = rng.standard_normal((4, 14)), rng.standard_normal((4, 14))
+    sig = rank_signals(now, (now * now).sum(1), np.zeros(4), previous=prev)
+    cos = (now * prev).sum(1) / (np.linalg.norm(now, axis=1) * np.linalg.norm(prev, axis=1))
+    np.testing.assert_allclose(sig.turn, np.arccos(cos), rtol=1e-12)
+    bare = rank_signals(now, (now * now).sum(1), np.zeros(4))
+    assert np.isnan(bare.turn).all()  # no previous step
+    np.testing.assert_array_equal(bare.with_previous(prev).turn, sig.turn)
+    # no other rank enters it: another reference mean leaves it as it is
+    np.testing.assert_array_equal(sig.with_reference(np.array([True, True, False, True])).turn, sig.turn)
+    again = rank_signals(prev, (prev * prev).sum(1), np.zeros(4), previous=prev)
+    np.testing.assert_allclose(again.turn, 0.0, atol=1e-7)  # the same sketch twice does not turn
+    flipped = rank_signals(-prev, (prev * prev).sum(1), np.zeros(4), previous=prev)
+    np.testing.assert_allclose(flipped.turn, np.pi, rtol=1e-7)
+    prev[1] = np.nan  # rank 1 was unusable at the previous step: not measured, the others are
+    got = sig.with_previous(prev).turn
+    assert np.isnan(got[1]) and np.isfinite(got[[0, 2, 3]]).all()
+    zero = now.copy()
+    zero[3] = 0.0  # a zero gradient has no direction
+    assert np.isnan(rank_signals(zero, (zero * zero).sum(1), np.zeros(4), previous=now).turn[3])
+    assert sig.kind("turn") == "sketch" and sig.to_dict()["turn"] == sig.turn.tolist()
+
+
+def test_a_rank_that_keeps_reusing_its_batch_is_named_by_turn() -> None:
+    """Its gradient barely turns from step to step while the clean ranks' turn by fresh noise: the
+    CUSUM of turn names it soon after the onset, and nobody before."""
+    steps = [_signals(g) for g in _repeating_stream(4, 60, bad=2, onset=41, seed=5)]
+    det = Detector(4, signals=TURNING, quiet=True)
+    decisions = [det.update(s) for s in steps]
+    assert not any(d.flagged for d in decisions[16:40])  # clean before the onset
+    named = [i + 1 for i, d in enumerate(decisions)
+             if any(f.signal == "turn" for f in d.flags if f.rank == 2)]
+    assert named and named[0] <= 46, named
+    first = decisions[named[0] - 1]
+    assert first.ranks == (2,) and first.since(2) >= 41
+    assert any(f.score == "cusum" for f in first.flags if f.signal == "turn")
+    assert math.isnan(first.thresholds["transient"]["turn"])  # CUSUM only
+
+
+def test_a_resumed_detector_keeps_the_previous_sketches_for_turn() -> None:
+    steps = [_signals(g) for g in _repeating_stream(4, 55, bad=1, onset=30, seed=9)]
+    state, decisions, resumed = _resumed_state(TURNING, steps, 35)
+    assert state["last"] is not None and len(state["last"]) == 4
+    assert resumed == decisions[35:]
+    assert any("'turn'" in d for d in decisions[30:])
+
+
+def test_a_state_saved_before_turn_existed_loads_and_turn_starts_afresh() -> None:
+    """A version-5 state of the earlier default signals: the others continue, turn starts afresh
+    (from the previous sketches the state kept for persistence)."""
+    older = ("norm", "distance", "energy", "persistence", "drift")
+    steps = [_signals(g) for g in _stream(4, 45, 1.0, seed=4)]
+    before = Detector(4, signals=older, quiet=True)
+    for s in steps[:40]:
+        before.update(s)
+    state = before.state_dict() | {"version": 5}
+    now = Detector(4, quiet=True)
+    now.load_state_dict(state)
+    assert "turn" in now.signals and now.step == 40 and len(now.pool["turn"]) == 0
+    assert now.last is not None and now.ewma is not None
+    assert [list(v) for v in now.pool["norm"]] == [list(v) for v in before.pool["norm"]]
+    np.testing.assert_array_equal(now.ewma, before.ewma)
+    assert now.update(steps[40]).step == 41
+    assert len(now.pool["turn"]) == 1 and np.isfinite(now.scored.turn).all()
 
 
 def _resumed_state(signals: tuple[str, ...], steps: list, cut: int) -> tuple[dict, list[str], list[str]]:

@@ -12,6 +12,7 @@ signal          value x_k              flagged when     meaning
 ``energy``      E_k^(1/3)              u > t            a large Fano–Fisher drift energy
 ``persistence`` cos(d_k,t, d_k,t−1)    CUSUM only       a drift that keeps its direction
 ``drift``       T²_k                   T² > h           a drift accumulated over ~1/λ steps
+``turn``        −log ∠(g_k,t, g_k,t−1) CUSUM only       a gradient that barely turns (reused data)
 =============== ====================== ================ ======================================
 
 (a norm of 0 is taken as 1e-150 before the log, so a zero gradient is an extreme low norm). The
@@ -25,6 +26,17 @@ batch 8: mean 0.0, sd 0.35–0.4); a rank whose departure keeps one direction (a
 reusing, a shard of another kind of data, weights that drifted) stays near 0.7–0.9. One step of it
 says little (the cosine is bounded: no single value is far out), so only its CUSUM runs; the
 detector keeps the previous step's sketches (K × m floats, in its state) to measure it.
+
+``turn`` (``RankSignals.turn``) is the angle between a rank's own sketched gradients at this step
+and the previous one, scored as −log of the angle (larger: turns less). No other rank enters it, so
+a bad rank cannot leak into the clean ranks' values, as it does into their drifts from a mean it is
+part of (measured: the clean ranks' ``persistence`` rose to 0.5–0.8 beside a rank reusing its
+batch). Consecutive clean gradients share the mean gradient and differ by fresh noise, the same
+for every clean rank (the centring below removes the common trend as the noise takes over); a rank
+that reuses one batch keeps its noise too, and its gradient turns by a fraction of the clean
+ranks' angle (the small GPT at batch 8, K = 4, from step 41: its u about 2–8 at every step, the
+clean ranks' 99.9% quantile 3.7 on the validation pool). Like ``persistence`` only its CUSUM runs
+(two similar batches in a row happen), and it uses the previous step's sketches the detector keeps.
 
 ``drift`` (``RankSignals.drift_t2``) is the multivariate EWMA statistic of the same drifts (Lowry
 et al. 1992), each relative to the step's typical one (d̃_k,t = d_k,t / median_j ‖d_j,t‖, which
@@ -251,6 +263,8 @@ SIGNAL_TABLE: tuple[SignalSpec, ...] = (
     SignalSpec("persistence", "drift_cos", "upper", lambda x: np.arctanh(np.clip(x, -0.999, 0.999)),
                ("cusum",)),  # Fisher z of cos(d_t, d_{t−1})
     SignalSpec("drift", "drift_t2", "upper", lambda x: x, ("transient",)),  # MEWMA T², its own null
+    SignalSpec("turn", "turn", "upper", lambda x: -np.log(np.maximum(x, TINY)),
+               ("cusum",)),  # −log ∠(S g_t, S g_{t−1}): large when the gradient barely turns
 )
 """Every signal the detectors score, once: ``SIGNALS``, ``SIDES``, ``signal_values``, the records'
 columns and ``naig detect``'s scores all come from it. A new signal is one entry here plus its
@@ -283,13 +297,14 @@ TAIL_STEPS, RECALIBRATE, SAMPLE_ARL_STATES = 1024, 8, 100
 """Clean steps of normalised values kept to fit the tails (K × 1024 per signal), clean steps
 between two fits (4 × as many once the record holds 64 steps), Brook–Evans states of the
 empirical CUSUM chain."""
-STATE_VERSION = 5
+STATE_VERSION = 6
 """The layout version of ``Detector.state_dict`` (``load_state_dict`` also reads versions 2, whose
 states have no tail record: the tails are then fitted afresh; 3, saved before ``persistence``
 existed: a version-3 state whose signals are this detector's without ``persistence`` loads, and
 persistence starts afresh, with an empty pool and no previous sketches; and 4, saved before
-``drift`` existed, which loads likewise, the drift's EWMA and covariance starting afresh)."""
-_SINCE = {"persistence": 4, "drift": 5}  # the state version each later signal first appears in
+``drift`` existed, which loads likewise, the drift's EWMA and covariance starting afresh; and 5,
+saved before ``turn`` existed, likewise)."""
+_SINCE = {"persistence": 4, "drift": 5, "turn": 6}  # the state version each later signal first appears in
 DRIFT_LAMBDA = 0.1
 """λ of the ``drift`` signal's EWMA: the newest step's weight (chosen on the validation seeds of the
 persistent-fault protocol, 2026-12-05, among 0.1, 0.2, 0.3; docs/results/monitor-detection.md)."""
@@ -303,8 +318,9 @@ K = 4), and its bootstrap: 1000 EWMA chains, 400 steps after a burn-in of 5/λ, 
 (10⁵ values of T²)."""
 _OWN_NULL = frozenset({"drift"})  # signals on their own null scale: not centred or pooled
 TWO_RANKS = ("monitor with 2 ranks: cos, distance, energy, persistence and drift are measured against the "
-             "mean, where d_0 = -d_1, so they cannot tell the two ranks apart and are not scored; only "
-             "non-finite gradients and the norm are; use 3 or more ranks to compare ranks")
+             "mean, where d_0 = -d_1, so they cannot tell the two ranks apart and are not scored (nor is "
+             "turn, a change test); only non-finite gradients and the norm are; use 3 or more ranks to "
+             "compare ranks")
 """The one-line warning of a 2-rank ``Detector`` (see "Two ranks" in the module docstring)."""
 WARMUP = ("monitor warm-up: only non-finite gradients are checked until {steps} clean steps of history "
           "are pooled (step {until}); after that every test runs at false_alarm={rate:g} per step")
@@ -318,9 +334,11 @@ its validation seeds (docs/results/monitor-detection.md)."""
 DEFAULT_DETECTOR = "monitor"
 """The per-rank score ``naig detect`` (per-step protocol) chose on its validation seeds (a name of
 ``naig.detect.scores.DETECTORS``: the combined rule, every signal and both scores)."""
-DEFAULT_SIGNALS = ("norm", "distance", "energy", "persistence", "drift")
+DEFAULT_SIGNALS = ("norm", "distance", "energy", "persistence", "drift", "turn")
 """The signals of the default ``Detector`` (``Detector(signals=...)``), chosen on the validation
-seeds of the persistent-fault protocol (``naig.detect.sequential``; ``ndepw/δ1``, 2026-12-05):
+seeds of the persistent-fault protocol (``naig.detect.sequential``; ``ndepwt/δ1``, 2026-12-05;
+``ndepw/δ1`` before ``turn``, which named a repeated batch sooner on validation, median delay
+9 → 6 steps, at the same false alarms and detection within 10 steps):
 ``persistence`` raised the mean detection at the same false-alarm bound (a repeated batch), and
 ``drift`` again (0.786 → 0.810: a text shard; validation false alarms 1.09 → 0.95 per 1000); not
 ``cos``, whose sketched angle has heavy tails (its spread moves with the step's noise), so it
@@ -1064,9 +1082,9 @@ class Detector:
         flags = [Flag(r, "nonfinite", "nonfinite" if sig.nonfinite[r] else "overflow", math.inf, 0.0,
                       self.step)  # overflow: every entry finite, ‖g‖² beyond float64
                  for r in range(self.world) if not sig.usable[r]]
-        if "persistence" in self.signals:
+        if "persistence" in self.signals or "turn" in self.signals:
             same = self.last is not None and self.last.shape == sig.inputs.sketches.shape
-            if self.world > 2:  # at K = 2 the two drifts are opposite: blind, drift_cos left NaN
+            if self.world > 2:  # at K = 2 blind (opposite drifts; no change tests): left NaN
                 sig = sig.with_previous(self.last if same else None)  # another sketch width: afresh
             self.last = np.where(sig.usable[:, None], sig.inputs.sketches, np.nan)
         if "drift" in self.signals and self.world > 2:
@@ -1405,7 +1423,7 @@ class Detector:
             UsageError: another version, other settings (naming the first that differs) or a
                 malformed state.
         """
-        if not isinstance(state, Mapping) or state.get("version") not in (2, 3, 4, STATE_VERSION):
+        if not isinstance(state, Mapping) or state.get("version") not in (2, 3, 4, 5, STATE_VERSION):
             got = state.get("version") if isinstance(state, Mapping) else type(state).__name__
             raise UsageError(f"not a detector state of version 2 to {STATE_VERSION}", field="state",
                              value=got)
