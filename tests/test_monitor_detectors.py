@@ -28,6 +28,7 @@ from naig.monitor.detectors import (
     null_tail,
     robust_threshold,
     robust_z,
+    signal_values,
     tail_quantile,
 )
 from naig.monitor.signals import MonitorSketch, pack, rank_signals, unpack
@@ -617,6 +618,61 @@ def test_a_state_saved_before_turn_existed_loads_and_turn_starts_afresh() -> Non
     np.testing.assert_array_equal(now.ewma, before.ewma)
     assert now.update(steps[40]).step == 41
     assert len(now.pool["turn"]) == 1 and np.isfinite(now.scored.turn).all()
+
+
+def test_a_gradient_repeated_exactly_scores_the_same_on_every_rank() -> None:
+    """The float64 cosine of a sketch with itself comes out 1 or a few ulps below by rounding (angles
+    of 0, 1.5e-8, 2.1e-8, …): all score as the smallest angle told apart, so identical ranks get one
+    value."""
+    from naig.monitor.detectors import TURN_FLOOR
+
+    s = np.random.default_rng(4).standard_normal((8, 14))
+    sig = rank_signals(s, (s * s).sum(1), np.zeros(8), previous=s.copy())
+    assert (sig.turn < 1e-7).all() and len(set(sig.turn.tolist())) > 1  # the rounding differs by rank
+    np.testing.assert_array_equal(signal_values(sig, "turn"), np.full(8, -math.log(TURN_FLOOR)))
+
+
+def test_a_signal_that_starts_afresh_first_in_the_list_brings_no_second_warm_up() -> None:
+    older = ("norm", "distance", "energy", "persistence", "drift")
+    steps = [_signals(g) for g in _stream(4, 45, 1.0, seed=4)]
+    before = Detector(4, signals=older, quiet=True)
+    for s in steps[:40]:
+        before.update(s)
+    now = Detector(4, signals=("turn", *older), quiet=True)
+    now.load_state_dict(before.state_dict() | {"version": 5})
+    assert not now.warming and not now.update(steps[40]).warmup
+
+
+def test_a_huge_number_in_a_state_is_a_one_line_error() -> None:
+    det = Detector(4, quiet=True)
+    for g in _stream(4, 20, 1.0, seed=2):
+        det.update(_signals(g))
+    state = det.state_dict()
+    state["last"][0][0] = 10 ** 400  # no float64 holds it
+    with pytest.raises(UsageError, match="malformed detector state"):
+        Detector(4, quiet=True).load_state_dict(state)
+
+
+def test_drift_is_not_tested_before_its_record_holds_its_steps_and_a_resume_keeps_that() -> None:
+    """Until ``DRIFT_MIN_STEPS`` clean steps of drifts are recorded the drift threshold is inf (no
+    test), saved as None and read back as inf, so a resumed detector reports what the uninterrupted
+    one does; a rank reusing its batch from step 10 is named by drift only after that."""
+    import json
+
+    from naig.monitor.detectors import DRIFT_MIN_STEPS
+
+    steps = [_signals(g) for g in _repeating_stream(4, 70, bad=2, onset=10, seed=5)]
+    whole = Detector(4, signals=DRIFTING, quiet=True)
+    decisions = [whole.update(s) for s in steps[:30]]
+    assert all(math.isinf(d.thresholds["transient"]["drift"]) for d in decisions[16:30])
+    resumed = Detector(4, signals=DRIFTING, quiet=True)
+    resumed.load_state_dict(json.loads(json.dumps(whole.state_dict())))
+    a, b = whole.update(steps[30]), resumed.update(steps[30])
+    assert math.isinf(a.thresholds["transient"]["drift"]) and repr(a) == repr(b)
+    later = [whole.update(s) for s in steps[31:]]
+    named = [d.step for d in decisions + [a] + later if any(f.signal == "drift" for f in d.flags)]
+    assert named and min(named) > DRIFT_MIN_STEPS, named
+    assert math.isfinite(later[-1].thresholds["transient"]["drift"])
 
 
 def _resumed_state(signals: tuple[str, ...], steps: list, cut: int) -> tuple[dict, list[str], list[str]]:

@@ -57,7 +57,8 @@ thresholds. A single step of a slightly shifted rank barely moves that law. It g
 test only (the EWMA is already the accumulation a CUSUM would add), and a rank named by it restarts
 its e from 0 (as a CUSUM side restarts after its alarm). The detector keeps e (K × m), Σ̂ (m × m)
 and the last ``DRIFT_RECORD`` clean drifts in its state; T² is NaN (not scored) until Σ̂ rests on
-2m clean drifts.
+2m clean drifts, and is not tested until the record holds ``DRIFT_MIN_STEPS`` (32) clean steps:
+a Σ̂ and a law from the first few steps raised most of the early false alarms at K = 8.
 
 **Normalisation (K ≥ 3).** Each value is centred on the other ranks at the same step,
 
@@ -154,7 +155,7 @@ chain on 200 states, exact for the clipped normal increments up to the discretis
 **Thresholds from a false-alarm rate.** ``false_alarm`` is the probability that a clean step
 flags any rank (family-wise, per step). It is split evenly (Bonferroni, valid whatever the
 dependence) over the tests of a step: α = false_alarm / (K · Σ_signals (transient + CUSUM
-sides)); with the default signals that is 9 tests per rank (11 with cos). Correlated signals make the
+sides)); with the default signals that is 10 tests per rank (12 with cos). Correlated signals make the
 realised rate lower than false_alarm; tails heavier than the record shows, and a spread that
 moves faster than the scale follows, make it higher (docs/results/monitor-detection.md measures
 it on real training).
@@ -221,13 +222,19 @@ if TYPE_CHECKING:
 __all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE", "MAD_SCALE", "DEFAULT_DETECTOR",
            "DEFAULT_SIGNALS", "DEFAULT_SCORES", "DEFAULT_WINDOW", "DEFAULT_WARMUP", "DEFAULT_DELTA",
            "DEFAULT_CLIP", "DEFAULT_HOLD", "POOL_SIZES", "STATE_VERSION", "TWO_RANKS", "WARMUP",
-           "DRIFT_LAMBDA", "UNFITTED_CUSUM", "BadRankError", "Decision", "Detector", "DriftState", "Flag",
+           "DRIFT_LAMBDA", "DRIFT_MIN_STEPS", "UNFITTED_CUSUM", "TURN_FLOOR", "BadRankError", "Decision",
+           "Detector", "DriftState", "Flag",
            "SignalSpec",
            "check_action", "cusum_arl", "cusum_threshold", "cusum_threshold_sample", "drift_threshold",
            "gpd_fit", "median_of_others", "null_tail", "pooled_median", "stats_of_others",
            "robust_threshold", "robust_z", "signal_values", "tail_quantile"]
 
 TINY = 1e-300  # a squared norm of 0 before the log
+TURN_FLOOR = 1e-6
+"""The smallest angle ``turn`` tells apart (radians). A gradient repeated exactly gives a float64
+cosine of 1 or a few ulps below it, depending on the rounding of its dot product and norms: an
+angle of 0 or 1.5e-8, 2.1e-8, … (arccos(1 − k·2⁻⁵³) ≈ √k·2⁻²⁶); every angle below 1e-6 (a cosine
+within ~2000 ulps of 1) scores −log(1e-6) ≈ 13.8, so identical ranks get one value."""
 
 
 SCORES = ("transient", "cusum")
@@ -263,7 +270,7 @@ SIGNAL_TABLE: tuple[SignalSpec, ...] = (
     SignalSpec("persistence", "drift_cos", "upper", lambda x: np.arctanh(np.clip(x, -0.999, 0.999)),
                ("cusum",)),  # Fisher z of cos(d_t, d_{t−1})
     SignalSpec("drift", "drift_t2", "upper", lambda x: x, ("transient",)),  # MEWMA T², its own null
-    SignalSpec("turn", "turn", "upper", lambda x: -np.log(np.maximum(x, TINY)),
+    SignalSpec("turn", "turn", "upper", lambda x: -np.log(np.maximum(x, TURN_FLOOR)),
                ("cusum",)),  # −log ∠(S g_t, S g_{t−1}): large when the gradient barely turns
 )
 """Every signal the detectors score, once: ``SIGNALS``, ``SIDES``, ``signal_values``, the records'
@@ -316,6 +323,16 @@ DRIFT_RECORD, DRIFT_CHAINS, DRIFT_STEPS, DRIFT_EVERY = 2048, 1000, 400, 4
 """Clean single-step drifts kept for ``drift``'s threshold (the last 2048 rank-steps: 512 steps at
 K = 4), and its bootstrap: 1000 EWMA chains, 400 steps after a burn-in of 5/λ, every 4th value kept
 (10⁵ values of T²)."""
+DRIFT_MIN_STEPS = 32
+"""Clean steps of single-step drifts the ``drift`` threshold waits for before its first fit (fewer
+when the record holds fewer: ``DRIFT_RECORD`` // K steps above 64 ranks); until then drift is not
+tested. It used to be fitted once 2m drifts were recorded (28: 4 steps at K = 8), on a Σ̂ and a law
+from the first few steps, and raised most of the early false alarms at K = 8. Chosen on the
+validation pools and seeds of the persistent-fault protocol, 2026-12-05, among a wait of 0, 32 and
+40 steps (and of 160, 320, 640 drifts): per 1000 clean steps at α = 10⁻³, batch 8, K = 8 3.26 →
+0.14, batch 64, K = 4 1.77 → 1.63, K = 8 7.88 → 4.62 (α = 10⁻⁴: 1.22 → 0 and 4.76 → 2.31), the
+detection within 10 steps unchanged (32 and 40 alike; 320 drifts and more lost the text shard at
+K = 4)."""
 _OWN_NULL = frozenset({"drift"})  # signals on their own null scale: not centred or pooled
 TWO_RANKS = ("monitor with 2 ranks: cos, distance, energy, persistence and drift are measured against the "
              "mean, where d_0 = -d_1, so they cannot tell the two ranks apart and are not scored (nor is "
@@ -1045,8 +1062,10 @@ class Detector:
 
     @property
     def warming(self) -> bool:
-        """True while fewer than ``warmup`` clean steps are pooled (non-finite checks only)."""
-        return len(self.pool[self.signals[0]]) < self.warmup
+        """True while fewer than ``warmup`` clean steps are pooled (non-finite checks only): the longest
+        pool counts, so a signal that starts afresh in a resumed run (saved before it existed) brings
+        no second warm-up, wherever it stands in ``signals``."""
+        return max(len(self.pool[s]) for s in self.signals) < self.warmup
 
     def settings(self) -> dict:
         """The settings a state must match (plain values)."""
@@ -1133,7 +1152,8 @@ class Detector:
             rows = np.concatenate(list(self.drift_record)) if self.drift_record else np.zeros((0, 1))
             state = self._drift_state(self.ewma.shape) if self.ewma is not None else None
             h = math.inf
-            if state is not None and len(rows) >= 2 * rows.shape[1]:
+            steps = min(DRIFT_MIN_STEPS, self.drift_record.maxlen or 1)
+            if state is not None and len(rows) >= 2 * rows.shape[1] and len(self.drift_record) >= steps:
                 h = drift_threshold(rows, state.precision, DRIFT_LAMBDA, self.alpha)
             self.calibration["drift"] = (h, math.nan)
         return self.calibration["drift"][0]
@@ -1462,9 +1482,11 @@ class Detector:
             h_drift = calibration.get("drift", (math.nan,))[0]
             if not (h_drift > 0 or math.isnan(h_drift)):
                 raise ValueError("the drift threshold is not > 0")
+            if "drift" in calibration and math.isnan(h_drift):  # inf (not yet fittable) saves as None
+                calibration["drift"] = (math.inf, calibration["drift"][1])
             if afresh:
                 calibration = {}  # fitted with fewer tests per rank (a larger α each): refit
-        except (KeyError, TypeError, ValueError, np.linalg.LinAlgError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError, np.linalg.LinAlgError) as exc:
             raise UsageError(f"malformed detector state ({exc})", field="state") from None
         self.stat, self.start, self.named, self.pool, self.step = stat, start, named, pool, step
         self.tails, self.recent, self.calibration, self.fresh = tails, recent, calibration, fresh
