@@ -593,14 +593,6 @@ def test_a_rank_that_keeps_reusing_its_batch_is_named_by_turn() -> None:
     assert math.isnan(first.thresholds["transient"]["turn"])  # CUSUM only
 
 
-def test_a_resumed_detector_keeps_the_previous_sketches_for_turn() -> None:
-    steps = [_signals(g) for g in _repeating_stream(4, 55, bad=1, onset=30, seed=9)]
-    state, decisions, resumed = _resumed_state(TURNING, steps, 35)
-    assert state["last"] is not None and len(state["last"]) == 4
-    assert resumed == decisions[35:]
-    assert any("'turn'" in d for d in decisions[30:])
-
-
 def test_a_state_saved_before_turn_existed_loads_and_turn_starts_afresh() -> None:
     """A version-5 state of the earlier default signals: the others continue, turn starts afresh
     (from the previous sketches the state kept for persistence)."""
@@ -691,12 +683,13 @@ def _resumed_state(signals: tuple[str, ...], steps: list, cut: int) -> tuple[dic
     return state, decisions, [repr(resumed.update(s)) for s in steps[cut:]]
 
 
-def test_a_resumed_detector_keeps_the_previous_sketches_for_persistence() -> None:
+@pytest.mark.parametrize("signals, named", [(PERSIST, "persistence"), (TURNING, "'turn'")])
+def test_a_resumed_detector_keeps_the_previous_sketches(signals: tuple[str, ...], named: str) -> None:
     steps = [_signals(g) for g in _repeating_stream(4, 55, bad=1, onset=30, seed=9)]
-    state, decisions, resumed = _resumed_state(PERSIST, steps, 35)
+    state, decisions, resumed = _resumed_state(signals, steps, 35)
     assert state["last"] is not None and len(state["last"]) == 4
     assert resumed == decisions[35:]
-    assert any("persistence" in d for d in decisions[30:])
+    assert any(named in d for d in decisions[30:])
 
 
 def test_a_state_saved_before_persistence_existed_loads_into_the_default_detector() -> None:

@@ -553,20 +553,21 @@ def _drift_cos(inp: _Inputs, drift: np.ndarray, usable: np.ndarray, ref: np.ndar
     ok = np.isfinite(p).all(axis=1)
     if not (ref & ok).any():
         return np.full(k, np.nan)
-    before = p - p[ref & ok].mean(axis=0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = np.einsum("ka,ka->k", drift, before) / (np.linalg.norm(drift, axis=1) *
-                                                   np.linalg.norm(before, axis=1))
+    c = _row_cos(drift, p - p[ref & ok].mean(axis=0))
     return np.where(usable & ok & np.isfinite(c), np.clip(c, -1.0, 1.0), np.nan)
+
+
+def _row_cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(K,) the cosine of each row of a (K, m) with the same row of b (NaN or inf for a zero row)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.einsum("ka,ka->k", a, b) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 def _turn(inp: _Inputs, usable: np.ndarray) -> np.ndarray:
     """(K,) arccos cos(S g_k,t, S g_k,t−1) in radians (NaN where either is unusable or zero)."""
     if inp.previous is None:
         return np.full(len(usable), np.nan)
-    s, p = inp.sketches, inp.previous
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = np.einsum("ka,ka->k", s, p) / (np.linalg.norm(s, axis=1) * np.linalg.norm(p, axis=1))
+    c = _row_cos(inp.sketches, inp.previous)
     ok = usable & np.isfinite(c)
     return np.where(ok, np.arccos(np.clip(np.where(ok, c, 0.0), -1.0, 1.0)), np.nan)
 
