@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -428,7 +429,8 @@ def test_reading_a_log_loads_no_torch() -> None:
 
 def test_a_csv_written_before_a_signal_existed_reads_and_appends_with_its_own_header(tmp_path) -> None:
     """A log whose header lacks persistence's columns (as naig wrote before that signal) reads back, and
-    ``append=True`` continues it with the file's header, the steps numbered after its last."""
+    ``append=True`` continues it with the file's header, the steps numbered after its last, and says
+    (one warning) that the missing signal's scores are not recorded."""
     import csv
 
     from naig.monitor.records import csv_columns
@@ -445,7 +447,12 @@ def test_a_csv_written_before_a_signal_existed_reads_and_appends_with_its_own_he
     log = read_log(old)
     assert "persistence" not in log.scores and set(older) <= set(log.scores)
     np.testing.assert_array_equal(log.scores["norm"], read_log(full).scores["norm"])
-    _run(CsvRecords(old, append=True), seed=1)
+    with pytest.warns(UserWarning, match=r"old\.csv was written before the signal\(s\) persistence existed"):
+        _run(CsvRecords(old, append=True), seed=1)
     again = list(csv.reader(old.open(newline="")))
     assert tuple(again[0]) == head and all(len(r) == len(head) for r in again if r)
     np.testing.assert_array_equal(read_log(old).steps, np.arange(1, 2 * STEPS + 1))
+    with warnings.catch_warnings(record=True) as caught:  # a current file: no such warning
+        warnings.simplefilter("always")
+        _run(CsvRecords(full, append=True), seed=1)
+    assert not [w for w in caught if "was written before" in str(w.message)]

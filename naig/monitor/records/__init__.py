@@ -53,7 +53,8 @@ existing file is refused.
 
 **CSV** (``CsvRecords``): one row per rank per step, columns ``CSV_COLUMNS``; non-finite values as
 ``nan``/``inf``. A CSV written before a signal existed (its header lacks that signal's columns,
-``csv_columns``) reads back without them and ``append=True`` continues it with its own header.
+``csv_columns``) reads back without them and ``append=True`` continues it with its own header (one
+warning says which signals' scores it leaves out).
 
 **TensorBoard** (``TensorBoardRecords``, the optional extra ``naig[tensorboard]``): scalars under
 ``naig_monitor/`` at global step = the step: ``max_score``, ``max_rank``, ``k_eff``,

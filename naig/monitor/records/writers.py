@@ -339,6 +339,12 @@ class CsvRecords(_FileRecords):
         self._columns = CSV_COLUMNS
         if old:  # continued with the file's own header (one written before a signal existed has fewer)
             self._offset, self._columns = _last_csv_step(self.path)
+            missing = [s for s in SIGNALS if s not in (csv_signals(self._columns) or ())]
+            if missing:
+                names = ", ".join(missing)
+                warnings.warn(f"naig.monitor: {self.path} was written before the signal(s) {names} existed: "
+                              "the rows appended keep its columns, without their scores (the flags column "
+                              "still names them); write to a new file to record them", stacklevel=2)
         self._fh = self.path.open("a" if self.append else "w", newline="", encoding="utf-8")
         self._csv = csv.writer(self._fh)
         if not old:
