@@ -175,7 +175,9 @@ def test_slow_worker_staleness_grows_as_predicted(tmp_path: Path) -> None:
     assert measured[2] > 1.5 * max(measured[:2])  # and its gradients are staler
     assert predicted[2] > 1.5 * max(predicted[:2])
     # E[τ_i] = E[C_i] Σ_{j≠i} 1/E[C_j] at the measured cycles; measured within 10% in trials
-    assert measured == pytest.approx(predicted, rel=0.35)
+    # (seen once, 2026-12-05, under extra load: 15.4 against 9.66 for the slowed worker; the whole
+    # block, arrivals and cycles included, goes into the message to tell why if it recurs)
+    assert measured == pytest.approx(predicted, rel=0.35), {**st, "arrivals": doc["runs"][0]["distributed"]}
 
 
 def test_ctrl_c_prints_partial_results_and_leaves_no_process(tmp_path: Path) -> None:
