@@ -456,3 +456,37 @@ def test_a_csv_written_before_a_signal_existed_reads_and_appends_with_its_own_he
         warnings.simplefilter("always")
         _run(CsvRecords(full, append=True), seed=1)
     assert not [w for w in caught if "was written before" in str(w.message)]
+
+
+@pytest.mark.parametrize("cut", ["mid-row", "line break"])
+def test_append_to_a_csv_cut_by_a_crash_is_refused_and_leaves_it_as_it_was(tmp_path, cut: str) -> None:
+    """A run killed mid-row leaves a last line without its line break; appending would glue the next
+    row to it and make the whole file unreadable, so it is refused (one line, the line named)."""
+    path = tmp_path / "m.csv"
+    _run(CsvRecords(path))
+    data = path.read_bytes()
+    data = data[:-40] if cut == "mid-row" else data.rstrip(b"\r\n")
+    path.write_bytes(data)
+    refused = r"line \d+: (\d+ fields, expected \d+|no line break at its end)"
+    with pytest.raises(UsageError, match=refused) as err:
+        CsvRecords(path, append=True)
+    assert err.value.field == "path" and "\n" not in str(err.value)
+    assert path.read_bytes() == data
+
+
+def test_append_of_a_run_with_another_rank_count_to_a_csv_writes_nothing(tmp_path) -> None:
+    """read_log refuses a CSV whose steps have different rank counts, so the writer does not write one:
+    its warning names the file and both counts, and the file stays as it was (and readable)."""
+    import csv
+
+    full = tmp_path / "full.csv"
+    _run(CsvRecords(full))
+    rows = list(csv.reader(full.open(newline="")))
+    three = tmp_path / "three.csv"
+    with three.open("w", newline="") as fh:
+        csv.writer(fh).writerows([rows[0], *(r for r in rows[1:] if r and r[1] != str(WORLD - 1))])
+    before = three.read_bytes()
+    assert read_log(three).world == WORLD - 1
+    with pytest.warns(RuntimeWarning, match=r"three\.csv.*holds a run of 3 ranks, this run has 4"):
+        _run(CsvRecords(three, append=True))
+    assert three.read_bytes() == before

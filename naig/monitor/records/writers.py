@@ -325,7 +325,9 @@ class CsvRecords(_FileRecords):
         overwrite: replace an existing file.
 
     Raises:
-        UsageError: as ``JsonlRecords``.
+        UsageError: as ``JsonlRecords``; with ``append``, also a file whose last line has no line break
+            (a run cut mid-row) or a malformed row, naming the line. A file of another rank count is
+            found at the first step: this writer then writes nothing (``on_error``, see ``attach``).
     """
 
     def _check_existing(self) -> None:
@@ -338,7 +340,10 @@ class CsvRecords(_FileRecords):
         old = self.append and self.path.exists() and self.path.stat().st_size > 0
         self._columns = CSV_COLUMNS
         if old:  # continued with the file's own header (one written before a signal existed has fewer)
-            self._offset, self._columns = _last_csv_step(self.path)
+            self._offset, self._columns, ranks = _last_csv_step(self.path)
+            if self._offset and ranks != header["world"]:  # (read_log refuses a file of two rank counts)
+                raise UsageError(f"holds a run of {ranks} ranks, this run has {header['world']}; pass "
+                                 "another path", field="path", value=str(self.path))
             missing = [s for s in SIGNALS if s not in (csv_signals(self._columns) or ())]
             if missing:
                 names = ", ".join(missing)
@@ -377,18 +382,44 @@ def _cell(v: Any) -> Any:
     return repr(float(v)) if isinstance(v, float) else v
 
 
-def _last_csv_step(path: Path) -> tuple[int, tuple[str, ...]]:
-    """The last step of a monitor CSV and its header (``CSV_COLUMNS``, or fewer signals' columns)."""
+def _last_csv_step(path: Path) -> tuple[int, tuple[str, ...], int]:
+    """The last step of a monitor CSV, its header (``CSV_COLUMNS``, or fewer signals' columns) and the
+    number of rank rows of that step, read one row at a time.
+
+    Raises:
+        UsageError: not a monitor CSV, naming the first line that is not one: another header, a row
+            with another number of fields, a step or rank that is not an integer >= 1 (>= 0 for a rank),
+            steps that go back, or a last line without its line break (a run cut mid-row: appending
+            would join the next row to it).
+    """
+    line = 1
     try:
         with path.open(newline="", encoding="utf-8") as fh:
             rows = csv.reader(fh)
             head = tuple(next(rows, ()))
             if csv_signals(head) is None:
-                raise ValueError("header")
-            return max((int(row[0]) for row in rows if row), default=0), head
-    except (ValueError, IndexError, UnicodeDecodeError) as exc:
-        raise UsageError(f"is not a naig monitor CSV ({type(exc).__name__}); pass another path", field="path",
-                         value=str(path)) from None
+                raise ValueError("not a monitor header")
+            last, ranks = 0, 0
+            for row in rows:
+                line = rows.line_num
+                if not row:
+                    continue
+                if len(row) != len(head):
+                    raise ValueError(f"{len(row)} fields, expected {len(head)}")
+                step, rank = int(row[0]), int(row[1])
+                if step < 1 or rank < 0 or step < last or step > 2**62:
+                    raise ValueError(f"step {row[0]}, rank {row[1]} after step {last}")
+                last, ranks = step, (ranks + 1 if step == last else 1)
+        with path.open("rb") as fh:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                line = rows.line_num
+                raise ValueError("no line break at its end (a run cut mid-row?); end the file with one "
+                                 "or pass overwrite=True")
+    except (ValueError, IndexError, UnicodeDecodeError, csv.Error) as exc:
+        raise UsageError(f"is not a naig monitor CSV to append to (line {line}: {exc}); pass another path",
+                         field="path", value=str(path)) from None
+    return last, head, ranks
 
 
 class TensorBoardRecords(RecordWriter):
