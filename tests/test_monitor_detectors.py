@@ -645,6 +645,29 @@ def test_a_huge_number_in_a_state_is_a_one_line_error() -> None:
         Detector(4, quiet=True).load_state_dict(state)
 
 
+@pytest.mark.parametrize("change", [{"step": 1e308}, {"step": 10 ** 400}, {"step": -5}, {"named": 10 ** 18},
+                                    {"fresh": -1000}, {"fresh": 10 ** 6}, {"stat": math.inf}, {"stat": -1.0},
+                                    {"start": 10 ** 6}], ids=lambda c: "=".join(map(str, *c.items()))[:24])
+def test_a_state_whose_counters_no_detector_reaches_is_refused_at_load(change: dict) -> None:
+    """Each of these loaded before and then crashed at the next step (an int64 overflow) or flagged a
+    clean rank at once (a CUSUM statistic of inf): refused at load, one line."""
+    det = Detector(4, quiet=True)
+    for g in _stream(4, 20, 1.0, seed=2):
+        det.update(_signals(g))
+    state = copy.deepcopy(det.state_dict())
+    (key, value), = change.items()
+    if key in ("step", "fresh"):
+        state[key] = value
+    elif key == "named":
+        state["named"][0] = value
+    else:
+        state[key][0][0][0] = value
+    with pytest.raises(UsageError, match="malformed detector state") as err:
+        Detector(4, quiet=True).load_state_dict(state)
+    assert "\n" not in str(err.value)
+    Detector(4, quiet=True).load_state_dict(det.state_dict())  # the state itself loads
+
+
 def test_drift_is_not_tested_before_its_record_holds_its_steps_and_a_resume_keeps_that() -> None:
     """Until ``DRIFT_MIN_STEPS`` clean steps of drifts are recorded the drift threshold is inf (no
     test), saved as None and read back as inf, so a resumed detector reports what the uninterrupted

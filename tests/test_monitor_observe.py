@@ -9,6 +9,7 @@ step is inside the sketch's noise); no rank is flagged at any earlier step.
 
 from __future__ import annotations
 
+import copy
 import math
 import subprocess
 import sys
@@ -215,6 +216,26 @@ def test_a_monitor_state_of_other_settings_is_refused() -> None:
     assert err.value.field == "window"
     with pytest.raises(UsageError, match="version"):
         Monitor().load_state_dict({"detector": None})
+
+
+@pytest.mark.parametrize("where", ["settings", "world-huge", "world-bool", "replica-rank", "replica-step"])
+def test_a_malformed_monitor_state_is_one_line_before_anything_is_allocated(where: str) -> None:
+    """A state whose settings are not a mapping, whose world is absurd (10**9 ranks would allocate ~90 GB)
+    or whose replica check names a rank outside the run is refused at load, in one line."""
+    mon = Monitor(window=16)
+    with pytest.warns(UserWarning, match="warm-up"):
+        for rows in _payloads(20, 4, seed=1):
+            mon.decide(rows)
+    state = copy.deepcopy(mon.state_dict())
+    if where == "settings":
+        state["detector"]["settings"] = "window=16"
+    elif where.startswith("world"):
+        state["detector"]["settings"]["world"] = 10 ** 9 if where == "world-huge" else True
+    else:
+        state["replicas"] = {"named": [[99, 5, 1.0]] if where == "replica-rank" else [[1, 0, 1.0]]}
+    with pytest.raises(UsageError, match="malformed") as err:
+        Monitor(window=16).load_state_dict(state)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

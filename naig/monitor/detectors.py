@@ -219,7 +219,8 @@ from naig.threads import one_blas_thread
 if TYPE_CHECKING:
     from naig.monitor.signals import RankSignals
 
-__all__ = ["ACTIONS", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE", "MAD_SCALE", "DEFAULT_DETECTOR",
+__all__ = ["ACTIONS", "MAX_WORLD", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE", "MAD_SCALE",
+           "DEFAULT_DETECTOR",
            "DEFAULT_SIGNALS", "DEFAULT_SCORES", "DEFAULT_WINDOW", "DEFAULT_WARMUP", "DEFAULT_DELTA",
            "DEFAULT_CLIP", "DEFAULT_HOLD", "POOL_SIZES", "STATE_VERSION", "TWO_RANKS", "WARMUP",
            "DRIFT_LAMBDA", "DRIFT_MIN_STEPS", "UNFITTED_CUSUM", "TURN_FLOOR", "BadRankError", "Decision",
@@ -313,6 +314,8 @@ persistence starts afresh, with an empty pool and no previous sketches; and 4, s
 saved before ``turn`` existed, likewise)."""
 _SINCE = {"persistence": 4, "drift": 5, "turn": 6}  # the state version each later signal first appears in
 DRIFT_LAMBDA = 0.1
+MAX_WORLD = 1 << 17
+"""The most ranks a detector (and a monitor log) may have: more is refused before anything is allocated."""
 """λ of the ``drift`` signal's EWMA: the newest step's weight (chosen on the validation seeds of the
 persistent-fault protocol, 2026-12-05, among 0.1, 0.2, 0.3; docs/results/monitor-detection.md)."""
 UNFITTED_CUSUM = 0.01
@@ -948,7 +951,7 @@ class Detector:
     """Pooled-calibration transient tests and CUSUM change detection per rank and signal.
 
     Args:
-        world: K, the number of ranks.
+        world: K, the number of ranks, in [1, ``MAX_WORLD``].
         false_alarm: the probability that a clean step flags any rank (family-wise), in (0, 1).
         window: steps of pooled clean history (K · window values per signal), in [3, ``MAX_WINDOW``].
         warmup: clean steps pooled before the tests run (non-finite checks only until then), in
@@ -975,7 +978,7 @@ class Detector:
                  scores: Sequence[str] = DEFAULT_SCORES, action: str = "log", delta: float = DEFAULT_DELTA,
                  clip: float = DEFAULT_CLIP, hold: int = DEFAULT_HOLD, min_scale: float = 1e-6,
                  quiet: bool = False) -> None:
-        self.world = _check_int(world, "world", 1)
+        self.world = _check_int(world, "world", 1, MAX_WORLD)
         self.window = _check_int(window, "window", 3)
         if self.window > MAX_WINDOW:
             raise UsageError(f"must be <= {MAX_WINDOW:,} (each rank keeps window values per signal)",
@@ -1484,6 +1487,7 @@ class Detector:
                 raise ValueError("the drift threshold is not > 0")
             if "drift" in calibration and math.isnan(h_drift):  # inf (not yet fittable) saves as None
                 calibration["drift"] = (math.inf, calibration["drift"][1])
+            _check_counters(step, stat, start, named, fresh)
             if afresh:
                 calibration = {}  # fitted with fewer tests per rank (a larger α each): refit
         except (KeyError, TypeError, ValueError, OverflowError, np.linalg.LinAlgError) as exc:
@@ -1495,6 +1499,21 @@ class Detector:
         self.ewma, self.cov, self.cov_weight, self.cov_count, record = drift
         self.drift_record = deque(record, maxlen=self.drift_record.maxlen)
         self._stats = {}
+
+
+def _check_counters(step: int, stat: np.ndarray, start: np.ndarray, named: np.ndarray, fresh: int) -> None:
+    """Raise ValueError unless a loaded state's counters are ones a detector can reach: 0 <= step <= 2**62,
+    every CUSUM statistic finite and >= 0, every excursion start and naming step in 0..step, and
+    0 <= fresh <= step (a value out of range would load, then crash or silently flag later)."""
+    if not 0 <= step <= 1 << 62:
+        raise ValueError(f"step {step} is not in 0..2**62")
+    if not (np.isfinite(stat).all() and (stat >= 0).all()):
+        raise ValueError("a CUSUM statistic is not finite and >= 0")
+    for name, a in (("start", start), ("named", named)):
+        if a.size and not (a.min() >= 0 and a.max() <= step):
+            raise ValueError(f"a {name} step is not in 0..{step} (the state's step)")
+    if not 0 <= fresh <= step:
+        raise ValueError(f"fresh {fresh} is not in 0..{step}")
 
 
 def _insert_rows(a: np.ndarray, saved: list[str], signals: tuple[str, ...]) -> np.ndarray:
@@ -1801,9 +1820,11 @@ class _View:
                    {n: tuple(row) for n, row in zip(det.signals, signed.tolist(), strict=True)})
 
 
-def _check_int(value: object, name: str, low: int) -> int:
+def _check_int(value: object, name: str, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
         raise UsageError(f"must be an int >= {low}", field=name, value=value)
+    if high is not None and value > high:
+        raise UsageError(f"must be an int <= {high}", field=name, value=value)
     return int(value)
 
 

@@ -59,6 +59,7 @@ from naig.monitor.detectors import (
     DEFAULT_SIGNALS,
     DEFAULT_WARMUP,
     DEFAULT_WINDOW,
+    MAX_WORLD,
     Decision,
     Detector,
     check_action,
@@ -425,15 +426,17 @@ class Monitor:
             self.detector = None
             self.replicas.load_state_dict(state.get("replicas", {"named": []}))
             return
-        world = det.get("settings", {}).get("world") if isinstance(det, Mapping) else None
-        if not isinstance(world, int) or world < 1:
-            raise UsageError("malformed monitor state (no world)", field="state")
+        settings = det.get("settings") if isinstance(det, Mapping) else None
+        world = settings.get("world") if isinstance(settings, Mapping) else None
+        if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= MAX_WORLD:
+            raise UsageError(f"malformed monitor state (detector.settings.world is not 1..{MAX_WORLD})",
+                             field="state")
         if dist.is_available() and dist.is_initialized() and world != self.world:
             raise UsageError(f"the state was saved with {world} ranks, this group has {self.world}",
                              field="world", value=world)
         detector = Detector(world, **self._detector_args, quiet=True)
         detector.load_state_dict(dict(det))
-        self.replicas.load_state_dict(state.get("replicas", {"named": []}))  # after every check passed
+        self.replicas.load_state_dict(state.get("replicas", {"named": []}), world=world)  # after every check
         self.detector = detector
 
     def _sketch(self, layout: tuple[tuple[str, int], ...], device: torch.device) -> MonitorSketch:

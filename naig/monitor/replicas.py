@@ -169,18 +169,27 @@ class ReplicaCheck:
         return {"named": [[k, since, u if math.isfinite(u) else None]
                           for k, (since, u) in self.named.items()]}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, *, world: int | None = None) -> None:
         """Continue from ``state_dict()``.
+
+        Args:
+            state: what ``state_dict()`` returned.
+            world: the ranks of the detector loaded beside it (None: not checked); every named rank
+                must be in 0..world−1.
 
         Raises:
             UsageError: a malformed state.
         """
         try:
-            self.named = {int(k): (int(since), math.inf if u is None else float(u))
-                          for k, since, u in state["named"]}
-        except (KeyError, TypeError, ValueError):
-            raise UsageError("malformed replica-check state (expected {'named': [[rank, since, u], ...]})",
-                             field="state") from None
+            named = {int(k): (int(since), math.inf if u is None else float(u))
+                     for k, since, u in state["named"]}
+            limit = math.inf if world is None else world
+            if any(not (0 <= k < limit and since >= 1 and u >= 0) for k, (since, u) in named.items()):
+                raise ValueError("out of range")
+        except (KeyError, TypeError, ValueError, OverflowError):
+            raise UsageError("malformed replica-check state (expected {'named': [[rank, since, u], ...]}, "
+                             "a rank of the run, a step >= 1, u >= 0 or None)", field="state") from None
+        self.named = named
 
 
 def action_ranks(decision: Decision) -> tuple[int, ...]:

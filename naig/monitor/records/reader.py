@@ -17,7 +17,7 @@ import numpy as np
 
 from naig.errors import DataError
 from naig.io import missing_reason
-from naig.monitor.detectors import SIGNALS
+from naig.monitor.detectors import MAX_WORLD, SIGNALS  # MAX_WORLD: read_log refuses more ranks
 from naig.monitor.records.schema import CSV_COLUMNS, SCHEMA_VERSION, csv_signals, decode
 
 __all__ = ["MAX_WORLD", "MonitorLog", "read_log"]
@@ -107,8 +107,6 @@ def _bad(p: Path, line: int, what: str) -> DataError:
     return DataError(f"{p}, line {line}: {what}")
 
 
-MAX_WORLD = 1 << 17
-"""The most ranks a monitor log may declare (``read_log`` refuses more before allocating)."""
 _HEADER_BYTES = 1 << 24  # the longest header line read (hosts of MAX_WORLD ranks fit)
 _RANK_BYTES = 4096  # a step line may hold this many bytes per rank (the fields of one rank: ~700)
 _MAX_STEP = (1 << 63) - 1  # steps are int64
