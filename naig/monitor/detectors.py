@@ -1491,7 +1491,9 @@ class Detector:
             if afresh:
                 calibration = {}  # fitted with fewer tests per rank (a larger α each): refit
         except (KeyError, TypeError, ValueError, OverflowError, np.linalg.LinAlgError) as exc:
-            raise UsageError(f"malformed detector state ({exc})", field="state") from None
+            why = f"no key {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+            raise UsageError(f"malformed detector state ({why}); load a state saved by "
+                             "Detector.state_dict()", field="state") from None
         self.stat, self.start, self.named, self.pool, self.step = stat, start, named, pool, step
         self.tails, self.recent, self.calibration, self.fresh = tails, recent, calibration, fresh
         self.scored = None  # the loaded state's steps were scored elsewhere
