@@ -647,12 +647,14 @@ def test_a_huge_number_in_a_state_is_a_one_line_error() -> None:
 
 @pytest.mark.parametrize("change", [{"step": 1e308}, {"step": 10 ** 400}, {"step": -5}, {"named": 10 ** 18},
                                     {"fresh": -1000}, {"fresh": 10 ** 6}, {"stat": math.inf}, {"stat": -1.0},
-                                    {"start": 10 ** 6}], ids=lambda c: "=".join(map(str, *c.items()))[:24])
+                                    {"start": 10 ** 6}, {"calibration": -5.0}, {"calibration": math.inf}],
+                         ids=lambda c: "=".join(map(str, *c.items()))[:24])
 def test_a_state_whose_counters_no_detector_reaches_is_refused_at_load(change: dict) -> None:
-    """Each of these loaded before and then crashed at the next step (an int64 overflow) or flagged a
-    clean rank at once (a CUSUM statistic of inf): refused at load, one line."""
+    """Each of these loaded before and then crashed at the next step (an int64 overflow), flagged a
+    clean rank at once (a CUSUM statistic of inf, a negative threshold) or never tested (an infinite
+    one): refused at load, one line."""
     det = Detector(4, quiet=True)
-    for g in _stream(4, 20, 1.0, seed=2):
+    for g in _stream(4, 60, 1.0, seed=2):
         det.update(_signals(g))
     state = copy.deepcopy(det.state_dict())
     (key, value), = change.items()
@@ -660,6 +662,8 @@ def test_a_state_whose_counters_no_detector_reaches_is_refused_at_load(change: d
         state[key] = value
     elif key == "named":
         state["named"][0] = value
+    elif key == "calibration":
+        state["calibration"]["norm"][0] = value
     else:
         state[key][0][0][0] = value
     with pytest.raises(UsageError, match="malformed detector state") as err:

@@ -1482,6 +1482,8 @@ class Detector:
             drift = _drift_rows(state.get("drift") if state["version"] >= 5 else None, k)
             if any(n not in self.signals or len(v) != 2 for n, v in calibration.items()):
                 raise ValueError("a calibration entry is not (t, h) of a signal")
+            if any(not (math.isnan(x) or 0 < x < math.inf) for v in calibration.values() for x in v):
+                raise ValueError("a fitted threshold is not > 0 and finite")
             h_drift = calibration.get("drift", (math.nan,))[0]
             if not (h_drift > 0 or math.isnan(h_drift)):
                 raise ValueError("the drift threshold is not > 0")
