@@ -967,7 +967,8 @@ def test_another_sketch_width_refits_the_drift_threshold() -> None:
 @pytest.mark.parametrize("change", [{"drift": {}}, {"cov": [[0.0] * 14] * 14, "cov_weight": 1.0},
                                     {"cov": [[-1.0 if i == j else 0.0 for j in range(14)] for i in range(14)],
                                      "cov_weight": 1.0},
-                                    {"cov_weight": "2"}, {"cov_count": True}, {"ewma": [[None] * 14] * 4},
+                                    {"cov_weight": "2"}, {"cov_weight": 1e308}, {"cov_count": True},
+                                    {"ewma": [[None] * 14] * 4},
                                     {"calibration": [0.0, None]}, {"calibration": [-5.0, None]}])
 def test_a_drift_state_that_would_fail_later_is_refused_at_load(change: dict) -> None:
     det = Detector(4, signals=DRIFTING, quiet=True)
