@@ -1480,7 +1480,7 @@ class Detector:
             fresh = int(state["fresh"]) if v3 else 0
             last = _sketch_rows(state.get("last") if state["version"] >= 4 else None, k)
             drift = _drift_rows(state.get("drift") if state["version"] >= 5 else None, k)
-            if drift[2] > self.window:  # a geometric sum with ratio 1 - 1/window stays below window
+            if drift[2] > self.window * (1 + 1e-9):  # a geometric sum of ratio 1 - 1/window: below window
                 raise ValueError("the drift covariance's weight exceeds the window")
             if any(n not in self.signals or len(v) != 2 for n, v in calibration.items()):
                 raise ValueError("a calibration entry is not (t, h) of a signal")
