@@ -672,6 +672,13 @@ def test_a_state_whose_counters_no_detector_reaches_is_refused_at_load(change: d
     Detector(4, quiet=True).load_state_dict(det.state_dict())  # the state itself loads
 
 
+@pytest.mark.parametrize("settings", [None, "window=6", [1, 2]])
+def test_a_state_whose_settings_are_not_a_mapping_is_one_line(settings: object) -> None:
+    state = Detector(4, quiet=True).state_dict() | {"settings": settings}
+    with pytest.raises(UsageError, match="settings are not a mapping"):
+        Detector(4, quiet=True).load_state_dict(state)
+
+
 def test_drift_is_not_tested_before_its_record_holds_its_steps_and_a_resume_keeps_that() -> None:
     """Until ``DRIFT_MIN_STEPS`` clean steps of drifts are recorded the drift threshold is inf (no
     test), saved as None and read back as inf, so a resumed detector reports what the uninterrupted

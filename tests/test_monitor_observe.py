@@ -218,7 +218,8 @@ def test_a_monitor_state_of_other_settings_is_refused() -> None:
         Monitor().load_state_dict({"detector": None})
 
 
-@pytest.mark.parametrize("where", ["settings", "world-huge", "world-bool", "replica-rank", "replica-step"])
+@pytest.mark.parametrize("where", ["settings", "world-huge", "world-bool", "replica-rank", "replica-step",
+                                   "replica-later", "replica-before-any-step"])
 def test_a_malformed_monitor_state_is_one_line_before_anything_is_allocated(where: str) -> None:
     """A state whose settings are not a mapping, whose world is absurd (10**9 ranks would allocate ~90 GB)
     or whose replica check names a rank outside the run is refused at load, in one line."""
@@ -231,11 +232,16 @@ def test_a_malformed_monitor_state_is_one_line_before_anything_is_allocated(wher
         state["detector"]["settings"] = "window=16"
     elif where.startswith("world"):
         state["detector"]["settings"]["world"] = 10 ** 9 if where == "world-huge" else True
+    elif where == "replica-before-any-step":  # no step decided, so no rank can have been named
+        state = {"version": 1, "detector": None, "replicas": {"named": [[1, 3, 1.0]]}}
     else:
-        state["replicas"] = {"named": [[99, 5, 1.0]] if where == "replica-rank" else [[1, 0, 1.0]]}
+        since = {"replica-rank": 5, "replica-step": 0, "replica-later": 21}[where]
+        state["replicas"] = {"named": [[99 if where == "replica-rank" else 1, since, 1.0]]}
+    decided = copy.deepcopy(mon.state_dict())
     with pytest.raises(UsageError, match="malformed") as err:
-        Monitor(window=16).load_state_dict(state)
+        mon.load_state_dict(state)
     assert "\n" not in str(err.value)
+    assert mon.state_dict() == decided  # a refused state changes nothing
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

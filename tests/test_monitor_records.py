@@ -458,6 +458,23 @@ def test_a_csv_written_before_a_signal_existed_reads_and_appends_with_its_own_he
     assert not [w for w in caught if "was written before" in str(w.message)]
 
 
+@pytest.mark.parametrize("rank", ["99", "0", "-1", str(10 ** 30)])
+def test_append_to_a_csv_whose_step_rows_are_not_its_ranks_in_order_is_refused(tmp_path, rank: str) -> None:
+    """read_log refuses a step whose rows are not ranks 0..K-1: append refuses it, naming the line."""
+    import csv
+
+    path = tmp_path / "m.csv"
+    _run(CsvRecords(path))
+    rows = list(csv.reader(path.open(newline="")))
+    rows[-1][1] = rank
+    with path.open("w", newline="") as fh:
+        csv.writer(fh).writerows(rows)
+    data = path.read_bytes()
+    with pytest.raises(UsageError, match=rf"line {len(rows)}: step {STEPS}, rank {rank}"):
+        CsvRecords(path, append=True)
+    assert path.read_bytes() == data
+
+
 @pytest.mark.parametrize("cut", ["mid-row", "line break"])
 def test_append_to_a_csv_cut_by_a_crash_is_refused_and_leaves_it_as_it_was(tmp_path, cut: str) -> None:
     """A run killed mid-row leaves a last line without its line break; appending would glue the next
@@ -487,6 +504,8 @@ def test_append_of_a_run_with_another_rank_count_to_a_csv_writes_nothing(tmp_pat
         csv.writer(fh).writerows([rows[0], *(r for r in rows[1:] if r and r[1] != str(WORLD - 1))])
     before = three.read_bytes()
     assert read_log(three).world == WORLD - 1
-    with pytest.warns(RuntimeWarning, match=r"three\.csv.*holds a run of 3 ranks, this run has 4"):
+    counts = r"three\.csv.*rows for 3 ranks \(a run of 3 ranks, or a step cut short by a crash\)"
+    counts += ", this run has 4"
+    with pytest.warns(RuntimeWarning, match=counts):
         _run(CsvRecords(three, append=True))
     assert three.read_bytes() == before

@@ -1450,6 +1450,9 @@ class Detector:
             got = state.get("version") if isinstance(state, Mapping) else type(state).__name__
             raise UsageError(f"not a detector state of version 2 to {STATE_VERSION}", field="state",
                              value=got)
+        if not isinstance(state.get("settings", {}), Mapping):
+            raise UsageError("malformed detector state (its settings are not a mapping); load a state "
+                             "saved by Detector.state_dict()", field="state")
         mine, theirs = self.settings(), dict(state.get("settings", {}))
         saved = list(theirs.get("signals") or [])
         older = [s for s in self.signals if _SINCE.get(s, 0) <= state["version"]]

@@ -422,9 +422,9 @@ class Monitor:
         if not isinstance(state, Mapping) or state.get("version") != 1 or "detector" not in state:
             raise UsageError("not a Monitor.state_dict() of version 1", field="state")
         det = state["detector"]
-        if det is None:
+        if det is None:  # before the first step: no rank can have been named
+            self.replicas.load_state_dict(state.get("replicas", {"named": []}), world=None, step=0)
             self.detector = None
-            self.replicas.load_state_dict(state.get("replicas", {"named": []}))
             return
         settings = det.get("settings") if isinstance(det, Mapping) else None
         world = settings.get("world") if isinstance(settings, Mapping) else None
@@ -436,7 +436,8 @@ class Monitor:
                              field="world", value=world)
         detector = Detector(world, **self._detector_args, quiet=True)
         detector.load_state_dict(dict(det))
-        self.replicas.load_state_dict(state.get("replicas", {"named": []}), world=world)  # after every check
+        self.replicas.load_state_dict(state.get("replicas", {"named": []}), world=world,
+                                      step=detector.step)  # after every other check
         self.detector = detector
 
     def _sketch(self, layout: tuple[tuple[str, int], ...], device: torch.device) -> MonitorSketch:

@@ -169,13 +169,13 @@ class ReplicaCheck:
         return {"named": [[k, since, u if math.isfinite(u) else None]
                           for k, (since, u) in self.named.items()]}
 
-    def load_state_dict(self, state: dict, *, world: int | None = None) -> None:
-        """Continue from ``state_dict()``.
+    def load_state_dict(self, state: dict, *, world: int | None = None, step: int | None = None) -> None:
+        """Continue from ``state_dict()``; nothing changes when it is refused.
 
         Args:
             state: what ``state_dict()`` returned.
-            world: the ranks of the detector loaded beside it (None: not checked); every named rank
-                must be in 0..world−1.
+            world, step: the ranks and the step of the detector loaded beside it (None: not checked);
+                every named rank must be in 0..world−1 and named since a step in 1..step.
 
         Raises:
             UsageError: a malformed state.
@@ -183,8 +183,8 @@ class ReplicaCheck:
         try:
             named = {int(k): (int(since), math.inf if u is None else float(u))
                      for k, since, u in state["named"]}
-            limit = math.inf if world is None else world
-            if any(not (0 <= k < limit and since >= 1 and u >= 0) for k, (since, u) in named.items()):
+            ranks, last = (math.inf if world is None else world), (math.inf if step is None else step)
+            if any(not (0 <= k < ranks and 1 <= since <= last and u >= 0) for k, (since, u) in named.items()):
                 raise ValueError("out of range")
         except (KeyError, TypeError, ValueError, OverflowError):
             raise UsageError("malformed replica-check state (expected {'named': [[rank, since, u], ...]}, "

@@ -342,8 +342,10 @@ class CsvRecords(_FileRecords):
         if old:  # continued with the file's own header (one written before a signal existed has fewer)
             self._offset, self._columns, ranks = _last_csv_step(self.path)
             if self._offset and ranks != header["world"]:  # (read_log refuses a file of two rank counts)
-                raise UsageError(f"holds a run of {ranks} ranks, this run has {header['world']}; pass "
-                                 "another path", field="path", value=str(self.path))
+                raise UsageError(f"its last step has rows for {ranks} ranks (a run of {ranks} ranks, or a "
+                                 f"step cut short by a crash), this run has {header['world']}; pass another "
+                                 "path",
+                                 field="path", value=str(self.path))
             missing = [s for s in SIGNALS if s not in (csv_signals(self._columns) or ())]
             if missing:
                 names = ", ".join(missing)
@@ -407,9 +409,11 @@ def _last_csv_step(path: Path) -> tuple[int, tuple[str, ...], int]:
                 if len(row) != len(head):
                     raise ValueError(f"{len(row)} fields, expected {len(head)}")
                 step, rank = int(row[0]), int(row[1])
-                if step < 1 or rank < 0 or step < last or step > 2**62:
-                    raise ValueError(f"step {row[0]}, rank {row[1]} after step {last}")
-                last, ranks = step, (ranks + 1 if step == last else 1)
+                place = ranks if step == last else 0  # each step's rows are ranks 0, 1, ... in order
+                if step < 1 or step < last or step > 2**62 or rank != place:
+                    raise ValueError(f"step {row[0]}, rank {row[1]} after step {last} (expected rank "
+                                     f"{place})")
+                last, ranks = step, place + 1
         with path.open("rb") as fh:
             fh.seek(-1, os.SEEK_END)
             if fh.read(1) != b"\n":
