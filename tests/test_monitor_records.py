@@ -475,6 +475,21 @@ def test_append_to_a_csv_whose_step_rows_are_not_its_ranks_in_order_is_refused(t
     assert path.read_bytes() == data
 
 
+@pytest.mark.parametrize("cut", ["mid-line", "line break"])
+def test_append_to_a_jsonl_cut_by_a_crash_is_refused_naming_the_line(tmp_path, cut: str) -> None:
+    """A JSONL log whose last line has no line break (a crash mid-line, or a complete line cut just
+    before its line break): appending would glue the new header to it, so it is refused."""
+    path = tmp_path / "m.jsonl"
+    _run(JsonlRecords(path))
+    data = path.read_bytes()
+    data = data[:-40] if cut == "mid-line" else data.rstrip(b"\n")
+    path.write_bytes(data)
+    lines = data.count(b"\n") + 1
+    with pytest.raises(UsageError, match=rf"line {lines}: no line break at its end"):
+        JsonlRecords(path, append=True)
+    assert path.read_bytes() == data
+
+
 @pytest.mark.parametrize("cut", ["mid-row", "line break"])
 def test_append_to_a_csv_cut_by_a_crash_is_refused_and_leaves_it_as_it_was(tmp_path, cut: str) -> None:
     """A run killed mid-row leaves a last line without its line break; appending would glue the next

@@ -268,7 +268,8 @@ class JsonlRecords(_FileRecords):
     Raises:
         UsageError: a missing directory, a directory, an existing file without ``append`` or
             ``overwrite``, both of them, or (with ``append``) a file that is not a naig monitor
-            JSONL (checked on rank 0 at the first step).
+            JSONL, or whose last line has no line break (a run cut mid-line), naming the line
+            (checked on rank 0 when made, and for the rank count at the first step).
     """
 
     def _check_existing(self) -> None:
@@ -295,10 +296,13 @@ class JsonlRecords(_FileRecords):
 
 def _last_jsonl_step(path: Path, world: int | None) -> int:
     """The last step of an existing monitor JSONL of ``world`` ranks (any when None; UsageError otherwise)."""
-    last, seen = 0, False
+    last, seen, number = 0, False, 0
     try:
         with path.open(encoding="utf-8") as fh:
             for line in fh:
+                number += 1  # named in the error
+                if not line.endswith("\n"):
+                    raise ValueError("no line break at its end (a run cut mid-line?)")
                 obj = json.loads(line)
                 if obj.get("type") == "header":
                     if obj.get("schema") != SCHEMA_VERSION or world not in (None, obj.get("world")):
@@ -308,8 +312,9 @@ def _last_jsonl_step(path: Path, world: int | None) -> int:
                     last = max(last, int(obj["step"]))
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as exc:
         ranks = "" if world is None else f" and {world} ranks"
-        raise UsageError(f"is not a naig monitor JSONL of schema {SCHEMA_VERSION}{ranks} "
-                         f"({type(exc).__name__}); pass another path", field="path",
+        why = str(exc).splitlines()[0][:120] if isinstance(exc, ValueError) else type(exc).__name__
+        raise UsageError(f"is not a naig monitor JSONL of schema {SCHEMA_VERSION}{ranks} to append to "
+                         f"(line {number}: {why}); pass another path, or overwrite=True", field="path",
                          value=str(path)) from None
     if not seen:
         raise UsageError("has no naig monitor header; pass another path", field="path", value=str(path))
