@@ -1,6 +1,9 @@
 """pytest, at the root: the optional integrations' library modules are left out of the doctest
 collection (``--doctest-modules`` imports every module of naig/) when their extra is not installed;
-their tests skip with a reason (``pytest.importorskip``)."""
+their tests skip with a reason (``pytest.importorskip``). The helper modules of tests/ that are not
+test files (the scripts each rank of a multi-process test runs, ``tests/*_ranks.py``, and the CLI
+child) hold no doctests and are never collected: importing them would import the integrations'
+frameworks (and fail without their extra) for nothing."""
 
 import importlib.util
 import os
@@ -16,3 +19,4 @@ _EXTRAS = {"naig/monitor/lightning.py": "lightning", "naig/monitor/transformers.
            "naig/monitor/accelerate.py": "accelerate"}
 
 collect_ignore = [path for path, package in _EXTRAS.items() if importlib.util.find_spec(package) is None]
+collect_ignore_glob = ["tests/*_ranks.py", "tests/monitor_rank_tools.py", "tests/cli_child.py"]
