@@ -174,8 +174,10 @@ class ReplicaCheck:
 
         Args:
             state: what ``state_dict()`` returned.
-            world, step: the ranks and the step of the detector loaded beside it (None: not checked);
-                every named rank must be in 0..world−1 and named since a step in 1..step.
+            world: the ranks of the detector loaded beside it (None: not checked); every named rank
+                must be in 0..world−1.
+            step: that detector's step (None: not checked); every rank must be named since a step
+                in 1..step.
 
         Raises:
             UsageError: a malformed state.
