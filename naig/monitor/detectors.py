@@ -314,10 +314,10 @@ persistence starts afresh, with an empty pool and no previous sketches; and 4, s
 saved before ``turn`` existed, likewise)."""
 _SINCE = {"persistence": 4, "drift": 5, "turn": 6}  # the state version each later signal first appears in
 DRIFT_LAMBDA = 0.1
-MAX_WORLD = 1 << 17
-"""The most ranks a detector (and a monitor log) may have: more is refused before anything is allocated."""
 """λ of the ``drift`` signal's EWMA: the newest step's weight (chosen on the validation seeds of the
 persistent-fault protocol, 2026-12-05, among 0.1, 0.2, 0.3; docs/results/monitor-detection.md)."""
+MAX_WORLD = 1 << 17
+"""The most ranks a detector (and a monitor log) may have: more is refused before anything is allocated."""
 UNFITTED_CUSUM = 0.01
 """Until a signal's tail record can fit its CUSUM threshold, the CUSUM runs on the normal-theory h
 of α × this (6.4 instead of 4.2 at the default rate and K = 4): normal theory at α itself raised

@@ -349,8 +349,7 @@ class CsvRecords(_FileRecords):
             if self._offset and ranks != header["world"]:  # (read_log refuses a file of two rank counts)
                 raise UsageError(f"its last step has rows for {ranks} ranks (a run of {ranks} ranks, or a "
                                  f"step cut short by a crash), this run has {header['world']}; pass another "
-                                 "path",
-                                 field="path", value=str(self.path))
+                                 "path", field="path", value=str(self.path))
             missing = [s for s in SIGNALS if s not in (csv_signals(self._columns) or ())]
             if missing:
                 names = ", ".join(missing)
