@@ -672,6 +672,35 @@ def test_a_state_whose_counters_no_detector_reaches_is_refused_at_load(change: d
     Detector(4, quiet=True).load_state_dict(det.state_dict())  # the state itself loads
 
 
+@pytest.mark.parametrize("change", [{"step": 60.5}, {"fresh": 1.5}, {"named": 0.25}, {"start": 2.5},
+                                    {"step": "60"}, {"step": True}, {"named": None}],
+                         ids=lambda c: "=".join(map(str, *c.items())))
+def test_a_counter_that_is_not_a_whole_number_is_refused_not_truncated(change: dict) -> None:
+    """Steps and ranks were read with int(): 60.5 loaded as 60 and "60" as 60. Whole floats (60.0, as a
+    serialiser may write them) still load and resume as the ints do."""
+    det = Detector(4, quiet=True)
+    for g in _stream(4, 60, 1.0, seed=2):
+        det.update(_signals(g))
+    state = copy.deepcopy(det.state_dict())
+    (key, value), = change.items()
+    if key in ("step", "fresh"):
+        state[key] = value
+    elif key == "named":
+        state["named"][0] = value
+    else:
+        state[key][0][0][0] = value
+    with pytest.raises(UsageError, match="malformed detector state.*(whole number|not a number)"):
+        Detector(4, quiet=True).load_state_dict(state)
+    floats = copy.deepcopy(det.state_dict())
+    floats["step"], floats["named"] = float(floats["step"]), [float(v) for v in floats["named"]]
+    resumed, plain = Detector(4, quiet=True), Detector(4, quiet=True)
+    resumed.load_state_dict(floats)
+    plain.load_state_dict(det.state_dict())
+    for g in _stream(4, 5, 1.0, seed=9):
+        assert repr(resumed.update(_signals(g))) == repr(plain.update(_signals(g)))
+    assert resumed.step == plain.step == 65
+
+
 @pytest.mark.parametrize("settings", [None, "window=6", [1, 2]])
 def test_a_state_whose_settings_are_not_a_mapping_is_one_line(settings: object) -> None:
     state = Detector(4, quiet=True).state_dict() | {"settings": settings}

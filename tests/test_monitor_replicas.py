@@ -252,6 +252,25 @@ def test_a_state_that_fails_to_load_changes_nothing():
     assert fresh.replicas.named == {} and fresh.detector is None
 
 
+@pytest.mark.parametrize("named", [[[2, 1, 0.5], [2, 1, 0.5]], [[1.5, 1, 0.5]], [[2, 0.5, 0.5]],
+                                   [["2", 1, 0.5]]],
+                         ids=["duplicate", "fractional-rank", "fractional-step", "string-rank"])
+def test_a_replica_state_naming_a_rank_twice_or_by_a_fraction_is_refused(named: list):
+    """A rank named twice loaded as its last entry, 1.5 as rank 1 and "2" as rank 2: refused, and the
+    refused load changes nothing."""
+    mon = Monitor()
+    with pytest.warns(UserWarning):
+        mon.decide(_payload(3), weights=_flag_rows(3, (2,)))
+    state = mon.state_dict()
+    assert state["replicas"]["named"][0][0] == 2
+    fresh = Monitor()
+    with pytest.raises(UsageError, match="each rank of the run once, a whole step"):
+        fresh.load_state_dict({**state, "replicas": {"named": named}})
+    assert fresh.replicas.named == {} and fresh.detector is None
+    fresh.load_state_dict({**state, "replicas": {"named": [[2.0, 1.0, 0.5]]}})  # whole floats: as ints
+    assert fresh.replicas.named == {2: (1, 0.5)}
+
+
 def test_skip_does_not_act_on_weights_and_exclude_keeps_a_majority():
     from naig.monitor import Decision, Flag
 

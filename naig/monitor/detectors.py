@@ -228,7 +228,7 @@ __all__ = ["ACTIONS", "MAX_WORLD", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE",
            "SignalSpec",
            "check_action", "cusum_arl", "cusum_threshold", "cusum_threshold_sample", "drift_threshold",
            "gpd_fit", "median_of_others", "null_tail", "pooled_median", "stats_of_others",
-           "robust_threshold", "robust_z", "signal_values", "tail_quantile"]
+           "robust_threshold", "robust_z", "signal_values", "tail_quantile", "whole_numbers"]
 
 TINY = 1e-300  # a squared norm of 0 before the log
 TURN_FLOOR = 1e-6
@@ -1468,11 +1468,11 @@ class Detector:
             k, s = self.world, len(saved)
             stat = _insert_rows(np.array(state["stat"], dtype=np.float64).reshape(s, k, 2), saved,
                                 self.signals)
-            start = _insert_rows(np.array(state["start"], dtype=np.int64).reshape(s, k, 2), saved,
+            start = _insert_rows(whole_numbers(state["start"], "start").reshape(s, k, 2), saved,
                                  self.signals)
-            named = np.array(state["named"], dtype=np.int64).reshape(k)
+            named = whole_numbers(state["named"], "named").reshape(k)
             pool = {n: _rows(state["pool"][n] if n in saved else [], k, self.window) for n in self.signals}
-            step = int(state["step"])
+            step = int(whole_numbers(state["step"], "step"))
             v3 = state["version"] >= 3
             tails = {n: _rows(state["tails"][n] if v3 and n in saved else [], k, TAIL_STEPS)
                      for n in self.signals}
@@ -1480,7 +1480,7 @@ class Detector:
                       for n in self.signals}
             calibration = {n: tuple(math.nan if v is None else float(v) for v in state["calibration"][n])
                            for n in (state["calibration"] if v3 else {})}
-            fresh = int(state["fresh"]) if v3 else 0
+            fresh = int(whole_numbers(state["fresh"], "fresh")) if v3 else 0
             last = _sketch_rows(state.get("last") if state["version"] >= 4 else None, k)
             drift = _drift_rows(state.get("drift") if state["version"] >= 5 else None, k)
             if drift[2] > self.window * (1 + 1e-9):  # a geometric sum of ratio 1 - 1/window: below window
@@ -1508,6 +1508,23 @@ class Detector:
         self.ewma, self.cov, self.cov_weight, self.cov_count, record = drift
         self.drift_record = deque(record, maxlen=self.drift_record.maxlen)
         self._stats = {}
+
+
+def whole_numbers(values: object, what: str) -> np.ndarray:
+    """A state's counters (steps, ranks) as int64, of any shape: ints, or floats with whole values
+    (3.0; a serialiser may write them so), never truncated.
+
+    Raises:
+        ValueError: an entry with a fraction (3.5) or not finite, naming ``what``; entries of unequal
+            lengths.
+        TypeError: an entry that is not a number (None, a string, a bool, a mapping), naming ``what``.
+    """
+    if np.asarray(values).dtype.kind not in "iuf":  # "3", True and None are not counters
+        raise TypeError(f"{what} holds a value that is not a number")
+    as_int = np.array(values, dtype=np.int64)  # ValueError (NaN) / OverflowError (beyond int64)
+    if not np.array_equal(np.array(values, dtype=np.float64), as_int.astype(np.float64)):
+        raise ValueError(f"{what} holds a value that is not a whole number")
+    return as_int
 
 
 def _check_counters(step: int, stat: np.ndarray, start: np.ndarray, named: np.ndarray, fresh: int) -> None:

@@ -66,7 +66,7 @@ import math
 import numpy as np
 
 from naig.errors import UsageError
-from naig.monitor.detectors import Decision, Flag
+from naig.monitor.detectors import Decision, Flag, whole_numbers
 from naig.sketch.core import SKETCH_DIM
 
 __all__ = ["NOT_DUE", "NOT_GIVEN", "TOLERANCE", "WEIGHTS_EVERY", "ReplicaCheck", "action_ranks",
@@ -183,14 +183,17 @@ class ReplicaCheck:
             UsageError: a malformed state.
         """
         try:
-            named = {int(k): (int(since), math.inf if u is None else float(u))
-                     for k, since, u in state["named"]}
+            rows = [(int(whole_numbers(k, "rank")), int(whole_numbers(since, "since")),
+                     math.inf if u is None else float(u)) for k, since, u in state["named"]]
+            named = {k: (since, u) for k, since, u in rows}
             ranks, last = (math.inf if world is None else world), (math.inf if step is None else step)
-            if any(not (0 <= k < ranks and 1 <= since <= last and u >= 0) for k, (since, u) in named.items()):
+            if len(named) < len(rows) or any(not (0 <= k < ranks and 1 <= since <= last and u >= 0)
+                                             for k, (since, u) in named.items()):
                 raise ValueError("out of range")
         except (KeyError, TypeError, ValueError, OverflowError):
             raise UsageError("malformed replica-check state (expected {'named': [[rank, since, u], ...]}, "
-                             "a rank of the run, a step >= 1, u >= 0 or None)", field="state") from None
+                             "each rank of the run once, a whole step >= 1, u >= 0 or None)",
+                             field="state") from None
         self.named = named
 
 
