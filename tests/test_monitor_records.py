@@ -150,6 +150,41 @@ def test_existing_file_refused_unless_append_which_continues_the_steps(tmp_path)
 
 
 @pytest.mark.parametrize("writer, name", [(JsonlRecords, "m.jsonl"), (CsvRecords, "m.csv")])
+def test_a_resumed_monitor_appends_the_steps_of_the_uninterrupted_run(tmp_path, writer, name: str) -> None:
+    """A run checkpointed at step 8 and resumed (load_state_dict) goes on at 9 in the file it appends
+    to, flags' since included; the file then reads as the uninterrupted run's (an earlier version
+    added the file's last step to the resumed monitor's, numbering them 17..20)."""
+    whole, cut = tmp_path / f"whole-{name}", tmp_path / name
+    _run(writer(whole))
+    first = Monitor(window=WINDOW)
+    writer(cut).attach(first)
+    first.detector = Detector(WORLD, window=WINDOW)
+    stream = list(_stream(0))
+    for sig in stream[:8]:
+        d = first.detector.update(sig)
+        for w in first.writers:
+            w(sig, d)
+    first.writers[0].close()
+    resumed = Monitor(window=WINDOW)
+    resumed.load_state_dict(first.state_dict())
+    writer(cut, append=True).attach(resumed)
+    for sig in stream[8:]:
+        d = resumed.detector.update(sig)
+        for w in resumed.writers:
+            w(sig, d)
+    resumed.writers[0].close()
+    a, b = read_log(whole), read_log(cut)
+    np.testing.assert_array_equal(b.steps, np.arange(1, STEPS + 1))
+    np.testing.assert_array_equal(a.flagged, b.flagged)
+    assert a.flags == b.flags and any(b.flags[8:])  # flags in the resumed part
+    if name.endswith(".jsonl"):  # the flags' since too
+        def since(path):
+            return [[f["since"] for f in rec["flags"]] for rec in map(_strict, path.read_text().splitlines())
+                    if rec["type"] == "step"]
+        assert since(cut) == since(whole) and max(max(x, default=0) for x in since(cut)) > 8
+
+
+@pytest.mark.parametrize("writer, name", [(JsonlRecords, "m.jsonl"), (CsvRecords, "m.csv")])
 def test_overwrite_replaces_the_file_a_crashed_run_left(tmp_path, writer, name: str) -> None:
     path = tmp_path / name
     path.write_text('{"type": "step", "step": 3, "trunc')  # a crashed run's last, cut line

@@ -116,13 +116,14 @@ def _scores(sig: RankSignals, decision: Decision) -> dict[str, list[float]]:
     return {name: out.get(name, nan) for name in SIGNALS}
 
 
-def step_record(sig: RankSignals, decision: Decision, *, step: int | None = None) -> dict:
+def step_record(sig: RankSignals, decision: Decision, *, offset: int = 0) -> dict:
     """One step's record (not encoded; NaN/inf as floats): see the module for the fields.
 
     Args:
         sig: the step's signals.
         decision: the step's decision (the same step).
-        step: the step number written (default ``decision.step``).
+        offset: added to every step number written, the step's and its flags' ``since`` (a file
+            continued with ``append=True`` numbers its steps on from its last).
 
     Raises:
         UsageError: when ``sig`` and ``decision`` are for different numbers of ranks.
@@ -139,10 +140,10 @@ def step_record(sig: RankSignals, decision: Decision, *, step: int | None = None
     summary = {"max_score": best[0] if best else math.nan, "max_rank": -best[1] if best else None,
                "max_signal": best[2] if best else None, "flagged": list(decision.ranks), "k_eff": keff,
                "b_simple": sig.noise.b_simple}
-    return {"type": "step", "step": decision.step if step is None else step, "action": decision.action,
+    return {"type": "step", "step": decision.step + offset, "action": decision.action,
             "flagged": list(decision.ranks),
             "flags": [{"rank": f.rank, "signal": f.signal, "score": f.score, "z": f.z,
-                       "threshold": f.threshold, "since": f.since} for f in decision.flags],
+                       "threshold": f.threshold, "since": f.since + offset} for f in decision.flags],
             "where": {str(r): text for r, text in decision.where.items()},
             "summary": summary, "scores": scores, "weights": pi.tolist(),
             "transient": {k: list(v) for k, v in decision.transient.items()},

@@ -57,7 +57,7 @@ class RecordWriter(ABC):
         self.failure: str | None = None
         self._opened = False
         self._closed = False
-        self._offset = 0
+        self._offset, self._first = 0, 1
 
     def attach(self, monitor: Any, *, on_error: str = "warn") -> Any:
         """Add this writer to ``monitor`` (``Monitor.add_writer``: after its callback and the writers
@@ -100,9 +100,9 @@ class RecordWriter(ABC):
         if not self._rank_zero():
             return
         if not self._opened:
-            self._opened = True
+            self._opened, self._first = True, decision.step
             self._guarded(lambda: self._open(self._header(decision)), decision.step, record=False)
-        record = step_record(sig, decision, step=self._offset + decision.step)
+        record = step_record(sig, decision, offset=self._offset)
         self._guarded(lambda: self._write(record), decision.step)
 
     def _guarded(self, write: Callable[[], None], step: int, record: bool = True) -> None:
@@ -172,6 +172,12 @@ class RecordWriter(ABC):
         return {"type": "header", "schema": SCHEMA_VERSION, "naig": __version__,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "world": decision.world,
                 "hosts": list(decision.hosts), "monitor": settings, "step_offset": self._offset}
+
+    def _continued(self, last: int) -> int:
+        """The offset that numbers this run's first step ``last`` + 1 in a file whose last step is
+        ``last``: ``last`` for a fresh monitor (its first step is 1), 0 for one resumed from the
+        checkpoint of that step (``Monitor.load_state_dict``: its steps go on from there)."""
+        return last - (self._first - 1)
 
     @abstractmethod
     def _open(self, header: dict) -> None:
@@ -278,7 +284,7 @@ class JsonlRecords(_FileRecords):
     def _open(self, header: dict) -> None:
         _check_path(self.path, "path", self.append, self.overwrite)
         if self.append and self.path.exists() and self.path.stat().st_size > 0:
-            self._offset = _last_jsonl_step(self.path, header["world"])
+            self._offset = self._continued(_last_jsonl_step(self.path, header["world"]))
             header["step_offset"] = self._offset
         self._fh = self.path.open("a" if self.append else "w", encoding="utf-8")
         self._line(header)
@@ -345,8 +351,9 @@ class CsvRecords(_FileRecords):
         old = self.append and self.path.exists() and self.path.stat().st_size > 0
         self._columns = CSV_COLUMNS
         if old:  # continued with the file's own header (one written before a signal existed has fewer)
-            self._offset, self._columns, ranks = _last_csv_step(self.path)
-            if self._offset and ranks != header["world"]:  # (read_log refuses a file of two rank counts)
+            last, self._columns, ranks = _last_csv_step(self.path)
+            self._offset = self._continued(last)
+            if last and ranks != header["world"]:  # (read_log refuses a file of two rank counts)
                 raise UsageError(f"its last step has rows for {ranks} ranks (a run of {ranks} ranks, or a "
                                  f"step cut short by a crash), this run has {header['world']}; pass another "
                                  "path", field="path", value=str(self.path))
