@@ -701,6 +701,35 @@ def test_a_counter_that_is_not_a_whole_number_is_refused_not_truncated(change: d
     assert resumed.step == plain.step == 65
 
 
+@pytest.mark.parametrize("where, value", [("calibration", "12"), ("stat", "2.5"), ("pool", "1e3"),
+                                          ("pool", True), ("pool", math.inf), ("tails", math.inf),
+                                          ("last", math.inf), ("named", True), ("signals", 5)],
+                         ids=lambda v: str(v))
+def test_a_state_entry_that_is_not_a_number_or_is_infinite_is_refused(where: str, value: object) -> None:
+    """Each loaded before: "12" as the fitted thresholds (1.0, 2.0), "2.5" and True as numbers, an inf
+    a state never holds (37 of 40 later steps then differed from the uninterrupted run), a bool in
+    the named steps as 1; signals=5 was a TypeError."""
+    det = Detector(4, quiet=True)
+    for g in _stream(4, 60, 1.0, seed=2):
+        det.update(_signals(g))
+    state = copy.deepcopy(det.state_dict())
+    if where == "calibration":
+        state["calibration"]["norm"] = value
+    elif where == "stat":
+        state["stat"][0][0][0] = value
+    elif where in ("pool", "tails"):
+        state[where]["norm"][-1][0] = value
+    elif where == "last":
+        state["last"][0][0] = value
+    elif where == "named":
+        state["named"][0] = value
+    else:
+        state["settings"]["signals"] = value
+    with pytest.raises(UsageError, match="malformed detector state") as err:
+        Detector(4, quiet=True).load_state_dict(state)
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("settings", [None, "window=6", [1, 2]])
 def test_a_state_whose_settings_are_not_a_mapping_is_one_line(settings: object) -> None:
     state = Detector(4, quiet=True).state_dict() | {"settings": settings}

@@ -267,3 +267,57 @@ def test_on_cuda_observe_gathers_the_cpu_payload_within_the_float64_bound() -> N
         assert np.array_equal(finite, np.isfinite(gpu))
         assert np.abs(cpu[finite] - gpu[finite]).max() <= 1e-12 * scale
         assert cpu_flag == gpu_flag == ((0,) if step == 5 else ())
+
+
+def test_decide_reads_lists_and_low_precision_tensors_and_refuses_what_is_not_numbers() -> None:
+    """Nested lists and bfloat16 tensors were internal errors (AttributeError, TypeError): they decide
+    as the float64 array does; None, strings and objects are one-line usage errors naming the field."""
+    rows = _payloads(25, 4, seed=3)
+    by_array, by_list, by_bf16 = Monitor(), Monitor(), Monitor()
+    for r in rows:
+        a, b = by_array.decide(r), by_list.decide(r.tolist())
+        assert repr(a) == repr(b)
+        by_bf16.decide(torch.from_numpy(r).to(torch.bfloat16))
+    assert by_bf16.detector.step == 25
+    for bad in (None, "abc", np.array([["a"] * 16] * 4, dtype=object), np.zeros((4, 15))):
+        with pytest.raises(UsageError, match="gathered") as err:
+            by_array.decide(bad)
+        assert "\n" not in str(err.value)
+    assert by_array.detector.step == 25
+
+
+@pytest.mark.parametrize("weights", [np.zeros((3, 16)), np.zeros((4, 15)), "abc", None],
+                         ids=["ranks", "columns", "text", "mixed-steps"])
+def test_a_decide_refused_for_its_weights_changes_nothing(weights: object) -> None:
+    """The weights were checked after the detectors had taken the step: a refused call moved the step,
+    the pool and the CUSUM, and a retry counted the step twice."""
+    from naig.errors import DataError
+    from naig.monitor.replicas import NOT_DUE
+
+    rows = _payloads(31, 4, seed=4)
+    mon, twin = Monitor(), Monitor()
+    for r in rows[:30]:
+        mon.decide(r)
+        twin.decide(r)
+    if weights is None:  # some ranks at a check step and others not
+        weights = np.zeros((4, 16))
+        weights[:2, -1] = NOT_DUE
+    with pytest.raises((UsageError, DataError)):
+        mon.decide(rows[30], weights=weights)
+    assert mon.detector.step == 30
+    assert repr(mon.decide(rows[30])) == repr(twin.decide(rows[30]))
+
+
+def test_a_garbled_count_makes_a_rank_unusable_and_a_nan_sketch_is_not_called_an_overflow() -> None:
+    """A non-finite count of 0.5 was truncated to 0 (no flag); a NaN in the sketch with a count of 0
+    was labelled "overflow", which the docs keep for a finite gradient whose ‖g‖² exceeds float64."""
+    rows = _payloads(21, 4, seed=2)
+    mon = Monitor()
+    for r in rows[:20]:
+        mon.decide(r)
+    last = rows[20].copy()
+    last[0, -1] = 0.5
+    last[1, 3] = math.nan
+    last[2, -2] = math.inf
+    got = {(f.rank, f.score) for f in mon.decide(last).flags if f.signal == "nonfinite"}
+    assert got == {(0, "nonfinite"), (1, "nonfinite"), (2, "overflow")}

@@ -4,6 +4,7 @@ tests/test_monitor_ddp.py: a rank perturbed by 1% named from the next check, on 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -142,9 +143,12 @@ def test_weights_given_on_some_ranks_only_is_a_data_error_and_on_none_no_check()
     missing = rows.copy()
     missing[1] = math.nan
     missing[1, -1] = -1.0  # Monitor.weights_row(None): "not given"
-    with pytest.warns(UserWarning):
+    mon = Monitor()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refused before the detector exists: no warm-up warning either
         with pytest.raises(DataError, match=r"ranks \[1\] gave no weights"):
-            Monitor().decide(_payload(3), weights=missing)
+            mon.decide(_payload(3), weights=missing)
+    assert mon.detector is None
     none = np.tile(missing[1], (3, 1))
     with pytest.warns(UserWarning):
         assert Monitor().decide(_payload(3), weights=none).flags == ()
@@ -222,8 +226,10 @@ def test_ranks_at_another_step_are_a_data_error_not_a_crash():
     rows = _flag_rows(3, ())
     rows[2] = math.nan
     rows[2, -1] = NOT_DUE
-    with pytest.warns(UserWarning), pytest.raises(DataError, match=r"ranks \[2\] are not at a replica-check"):
-        Monitor().decide(_payload(3), weights=rows)
+    mon = Monitor()
+    with pytest.raises(DataError, match=r"ranks \[2\] are not at a replica-check"):
+        mon.decide(_payload(3), weights=rows)
+    assert mon.detector is None  # refused before anything changed
     idle = np.tile(rows[2], (3, 1))
     with pytest.warns(UserWarning):
         assert Monitor().decide(_payload(3), weights=idle).flags == ()

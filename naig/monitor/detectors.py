@@ -228,7 +228,7 @@ __all__ = ["ACTIONS", "MAX_WORLD", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE",
            "SignalSpec",
            "check_action", "cusum_arl", "cusum_threshold", "cusum_threshold_sample", "drift_threshold",
            "gpd_fit", "median_of_others", "null_tail", "pooled_median", "stats_of_others",
-           "robust_threshold", "robust_z", "signal_values", "tail_quantile", "whole_numbers"]
+           "real_numbers", "robust_threshold", "robust_z", "signal_values", "tail_quantile", "whole_numbers"]
 
 TINY = 1e-300  # a squared norm of 0 before the log
 TURN_FLOOR = 1e-6
@@ -1101,9 +1101,10 @@ class Detector:
         self.step += 1
         if self.step == 1 and not self.quiet and self.warming:
             warn_caller(WARMUP.format(steps=self.warmup, until=self.warmup + 1, rate=self.false_alarm))
-        flags = [Flag(r, "nonfinite", "nonfinite" if sig.nonfinite[r] else "overflow", math.inf, 0.0,
-                      self.step)  # overflow: every entry finite, ‖g‖² beyond float64
-                 for r in range(self.world) if not sig.usable[r]]
+        overflow = (sig.nonfinite == 0) & np.isfinite(sig.inputs.sketches).all(axis=1)  # where unusable:
+        flags = [Flag(r, "nonfinite", "overflow" if overflow[r] else "nonfinite", math.inf, 0.0,
+                      self.step)  # every entry finite (its count 0, its sketch finite), ‖g‖² beyond float64
+                 for r in np.flatnonzero(~sig.usable).tolist()]
         if "persistence" in self.signals or "turn" in self.signals:
             same = self.last is not None and self.last.shape == sig.inputs.sketches.shape
             if self.world > 2:  # at K = 2 blind (opposite drifts; no change tests): left NaN
@@ -1454,7 +1455,11 @@ class Detector:
             raise UsageError("malformed detector state (its settings are not a mapping); load a state "
                              "saved by Detector.state_dict()", field="state")
         mine, theirs = self.settings(), dict(state.get("settings", {}))
-        saved = list(theirs.get("signals") or [])
+        saved = theirs.get("signals") or []
+        if not isinstance(saved, list | tuple) or not all(isinstance(x, str) for x in saved):
+            raise UsageError("malformed detector state (settings.signals is not a list of signal names); "
+                             "load a state saved by Detector.state_dict()", field="state")
+        saved = list(saved)
         older = [s for s in self.signals if _SINCE.get(s, 0) <= state["version"]]
         afresh = older != list(self.signals) and saved == older
         if afresh:
@@ -1466,7 +1471,7 @@ class Detector:
                                  field=key, value=other)
         try:
             k, s = self.world, len(saved)
-            stat = _insert_rows(np.array(state["stat"], dtype=np.float64).reshape(s, k, 2), saved,
+            stat = _insert_rows(real_numbers(state["stat"], "stat").reshape(s, k, 2), saved,
                                 self.signals)
             start = _insert_rows(whole_numbers(state["start"], "start").reshape(s, k, 2), saved,
                                  self.signals)
@@ -1478,7 +1483,7 @@ class Detector:
                      for n in self.signals}
             recent = {n: _rows(state["recent"][n] if v3 and n in saved else [], k, RECENT_STEPS)
                       for n in self.signals}
-            calibration = {n: tuple(math.nan if v is None else float(v) for v in state["calibration"][n])
+            calibration = {n: tuple(real_numbers(state["calibration"][n], "calibration").reshape(-1).tolist())
                            for n in (state["calibration"] if v3 else {})}
             fresh = int(whole_numbers(state["fresh"], "fresh")) if v3 else 0
             last = _sketch_rows(state.get("last") if state["version"] >= 4 else None, k)
@@ -1510,6 +1515,38 @@ class Detector:
         self._stats = {}
 
 
+def _leaves(values: object, what: str, *, none: bool) -> np.ndarray:
+    """``values`` (a number or nested lists of equal lengths) as an object array, every entry checked
+    to be an int or a float (numpy's too; not a bool), or None where ``none``.
+
+    Raises:
+        TypeError: an entry of another type (a string, a bool, a list where a number belongs), naming
+            ``what``.
+        ValueError: lists of unequal lengths.
+    """
+    a = np.array(values, dtype=object)
+    for v in a.flat:
+        if (v is None and none) or (isinstance(v, int | float | np.integer | np.floating)
+                                    and not isinstance(v, bool | np.bool_)):
+            continue
+        raise TypeError(f"{what} holds {type(v).__name__} {str(v)[:20]!r}, not a number")
+    return a
+
+
+def real_numbers(values: object, what: str) -> np.ndarray:
+    """A state's float entries as float64 (None as NaN: how ``state_dict`` writes a missing value).
+
+    Raises:
+        TypeError: an entry that is not a number or None (a string such as "2.5", a bool).
+        ValueError: an infinite entry (``state_dict`` writes none), lists of unequal lengths.
+    """
+    a = _leaves(values, what, none=True)
+    out = np.array([math.nan if v is None else float(v) for v in a.flat], dtype=np.float64).reshape(a.shape)
+    if np.isinf(out).any():
+        raise ValueError(f"{what} holds an infinite value (a state saves none)")
+    return out
+
+
 def whole_numbers(values: object, what: str) -> np.ndarray:
     """A state's counters (steps, ranks) as int64, of any shape: ints, or floats with whole values
     (3.0; a serialiser may write them so), never truncated.
@@ -1519,8 +1556,7 @@ def whole_numbers(values: object, what: str) -> np.ndarray:
             lengths.
         TypeError: an entry that is not a number (None, a string, a bool, a mapping), naming ``what``.
     """
-    if np.asarray(values).dtype.kind not in "iuf":  # "3", True and None are not counters
-        raise TypeError(f"{what} holds a value that is not a number")
+    _leaves(values, what, none=False)  # "3", True and None are not counters
     as_int = np.array(values, dtype=np.int64)  # ValueError (NaN) / OverflowError (beyond int64)
     if not np.array_equal(np.array(values, dtype=np.float64), as_int.astype(np.float64)):
         raise ValueError(f"{what} holds a value that is not a whole number")
@@ -1563,6 +1599,8 @@ def _sketch_rows(rows: object, k: int) -> np.ndarray | None:
             isinstance(v, bool) or not (v is None or isinstance(v, int | float)) for r in rows for v in r):
         raise ValueError("the previous sketches are not rows of numbers")
     last = np.array([[math.nan if v is None else v for v in r] for r in rows], dtype=np.float64)
+    if np.isinf(last).any():
+        raise ValueError("the previous sketches hold an infinite value (a state saves none)")
     if last.ndim != 2 or last.shape[0] != k or last.shape[1] == 0 or last.shape[1] % 14:
         raise ValueError(f"the previous sketches are not {k} rows of 14·R values")
     return last
@@ -1608,9 +1646,10 @@ def _plain(row: np.ndarray) -> list[float | None]:
 
 
 def _rows(rows: list, k: int, maxlen: int) -> deque[np.ndarray]:
-    """A deque of (k,) float64 rows from their plain values (None as NaN)."""
-    return deque((np.array([math.nan if v is None else v for v in row], dtype=np.float64).reshape(k)
-                  for row in rows), maxlen=maxlen)
+    """A deque of (k,) float64 rows from their plain values (None as NaN; ``real_numbers``)."""
+    if not isinstance(rows, list):
+        raise TypeError(f"a record is {type(rows).__name__}, not a list of steps")
+    return deque((real_numbers(row, "a pooled value").reshape(k) for row in rows), maxlen=maxlen)
 
 
 SORTED_POOL = 1024

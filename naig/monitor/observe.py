@@ -72,9 +72,10 @@ from naig.monitor.signals import (
     check_blocks,
     pack_tensors,
     rank_signals,
+    to_float64,
     unpack,
 )
-from naig.sketch.core import check_seed
+from naig.sketch.core import SKETCH_DIM, check_seed
 from naig.threads import one_blas_thread
 
 __all__ = ["HOST_BYTES", "TAIL", "Monitor", "layout_fingerprint"]
@@ -375,16 +376,17 @@ class Monitor:
             DataError: ``weights`` given on some ranks only, or ranks at another step than others
                 (naming them).
         """
-        rows = gathered if isinstance(gathered, np.ndarray) else gathered.detach().cpu().numpy()
+        rows = to_float64(gathered, "gathered")
+        s, sq, bad = unpack(rows)
+        given = _given(weights, rows.shape[0])  # checked before anything changes
         if self.detector is None:
             self.detector = Detector(rows.shape[0], **self._detector_args, quiet=self.rank != 0)
-        s, sq, bad = unpack(rows)
         with one_blas_thread():  # the step's small matrices: numpy's BLAS on one thread (naig.threads)
             sig = rank_signals(s, sq, bad, dots=dots, sq_dists=sq_dists, batch=self.batch, line=self.line)
             decision = replace(self.detector.update(sig), hosts=self.hosts)
             if self.detector.scored is not None:  # drift_cos and drift_t2 as the detectors measured them
                 sig = self.detector.scored
-        replica = self.replicas.update(decision.step, _given(weights, rows.shape[0]))
+        replica = self.replicas.update(decision.step, given)
         if replica:
             flags = sorted((*decision.flags, *replica),
                            key=lambda f: (f.rank, f.signal != "nonfinite", f.score, f.signal))
@@ -513,9 +515,9 @@ def _given(weights: Tensor | np.ndarray | None, world: int) -> np.ndarray | None
     """
     if weights is None:
         return None
-    rows = weights.detach().cpu().numpy() if isinstance(weights, Tensor) else np.asarray(weights)
-    rows = rows.astype(np.float64, copy=False)
-    if rows.ndim != 2 or rows.shape[0] != world:
+    rows = to_float64(weights, "weights")
+    if rows.ndim != 2 or rows.shape[0] != world or rows.shape[1] < SKETCH_DIM + 2 or \
+            (rows.shape[1] - 2) % SKETCH_DIM:
         raise UsageError(f"expected ({world}, 14*R + 2) rows, got {rows.shape}", field="weights")
     idle = rows[:, -1] == NOT_DUE
     if idle.all():

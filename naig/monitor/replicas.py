@@ -66,7 +66,7 @@ import math
 import numpy as np
 
 from naig.errors import UsageError
-from naig.monitor.detectors import Decision, Flag, whole_numbers
+from naig.monitor.detectors import Decision, Flag, real_numbers, whole_numbers
 from naig.sketch.core import SKETCH_DIM
 
 __all__ = ["NOT_DUE", "NOT_GIVEN", "TOLERANCE", "WEIGHTS_EVERY", "ReplicaCheck", "action_ranks",
@@ -184,7 +184,8 @@ class ReplicaCheck:
         """
         try:
             rows = [(int(whole_numbers(k, "rank")), int(whole_numbers(since, "since")),
-                     math.inf if u is None else float(u)) for k, since, u in state["named"]]
+                     math.inf if u is None else float(real_numbers(u, "u")))
+                    for k, since, u in state["named"]]
             named = {k: (since, u) for k, since, u in rows}
             ranks, last = (math.inf if world is None else world), (math.inf if step is None else step)
             if len(named) < len(rows) or any(not (0 <= k < ranks and 1 <= since <= last and u >= 0)

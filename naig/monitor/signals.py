@@ -126,7 +126,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EXACT_ALWAYS", "MAX_BLOCKS", "MonitorSketch", "NoiseScale", "NoiseScaleAverage",
            "RankSignals", "check_batch", "check_blocks", "noise_scale", "pack", "pack_tensors",
-           "payload_size", "rank_signals", "unpack"]
+           "payload_size", "rank_signals", "to_float64", "unpack"]
 
 EXACT_ALWAYS = frozenset({"sq_norm", "rel_norm"})
 """Quantities that are exact whatever the statistics given (full-dimension float64 norms)."""
@@ -248,18 +248,41 @@ def pack_tensors(tensors: Sequence[Tensor], sketch: MonitorSketch) -> Tensor:
     return sketch.layout.of_tensors(tensors)
 
 
-def unpack(gathered: Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Split gathered payloads (K, m + 2) into sketches (K, m), ‖g_k‖² (K,) and counts (K,) int64.
+def to_float64(values: object, field: str) -> np.ndarray:
+    """Gathered rows as a float64 numpy array: a tensor of any float dtype on any device (copied to
+    the CPU), an array or nested lists of numbers (not copied when already float64).
 
     Raises:
-        UsageError: when ``gathered`` is not 2-D with m + 2 columns, m a positive multiple of 14.
+        UsageError: values that are not numbers (None, strings, objects), naming ``field``.
     """
-    a = gathered.detach().cpu().numpy() if isinstance(gathered, Tensor) else np.asarray(gathered)
-    a = a.astype(np.float64, copy=False)
-    if a.ndim != 2 or a.shape[1] < SKETCH_DIM + 2 or (a.shape[1] - 2) % SKETCH_DIM:
+    if isinstance(values, Tensor):
+        values = values.detach().to("cpu", torch.float64).numpy()  # numpy has no bfloat16
+    try:
+        a = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"expected rows of numbers ({type(exc).__name__}: {str(exc)[:80]})",
+                         field=field) from None
+    return a
+
+
+def bad_counts(raw: np.ndarray) -> np.ndarray:
+    """(K,) int64 non-finite entry counts from their gathered float64 values: a count that is not a
+    whole number >= 0 (NaN, -1, 0.5: a garbled payload) counts as 1, so its rank is unusable."""
+    whole = np.isfinite(raw) & (raw >= 0) & (raw == np.floor(raw))
+    return np.where(whole, raw, 1.0).astype(np.int64)
+
+
+def unpack(gathered: Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split gathered payloads (K, m + 2) into sketches (K, m), ‖g_k‖² (K,) and counts (K,) int64
+    (``bad_counts``).
+
+    Raises:
+        UsageError: when ``gathered`` is not numbers of shape (K, m + 2), m a positive multiple of 14.
+    """
+    a = to_float64(gathered, "gathered")
+    if a.ndim != 2 or a.shape[0] < 1 or a.shape[1] < SKETCH_DIM + 2 or (a.shape[1] - 2) % SKETCH_DIM:
         raise UsageError(f"expected shape (K, 14*R + 2), got {a.shape}", field="gathered")
-    counts = np.where(np.isfinite(a[:, -1]), a[:, -1], 1.0).astype(np.int64)
-    return a[:, :-2], a[:, -2], counts
+    return a[:, :-2], a[:, -2], bad_counts(a[:, -1])
 
 
 @dataclass(frozen=True)
@@ -617,8 +640,7 @@ def _check_inputs(sketches: object, sq_norms: object, nonfinite: object
     raw = np.asarray(nonfinite, dtype=np.float64)
     if raw.shape != (k,):
         raise UsageError(f"expected shape ({k},), got {raw.shape}", field="nonfinite")
-    bad = np.where(np.isfinite(raw) & (raw >= 0), raw, 1.0).astype(np.int64)  # a garbled count is "bad"
-    return s, sq, bad
+    return s, sq, bad_counts(raw)
 
 
 def _check_exact(dots: object, sq_dists: object, k: int) -> tuple[np.ndarray | None, np.ndarray | None]:
