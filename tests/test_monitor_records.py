@@ -525,6 +525,34 @@ def test_append_to_a_jsonl_cut_by_a_crash_is_refused_naming_the_line(tmp_path, c
     assert path.read_bytes() == data
 
 
+@pytest.mark.parametrize("damage", ["repeated line", "step text", "step fraction", "step infinity", "flags"])
+def test_append_to_a_jsonl_that_read_log_refuses_is_refused_and_a_blank_line_is_not(tmp_path, damage: str
+                                                                                     ) -> None:
+    """Append checked less than read_log: a repeated last line, a step of "3" or 3.5 or a malformed
+    flags field were appended to (the file stayed unreadable) and a step of Infinity was an
+    OverflowError; a trailing blank line, which read_log skips, was refused."""
+    path = tmp_path / "m.jsonl"
+    _run(JsonlRecords(path))
+    lines = path.read_text().splitlines(keepends=True)
+    last = json.loads(lines[-1])
+    if damage == "repeated line":
+        lines.append(lines[-1])
+    else:
+        last.update({"step text": {"step": str(last["step"])}, "step fraction": {"step": 12.5},
+                     "step infinity": {"step": math.inf}, "flags": {"flags": "none"}}[damage])
+        lines[-1] = json.dumps(last) + "\n"
+    path.write_text("".join(lines))
+    before = path.read_bytes()
+    with pytest.raises(UsageError, match="append|read_log") as err:
+        JsonlRecords(path, append=True)
+    assert "\n" not in str(err.value) and path.read_bytes() == before
+    _run(JsonlRecords(tmp_path / "ok.jsonl"))
+    with (tmp_path / "ok.jsonl").open("a") as fh:
+        fh.write("\n")
+    _run(JsonlRecords(tmp_path / "ok.jsonl", append=True))
+    assert len(read_log(tmp_path / "ok.jsonl").steps) == 2 * STEPS
+
+
 @pytest.mark.parametrize("cut", ["mid-row", "line break"])
 def test_append_to_a_csv_cut_by_a_crash_is_refused_and_leaves_it_as_it_was(tmp_path, cut: str) -> None:
     """A run killed mid-row leaves a last line without its line break; appending would glue the next

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from naig.errors import UsageError
+from naig.errors import DataError, UsageError
 from naig.monitor.detectors import SCORES, SIGNALS, Decision
 from naig.monitor.records.schema import (
     _PER_RANK,
@@ -309,6 +309,8 @@ def _last_jsonl_step(path: Path, world: int | None) -> int:
                 number += 1  # named in the error
                 if not line.endswith("\n"):
                     raise ValueError("no line break at its end (a run cut mid-line?)")
+                if not line.strip():
+                    continue  # a blank line: read_log skips it too
                 obj = json.loads(line)
                 if obj.get("type") == "header":
                     if obj.get("schema") != SCHEMA_VERSION or world not in (None, obj.get("world")):
@@ -316,7 +318,8 @@ def _last_jsonl_step(path: Path, world: int | None) -> int:
                     seen = True
                 elif obj.get("type") == "step":
                     last = max(last, int(obj["step"]))
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError,
+            OverflowError) as exc:
         ranks = "" if world is None else f" and {world} ranks"
         why = str(exc).splitlines()[0][:120] if isinstance(exc, ValueError) else type(exc).__name__
         raise UsageError(f"is not a naig monitor JSONL of schema {SCHEMA_VERSION}{ranks} to append to "
@@ -324,7 +327,22 @@ def _last_jsonl_step(path: Path, world: int | None) -> int:
                          value=str(path)) from None
     if not seen:
         raise UsageError("has no naig monitor header; pass another path", field="path", value=str(path))
+    if last:
+        _readable(path)
     return last
+
+
+def _readable(path: Path) -> None:
+    """Refuse (``UsageError``) to append to a log ``read_log`` refuses: the file would stay unreadable
+    (a repeated line, a step that is not a whole number >= 1, a malformed field)."""
+    from naig.monitor.records.reader import read_log
+
+    try:
+        read_log(path)
+    except DataError as exc:
+        why = str(exc).removeprefix(f"{path}: ")[:200]
+        raise UsageError(f"cannot be appended to: read_log refuses it ({why}); pass another path, or "
+                         "overwrite=True", field="path", value=str(path)) from None
 
 
 class CsvRecords(_FileRecords):
