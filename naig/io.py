@@ -19,7 +19,7 @@ from typing import Any
 
 from naig.errors import UsageError
 
-__all__ = ["METADATA_KEYS", "save_gradients", "json_ready", "missing_reason"]
+__all__ = ["METADATA_KEYS", "save_gradients", "json_ready", "missing_reason", "temp_beside"]
 
 METADATA_KEYS = ("lag", "step", "worker")
 _RESERVED = "__metadata__"  # the safetensors header key that holds the metadata
@@ -138,15 +138,34 @@ def _prepare(tensors: Mapping[str, Any]) -> dict[str, Any]:
     return _unshare(data)
 
 
+def temp_beside(path: Path, suffix: str) -> tuple[int, str]:
+    """A new empty file in ``path``'s folder for an atomic write (write it, then ``os.replace``):
+    (an open descriptor, its name). Unlike ``tempfile.mkstemp`` (mode 0600) it gets the permissions
+    of any file the user creates, 0666 less the umask, which the rename then gives ``path``.
+
+    Raises:
+        OSError: the folder is missing or not writable.
+    """
+    for name in tempfile._get_candidate_names():  # random names, as mkstemp draws them
+        tmp = os.path.join(path.absolute().parent, f".{path.name}.{name}{suffix}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")  # pragma: no cover - endless names
+
+
 def _write(path: Path, data: dict[str, Any], meta: dict[str, str]) -> None:
     """Write atomically: a temporary file in the same folder, then a rename."""
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".safetensors.tmp")
+    fd, tmp = temp_beside(path, ".safetensors.tmp")
+    mode = os.fstat(fd).st_mode & 0o777  # 0666 less the umask
     os.close(fd)
     try:
-        save_file(data, tmp, metadata=meta)
+        save_file(data, tmp, metadata=meta)  # safetensors writes its own file, mode 0600
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

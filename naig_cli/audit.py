@@ -190,11 +190,11 @@ def _print_csv(rows: list[dict]) -> None:
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
-    import tempfile
+    from naig.io import temp_beside
 
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.absolute().parent, suffix=".csv.tmp")
+        fd, tmp = temp_beside(path, ".csv.tmp")
         with os.fdopen(fd, "w", newline="") as fh:
             _csv_rows(fh, rows)
         os.replace(tmp, path)  # atomic: a reader never sees half a file

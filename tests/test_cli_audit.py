@@ -8,6 +8,7 @@ import os
 import pickle
 import re
 import resource
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,9 @@ def test_json_and_csv(untouched, tmp_path):
     assert doc["n"] == 1510 and doc["bytes_read"] == 4 * 1510 * 4
     lines = csv_path.read_text().splitlines()
     assert lines[0].startswith("file,lag,step,worker,cos") and len(lines) == 4
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(csv_path.stat().st_mode) == 0o666 & ~umask  # not mkstemp's 0600
 
 
 def test_sketches_option(untouched):

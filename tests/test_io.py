@@ -1,5 +1,7 @@
 """naig.io.save_gradients writes real safetensors with audit metadata."""
 
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +147,16 @@ def test_dtensor_gradient_is_gathered_on_a_real_gloo_group(tmp_path):
                        timeout=120, cwd=root)
     assert r.returncode == 0, r.stderr
     assert _read(out)["w"].tolist() == (2 * torch.arange(12.0).reshape(4, 3)).tolist()  # d(w²)/dw = 2w
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_the_file_gets_the_mode_of_any_file_the_user_creates(tmp_path, umask: int):
+    """safetensors writes its file with mode 0600 (and mkstemp did too): a gradient file others on the
+    machine should read was private whatever the umask; it is now 0666 less the umask."""
+    before = os.umask(umask)
+    try:
+        path = save_gradients(tmp_path / "g.safetensors", {"w": torch.ones(3)}, lag=0)
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert [p.name for p in tmp_path.iterdir()] == ["g.safetensors"]  # no temporary file left
