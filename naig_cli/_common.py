@@ -33,6 +33,7 @@ from naig.io import json_ready
 __all__ = [
     "FLAGS",
     "fit_table",
+    "narrow_note",
     "natural_width",
     "flag",
     "cli_message",
@@ -155,7 +156,40 @@ def _width() -> int | None:
     return None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
 
 
-stdout = Console(highlight=False, width=_width())
+class _Stdout:
+    """``sys.stdout`` (looked up at each write, as rich does) with the trailing spaces of each line
+    dropped when it is not a terminal: rich pads a table's title and caption lines to the table's
+    width, which piped output (a log, a diff) should not carry. A terminal gets every byte as rich
+    wrote it (a live display overwrites lines)."""
+
+    def __init__(self) -> None:
+        self._spaces = ""  # trailing spaces of the last, unfinished line: written unless a line break follows
+
+    def write(self, text: str) -> int:
+        out = sys.stdout
+        if out.isatty():
+            return out.write(text)
+        *lines, last = (self._spaces + text).split("\n")
+        kept = last.rstrip(" ")
+        self._spaces = last[len(kept):]
+        out.write("".join(line.rstrip(" ") + "\n" for line in lines) + kept)
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+    def isatty(self) -> bool:
+        return sys.stdout.isatty()
+
+    def fileno(self) -> int:
+        return sys.stdout.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(sys.stdout, "encoding", None) or "utf-8"
+
+
+stdout = Console(highlight=False, width=_width(), file=_Stdout())
 stderr = Console(stderr=True, highlight=False)
 F = TypeVar("F", bound=Callable[..., Any])
 _NO_TEXT = {MemoryError: "out of memory (MemoryError); use smaller sizes or counts"}  # errors without text
@@ -394,6 +428,13 @@ ModeOpt = Annotated[ArrivalMode, typer.Option(  # type: ignore[valid-type]
     "shared-memory: blocking without messages.")]
 WindowOpt = Annotated[int, typer.Option(
     "--window", help="B arrivals per server update (1: ASGD; K: K-batch-async).")]
+
+
+def narrow_note(hidden: Sequence[str]) -> str:
+    """The line under a table that left ``hidden`` columns out: how to see them (a terminal: widen it;
+    piped output, 160 columns unless COLUMNS: set COLUMNS)."""
+    how = "widen the terminal" if sys.stdout.isatty() else "set COLUMNS wider (e.g. COLUMNS=250)"
+    return f"(too narrow for {', '.join(hidden)}: {how} or use --json)"
 
 
 def fit_table(build: Callable[[list[str]], Table], columns: Sequence[str], drop: Sequence[str],

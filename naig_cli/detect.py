@@ -23,6 +23,7 @@ from naig_cli._common import (
     fit_table,
     fmt_num,
     handle_errors,
+    narrow_note,
     print_json,
     progress,
     save_figure,
@@ -225,7 +226,7 @@ def _print_fitted(build: Callable[[list[str]], Table], drop: list[str]) -> None:
     table, hidden = fit_table(build, list(DETECTORS), drop, stdout.width)
     stdout.print(table)
     if hidden:
-        stdout.print(f"(too narrow for {', '.join(hidden)}: widen the terminal or use --json)", markup=False)
+        stdout.print(narrow_note(hidden), markup=False)
 
 
 def _plot(r: DetectResult, path: str) -> None:

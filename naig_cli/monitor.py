@@ -25,7 +25,7 @@ from naig_cli._common import JsonOpt, fmt_num, handle_errors, opt, print_json, p
 if TYPE_CHECKING:
     from naig.monitor.records import MonitorLog
 
-__all__ = ["app", "report", "EXAMPLES", "REPORT_SCHEMA"]
+__all__ = ["app", "report", "EXAMPLES", "FOOTER", "REPORT_SCHEMA"]
 
 REPORT_SCHEMA = 1  # of the `naig monitor report --json` document
 EXAMPLES = """**Examples**
@@ -80,6 +80,19 @@ def report(
             stdout.print(f"plot: {escape(printable(plot))}")
 
 
+FOOTER = (
+    "score = a test's statistic over its threshold, the larger of |u|/t (transient test: u the rank's "
+    "normalised value against the other ranks', t its threshold) and |S|/h (change test: S the rank's "
+    "CUSUM, h its threshold); a test fires above 1; ∞: a non-finite gradient; —: not scored. Signals: "
+    "norm ‖g‖ against the ranks' median; cos, distance and energy (the Fano–Fisher energy E) of the "
+    "rank's gradient against the mean; persistence: the cosine of its drift from the mean at two "
+    "consecutive steps; drift: an EWMA of that drift (T²); turn: the angle between its own gradients at "
+    "consecutive steps (small for a rank that reuses a batch). cos, distance, energy, persistence and "
+    "drift are measured against the mean, which a bad rank pulls, so at its step the others' scores "
+    "rise too; the flags name the rank whose exclusion explains them. flags: signal/test ×steps. "
+    "Guide: docs/monitor.md")
+
+
 def _score(v: float) -> str:
     return "∞" if v == math.inf else fmt_num(v, ".3g")
 
@@ -109,11 +122,7 @@ def _table(data: MonitorLog, rows: list[dict]) -> None:
             stdout.print(f"rank {r['rank']} at step {r['last_flagged']}: {escape(printable(r['where']))}")
     if data.cut:
         stdout.print(f"[yellow]the log ends cut short: {escape(printable(data.cut))}[/]")
-    stdout.print("score = a test's statistic over its threshold, the larger of |u|/t (transient: the "
-                 "rank's value against the other ranks') and |S|/h (its CUSUM); a test fires above 1; ∞: a "
-                 "non-finite gradient. cos, distance, energy, persistence and drift are measured against the "
-                 "mean, which a bad rank pulls, so at its step the others' scores rise too; the flags name "
-                 "the rank whose exclusion explains them. flags: signal/test ×steps")
+    stdout.print(FOOTER)
 
 
 def _plot(data: MonitorLog, path: str) -> None:

@@ -34,6 +34,7 @@ from naig_cli._common import (
     fit_table,
     fmt_num,
     handle_errors,
+    narrow_note,
     print_json,
     progress,
     save_figure,
@@ -399,7 +400,7 @@ def _render(r: SimulateResult) -> None:
     table, hidden = _table(r, out.width)
     out.print(table)
     if hidden:
-        out.print(f"(too narrow for {', '.join(hidden)}: widen the terminal or use --json)")
+        out.print(narrow_note(hidden))
     shown = [col for col in _columns(r) if col not in hidden]
     out.print(_legend(shown, bool(c.faults)), markup=False, highlight=False, style="dim")
     if gibbs:

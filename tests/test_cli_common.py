@@ -82,3 +82,26 @@ def test_json_to_a_full_standard_output_is_one_line_naming_it() -> None:
                            stderr=subprocess.PIPE, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: standard output: could not write the JSON document (No space left")
+
+
+def test_piped_output_has_no_trailing_spaces_and_a_terminal_gets_every_byte(monkeypatch, capsys) -> None:
+    """rich pads a table's title and caption lines to the table's width: piped, those lines ended in
+    spaces (simulate, detect, monitor report); the stdout console now drops them, split writes included,
+    and passes a terminal's output through as written."""
+    from naig_cli._common import _Stdout
+
+    out = _Stdout()
+    for piece in ("title   \n", "a  ", "  b   ", "\n", "last  "):
+        out.write(piece)
+    out.write("\n")
+    assert capsys.readouterr().out == "title\na    b\nlast\n"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    out.write("live   \r")
+    assert capsys.readouterr().out == "live   \r"
+
+
+def test_the_spectrum_table_piped_has_no_trailing_spaces() -> None:
+    r = subprocess.run([sys.executable, "-m", "naig_cli", "spectrum"], capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode == 0 and "Fano–Fisher metric" in r.stdout
+    assert [line for line in r.stdout.splitlines() if line.endswith(" ")] == []

@@ -473,7 +473,7 @@ class SimulateConfig:
     def _check_numbers(self) -> None:
         check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"use {' or '.join(OPTIMIZERS)}")
         check(is_int(self.steps) and 0 < self.steps <= MAX_STEPS, "steps", self.steps,
-              f"use a positive int up to {MAX_STEPS:,}, e.g. 150")
+              f"use a positive int up to {MAX_STEPS:,}, e.g. 100 (the default)")
         check(is_int(self.seeds) and 0 < self.seeds <= MAX_SEEDS, "seeds", self.seeds,
               f"use a positive int up to {MAX_SEEDS:,}, e.g. 3")
         check(len(self.lr) > 0
