@@ -197,7 +197,8 @@ def test_a_resumed_monitor_decides_as_the_uninterrupted_one(tmp_path) -> None:
     assert any("Flag(rank=1, signal='norm', score='cusum'" in d for d in decisions[33:])
     assert all("Flag(rank=3, signal='weights', score='mismatch'" in d for d in decisions[24:])
     first = Monitor()
-    assert first.state_dict() == {"version": 1, "detector": None, "replicas": {"named": []}}
+    assert first.state_dict() == {"version": 1, "detector": None, "replicas": {"named": []},
+                                  "sketch": {"blocks": 1, "seed": 0, "line": [1, 2, 4], "batch": 1.0}}
     with pytest.warns(UserWarning, match="warm-up"):
         for r in rows[:33]:
             decide(first, r)
@@ -321,3 +322,23 @@ def test_a_garbled_count_makes_a_rank_unusable_and_a_nan_sketch_is_not_called_an
     last[2, -2] = math.inf
     got = {(f.rank, f.score) for f in mon.decide(last).flags if f.signal == "nonfinite"}
     assert got == {(0, "nonfinite"), (1, "nonfinite"), (2, "overflow")}
+
+
+@pytest.mark.parametrize("settings, field", [({"seed": 7}, "seed"), ({"blocks": 2}, "blocks"),
+                                             ({"batch": 4.0}, "batch"), ({"line": (1, 3, 7)}, "line")])
+def test_a_state_of_another_sketch_is_refused_and_one_saved_before_it_was_kept_loads(settings: dict,
+                                                                                     field: str) -> None:
+    """A state keeps the sketch's settings: the detectors' history (pool, previous sketches, drift
+    covariance) was measured with them, and a monitor with another seed or width loaded it silently."""
+    rows = _payloads(20, 4, seed=8)
+    mon = Monitor()
+    for r in rows:
+        mon.decide(r)
+    state = mon.state_dict()
+    with pytest.raises(UsageError, match=f"saved with {field}=") as err:
+        Monitor(**settings).load_state_dict(state)
+    assert err.value.field == field
+    older = {k: v for k, v in state.items() if k != "sketch"}  # saved before the sketch settings were kept
+    resumed = Monitor()
+    resumed.load_state_dict(older)
+    assert resumed.detector.step == 20

@@ -412,17 +412,30 @@ class Monitor:
         ``detector`` is None before the first step.
         """
         return {"version": 1, "detector": None if self.detector is None else self.detector.state_dict(),
-                "replicas": self.replicas.state_dict()}
+                "replicas": self.replicas.state_dict(), "sketch": self._sketch_settings()}
+
+    def _sketch_settings(self) -> dict:
+        """What the payloads depend on besides the detectors' settings (a state must match them)."""
+        return {"blocks": self.blocks, "seed": self.seed, "line": list(self.line), "batch": self.batch}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()`` (see there).
 
         Raises:
-            UsageError: a state of another version, other detector settings or another number of
-                ranks than this group's (naming the field).
+            UsageError: a state of another version, other detector settings, another sketch (``blocks``,
+                ``seed``, ``line``, ``batch``: its payloads would not be comparable with the state's
+                history) or another number of ranks than this group's (naming the field).
         """
-        if not isinstance(state, Mapping) or state.get("version") != 1 or "detector" not in state:
+        version = state.get("version") if isinstance(state, Mapping) else None
+        if isinstance(version, bool) or version != 1 or "detector" not in state:
             raise UsageError("not a Monitor.state_dict() of version 1", field="state")
+        saved = state.get("sketch", self._sketch_settings())  # a state saved before these were kept: as now
+        if not isinstance(saved, Mapping):
+            raise UsageError("malformed monitor state (sketch is not a mapping)", field="state")
+        for key, value in self._sketch_settings().items():
+            if saved.get(key) != value:  # another sketch: other payloads, the detectors' history meaningless
+                raise UsageError(f"the state was saved with {key}={saved.get(key)!r}, this monitor has "
+                                 f"{value!r}", field=key, value=saved.get(key))
         det = state["detector"]
         if det is None:  # before the first step: no rank can have been named
             self.replicas.load_state_dict(state.get("replicas", {"named": []}), world=None, step=0)
