@@ -34,6 +34,7 @@ __all__ = [
     "FLAGS",
     "fit_table",
     "narrow_note",
+    "PipedStdout",
     "natural_width",
     "flag",
     "cli_message",
@@ -156,7 +157,7 @@ def _width() -> int | None:
     return None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
 
 
-class _Stdout:
+class PipedStdout:
     """``sys.stdout`` (looked up at each write, as rich does) with the trailing spaces of each line
     dropped when it is not a terminal: rich pads a table's title and caption lines to the table's
     width, which piped output (a log, a diff) should not carry. A terminal gets every byte as rich
@@ -189,7 +190,7 @@ class _Stdout:
         return getattr(sys.stdout, "encoding", None) or "utf-8"
 
 
-stdout = Console(highlight=False, width=_width(), file=_Stdout())
+stdout = Console(highlight=False, width=_width(), file=PipedStdout())
 stderr = Console(stderr=True, highlight=False)
 F = TypeVar("F", bound=Callable[..., Any])
 _NO_TEXT = {MemoryError: "out of memory (MemoryError); use smaller sizes or counts"}  # errors without text

@@ -88,9 +88,9 @@ def test_piped_output_has_no_trailing_spaces_and_a_terminal_gets_every_byte(monk
     """rich pads a table's title and caption lines to the table's width: piped, those lines ended in
     spaces (simulate, detect, monitor report); the stdout console now drops them, split writes included,
     and passes a terminal's output through as written."""
-    from naig_cli._common import _Stdout
+    from naig_cli._common import PipedStdout
 
-    out = _Stdout()
+    out = PipedStdout()
     for piece in ("title   \n", "a  ", "  b   ", "\n", "last  "):
         out.write(piece)
     out.write("\n")
