@@ -185,6 +185,47 @@ def test_a_resumed_monitor_appends_the_steps_of_the_uninterrupted_run(tmp_path, 
 
 
 @pytest.mark.parametrize("writer, name", [(JsonlRecords, "m.jsonl"), (CsvRecords, "m.csv")])
+def test_a_run_resumed_from_a_checkpoint_before_the_files_last_step_writes_its_own_steps(
+        tmp_path, writer, name: str) -> None:
+    """The run went on to step 12 after its checkpoint at step 8, then crashed; resumed from step 8 it
+    wrote its steps 9..12 as 13..16 (a flag at training step 10 logged as step 14, while the warning
+    said step 10). Now: JSONL gets them as 9..12 after a new header, said in one warning; a CSV, whose
+    steps never go back, is refused (the writer warns and writes nothing; training goes on)."""
+    path = tmp_path / name
+    first = Monitor(window=WINDOW)
+    writer(path).attach(first)
+    first.detector = Detector(WORLD, window=WINDOW)
+    stream = list(_stream(0))
+    state = None
+    for step, sig in enumerate(stream, start=1):
+        d = first.detector.update(sig)
+        for w in first.writers:
+            w(sig, d)
+        if step == 8:
+            state = first.state_dict()
+    first.writers[0].close()
+    before = path.read_bytes()
+    resumed = Monitor(window=WINDOW)
+    resumed.load_state_dict(state)
+    again = writer(path, append=True)
+    again.attach(resumed)
+    kind = UserWarning if name.endswith(".jsonl") else RuntimeWarning
+    with pytest.warns(kind, match=r"holds steps up to 12|two runs' steps 9..12") as seen:
+        for sig in stream[8:]:
+            d = resumed.detector.update(sig)
+            for w in resumed.writers:
+                w(sig, d)
+    again.close()
+    log = read_log(path)
+    if name.endswith(".jsonl"):
+        np.testing.assert_array_equal(log.steps, [*range(1, 13), *range(9, 13)])
+        assert log.flags[11] == log.flags[15]  # step 12's flags, in both runs
+    else:
+        assert path.read_bytes() == before and again.lost == 4
+        assert any("CSV cannot hold two runs' steps 9..12" in str(w.message) for w in seen)
+
+
+@pytest.mark.parametrize("writer, name", [(JsonlRecords, "m.jsonl"), (CsvRecords, "m.csv")])
 def test_overwrite_replaces_the_file_a_crashed_run_left(tmp_path, writer, name: str) -> None:
     path = tmp_path / name
     path.write_text('{"type": "step", "step": 3, "trunc')  # a crashed run's last, cut line

@@ -48,9 +48,11 @@ nonfinite, usable, reference, sq_norm, rel_norm, energy, cos, sq_dist; ``kinds``
 and which sketch estimates; the noise scale). Non-finite floats are written as the strings
 ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (Python's names; ``float()`` reads them back), so every
 line is strict JSON. ``append=True`` continues an existing file: a new header line, steps numbered
-after its last (a monitor resumed with ``load_state_dict`` goes on where the file stops, as if
-never restarted; ``step_offset`` = file step − monitor step); ``overwrite=True`` replaces it
-(the file a crashed run left); without either an existing file is refused.
+after its last (a monitor resumed with ``load_state_dict`` writes its own steps from its
+checkpoint's on, ``step_offset`` = file step − monitor step = 0; a file that holds steps past that
+checkpoint gets them again after the header, with a warning, or for a CSV is refused);
+``overwrite=True`` replaces it (the file a crashed run left); without either an existing file is
+refused.
 
 **CSV** (``CsvRecords``): one row per rank per step, columns ``CSV_COLUMNS``; non-finite values as
 ``nan``/``inf``. A CSV written before a signal existed (its header lacks that signal's columns,

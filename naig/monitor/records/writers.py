@@ -173,11 +173,33 @@ class RecordWriter(ABC):
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "world": decision.world,
                 "hosts": list(decision.hosts), "monitor": settings, "step_offset": self._offset}
 
-    def _continued(self, last: int) -> int:
-        """The offset that numbers this run's first step ``last`` + 1 in a file whose last step is
-        ``last``: ``last`` for a fresh monitor (its first step is 1), 0 for one resumed from the
-        checkpoint of that step (``Monitor.load_state_dict``: its steps go on from there)."""
-        return last - (self._first - 1)
+    def _continued(self, last: int, *, rewinds: bool) -> int:
+        """The offset of this run's step numbers in a file whose last step is ``last``.
+
+        A fresh monitor (its first step is 1) continues the file: offset ``last``. A monitor resumed
+        from a checkpoint (``Monitor.load_state_dict``; its first step is the checkpoint's + 1) writes
+        its own steps, which are training's: offset 0. When the file holds steps from the resumed
+        step on (the run went on past its checkpoint, then crashed), those belong to a timeline the
+        checkpoint does not hold: a format that reads each run after its header (``rewinds``, JSONL)
+        gets this run's steps again from the resumed step, said in one warning; one that cannot
+        (CSV: steps never go back) is refused.
+
+        Raises:
+            UsageError: a CSV that holds steps from the resumed step on (naming both steps).
+        """
+        first = self._first
+        if first == 1:
+            return last
+        if last >= first:
+            what = (f"holds steps up to {last}, past the checkpoint this monitor resumed from (step "
+                    f"{first - 1}): steps {first}..{last} are of a run the checkpoint does not hold")
+            if not rewinds:
+                raise UsageError(f"a CSV cannot hold two runs' steps {first}..{last}: it {what}; pass "
+                                 "overwrite=True, another path, or a JSONL", field="path",
+                                 value=str(self.path))
+            warnings.warn(f"naig.monitor: {self.path} {what}; this run writes its own from step {first} on, "
+                          "after a new header (read_log reads both runs)", stacklevel=4)
+        return 0
 
     @abstractmethod
     def _open(self, header: dict) -> None:
@@ -284,7 +306,7 @@ class JsonlRecords(_FileRecords):
     def _open(self, header: dict) -> None:
         _check_path(self.path, "path", self.append, self.overwrite)
         if self.append and self.path.exists() and self.path.stat().st_size > 0:
-            self._offset = self._continued(_last_jsonl_step(self.path, header["world"]))
+            self._offset = self._continued(_last_jsonl_step(self.path, header["world"]), rewinds=True)
             header["step_offset"] = self._offset
         self._fh = self.path.open("a" if self.append else "w", encoding="utf-8")
         self._line(header)
@@ -370,7 +392,7 @@ class CsvRecords(_FileRecords):
         self._columns = CSV_COLUMNS
         if old:  # continued with the file's own header (one written before a signal existed has fewer)
             last, self._columns, ranks = _last_csv_step(self.path)
-            self._offset = self._continued(last)
+            self._offset = self._continued(last, rewinds=False)
             if last and ranks != header["world"]:  # (read_log refuses a file of two rank counts)
                 raise UsageError(f"its last step has rows for {ranks} ranks (a run of {ranks} ranks, or a "
                                  f"step cut short by a crash), this run has {header['world']}; pass another "
