@@ -110,7 +110,17 @@ def test_warn_writes_one_line_on_rank_zero(ranks: dict) -> None:
     run = ranks["runs"]["warn"]
     assert len(run["warnings"]) == 1 and "\n" not in run["warnings"][0]
     assert run["warnings"][0] == run["describe"][ranks["bad_step"] - 1]
-    assert all(not r["warnings"] for k, r in ranks["runs"].items() if k not in ("warn", "plain"))
+    # skip and exclude change training: they write the same line, saying what they did; log says nothing
+    for kind, said in (("skip", "(skip: this step's optimizer update is skipped on every rank)"),
+                       ("exclude", "left out of this step's mean)")):
+        if kind in ranks["runs"]:
+            lines = ranks["runs"][kind]["warnings"]
+            assert len(lines) == 1 and said in lines[0]
+            assert lines[0].startswith(f"step {ranks['bad_step']}: rank ")
+    desync = ranks["runs"]["desync_exclude"]["warnings"]  # a minority's weights: left out, said each step
+    assert desync and all("left out of this step's mean)" in line for line in desync)
+    quiet = ("log", "log_exact", "flip", "raise", "desync", "desync_skip")  # desync_skip: weights never skip
+    assert all(not ranks["runs"][k]["warnings"] for k in quiet)
 
 
 def test_bytes_beyond_ddps_own(ranks: dict) -> None:

@@ -64,7 +64,15 @@ from naig.monitor.detectors import (
     Detector,
     check_action,
 )
-from naig.monitor.replicas import NOT_DUE, NOT_GIVEN, WEIGHTS_EVERY, ReplicaCheck, check_every
+from naig.monitor.replicas import (
+    NOT_DUE,
+    NOT_GIVEN,
+    WEIGHTS_EVERY,
+    ReplicaCheck,
+    action_ranks,
+    check_every,
+    gradient_flagged,
+)
 from naig.monitor.signals import (
     MonitorSketch,
     RankSignals,
@@ -398,8 +406,9 @@ class Monitor:
             self.callback(sig, decision)
         for writer in self.writers:
             writer(sig, decision)
-        if decision.flagged and self.action == "warn" and self.rank == 0:
-            warn_caller(decision.describe())
+        acted = _acted(decision) if decision.flagged and self.rank == 0 else None
+        if acted is not None:  # warn, and an action that changes training, say so
+            warn_caller(decision.describe() + acted)
         return decision
 
     def state_dict(self) -> dict:
@@ -515,6 +524,21 @@ def _layout_message(prints: np.ndarray) -> str:
     return (f"ranks {', '.join(map(str, odd))} passed Monitor.observe other gradient names or shapes than "
             f"ranks {', '.join(map(str, same))}; every rank must pass the same parameters (a model that "
             "differs across ranks?), else the sketches are of different layouts and no signal means anything")
+
+
+def _acted(decision: Decision) -> str | None:
+    """The end of a flagged decision's line on rank 0: "" for ``warn``; for ``skip`` and ``exclude``
+    what they do to this step when they act (None when they do not: a ``skip`` of a step the replica
+    check alone flagged, an ``exclude`` without a majority; ``log`` and ``raise``: no line)."""
+    if decision.action == "warn":
+        return ""
+    if decision.action == "skip" and gradient_flagged(decision):
+        return " (skip: this step's optimizer update is skipped on every rank)"
+    left = list(action_ranks(decision)) if decision.action == "exclude" else []
+    if left:
+        return f" (exclude: rank{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left out of " \
+               "this step's mean)"
+    return None
 
 
 def _given(weights: Tensor | np.ndarray | None, world: int) -> np.ndarray | None:
