@@ -196,3 +196,16 @@ def test_shard_truncated_while_the_audit_streams_it(sharded):
     with pytest.raises(DataError, match=f"^{shard}: truncated or changed while being audited"):
         run_audit(sharded / "single0.safetensors", [sharded / "ckpt1"], AuditConfig(chunk=100),
                   progress=truncate)
+
+
+def test_a_stale_copy_in_another_shard_is_not_read(tmp_path):
+    """The index places each tensor in one shard; a second shard holding a tensor of the same name (a
+    stale or tied copy) was read instead when it sorted last: cos 0.70 for identical checkpoints."""
+    ref = make_state(0)
+    names = list(ref)
+    a = save_sharded(tmp_path / "a", ref)
+    b = save_sharded(tmp_path / "b", ref)
+    second = b.parent / "model-00002-of-00002.safetensors"
+    save_file({**{k: ref[k] for k in names[1:]}, names[0]: ref[names[0]] * 0}, second)  # a stale copy
+    r = run_audit(a, [b], AuditConfig(beta=1.0))
+    assert r.files[0].cos == pytest.approx(1.0, abs=1e-12) and r.files[0].delta_norm == 0.0

@@ -413,10 +413,17 @@ def locate(info: FileInfo) -> dict[str, TensorData]:
         DataError: the file no longer opens (it changed since ``inspect_file``), or it
             holds a dtype this table does not know (its size is then unknown).
     """
-    files = dict.fromkeys(info.file_of(n) for n in info.tensors) if info.shards else [info.path]
+    if not info.shards:
+        return _locate_file(info.path)
+    by_shard: dict[Path, list[str]] = {}
+    for n in info.tensors:
+        by_shard.setdefault(info.file_of(n), []).append(n)
     out: dict[str, TensorData] = {}
-    for path in files:
-        out.update(_locate_file(path))
+    for path, names in by_shard.items():
+        here = _locate_file(path)
+        # only the tensors the index places in this shard: another shard may hold a stale or tied
+        # copy under the same name, which the index does not point to
+        out.update({n: here[n] for n in names if n in here})
     return out
 
 
