@@ -45,6 +45,7 @@ workers the weights effectively use. More: README, Words and symbols; docs/audit
 """
 
 _MIN_CHUNK_MB = 0.0625  # 64 KiB: smaller chunks only add per-chunk overhead
+_MAX_CHUNK_MB = 65536  # 64 GiB of float32 per batch: beyond any machine's memory, and 1e308 overflowed int()
 _COLUMNS = [
     "file",
     "lag",
@@ -80,7 +81,7 @@ def audit(
     intersect: Annotated[bool, opt("--intersect", "Use common tensors on mismatch.")] = False,
     recursive: Annotated[bool, opt("--recursive", "Also audit the files in sub-folders.")] = False,
     sketches: Annotated[int, opt("--sketches", "R sketch seeds, at most 1024: E as mean ± std.", min=1)] = 1,
-    chunk_mb: Annotated[float, opt("--chunk-mb", "Streaming batch size in MiB (>= 0.0625).")] = 16.0,
+    chunk_mb: Annotated[float, opt("--chunk-mb", "Streaming batch size in MiB (0.0625 to 65536).")] = 16.0,
     threads: Annotated[int | None, opt("--threads", "Files scored in parallel (default: all cores).",
                                        min=1, show_default=False)] = None,
     json_out: JsonOpt = False,
@@ -90,8 +91,8 @@ def audit(
     """Stream REF and FILEs, sketch them into g2 and score each worker's drift."""
     from naig.audit import AuditConfig, run_audit
 
-    if not math.isfinite(chunk_mb) or chunk_mb < _MIN_CHUNK_MB:
-        raise UsageError(f"must be a finite number >= {_MIN_CHUNK_MB}, e.g. 16", field="chunk",
+    if not math.isfinite(chunk_mb) or not _MIN_CHUNK_MB <= chunk_mb <= _MAX_CHUNK_MB:
+        raise UsageError(f"must be a number in [{_MIN_CHUNK_MB}, {_MAX_CHUNK_MB}], e.g. 16", field="chunk",
                          value=chunk_mb)
     if json_out and str(csv_path) == "-":
         raise UsageError("standard output already carries --json; name a file such as audit.csv",
@@ -143,9 +144,10 @@ def _check_csv_target(csv_path: Path | None, inputs: list[Path]) -> None:
         problem = "is a directory; name a file such as audit.csv"
     elif csv_path.is_symlink() or (csv_path.exists() and not csv_path.is_file()):
         problem = "is a link or a special file; name a regular file such as audit.csv"
-    elif csv_path.suffix.lower() == ".safetensors" or any(
-        p.exists() and csv_path.exists() and os.path.samefile(p, csv_path) for p in inputs
-    ):
+    elif csv_path.name.lower().endswith((".safetensors", ".safetensors.index.json")):
+        problem = "names a safetensors file or a checkpoint index (what audit reads); name a file such as " \
+                  "audit.csv"
+    elif any(p.exists() and csv_path.exists() and os.path.samefile(p, csv_path) for p in inputs):
         problem = "would overwrite an input; choose another path"
     elif not csv_path.absolute().parent.is_dir():
         problem = f"cannot be written: directory {csv_path.absolute().parent} does not exist"

@@ -226,10 +226,18 @@ def test_bad_line_and_keys(untouched):
     assert_one_line_error(r, 2, "--keys")
 
 
-def test_csv_never_overwrites_an_input(untouched):
+def test_csv_never_overwrites_an_input(untouched, tmp_path):
     target = untouched / "workers" / "w0.safetensors"
     r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--csv", target)
-    assert_one_line_error(r, 2, "--csv", "overwrite")
+    assert_one_line_error(r, 2, "--csv", "safetensors file")
+    # a checkpoint folder's index, which a folder argument reads (it was overwritten with the CSV)
+    from tests.test_audit_inputs import save_sharded
+
+    index = save_sharded(tmp_path / "ckpt", make_state(0))
+    before = index.read_bytes()
+    r = run_naig("audit", untouched / "ref.safetensors", tmp_path / "ckpt", "--csv", index)
+    assert_one_line_error(r, 2, "--csv", "checkpoint index")
+    assert index.read_bytes() == before
 
 
 def test_error_writes_no_csv(untouched, tmp_path):
@@ -251,7 +259,7 @@ def test_bad_csv_targets_refused_before_work(untouched, tmp_path, target):
     assert (tmp_path / "real.csv").read_text() == "keep me\n" and (tmp_path / "link").is_symlink()
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "1e-9"])
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "1e-9", "1e308", "65537"])
 def test_bad_chunk_mb(untouched, value):
     r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--chunk-mb", value)
     assert_one_line_error(r, 2, "--chunk-mb")
