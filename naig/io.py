@@ -164,7 +164,13 @@ def _write(path: Path, data: dict[str, Any], meta: dict[str, str]) -> None:
     mode = os.fstat(fd).st_mode & 0o777  # 0666 less the umask
     os.close(fd)
     try:
-        save_file(data, tmp, metadata=meta)  # safetensors writes its own file, mode 0600
+        try:
+            save_file(data, tmp, metadata=meta)  # safetensors writes its own file, mode 0600
+        except KeyError as exc:  # a dtype safetensors has no type for (complex128, quantised)
+            bad = next((n for n, t in data.items() if t.dtype == exc.args[0]), "?")
+            raise UsageError(f"tensor {bad!r} has dtype {str(exc.args[0]).removeprefix('torch.')}, which "
+                             "safetensors cannot store; convert it first (e.g. .float())",
+                             field="tensors") from None
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     finally:
@@ -211,9 +217,10 @@ def save_gradients(
         The path written.
 
     Raises:
-        UsageError: the path does not end in ``.safetensors``; ``tensors`` is empty or
-            all ``None``; a name is not a str or is ``__metadata__`` (reserved by
-            safetensors); a value cannot be turned into a tensor. Nothing is written then.
+        UsageError: the path does not end in ``.safetensors``, is a directory or lies under a
+            file; ``tensors`` is empty or all ``None``; a name is not a str or is ``__metadata__``
+            (reserved by safetensors); a value cannot be turned into a tensor or has a dtype
+            safetensors cannot store (complex128, quantised). Nothing is written then.
 
     Example:
         >>> import torch, tempfile, os
@@ -221,9 +228,14 @@ def save_gradients(
         >>> save_gradients(p, {"w": torch.ones(3)}, lag=10, step=50, worker=0).name
         'w0.safetensors'
     """
-    path = Path(path)
+    path = Path(os.fsdecode(path) if isinstance(path, bytes) else path)
     if path.suffix != ".safetensors":
         raise UsageError(f"{path}: gradient files must end in .safetensors; rename it")
+    if path.is_dir():
+        raise UsageError(f"{path}: is a directory; name a file in it, e.g. {path / 'w0.safetensors'}")
+    blocked = next((p for p in path.absolute().parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise UsageError(f"{path}: {blocked} is a file, not a folder; choose another path")
     if not tensors:
         raise UsageError(f"{path}: no tensors to save; pass a non-empty state dict")
     meta = {"lag": lag, "step": step, "worker": worker, **metadata}

@@ -160,3 +160,20 @@ def test_the_file_gets_the_mode_of_any_file_the_user_creates(tmp_path, umask: in
         os.umask(before)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
     assert [p.name for p in tmp_path.iterdir()] == ["g.safetensors"]  # no temporary file left
+
+
+def test_paths_and_dtypes_safetensors_cannot_take_are_one_line_usage_errors(tmp_path):
+    """Each was a raw exception (KeyError: torch.complex128 from inside safetensors, IsADirectoryError,
+    FileExistsError, TypeError for a bytes path); nothing is written."""
+    (tmp_path / "d.safetensors").mkdir()
+    (tmp_path / "f").write_text("x")
+    ones = {"w": torch.ones(2)}
+    for path, tensors, needle in ((tmp_path / "c.safetensors", {"w": torch.ones(2, dtype=torch.complex128)},
+                                   "dtype complex128"),
+                                  (tmp_path / "d.safetensors", ones, "is a directory"),
+                                  (tmp_path / "f" / "g.safetensors", ones, "is a file, not a folder")):
+        with pytest.raises(UsageError, match=needle) as err:
+            save_gradients(path, tensors)
+        assert "\n" not in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.safetensors", "f"]
+    assert save_gradients(os.fsencode(tmp_path / "b.safetensors"), ones).name == "b.safetensors"
