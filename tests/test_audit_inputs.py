@@ -209,3 +209,19 @@ def test_a_stale_copy_in_another_shard_is_not_read(tmp_path):
     save_file({**{k: ref[k] for k in names[1:]}, names[0]: ref[names[0]] * 0}, second)  # a stale copy
     r = run_audit(a, [b], AuditConfig(beta=1.0))
     assert r.files[0].cos == pytest.approx(1.0, abs=1e-12) and r.files[0].delta_norm == 0.0
+
+
+@pytest.mark.parametrize("shard", ["../out.safetensors", "/tmp/abs.safetensors", "sub/x.safetensors", ".."])
+def test_an_index_naming_a_shard_outside_its_folder_or_nested_thousands_deep_is_one_line(tmp_path, shard):
+    """A weight_map entry of "../x" or an absolute path was read from outside the checkpoint folder;
+    JSON nested ~3,000 deep was a RecursionError traceback."""
+    index = save_sharded(tmp_path / "ckpt", make_state(0))
+    doc = json.loads(index.read_text())
+    doc["weight_map"][next(iter(doc["weight_map"]))] = shard
+    index.write_text(json.dumps(doc))
+    with pytest.raises(DataError, match="not a file name in the index's folder") as err:
+        inspect_input(index)
+    assert "\n" not in str(err.value)
+    index.write_text("[" * 5000 + "]" * 5000)
+    with pytest.raises(DataError, match="not a readable checkpoint index"):
+        inspect_input(index)

@@ -94,7 +94,7 @@ def _load_index(index: Path) -> tuple[dict[str, str], dict[str, str]]:
     """The ``weight_map`` and the ``metadata`` (as strings) of an index file, validated."""
     try:
         doc = json.loads(index.read_bytes())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataError(f"{index}: not a readable checkpoint index ({reason}); it must be JSON") from None
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
@@ -103,6 +103,10 @@ def _load_index(index: Path) -> tuple[dict[str, str], dict[str, str]]:
     ):
         raise DataError(f"{index}: has no \"weight_map\" of tensor names to shard files; "
                         "it is not a sharded safetensors checkpoint index")
+    outside = next((v for v in weight_map.values() if v in ("", ".", "..") or Path(v).name != v), None)
+    if outside is not None:  # "../x" or "/abs/x" would read a file outside the checkpoint's folder
+        raise DataError(f"{index}: shard {outside!r} is not a file name in the index's folder; a checkpoint "
+                        "index names its shards beside it")
     meta = doc.get("metadata")
     return weight_map, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
 
