@@ -1101,9 +1101,7 @@ class Detector:
         self.step += 1
         if self.step == 1 and not self.quiet and self.warming:
             warn_caller(WARMUP.format(steps=self.warmup, until=self.warmup + 1, rate=self.false_alarm))
-        overflow = (sig.nonfinite == 0) & np.isfinite(sig.inputs.sketches).all(axis=1)  # where unusable:
-        flags = [Flag(r, "nonfinite", "overflow" if overflow[r] else "nonfinite", math.inf, 0.0,
-                      self.step)  # every entry finite (its count 0, its sketch finite), ‖g‖² beyond float64
+        flags = [Flag(r, "nonfinite", _unusable_kind(sig, r), math.inf, 0.0, self.step)
                  for r in np.flatnonzero(~sig.usable).tolist()]
         if "persistence" in self.signals or "turn" in self.signals:
             same = self.last is not None and self.last.shape == sig.inputs.sketches.shape
@@ -1545,6 +1543,13 @@ def real_numbers(values: object, what: str) -> np.ndarray:
     if np.isinf(out).any():
         raise ValueError(f"{what} holds an infinite value (a state saves none)")
     return out
+
+
+def _unusable_kind(sig: RankSignals, rank: int) -> str:
+    """``overflow`` for an unusable rank whose every entry is finite (count 0, sketch finite: its
+    ‖g‖² exceeds float64), else ``nonfinite``."""
+    finite = sig.nonfinite[rank] == 0 and bool(np.isfinite(sig.inputs.sketches[rank]).all())
+    return "overflow" if finite else "nonfinite"
 
 
 def whole_numbers(values: object, what: str) -> np.ndarray:
