@@ -134,8 +134,9 @@ def _plot(data: MonitorLog, path: str) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    names = list(data.scores)
-    fig, axes = plt.subplots(len(names), 1, figsize=(8, 2.4 * len(names) + 0.6), sharex=True, squeeze=False)
+    scored = [n for n in data.scores if not np.isnan(data.scores[n]).all()]
+    names = scored or list(data.scores)[:1]  # a signal never scored (cos by default) gets no empty panel
+    fig, axes = plt.subplots(len(names), 1, figsize=(8, 2.4 * len(names) + 0.9), sharex=True, squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=True):
         y = data.scores[name]
         finite = y[np.isfinite(y)]
@@ -154,10 +155,11 @@ def _plot(data: MonitorLog, path: str) -> None:
         ax.set_ylabel(f"{name} score")
     axes[0, 0].legend(fontsize=7, ncol=min(data.world, 4), loc="upper left")
     axes[-1, 0].set_xlabel("step")
-    fig.suptitle(f"{data.path.name}: score = statistic/threshold, the larger of the transient test and "
-                 "the CUSUM (a test fires above the dashed line);\n× the rank named by that signal; "
-                 "non-finite at the top edge",
-                 fontsize=9)
-    fig.tight_layout()
+    unscored = [n for n in data.scores if n not in names]
+    title = (f"{data.path.name}: score = statistic/threshold, the larger of the transient test\nand the "
+             "CUSUM (a test fires above the dashed line); × the rank named by that signal;\n"
+             "non-finite at the top edge" + (f"; not scored: {', '.join(unscored)}" if unscored else ""))
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     _common.save_figure(fig, path)
     plt.close(fig)
