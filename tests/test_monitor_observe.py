@@ -342,3 +342,32 @@ def test_a_state_of_another_sketch_is_refused_and_one_saved_before_it_was_kept_l
     resumed = Monitor()
     resumed.load_state_dict(older)
     assert resumed.detector.step == 20
+
+
+SAID = {"skip": "non-finite gradient (skip: this step's optimizer update is skipped on every rank; your "
+                "loop applies it)",
+        "exclude": "non-finite gradient (exclude: rank 2 left out of this step's mean; your loop applies it)",
+        "warn": "non-finite gradient", "log": None}
+
+
+@pytest.mark.parametrize("action", list(SAID))
+def test_a_flagged_step_is_said_by_every_action_that_changes_training(action: str) -> None:
+    """skip and exclude said nothing: a persistent fault under skip stopped training without a word.
+    Without an integration (decide, observe) the user's loop applies them, and the line says so."""
+    rows = _payloads(21, 4, seed=6)
+    mon = Monitor(action=action)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for r in rows[:20]:
+            mon.decide(r)
+    bad = rows[20].copy()
+    bad[2, 0] = math.nan
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert mon.decide(bad).ranks == (2,)
+    lines = [str(w.message) for w in seen]
+    if SAID[action] is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and lines[0].startswith("step 21: rank 2")
+        assert lines[0].endswith(SAID[action])

@@ -54,16 +54,18 @@ The price: a gradient-sized copy, and the hook waits for the last bucket's all-r
   DDP does without a hook: the all-reduce gets exactly DDP's bytes (training is bit-identical).
 - ``warn``: as ``log``, and rank 0 writes one line (``warnings``): step, rank, host, bucket and
   parameters, the tests that fired.
-- ``skip``: as ``log``; then the optimizer step pre-hook (``attach``) sets every ``p.grad`` of
-  the optimizer's parameters to None, so ``optimizer.step()`` changes neither the parameters
-  nor the optimizer's state (torch's optimizers skip parameters without a gradient; a
-  learning-rate scheduler the user steps still steps). On every rank alike.
+- ``skip``: as ``warn`` (the line ends saying the update is skipped); then the optimizer step
+  pre-hook (``attach``) sets every ``p.grad`` of the optimizer's parameters to None, so
+  ``optimizer.step()`` changes neither the parameters nor the optimizer's state (torch's
+  optimizers skip parameters without a gradient; a learning-rate scheduler the user steps still
+  steps). On every rank alike.
 - ``exclude``: the flagged ranks' contributions are weighted 0 and the others 1/(K − F) before
   the sum (the mean of the unflagged ranks; 1/K, DDP's own bytes, when none is flagged). The
   decision needs the whole step's gradient, so this mode holds every bucket's all-reduce back
   until the last bucket (no overlap of communication with the backward pass): the hook returns
   a pending future per bucket and completes them all at the last bucket. With every rank
-  flagged, every weight is 0 and the step's gradient is zero. DDP only.
+  flagged, every weight is 0 and the step's gradient is zero. Rank 0 writes the step's line, as
+  ``warn`` does, naming the ranks left out. DDP only.
 - ``raise``: the step pre-hook raises ``BadRankError`` on every rank before
   ``optimizer.step()`` changes anything (all the step's collectives have finished: no rank is
   left waiting). Calling ``step()`` again for the same decision raises again.

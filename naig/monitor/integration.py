@@ -242,7 +242,8 @@ class GradientMonitor:
             dots, dists = both[:, 0], both[:, 1]
         names = [p.names for p in self.parts] if self.per_bucket else None
         self.decision = self.monitor.decide(per_part.sum(axis=1), dots=dots, sq_dists=dists, weights=checked,
-                                            where=lambda d: _where(d, per_part, names, self._label))
+                                            where=lambda d: _where(d, per_part, names, self._label),
+                                            acts=True)  # the hook applies skip and exclude
         return self.decision
 
     def _label(self, part: int) -> str:

@@ -20,9 +20,10 @@ rank's writers could not write (``naig.monitor.records``: a full disk never ends
 every rank warns once when rank 0's writer fails. Every rank gets the same ``Decision``; ``observe`` applies
 no action itself except ``raise`` (``BadRankError`` on every rank, before the user's update), so
 the user's loop decides what ``skip`` or ``exclude`` means; ``warn`` writes one line (rank, host,
-signal) through ``warnings`` on rank 0. The host names are all-gathered once, at the first call
-(64 bytes per rank). Each collective waits at most ``timeout`` seconds (a rank that never calls
-``observe`` gives a ``DataError`` instead of a hang).
+signal) through ``warnings`` on rank 0, and so do ``skip`` and ``exclude``, saying the loop
+applies them. The host names are all-gathered once, at the first call (64 bytes per rank). Each
+collective waits at most ``timeout`` seconds (a rank that never calls ``observe`` gives a
+``DataError`` instead of a hang).
 
 Without an initialised process group ``observe`` works for one process (K = 1: the non-finite
 check and the rank's own norm history; nothing to compare with).
@@ -360,7 +361,7 @@ class Monitor:
 
     def decide(self, gathered: Tensor | np.ndarray, *, dots: np.ndarray | None = None,
                sq_dists: np.ndarray | None = None, weights: Tensor | np.ndarray | None = None,
-               where: Callable[[Decision], Mapping[int, str]] | None = None) -> Decision:
+               where: Callable[[Decision], Mapping[int, str]] | None = None, acts: bool = False) -> Decision:
         """Signals and the decision of one step from every rank's payload (the same on every rank).
 
         Calls the callback, and for ``warn`` writes the decision's line on rank 0; applies no
@@ -375,6 +376,8 @@ class Monitor:
                 named). Rows with the count ``NOT_DUE`` (every rank's): no check either; ``NOT_GIVEN``
                 (every rank's): a check step without weights, which clears the names.
             where: given the decision, rank → where its gradient departs most (for the line).
+            acts: the caller applies ``skip`` and ``exclude`` (an integration): the line says what was
+                done; else (``observe``, a custom loop) it says the loop is to apply it.
 
         Returns:
             The step's ``Decision`` (hosts and ``where`` filled in).
@@ -406,7 +409,7 @@ class Monitor:
             self.callback(sig, decision)
         for writer in self.writers:
             writer(sig, decision)
-        acted = _acted(decision) if decision.flagged and self.rank == 0 else None
+        acted = _acted(decision, acts) if decision.flagged and self.rank == 0 else None
         if acted is not None:  # warn, and an action that changes training, say so
             warn_caller(decision.describe() + acted)
         return decision
@@ -526,18 +529,20 @@ def _layout_message(prints: np.ndarray) -> str:
             "differs across ranks?), else the sketches are of different layouts and no signal means anything")
 
 
-def _acted(decision: Decision) -> str | None:
+def _acted(decision: Decision, acts: bool) -> str | None:
     """The end of a flagged decision's line on rank 0: "" for ``warn``; for ``skip`` and ``exclude``
-    what they do to this step when they act (None when they do not: a ``skip`` of a step the replica
-    check alone flagged, an ``exclude`` without a majority; ``log`` and ``raise``: no line)."""
+    what they do to this step when they act (``acts``: the integration does it; else the user's loop
+    is to), None when they do not act (a ``skip`` of a step the replica check alone flagged, an
+    ``exclude`` without a majority); ``log`` and ``raise``: no line."""
     if decision.action == "warn":
         return ""
+    who = "" if acts else "; your loop applies it"
     if decision.action == "skip" and gradient_flagged(decision):
-        return " (skip: this step's optimizer update is skipped on every rank)"
+        return f" (skip: this step's optimizer update is skipped on every rank{who})"
     left = list(action_ranks(decision)) if decision.action == "exclude" else []
     if left:
         return f" (exclude: rank{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left out of " \
-               "this step's mean)"
+               f"this step's mean{who})"
     return None
 
 
