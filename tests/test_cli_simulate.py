@@ -366,15 +366,17 @@ def test_local_updates_report_bytes_seconds_and_samples() -> None:
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])
-def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str) -> None:
+def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str, tmp_path: Path) -> None:
     """SIGINT after runs finished: exit 130, a valid JSON document with finished runs only (one
     process: in planned order, the first recorded once the second ends; two side by side: the runs
-    whose results had come back when the signal did, the children stopped)."""
+    whose results had come back when the signal did, the children stopped). --log-dir holds a CSV
+    under a run's name only once it has every step; a cut run's is NAME.partial.csv (it was cut
+    short under the finished name, replacing an earlier complete log)."""
     import signal
 
     cmd = [sys.executable, "-m", "naig_cli", "simulate", "--steps", "40", "--seeds", "3", "--data-bytes",
            "200017", "--eval-every", "0", "--strategies", "hogwild,naig", "--lags", "0,2", "--json",
-           "--jobs", jobs]  # 200017: this test's processes, found by their command line
+           "--jobs", jobs, "--log-dir", str(tmp_path)]  # 200017: this test's processes, by their command line
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=default_sigint)
     try:
@@ -395,6 +397,10 @@ def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str) -> N
     assert "error: interrupted" in err and "Traceback" not in err
     time.sleep(0.5)
     assert not _processes_with(f"--jobs\x00{jobs}\x00"), "a run process outlived the CLI"
+    logs = {p.name for p in tmp_path.iterdir()}
+    whole = {n for n in logs if not n.endswith(".partial.csv")}
+    assert whole >= {f"{s}-seed{k}-lr0.001.csv" for s, k in finished}, logs  # (one may end unreported)
+    assert all(len((tmp_path / n).read_text().splitlines()) == 41 for n in whole)  # 40 steps, every one
 
 
 def _processes_with(marker: str) -> list[int]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -111,14 +112,19 @@ class Session(Protocol):
 
 class _CsvLog:
     """One row per server update: step, simulated seconds (engines with a clock), train loss (mean
-    over the update's gradients), val loss (at evaluation points), π_k (empty for workers not in it)."""
+    over the update's gradients), val loss (at evaluation points), π_k (empty for workers not in it).
+
+    Written as ``NAME.partial.csv`` and renamed to ``NAME.csv`` when the run's block ends without
+    an exception: a run cut by Ctrl-C or an error leaves a file that says so, and never replaces a
+    finished run's log of the same name."""
 
     def __init__(self, path: Path | None) -> None:
-        self.fh = None
+        self.fh, self.path = None, path
         if path is not None:
+            self.partial = path.with_name(f"{path.stem}.partial{path.suffix}")
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                self.fh = path.open("w", newline="")
+                self.fh = self.partial.open("w", newline="")
             except OSError as exc:
                 raise DataError(f"cannot write {path.name} there ({exc.strerror or exc}); pass a directory "
                                 "you can write to", field="log_dir", value=str(path.parent)) from None
@@ -128,9 +134,11 @@ class _CsvLog:
     def __enter__(self) -> _CsvLog:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, *exc: object) -> None:
         if self.fh is not None:
             self.fh.close()
+            if kind is None:
+                os.replace(self.partial, self.path)
 
     def __call__(self, run: Run, loss: float | None) -> None:
         last = run.history.last()
