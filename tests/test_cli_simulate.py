@@ -557,3 +557,15 @@ def test_naig_only_header_lines_are_left_out_without_a_naig_strategy() -> None:
         assert r.exit_code == 0, r.output
         for word in ("reference ema", "β auto", "routing signal 56 B"):
             assert (word in r.stdout) == shown, (strategies, word, r.stdout)
+
+
+def test_the_fix_a_refusal_suggests_runs_as_written() -> None:
+    """fresh-only in arrival mode suggested `--set rules.max_staleness 0`, which typer refuses (an extra
+    argument); the suggestion is now KEY=VALUE, and running it works."""
+    base = ("simulate", "--arrivals", "exp:1,exp:1", "--steps", "2", "--seeds", "1", "--eval-every", "0")
+    r = run_naig(*base, "--strategies", "fresh-only")
+    assert_one_line_error(r, 2, "--strategies", "--set rules.max_staleness=0")
+    fix = r.stderr.split("use ")[-1].split()  # ['drop-stale', 'with', '--set', 'rules.max_staleness=0']
+    assert fix[0] == "drop-stale" and fix[2:] == ["--set", "rules.max_staleness=0"]
+    ok = run_naig(*base, "--strategies", fix[0], *fix[2:])
+    assert ok.returncode == 0, ok.stderr

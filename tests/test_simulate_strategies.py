@@ -178,7 +178,7 @@ def test_each_rule_in_each_mode_is_defined_or_refused(name: str, mode: str, batc
 
 
 def test_refusal_messages_name_the_mode_and_the_fix() -> None:
-    with pytest.raises(UsageError, match="not defined in arrivals mode.*drop-stale with `max_staleness` 0"):
+    with pytest.raises(UsageError, match="not defined in arrivals mode.*drop-stale with `max_staleness`=0"):
         _make("fresh-only", mode="arrivals", window=4)
     with pytest.raises(UsageError, match="window B of at least 3 in arrivals mode"):
         _make("median", mode="arrivals", window=2)

@@ -29,7 +29,7 @@ class FreshOnly(Strategy):
     def mode_hint(cls, mode: str) -> str:
         """Points at drop-stale."""
         return ("it is the fixed-lag (lockstep) oracle; in arrival mode use drop-stale with "
-                "`max_staleness` 0")
+                "`max_staleness`=0")
 
     def combine(self, batch: Batch) -> Update:
         """See the module docstring and ``Strategy.combine``."""
