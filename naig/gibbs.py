@@ -62,6 +62,8 @@ def parse_beta(beta: str | float, field: str = "beta") -> float | str:
     """
     if isinstance(beta, str) and beta.strip().lower() == "auto":
         return "auto"
+    if isinstance(beta, bool):  # float(True) is 1.0: a config's `true` is not a number
+        raise UsageError("not a number; use 'auto' or a number", field=field, value=beta)
     try:
         value = float(beta)
     except (TypeError, ValueError):

@@ -107,3 +107,17 @@ def test_weights_accept_auto_and_subnormal_median_gives_finite_beta():
     assert math.isfinite(beta) and beta > 1e300
     pi = gibbs_weights(e, "auto")
     assert math.isclose(pi.sum(), 1.0) and pi[0] == pi.max()
+
+
+def test_a_bool_is_not_a_beta_or_a_clip_radius() -> None:
+    """float(True) is 1.0: `rules.beta = true` in a config ran with β = 1 (and clip with radius 1)."""
+    from naig.errors import UsageError
+    from naig.gibbs import parse_beta
+    from naig.simulate.strategies.base import parse_clip
+
+    for parse, field in ((parse_beta, "beta"), (parse_clip, "clip")):
+        for value in (True, False):
+            with pytest.raises(UsageError, match="not a number") as err:
+                parse(value)
+            assert err.value.field == field
+        assert parse("auto") == "auto" and parse(1) == 1.0

@@ -123,6 +123,8 @@ def parse_clip(clip: float | str, field: str = "clip") -> float | str:
     """
     if isinstance(clip, str) and clip.strip().lower() == "auto":
         return "auto"
+    if isinstance(clip, bool):  # float(True) is 1.0: a config's `true` is not a number
+        raise UsageError("not a number; use 'auto' or a number", field=field, value=clip)
     try:
         value = float(clip)
     except (TypeError, ValueError):
