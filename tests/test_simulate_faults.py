@@ -133,3 +133,12 @@ def test_the_vocabulary_kinds_act_as_naig_faults_defines_them() -> None:
 def test_vocabulary_arguments_are_checked_as_naig_faults_checks_them(text: str, words: str) -> None:
     with pytest.raises(UsageError, match=words.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
         check_faults(parse_faults([text]), workers=4)
+
+
+def test_a_fault_given_twice_is_refused() -> None:
+    """`--faults 1:scale:10 --faults 1:scale:10` ran, applying the fault twice (×100); strategies given
+    twice were already refused."""
+    with pytest.raises(UsageError, match="given twice") as err:
+        parse_faults(["1:scale:10", "2:nan", "1:scale:10@0"])
+    assert err.value.value == "1:scale:10@0"
+    assert len(parse_faults(["1:scale:10", "1:scale:10@5"])) == 2  # another start: another fault

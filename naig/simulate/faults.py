@@ -171,9 +171,15 @@ def parse_faults(texts: str | Sequence[str]) -> tuple[Fault, ...]:
         texts: a sequence of ``W:KIND[:ARG][@STEP]`` strings, or one such string.
 
     Raises:
-        UsageError: field ``faults`` for the first malformed one.
+        UsageError: field ``faults`` for the first malformed one, or one given twice (it would apply
+            twice: ``1:scale:10`` twice is ×100).
     """
-    return tuple(parse_fault(t) for t in ([texts] if isinstance(texts, str) else texts))
+    given = [texts] if isinstance(texts, str) else list(texts)
+    out = tuple(parse_fault(t) for t in given)
+    twice = next((i for i, f in enumerate(out) if f in out[:i]), None)
+    if twice is not None:
+        raise UsageError("is given twice; give each fault once", field="faults", value=given[twice])
+    return out
 
 
 def check_faults(faults: Iterable[Fault], workers: int, kinds: frozenset[str] = GRADIENT_FAULTS,
