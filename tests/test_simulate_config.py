@@ -86,6 +86,7 @@ def test_options_of_another_setting_are_refused_in_one_line(options: dict, field
     (dict(arrivals="exp:1", strategies=("diloco",), outer_momentum=1.5), "outer_momentum"),
     (dict(engine="distributed", nproc=3, slowdown="fast"), "slowdown"),
     (dict(eval_batches=0), "eval_batches"), (dict(log_dir=5), "log_dir"),
+    (dict(data=""), "data"), (dict(data="  "), "data"),  # was read as ".", a directory (exit 1)
 ])
 def test_wrong_types_and_values_are_usage_errors_naming_the_field(options: dict, field: str) -> None:
     with pytest.raises(UsageError) as info:

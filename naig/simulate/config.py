@@ -488,7 +488,8 @@ class SimulateConfig:
               "use a positive int, e.g. 16")
         check(is_int(self.data_bytes) and self.data_bytes > 0, "data_bytes", self.data_bytes,
               "use a positive int, e.g. 2000000")
-        check(self.data is None or isinstance(self.data, str), "data", self.data, "use a file path")
+        check(self.data is None or isinstance(self.data, str) and self.data.strip() != "", "data", self.data,
+              "use a file path (leave the option out for the default corpus)")
         check(self.log_dir is None or isinstance(self.log_dir, str), "log_dir", self.log_dir,
               "use a folder path")
 
