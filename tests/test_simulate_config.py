@@ -191,3 +191,18 @@ def test_every_set_key_is_in_the_docs_config_keys() -> None:
     section = text[text.index("### Config keys"):text.index("## The protocols")]
     missing = [key for key in SET_KEYS if f"`{key}`" not in section]
     assert not missing, missing
+
+
+def test_beta_without_a_rule_that_uses_it_is_noted_not_silently_ignored() -> None:
+    """`--beta 5` with only hogwild ran without a word (other rules' options were noted)."""
+    from naig.simulate.arrivals.local import LOCAL_METHODS
+    from naig.simulate.config import GIBBS_RULES
+    from naig.simulate.strategies import STRATEGIES
+    from naig.simulate.strategies.naig import GibbsStrategy
+
+    gibbs = {n for n, c in STRATEGIES.items() if issubclass(c, GibbsStrategy)}
+    assert gibbs <= GIBBS_RULES and GIBBS_RULES - gibbs <= {m for m in LOCAL_METHODS if "naig" in m}
+    notes = SimulateConfig.from_options(strategies=("hogwild",), beta=5.0).ignored_options()
+    assert notes and "`beta` has no effect" in notes[0]
+    assert SimulateConfig.from_options(strategies=("hogwild", "naig"), beta=5.0).ignored_options() == ()
+    assert SimulateConfig.from_options(strategies=("hogwild",)).ignored_options() == ()

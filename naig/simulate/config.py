@@ -60,12 +60,16 @@ from naig.sketch.core import check_seed
 from naig.sketch.torch_sketch import TorchSketch
 from naig.threads import check_threads
 
+GIBBS_RULES = frozenset({"naig", "naig-exact", "diloco-naig", "diloco-naig-exact"})
+"""The rules and local-update methods whose Gibbs weights ``rules.beta`` (``--beta``) sets."""
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser, from PyPI (a dependency there only)
     import tomli as tomllib
 
 __all__ = [
+    "GIBBS_RULES",
     "SimulateConfig",
     "RuleOptions",
     "OPTIONS",
@@ -459,7 +463,8 @@ class SimulateConfig:
                 ("clip", r.clip != "auto", {"centered-clip"}),
                 ("byzantine", r.byzantine != 1, {"trimmed-mean", "krum", "multi-krum"}),
                 ("reference", r.reference != "auto", {"naig", "naig-exact", "naig-blind"}),
-                ("dc_lambda", r.dc_lambda != 20.0, {"dc-asgd"})]
+                ("dc_lambda", r.dc_lambda != 20.0, {"dc-asgd"}),
+                ("beta", r.beta != "auto", GIBBS_RULES)]
         for name, given, rules in uses:
             if given and not names & rules:
                 notes.append(f"`{name}` has no effect: no rule of {', '.join(sorted(rules))} is listed")
