@@ -61,7 +61,7 @@ from naig.sketch.torch_sketch import TorchSketch
 from naig.threads import check_threads
 
 GIBBS_RULES = frozenset({"naig", "naig-exact", "diloco-naig", "diloco-naig-exact"})
-"""The rules and local-update methods whose Gibbs weights ``rules.beta`` (``--beta``) sets."""
+"""The rules and local-update methods whose Gibbs weights ``rules.beta`` sets."""
 
 if sys.version_info >= (3, 11):
     import tomllib
