@@ -645,6 +645,34 @@ def test_a_huge_number_in_a_state_is_a_one_line_error() -> None:
         Detector(4, quiet=True).load_state_dict(state)
 
 
+def _trained_and_changed(where: str, value: object) -> tuple[Detector, dict]:
+    """A detector after 60 steps, and a copy of its state with one entry set to ``value``: ``where``
+    names a counter (step, fresh), the first entry of a list (named, stat, start, last), the norm's
+    calibration (its whole entry with ``calibration``, its t with ``calibration.t``), the norm's last
+    pooled or tail value (pool, tails) or ``signals`` in the settings."""
+    det = Detector(4, quiet=True)
+    for g in _stream(4, 60, 1.0, seed=2):
+        det.update(_signals(g))
+    state = copy.deepcopy(det.state_dict())
+    if where in ("step", "fresh"):
+        state[where] = value
+    elif where == "named":
+        state["named"][0] = value
+    elif where == "calibration":
+        state["calibration"]["norm"] = value
+    elif where == "calibration.t":
+        state["calibration"]["norm"][0] = value
+    elif where in ("stat", "start"):
+        state[where][0][0][0] = value
+    elif where in ("pool", "tails"):
+        state[where]["norm"][-1][0] = value
+    elif where == "last":
+        state["last"][0][0] = value
+    else:
+        state["settings"]["signals"] = value
+    return det, state
+
+
 @pytest.mark.parametrize("change", [{"step": 1e308}, {"step": 10 ** 400}, {"step": -5}, {"named": 10 ** 18},
                                     {"fresh": -1000}, {"fresh": 10 ** 6}, {"stat": math.inf}, {"stat": -1.0},
                                     {"start": 10 ** 6}, {"calibration": -5.0}, {"calibration": math.inf}],
@@ -653,19 +681,8 @@ def test_a_state_whose_counters_no_detector_reaches_is_refused_at_load(change: d
     """Each of these loaded before and then crashed at the next step (an int64 overflow), flagged a
     clean rank at once (a CUSUM statistic of inf, a negative threshold) or never tested (an infinite
     one): refused at load, one line."""
-    det = Detector(4, quiet=True)
-    for g in _stream(4, 60, 1.0, seed=2):
-        det.update(_signals(g))
-    state = copy.deepcopy(det.state_dict())
     (key, value), = change.items()
-    if key in ("step", "fresh"):
-        state[key] = value
-    elif key == "named":
-        state["named"][0] = value
-    elif key == "calibration":
-        state["calibration"]["norm"][0] = value
-    else:
-        state[key][0][0][0] = value
+    det, state = _trained_and_changed("calibration.t" if key == "calibration" else key, value)
     with pytest.raises(UsageError, match="malformed detector state") as err:
         Detector(4, quiet=True).load_state_dict(state)
     assert "\n" not in str(err.value)
@@ -678,17 +695,7 @@ def test_a_state_whose_counters_no_detector_reaches_is_refused_at_load(change: d
 def test_a_counter_that_is_not_a_whole_number_is_refused_not_truncated(change: dict) -> None:
     """Steps and ranks were read with int(): 60.5 loaded as 60 and "60" as 60. Whole floats (60.0, as a
     serialiser may write them) still load and resume as the ints do."""
-    det = Detector(4, quiet=True)
-    for g in _stream(4, 60, 1.0, seed=2):
-        det.update(_signals(g))
-    state = copy.deepcopy(det.state_dict())
-    (key, value), = change.items()
-    if key in ("step", "fresh"):
-        state[key] = value
-    elif key == "named":
-        state["named"][0] = value
-    else:
-        state[key][0][0][0] = value
+    det, state = _trained_and_changed(*next(iter(change.items())))
     with pytest.raises(UsageError, match="malformed detector state.*(whole number|not a number)"):
         Detector(4, quiet=True).load_state_dict(state)
     floats = copy.deepcopy(det.state_dict())
@@ -709,22 +716,7 @@ def test_a_state_entry_that_is_not_a_number_or_is_infinite_is_refused(where: str
     """Each loaded before: "12" as the fitted thresholds (1.0, 2.0), "2.5" and True as numbers, an inf
     a state never holds (37 of 40 later steps then differed from the uninterrupted run), a bool in
     the named steps as 1; signals=5 was a TypeError."""
-    det = Detector(4, quiet=True)
-    for g in _stream(4, 60, 1.0, seed=2):
-        det.update(_signals(g))
-    state = copy.deepcopy(det.state_dict())
-    if where == "calibration":
-        state["calibration"]["norm"] = value
-    elif where == "stat":
-        state["stat"][0][0][0] = value
-    elif where in ("pool", "tails"):
-        state[where]["norm"][-1][0] = value
-    elif where == "last":
-        state["last"][0][0] = value
-    elif where == "named":
-        state["named"][0] = value
-    else:
-        state["settings"]["signals"] = value
+    _, state = _trained_and_changed(where, value)
     with pytest.raises(UsageError, match="malformed detector state") as err:
         Detector(4, quiet=True).load_state_dict(state)
     assert "\n" not in str(err.value)
