@@ -1094,7 +1094,6 @@ class Detector:
 
     def _update(self, sig: RankSignals) -> Decision:
         self.scored = None
-        self._stats.pop("thresholds", None)  # pool and calibration move between steps
         if sig.world != self.world:
             raise UsageError(f"signals of {sig.world} ranks for a detector of {self.world}", field="world",
                              value=sig.world)
@@ -1141,6 +1140,7 @@ class Detector:
             self.ewma, self.cov, self.cov_weight, self.cov_count = np.zeros(shape), None, 0.0, 0
             self.drift_record.clear()
             self.calibration.pop("drift", None)  # fitted for another sketch width
+            self._stats.pop("thresholds", None)
         m = shape[1]
         if self.cov is None or self.cov_count < 2 * m:
             return None
@@ -1416,6 +1416,7 @@ class Detector:
         self.fresh += 1
         if self.fresh >= RECALIBRATE * (1 if len(self.tails[self.signals[0]]) < TAIL_STEPS // 16 else 4):
             self.calibration, self.fresh = {}, 0
+            self._stats.pop("thresholds", None)
 
     def _thresholds(self) -> dict[str, dict[str, float]]:
         n = len(self.signals)
