@@ -297,3 +297,17 @@ def test_huge_finite_float64_values_are_not_called_non_finite(tmp_path):
     assert f.cos == pytest.approx(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)), rel=1e-12)
     assert f.delta_norm == pytest.approx(np.linalg.norm(x - y), rel=1e-12)
     assert f.energy_spread is None
+
+
+def test_files_whose_tensors_are_all_empty_are_refused_not_called_integrated(tmp_path):
+    """Nothing compared (n = 0) is no verdict: a one-line DataError naming the reference."""
+    from naig.errors import DataError
+
+    for name in ("ref", "w"):
+        save_gradients(tmp_path / f"{name}.safetensors", {"w": torch.zeros(0, 3), "b": torch.zeros(0)})
+    with pytest.raises(DataError, match=r"ref\.safetensors: the 2 tensor\(s\) compared hold no values"):
+        run_audit(tmp_path / "ref.safetensors", [tmp_path / "w.safetensors"])
+    save_gradients(tmp_path / "ref2.safetensors", {"w": torch.zeros(0, 3), "b": torch.zeros(2)})
+    save_gradients(tmp_path / "w3.safetensors", {"w": torch.zeros(0, 3), "b": torch.ones(2)})
+    (f,) = run_audit(tmp_path / "ref2.safetensors", [tmp_path / "w3.safetensors"]).files  # 2 values: audited
+    assert f.delta_norm == pytest.approx(math.sqrt(2.0))

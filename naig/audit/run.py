@@ -449,7 +449,8 @@ def run_audit(
             other options are checked by ``AuditConfig``).
         DataError: missing, truncated, invalid or pickle files; an incomplete sharded
             checkpoint; a file truncated or changed while it is read; mismatched tensors;
-            every file non-finite. Each message is one line naming the file.
+            every file non-finite; tensors that hold no values at all. Each message is one line
+            naming the file.
 
     Example:
         >>> import tempfile, torch
@@ -470,6 +471,9 @@ def run_audit(
     ref_path, worker_paths, notes = _resolve_files(ref, files, config.recursive)
     ref_info, workers = inspect_input(ref_path), [inspect_input(p) for p in worker_paths]
     plan, skipped = plan_tensors(ref_info, workers, config.keys, config.intersect)
+    if not any(t.numel for t in plan):  # no value to compare: every verdict would be a claim about nothing
+        raise DataError(f"{ref_path}: the {len(plan)} tensor(s) compared hold no values (every one is "
+                        "empty); nothing to audit: compare files with non-empty tensors")
     t0 = time.perf_counter()
     acc = _stream_all(ref_info, workers, plan, config, progress)
     seconds = time.perf_counter() - t0
