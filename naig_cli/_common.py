@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import functools
 import io
 import math
@@ -308,11 +309,35 @@ def handle_errors(fn: F | None = None, *, words: Callable[[], Mapping[str, str]]
                 raise
             if isinstance(exc, NaigError):
                 fail(cli_message(exc), exc.exit_code)
-            fail(str(exc).replace("\n", " ") or _NO_TEXT.get(type(exc), type(exc).__name__), 1)
+            fail(_os_line(exc) if isinstance(exc, OSError) else
+                 str(exc).replace("\n", " ") or _NO_TEXT.get(type(exc), type(exc).__name__), 1)
         finally:
             _WORDS.reset(token)
 
     return wrapper
+
+
+_OS_HINTS = {errno.ENAMETOOLONG: "use a shorter path: each name in it must fit in 255 bytes",
+             errno.ENOSPC: "free some space or write elsewhere"}
+
+
+def _os_line(exc: OSError) -> str:
+    """An OS error as ``PATH: what went wrong (the fix)``: the path shortened to 100 characters, no
+    ``[Errno N]``; the error's own text when it names no file.
+
+    Example:
+        >>> _os_line(PermissionError(13, "Permission denied", "runs/log.csv"))
+        'runs/log.csv: permission denied'
+        >>> _os_line(OSError(36, "File name too long", "a" * 300)).split(": ", 1)[1]
+        'file name too long (use a shorter path: each name in it must fit in 255 bytes)'
+    """
+    if exc.filename is None or not exc.strerror:
+        return str(exc).replace("\n", " ") or _NO_TEXT.get(type(exc), type(exc).__name__)
+    path = os.fsdecode(exc.filename) if isinstance(exc.filename, bytes | str) else str(exc.filename)
+    if len(path) > 100:
+        path = f"{path[:62]}…{path[-37:]} ({len(path)} characters)"
+    hint = _OS_HINTS.get(exc.errno)
+    return f"{path}: {exc.strerror[:1].lower()}{exc.strerror[1:]}" + (f" ({hint})" if hint else "")
 
 
 def fmt_num(v: float | None, spec: str, big: float | None = None) -> str:

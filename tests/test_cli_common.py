@@ -75,6 +75,18 @@ def test_an_error_without_text_is_still_worded(capsys) -> None:
     assert err == "error: out of memory (MemoryError); use smaller sizes or counts\n"
 
 
+def test_an_os_error_names_its_path_shortened_and_the_fix(tmp_path: Path) -> None:
+    """A path longer than a name may be (ENAMETOOLONG from deep in a command): one line, the path
+    shortened, what went wrong and the fix; no ``[Errno 36]`` and no 300-character echo."""
+    from tests.conftest import assert_one_line_error, run_naig
+
+    long = "a" * 300
+    r = run_naig("simulate", "--steps", "1", "--seeds", "1", "--log-dir", str(tmp_path / long))
+    assert_one_line_error(r, 1, "(", "characters): file name too long (use a shorter path")
+    line = r.stderr.strip().splitlines()[-1]
+    assert "Errno" not in line and len(line) < 220 and not any(tmp_path.iterdir())
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full (every write: ENOSPC)")
 def test_json_to_a_full_standard_output_is_one_line_naming_it() -> None:
     with open("/dev/full", "w") as full:
