@@ -397,6 +397,19 @@ def test_a_state_of_other_settings_is_refused_naming_the_setting(change: dict, f
         Detector(4, quiet=True).load_state_dict({"version": 1})
 
 
+@pytest.mark.parametrize("key", ["delta", "hold"])
+def test_a_setting_saved_as_a_bool_is_not_the_number_it_equals(key: str) -> None:
+    """True == 1 in Python: a state whose delta is True (a JSON edit) is refused, not read as 1.0."""
+    import json
+
+    det = Detector(4, quiet=True, delta=1.0, hold=1)
+    state = json.loads(json.dumps(det.state_dict()))
+    state["settings"][key] = True
+    with pytest.raises(UsageError) as err:
+        Detector(4, quiet=True, delta=1.0, hold=1).load_state_dict(state)
+    assert err.value.field == key and "saved with" in str(err.value)
+
+
 def test_the_gpd_fit_recovers_its_law() -> None:
     """PWM estimates from 20,000 generalised Pareto draws (ξ = 0.2, σ = 1.5; and ξ = 0) within 0.05 / 3%."""
     rng = np.random.default_rng(11)

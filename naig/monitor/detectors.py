@@ -1465,7 +1465,8 @@ class Detector:
             theirs["signals"] = list(self.signals)  # saved before these signals existed: they start afresh
         for key, value in mine.items():
             other = theirs.get(key)
-            if (list(other) if isinstance(other, list | tuple) else other) != value:
+            if (list(other) if isinstance(other, list | tuple) else other) != value or \
+                    isinstance(other, bool) != isinstance(value, bool):  # True == 1.0 in Python
                 raise UsageError(f"the state was saved with {key}={other!r}, this detector has {value!r}",
                                  field=key, value=other)
         try:
