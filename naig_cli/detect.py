@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from rich import box
@@ -62,17 +63,17 @@ def _o(flag: str, text: str, default: str | None = None, **kwargs: Any) -> Any:
 
 @handle_errors
 def detect(
-    ranks: Annotated[int, _o("--ranks", "K, data-parallel ranks (>= 3; --protocol persistent: 4 unless "
-                             "given).", "8")] = 8,
-    steps: Annotated[int, _o("--steps", "Scored steps per seed, after the warm-up.", "40")] = 40,
-    warmup: Annotated[int, _o("--warmup", "Training steps before scoring (>= --window and the largest stale "
-                              "τ, 20).", "20")] = 20,
-    calibration: Annotated[int, _o("--calibration", "Calibration seeds (clean steps set the thresholds).",
-                                   "6")] = 6,
-    validation: Annotated[int, _o("--validation", "Validation seeds (choose the default detector; 0: none; "
-                                  "--protocol persistent: 3 unless given).", "2")] = 2,
-    test: Annotated[int, _o("--test", "Test seeds (the reported figures; --protocol persistent: 10 unless "
-                            "given).", "3")] = 3,
+    ranks: Annotated[int | None, _o("--ranks", "K, data-parallel ranks (>= 3; --protocol persistent: 4 "
+                                    "unless given).", "8")] = None,
+    steps: Annotated[int | None, _o("--steps", "Scored steps per seed, after the warm-up.", "40")] = None,
+    warmup: Annotated[int | None, _o("--warmup", "Training steps before scoring (>= --window and the largest "
+                                     "stale τ, 20).", "20")] = None,
+    calibration: Annotated[int | None, _o("--calibration", "Calibration seeds (clean steps set the "
+                                          "thresholds).", "6")] = None,
+    validation: Annotated[int | None, _o("--validation", "Validation seeds (choose the default detector; 0: "
+                                         "none; --protocol persistent: 3 unless given).", "2")] = None,
+    test: Annotated[int | None, _o("--test", "Test seeds (the reported figures; --protocol persistent: 10 "
+                                   "unless given).", "3")] = None,
     faults: Annotated[str | None, _o(
         "--faults", "Comma list of fault kinds (naig.faults' names): bitflip32, bitflip16, scale, coordflip "
         "(a fraction of signs), noise, nan, inf, layer, stale, data-random, data-text, replica (DiLoCo: a "
@@ -80,7 +81,7 @@ def detect(
         "all but replica")] = None,
     false_alarm: Annotated[float, _o("--false-alarm", "False-alarm rate per rank-step every threshold is "
                                      "calibrated to.", "1e-3")] = 1e-3,
-    window: Annotated[int, _o("--window", "Clean steps in the individual histories.", "16")] = 16,
+    window: Annotated[int | None, _o("--window", "Clean steps in the individual histories.", "16")] = None,
     batch_size: Annotated[int, _o("--batch-size", "Sequences per rank minibatch.", "8")] = 8,
     context: Annotated[int, _o("--context", "Bytes per sequence (<= the model's context).", "64")] = 64,
     lr: Annotated[float, _o("--lr", "Adam learning rate of the clean training.", "1e-3")] = 1e-3,
@@ -88,7 +89,7 @@ def detect(
     data: Annotated[str | None, _o("--data", "Text file.", "the stdlib's .py files")] = None,
     data_bytes: Annotated[int, _o("--data-bytes", "Use the first N bytes of the text.",
                                   "1000000")] = 1_000_000,
-    sketch_seed: Annotated[int, _o("--sketch-seed", "The monitor sketch's seed.", "0")] = 0,
+    sketch_seed: Annotated[int | None, _o("--sketch-seed", "The monitor sketch's seed.", "0")] = None,
     threads: Annotated[int, _o("--threads", "torch CPU threads.", "1")] = 1,
     protocol: Annotated[str, _o("--protocol", "steps: each step scored on its own (issue 20); persistent: "
                                 "a fault that persists while training continues on the faulty mean, delays "
@@ -97,8 +98,8 @@ def detect(
                                 "steps")] = "steps",
     cache: Annotated[str | None, _o("--cache", "persistent: keep the recorded runs in DIR (.npz) and reuse "
                                     "them.")] = None,
-    replays: Annotated[int, _o("--replays", "persistent: clean runs replayed per pool and rank count (fixed "
-                               "subsets of the pool's ranks).", "40")] = 40,
+    replays: Annotated[int | None, _o("--replays", "persistent: clean runs replayed per pool and rank count "
+                                      "(fixed subsets of the pool's ranks).", "40")] = None,
     plot: Annotated[str | None, _o("--plot", "Write detection rate against magnitude per detector to PATH "
                                    "(.png, .pdf, .svg; needs matplotlib).")] = None,
     json_out: JsonOpt = False,
@@ -123,15 +124,18 @@ def detect(
     if protocol == "persistent":
         _persistent(locals(), plot, json_out)
         return
-    if cache is not None or replays != 40:
+    if cache is not None or replays is not None:
         from naig.errors import UsageError
 
-        raise UsageError("applies to --protocol persistent only", field="cache" if cache else "replays")
-    cfg = DetectConfig(ranks=ranks, steps=steps, warmup=warmup, calibration=calibration,
-                       validation=validation, test=test, faults=faults, false_alarm=false_alarm,
-                       window=window, batch_size=batch_size, context=context, lr=lr,
-                       model="gpt-nano" if model is None else model.value, data=data, data_bytes=data_bytes,
-                       sketch_seed=sketch_seed, threads=threads)
+        field = "cache" if cache is not None else "replays"
+        raise UsageError("applies to --protocol persistent only", field=field,
+                         value=cache if field == "cache" else replays)
+    given = {k: v for k, v in dict(ranks=ranks, steps=steps, warmup=warmup, calibration=calibration,
+                                   validation=validation, test=test, window=window,
+                                   sketch_seed=sketch_seed).items() if v is not None}
+    cfg = DetectConfig(**given, faults=faults, false_alarm=false_alarm, batch_size=batch_size,
+                       context=context, lr=lr, model="gpt-nano" if model is None else model.value, data=data,
+                       data_bytes=data_bytes, threads=threads)
     result = _run(cfg)
     print_json(result.to_dict()) if json_out else _render(result)
     if plot is not None:
@@ -270,8 +274,8 @@ def _plot(r: DetectResult, path: str) -> None:
     plt.close(fig)
 
 
-_STEP_ONLY = {"steps": 40, "warmup": 20, "calibration": 6, "window": 16, "sketch_seed": 0}
-"""Options of the per-step protocol and their defaults (refused with ``--protocol persistent``)."""
+_STEP_ONLY = ("steps", "warmup", "calibration", "window", "sketch_seed")
+"""Options of the per-step protocol (refused with ``--protocol persistent`` when given, any value)."""
 
 
 def _persistent(opts: dict, plot: str | None, json_out: bool) -> None:
@@ -280,19 +284,18 @@ def _persistent(opts: dict, plot: str | None, json_out: bool) -> None:
     from naig.detect.sequential import SequentialConfig, record_all, total_steps
     from naig.errors import UsageError
 
-    for name, default in _STEP_ONLY.items():
-        if opts[name] != default:
+    for name in _STEP_ONLY:
+        if opts[name] is not None:
             raise UsageError("applies to --protocol steps only", field=name, value=opts[name])
+    _check_cache(opts["cache"])
+    given = {k: opts[k] for k in ("ranks", "validation", "test", "replays") if opts[k] is not None}
     defaults = SequentialConfig()
-    cfg = SequentialConfig(ranks=opts["ranks"] if opts["ranks"] != 8 else defaults.ranks,
-                           batch_size=opts["batch_size"], context=opts["context"],
+    cfg = SequentialConfig(**given, batch_size=opts["batch_size"], context=opts["context"],
                            lr=opts["lr"], model="gpt-nano" if opts["model"] is None else opts["model"].value,
                            data=opts["data"], data_bytes=opts["data_bytes"],
                            faults=defaults.faults if opts["faults"] is None else tuple(
                                f.strip() for f in opts["faults"].split(",")),
-                           validation=opts["validation"] if opts["validation"] != 2 else defaults.validation,
-                           test=opts["test"] if opts["test"] != 3 else defaults.test,
-                           false_alarm=opts["false_alarm"], replays=opts["replays"], threads=opts["threads"])
+                           false_alarm=opts["false_alarm"], threads=opts["threads"])
     start = time.perf_counter()
     with progress("detect", total_steps(cfg)) as advance:
         faults, pools = record_all(cfg, advance, cache=opts["cache"])
@@ -305,6 +308,20 @@ def _persistent(opts: dict, plot: str | None, json_out: bool) -> None:
 
 def _fmt_p(v: float | None) -> str:
     return "–" if v is None else f"{100 * v:.0f}"
+
+
+def _check_cache(cache: str | None) -> None:
+    """``--cache``: a folder (created if missing), checked before any recording."""
+    from naig.errors import UsageError
+
+    if cache is None:
+        return
+    if not cache.strip():
+        raise UsageError("an empty path; give a folder (created if missing), e.g. --cache runs/",
+                         field="cache", value=cache)
+    if Path(cache).exists() and not Path(cache).is_dir():
+        raise UsageError("is a file; give a folder (created if missing) or remove the file", field="cache",
+                         value=cache)
 
 
 def _render_persistent(res: dict) -> None:

@@ -140,6 +140,35 @@ def test_plot_write_failure_is_one_line_naming_plot(capsys) -> None:  # noqa: AN
     (["--protocol", "persistent", "--steps", "5"], ["--steps", "--protocol steps only"]),
     (["--protocol", "persistent", "--faults", "x3"], ["--faults", "x3"]),
     (["--cache", "somewhere"], ["--cache", "--protocol persistent only"]),
+    # given is given, whatever the value: these equal the other protocol's defaults
+    (["--protocol", "persistent", "--steps", "40"], ["--steps 40", "--protocol steps only"]),
+    (["--protocol", "persistent", "--sketch-seed", "0"], ["--sketch-seed 0", "--protocol steps only"]),
+    (["--replays", "40"], ["--replays 40", "--protocol persistent only"]),
+    (["--protocol", "persistent", "--cache", ""], ["--cache ''", "an empty path"]),
 ])
 def test_protocol_options_are_one_line_usage_errors(args: list[str], needles: list[str]) -> None:
     assert_one_line_error(run_naig("detect", *args), 2, *needles)
+
+
+def test_persistent_keeps_every_value_given_even_the_steps_protocols_default(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    """--ranks 8 --validation 2 --test 3 are the steps protocol's defaults; given with --protocol
+    persistent they are what runs (they were once replaced by its own defaults 4, 3, 10). The
+    recording (~20 min) is replaced by one that keeps the config and stops."""
+    import naig.detect.sequential as sequential
+
+    seen = []
+
+    def record_all(cfg, advance, cache=None):  # noqa: ANN001, ANN202
+        seen.append(cfg)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sequential, "record_all", record_all)
+    RUNNER.invoke(app, ["detect", "--protocol", "persistent", "--ranks", "8", "--validation", "2",
+                        "--test", "3", "--faults", "scale:2"])
+    RUNNER.invoke(app, ["detect", "--protocol", "persistent", "--faults", "scale:2"])
+    given, default = seen
+    assert (given.ranks, given.validation, given.test) == (8, 2, 3)
+    assert (default.ranks, default.validation, default.test, default.replays) == (4, 3, 10, 40)
+    (tmp_path / "afile").write_text("")
+    assert_one_line_error(run_naig("detect", "--protocol", "persistent", "--cache", str(tmp_path / "afile")),
+                          2, "--cache", "is a file")
