@@ -77,6 +77,22 @@ def test_a_non_contiguous_tensor_is_sketched_in_its_row_major_order(impl: str) -
 
 
 @pytest.mark.parametrize("impl", CPU_IMPLS)
+def test_strided_views_that_flatten_without_a_copy_are_read_by_their_strides(impl: str) -> None:
+    """reshape(-1) returns these as strided views (no copy): a 1-D slice with a step, a column of a
+    matrix, an expanded 0-stride tensor (autograd's gradient of a sum), a view at an offset. Read as if
+    contiguous they gave another vector's norm and sketch (and out-of-bounds reads)."""
+    base, mat = torch.randn(3001), torch.randn(1000, 3)
+    views = {"step": base[::3], "column": mat[:, 1:2], "expanded": torch.full((1,), 0.5).expand(2000),
+             "offset": base[1000:2000:2]}
+    sk = LayoutSketch.build([(n, v.numel()) for n, v in views.items()], seed=11, blocks=2)
+    dense = {n: v.contiguous() for n, v in views.items()}
+    _payload_ok(sk.of_tensors(list(views.values()), impl), dense, 11, 2)
+    for name, v in views.items():
+        one = LayoutSketch.build([(name, v.numel())], seed=11)
+        _payload_ok(one(v, impl), {name: dense[name]}, 11, 1)
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLS)
 def test_empty_layouts(impl: str) -> None:
     for named in ([], [("a", 0)], [("a", 0), ("b", 0)]):
         sk = LayoutSketch.build(named, seed=0, blocks=2)

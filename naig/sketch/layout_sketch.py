@@ -248,7 +248,10 @@ class LayoutSketch:
         if (self.segments[:, 2] != 0).any() or len(np.unique(self.segments[:, 3])) != len(self.segments):
             raise UsageError("of_tensors needs a layout of whole tensors (LayoutSketch.build)",
                              field="tensors")
-        flat = [t.detach().reshape(-1) for t in tensors]  # a view; a strided tensor is copied
+        # reshape(-1) copies a tensor it cannot view flat, but returns a strided view as it is (a 1-D slice
+        # g[::3], a column, an expanded 0-stride tensor): those are gathered here (the one copy, in their
+        # dtype), since the C kernel reads numel() values from data_ptr()
+        flat = [f if (f := t.detach().reshape(-1)).is_contiguous() else f.contiguous() for t in tensors]
         if any(t.numel() != int(n) for t, n in zip(flat, self._sizes(), strict=True)):
             raise UsageError("a tensor's size differs from the layout's", field="tensors")
         if impl in ("auto", "compiled") and _KERNEL is not None and all(
