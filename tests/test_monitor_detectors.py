@@ -1073,3 +1073,21 @@ def test_scored_is_this_steps_or_none() -> None:
     for g in _stream(2, 4, 1.0, seed=3):
         two.update(_signals(g))
     assert two.scored is not None and np.isnan(two.scored.drift_cos).all()
+
+
+def test_a_false_alarm_rate_float64_cannot_threshold_is_refused_naming_it() -> None:
+    """Near 1e-16 a test's 1 − α rounds to 1: such a rate was accepted and every step after the
+    warm-up raised statistics.StatisticsError. The floor is per test, so it depends on K."""
+    from naig.monitor.detectors import MIN_TEST_RATE
+
+    with pytest.raises(UsageError) as err:
+        Detector(1, false_alarm=1e-16, quiet=True)
+    assert err.value.field == "false_alarm" and "use false_alarm >= 1e-15" in str(err.value)
+    with pytest.raises(UsageError, match="K = 8 ranks"):
+        Detector(8, false_alarm=1e-15, quiet=True)
+    det = Detector(8, false_alarm=2 * MIN_TEST_RATE * 8 * Detector(8, quiet=True).tests_per_rank, quiet=True)
+    rng = np.random.default_rng(0)
+    for _ in range(40):  # past the warm-up: thresholds are computed at the floor
+        s = rng.normal(size=(8, 14))
+        decision = det.update(rank_signals(s, (s ** 2).sum(1), np.zeros(8)))
+    assert not decision.warmup and math.isfinite(decision.thresholds["transient"]["norm"])

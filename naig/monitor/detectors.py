@@ -223,8 +223,8 @@ __all__ = ["ACTIONS", "MAX_WORLD", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE",
            "DEFAULT_DETECTOR",
            "DEFAULT_SIGNALS", "DEFAULT_SCORES", "DEFAULT_WINDOW", "DEFAULT_WARMUP", "DEFAULT_DELTA",
            "DEFAULT_CLIP", "DEFAULT_HOLD", "POOL_SIZES", "STATE_VERSION", "TWO_RANKS", "WARMUP",
-           "DRIFT_LAMBDA", "DRIFT_MIN_STEPS", "UNFITTED_CUSUM", "TURN_FLOOR", "BadRankError", "Decision",
-           "Detector", "DriftState", "Flag",
+           "DRIFT_LAMBDA", "DRIFT_MIN_STEPS", "MIN_TEST_RATE", "UNFITTED_CUSUM", "TURN_FLOOR",
+           "BadRankError", "Decision", "Detector", "DriftState", "Flag",
            "SignalSpec",
            "check_action", "cusum_arl", "cusum_threshold", "cusum_threshold_sample", "drift_threshold",
            "gpd_fit", "median_of_others", "null_tail", "pooled_median", "stats_of_others",
@@ -346,6 +346,9 @@ WARMUP = ("monitor warm-up: only non-finite gradients are checked until {steps} 
           "are pooled (step {until}); after that every test runs at false_alarm={rate:g} per step")
 """The one-line warning a ``Detector`` gives at its first step (see "Warm-up")."""
 MAX_WINDOW = 100_000
+MIN_TEST_RATE = 1e-15
+"""The smallest false-alarm probability of one test (false_alarm / (K · tests per rank)): near 1e-16,
+1 − α rounds to 1 in float64 and no threshold can be computed; a smaller ``false_alarm`` is refused."""
 """The longest pooled history in steps (memory: K × signals × window floats)."""
 DEFAULT_WINDOW, DEFAULT_WARMUP, DEFAULT_DELTA, DEFAULT_CLIP, DEFAULT_HOLD = 64, 16, 1.0, 3.0, 8
 """Pooled steps, warm-up steps, CUSUM reference δ and clipping c (pooled sd), steps a named rank
@@ -1012,6 +1015,12 @@ class Detector:
         if self.world == 2 and self.blind and not quiet:
             warn_caller(TWO_RANKS)
         self.alpha = self.false_alarm / (self.world * self.tests_per_rank)
+        if self.alpha < MIN_TEST_RATE:  # 1 − α rounds to 1 in float64 near 1e-16: no threshold exists
+            floor = MIN_TEST_RATE * self.world * self.tests_per_rank
+            raise UsageError(f"gives each of the {self.world * self.tests_per_rank} tests of a step (K = "
+                             f"{self.world} ranks × {self.tests_per_rank}) a rate below {MIN_TEST_RATE:g}, "
+                             f"where float64 has no threshold; use false_alarm >= {floor:.3g}",
+                             field="false_alarm", value=self.false_alarm)
         self.step = 0
         self.pool: dict[str, deque[np.ndarray]] = {s: deque(maxlen=self.window) for s in self.signals}
         self.stat = np.zeros((len(self.signals), self.world, 2))  # CUSUM S (upper, lower)

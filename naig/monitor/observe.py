@@ -103,7 +103,9 @@ class Monitor:
         seed: the sketch seed (block r uses ``seed + r``).
         line: the Fano line ℓ of the energy's Ψ_ℓ.
         batch: examples per rank (the unit of the noise scale B_simple).
-        false_alarm: the probability that a clean step flags any rank (family-wise, per step).
+        false_alarm: the probability that a clean step flags any rank (family-wise, per step); at
+            least ``MIN_TEST_RATE`` (1e-15) per test, i.e. K × tests per rank times that (8e-14 at
+            K = 8 with the default signals), refused below with the floor named.
         window: steps of pooled clean history the detectors calibrate on.
         warmup: clean steps pooled before the tests run (only non-finite checks until then).
         signals: the signals scored (a subset of ``SIGNALS``).
