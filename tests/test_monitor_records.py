@@ -21,6 +21,7 @@ from naig.monitor.records import (
     JsonlRecords,
     LoggerRecords,
     Records,
+    RecordWriter,
     TensorBoardRecords,
     decode,
     encode,
@@ -149,15 +150,22 @@ def test_existing_file_refused_unless_append_which_continues_the_steps(tmp_path)
     assert [h["step_offset"] for h in headers] == [0, STEPS]
 
 
+def _wrapped(wrap: bool, writer: RecordWriter) -> RecordWriter:
+    """The writer alone, or behind ``Records`` (which once numbered a resumed run's steps as fresh)."""
+    return Records(writer) if wrap else writer
+
+
+@pytest.mark.parametrize("wrap", [False, True], ids=["alone", "in-Records"])
 @pytest.mark.parametrize("writer, name", [(JsonlRecords, "m.jsonl"), (CsvRecords, "m.csv")])
-def test_a_resumed_monitor_appends_the_steps_of_the_uninterrupted_run(tmp_path, writer, name: str) -> None:
+def test_a_resumed_monitor_appends_the_steps_of_the_uninterrupted_run(tmp_path, writer, name: str,
+                                                                      wrap: bool) -> None:
     """A run checkpointed at step 8 and resumed (load_state_dict) goes on at 9 in the file it appends
     to, flags' since included; the file then reads as the uninterrupted run's (an earlier version
     added the file's last step to the resumed monitor's, numbering them 17..20)."""
     whole, cut = tmp_path / f"whole-{name}", tmp_path / name
     _run(writer(whole))
     first = Monitor(window=WINDOW)
-    writer(cut).attach(first)
+    _wrapped(wrap, writer(cut)).attach(first)
     first.detector = Detector(WORLD, window=WINDOW)
     stream = list(_stream(0))
     for sig in stream[:8]:
@@ -167,7 +175,7 @@ def test_a_resumed_monitor_appends_the_steps_of_the_uninterrupted_run(tmp_path, 
     first.writers[0].close()
     resumed = Monitor(window=WINDOW)
     resumed.load_state_dict(first.state_dict())
-    writer(cut, append=True).attach(resumed)
+    _wrapped(wrap, writer(cut, append=True)).attach(resumed)
     for sig in stream[8:]:
         d = resumed.detector.update(sig)
         for w in resumed.writers:
@@ -184,9 +192,10 @@ def test_a_resumed_monitor_appends_the_steps_of_the_uninterrupted_run(tmp_path, 
         assert since(cut) == since(whole) and max(max(x, default=0) for x in since(cut)) > 8
 
 
+@pytest.mark.parametrize("wrap", [False, True], ids=["alone", "in-Records"])
 @pytest.mark.parametrize("writer, name", [(JsonlRecords, "m.jsonl"), (CsvRecords, "m.csv")])
 def test_a_run_resumed_from_a_checkpoint_before_the_files_last_step_writes_its_own_steps(
-        tmp_path, writer, name: str) -> None:
+        tmp_path, writer, name: str, wrap: bool) -> None:
     """The run went on to step 12 after its checkpoint at step 8, then crashed; resumed from step 8 it
     wrote its steps 9..12 as 13..16 (a flag at training step 10 logged as step 14, while the warning
     said step 10). Now: JSONL gets them as 9..12 after a new header, said in one warning; a CSV, whose
@@ -207,7 +216,7 @@ def test_a_run_resumed_from_a_checkpoint_before_the_files_last_step_writes_its_o
     before = path.read_bytes()
     resumed = Monitor(window=WINDOW)
     resumed.load_state_dict(state)
-    again = writer(path, append=True)
+    again = _wrapped(wrap, writer(path, append=True))
     again.attach(resumed)
     kind = UserWarning if name.endswith(".jsonl") else RuntimeWarning
     with pytest.warns(kind, match=r"holds steps up to 12|two runs' steps 9..12") as seen:

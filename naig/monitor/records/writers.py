@@ -588,7 +588,7 @@ class Records(RecordWriter):
     def _open(self, header: dict) -> None:
         step = self.monitor.decision.step if getattr(self.monitor, "decision", None) is not None else 1
         for w in self.writers:
-            w._opened = True
+            w._opened, w._first = True, self._first  # a resumed monitor's first step: each writer's offset
             w._guarded(lambda w=w: w._open(dict(header)), step, record=False)
         self._offset = max((w._offset for w in self.writers), default=0)
 
