@@ -206,3 +206,27 @@ def test_beta_without_a_rule_that_uses_it_is_noted_not_silently_ignored() -> Non
     assert notes and "`beta` has no effect" in notes[0]
     assert SimulateConfig.from_options(strategies=("hogwild", "naig"), beta=5.0).ignored_options() == ()
     assert SimulateConfig.from_options(strategies=("hogwild",)).ignored_options() == ()
+
+
+def test_window_mode_and_optimizer_are_noted_when_every_method_keeps_its_own_rounds() -> None:
+    """sync and the local-update methods ignore B, the protocol and the server optimizer: they ran
+    without a word while the header showed them. Noted now; the note is true (same results), and a
+    rule that uses them gets no note and other results."""
+    from naig.simulate import run_experiment
+
+    base = dict(arrivals="exp:1,exp:1,exp:2", steps=3, seeds=1, eval_every=0, data_bytes=50_000,
+                batch_size=2, local_steps=(2,))
+    def losses(cfg: SimulateConfig) -> list[float]:
+        return [r.final_val_loss for r in run_experiment(cfg).runs]
+
+    own = SimulateConfig.from_options(strategies=("diloco", "sync"), **base)
+    given = own.with_options(window=3, mode="non-blocking")
+    assert [n.split(" has")[0] for n in given.ignored_options()] == ["`window`", "`mode`"]
+    assert own.ignored_options() == () and losses(given) == losses(own)
+    local = SimulateConfig.from_options(strategies=("diloco",), **base)
+    sgd = local.with_options(optimizer="sgd")  # sync steps the server optimizer: not with it
+    assert [n.split(" has")[0] for n in sgd.ignored_options()] == ["`optimizer`"]
+    assert losses(sgd) == losses(local)
+    hog = SimulateConfig.from_options(strategies=("hogwild",), **{**base, "local_steps": None})
+    assert hog.with_options(window=3, optimizer="sgd").ignored_options() == ()
+    assert losses(hog.with_options(window=3, optimizer="sgd")) != losses(hog)

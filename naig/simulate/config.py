@@ -468,10 +468,28 @@ class SimulateConfig:
         for name, given, rules in uses:
             if given and not names & rules:
                 notes.append(f"`{name}` has no effect: no rule of {', '.join(sorted(rules))} is listed")
+        notes += self._ignored_by_their_own_rounds(names)
         late = [str(f) for f in self.fault_list if f.start >= self.steps]
         if late:
             notes.append(f"`faults` {', '.join(late)} start(s) after the last step ({self.steps - 1})")
         return (*notes, *self.setting.notes(self.steps))
+
+    def _ignored_by_their_own_rounds(self, names: set[str]) -> list[str]:
+        """Notes for ``window``, ``mode`` and ``optimizer`` when every listed method keeps its own rounds:
+        sync waits for all K, the local-update methods (``LOCAL_METHODS``) for their inner steps and
+        step their own inner and outer optimizers, so no B-arrival window, protocol or server
+        optimizer reaches them (measured: identical results with and without)."""
+        notes, listed = [], ", ".join(sorted(names))
+        if self.asynchronous and not names - {"sync", *LOCAL_METHODS}:
+            if self.window != 1:
+                notes.append(f"`window` has no effect: {listed} run their own rounds (sync waits for all "
+                             "K; local-update methods for their inner steps)")
+            if getattr(self.setting, "mode", "blocking") != "blocking":
+                notes.append(f"`mode` has no effect: {listed} run their own rounds")
+        default = next(f.default for f in dataclasses.fields(self) if f.name == "optimizer")
+        if self.optimizer != default and not names & set(STRATEGIES):
+            notes.append(f"`optimizer` has no effect: {listed} step their own inner and outer optimizers")
+        return notes
 
     # -- checks of what joins the parts --------------------------------------------------------
 
