@@ -637,3 +637,20 @@ def test_append_of_a_run_with_another_rank_count_to_a_csv_writes_nothing(tmp_pat
     with pytest.warns(RuntimeWarning, match=counts):
         _run(CsvRecords(three, append=True))
     assert three.read_bytes() == before
+
+
+def test_integers_beyond_float64_in_a_log_are_one_line_data_errors(tmp_path) -> None:
+    """A JSON integer of 400 digits where a number goes (a score, k_eff, the header's world) raised
+    OverflowError (int too large to convert to float) with a traceback from read_log and the report."""
+    path = tmp_path / "m.jsonl"
+    _run(JsonlRecords(path))
+    lines = path.read_text().splitlines()
+    header, step = json.loads(lines[0]), json.loads(lines[1])
+    big = 10 ** 400
+    cases = {"world": ({**header, "world": big}, step),
+             "scores": (header, {**step, "scores": {"norm": [big]}})}
+    for name, (h, s) in cases.items():
+        path.write_text("\n".join([json.dumps(h), json.dumps(s), *lines[2:]]) + "\n")
+        with pytest.raises(DataError) as err:
+            read_log(path)
+        assert "line" in str(err.value) and "\n" not in str(err.value), name

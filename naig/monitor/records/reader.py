@@ -186,7 +186,8 @@ def _check_header(p: Path, i: int, obj: dict, world: int | None) -> tuple[int, t
     if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not isinstance(hosts, list):
         raise _bad(p, i, "a header without a valid world (ranks) or hosts")
     if k > MAX_WORLD or len(hosts) > k:
-        raise _bad(p, i, f"a header of world = {k:.4g} ranks with {len(hosts)} hosts; a monitor log has at "
+        shown = f"{k:.4g}" if k < 10**300 else f"~10^{int(k.bit_length() * 0.30103)}"  # beyond float64
+        raise _bad(p, i, f"a header of world = {shown} ranks with {len(hosts)} hosts; a monitor log has at "
                          f"most {MAX_WORLD:,} ranks and a host per rank")
     if world is not None and k != world:
         raise _bad(p, i, f"a run of {k} ranks appended to one of {world}")
@@ -200,7 +201,7 @@ def _step_row(p: Path, i: int, obj: dict, world: int) -> tuple:
             raise _bad(p, i, f"a step record without the field {name!r}")
         try:
             return parse(obj[name])
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError):
             raise _bad(p, i, f"a step record whose {name!r} is not valid: {_show(obj[name])}") from None
 
     step = field("step", _positive_int)
