@@ -55,8 +55,11 @@ def parse_line(line: str | tuple[int, ...] | list[int], field: str = "line") -> 
     """
     try:
         parts = line.split(",") if isinstance(line, str) else list(line)
+        ints = all(isinstance(p, int | np.integer) and not isinstance(p, bool) for p in parts)
+        if not isinstance(line, str) and (isinstance(line, dict | set | frozenset) or not ints):
+            raise TypeError("not ints")  # 1.9 would truncate to 1, True count as 1, a dict give its keys
         triple = tuple(int(p) for p in parts)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         triple = ()
     if len(triple) == 3 and triple in oriented_lines():
         return triple  # type: ignore[return-value]

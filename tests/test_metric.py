@@ -76,6 +76,15 @@ def test_parse_line_rejects_non_fano(bad):
         parse_line(bad)
 
 
+@pytest.mark.parametrize("bad", [(1.9, 2.2, 4.0), (True, 2, 4), {1: 0, 2: 0, 4: 0}, (float("inf"), 2, 4),
+                                 None])
+def test_parse_line_takes_ints_only(bad):
+    """Floats were truncated (1.9 → 1), True read as 1, a dict as its keys, inf an OverflowError."""
+    with pytest.raises(UsageError, match="not an oriented Fano line"):
+        parse_line(bad)
+    assert parse_line(np.array([1, 2, 4])) == (1, 2, 4)
+
+
 def test_parse_line_accepts_rotations():
     assert parse_line("2,4,1") == (2, 4, 1)
     assert parse_line([7, 1, 3]) == (7, 1, 3)

@@ -141,6 +141,11 @@ def test_the_signals_handed_on_hold_what_the_detectors_measured_with_their_state
     ({"w": torch.ones(2)}, {"timeout": 60}, "timeout"), ({"w": torch.ones(2)}, {"blocks": 0}, "blocks"),
     ({"w": torch.ones(2)}, {"batch": -1}, "batch"), ({"w": torch.ones(2)}, {"window": 1}, "window"),
     ({"w": torch.ones(2)}, {"window": 10**12}, "window"),
+    # not sequences, not callables, not groups: raw TypeError / AttributeError at the first use before
+    ({"w": torch.ones(2)}, {"signals": None}, "signals"), ({"w": torch.ones(2)}, {"scores": 5}, "scores"),
+    ({"w": torch.ones(2)}, {"callback": "print"}, "callback"),
+    ({"w": torch.ones(2)}, {"process_group": 5}, "process_group"),
+    ({"w": torch.ones(2)}, {"line": (1.9, 2.2, 4.0)}, "line"),  # was truncated to (1, 2, 4)
 ])
 def test_bad_arguments_are_usage_errors(grads: object, kwargs: dict, field: str) -> None:
     with pytest.raises(UsageError) as err:

@@ -1910,7 +1910,10 @@ def _check_int(value: object, name: str, low: int, high: int | None = None) -> i
 
 
 def _check_subset(values: Sequence[str], allowed: tuple[str, ...], name: str) -> tuple[str, ...]:
-    vals = (values,) if isinstance(values, str) else tuple(values)
+    try:
+        vals = (values,) if isinstance(values, str) else tuple(values)
+    except TypeError:  # None, a number: not a sequence of names
+        vals = ()
     if not vals or any(v not in allowed for v in vals) or len(set(vals)) != len(vals):
         raise UsageError(f"use a non-empty subset of {', '.join(allowed)}", field=name, value=values)
     return vals

@@ -146,6 +146,12 @@ class Monitor:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
                 0 < timeout <= MAX_TIMEOUT):
             raise UsageError(f"must be in (0, {MAX_TIMEOUT:g}] seconds", field="timeout", value=timeout)
+        if callback is not None and not callable(callback):
+            raise UsageError("must be callable with (RankSignals, Decision), or None", field="callback",
+                             value=type(callback).__name__)
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+            raise UsageError("must be a torch.distributed ProcessGroup (e.g. dist.new_group(...)), or None: "
+                             "the default group", field="process_group", value=type(process_group).__name__)
         self.timeout, self.callback = float(timeout), callback
         self.weights_asked = None if weights_every is None else check_every(weights_every)
         self.replicas = ReplicaCheck(WEIGHTS_EVERY if weights_every is None else self.weights_asked)
