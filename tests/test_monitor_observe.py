@@ -139,6 +139,7 @@ def test_the_signals_handed_on_hold_what_the_detectors_measured_with_their_state
     ({}, {}, "grads"), ({"w": None}, {}, "grads"), ({"w": torch.ones(2, dtype=torch.int64)}, {}, "grads"),
     ([torch.ones(2)], {}, "grads"), ({"w": torch.ones(2)}, {"action": "stop"}, "action"),
     ({"w": torch.ones(2)}, {"timeout": 60}, "timeout"), ({"w": torch.ones(2)}, {"blocks": 0}, "blocks"),
+    ({"w": torch.ones(2)}, {"timeout": 0.0009}, "timeout"),  # gloo reads < 1 ms as its group's own timeout
     ({"w": torch.ones(2)}, {"batch": -1}, "batch"), ({"w": torch.ones(2)}, {"window": 1}, "window"),
     ({"w": torch.ones(2)}, {"window": 10**12}, "window"),
     # not sequences, not callables, not groups: raw TypeError / AttributeError at the first use before

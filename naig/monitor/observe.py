@@ -87,8 +87,11 @@ from naig.monitor.signals import (
 from naig.sketch.core import SKETCH_DIM, check_seed
 from naig.threads import one_blas_thread
 
-__all__ = ["HOST_BYTES", "TAIL", "Monitor", "layout_fingerprint"]
+__all__ = ["HOST_BYTES", "MIN_TIMEOUT", "TAIL", "Monitor", "layout_fingerprint"]
 
+MIN_TIMEOUT = 0.001
+"""The shortest wait (s) of the monitor's collectives: gloo counts whole milliseconds, and 0 means its
+group's own timeout (minutes), so a shorter one would hang instead of raising."""
 HOST_BYTES = 64  # a host name is sent once, UTF-8, cut or padded to this many bytes
 TAIL = 2  # floats observe appends to the payload: [layout fingerprint | records lost on this rank]
 
@@ -114,7 +117,8 @@ class Monitor:
         clip: the CUSUM's clipping of each value (pooled standard deviations).
         hold: steps a named rank stays out of the other ranks' centring.
         action: one of ``ACTIONS``.
-        timeout: seconds each collective may take, in (0, 30].
+        timeout: seconds each collective may take, in [0.001, 30] (``MIN_TIMEOUT``: gloo counts whole
+            milliseconds, and reads 0 as its group's timeout, minutes).
         weights_every: steps between checks that every rank holds the same weights
             (``naig.monitor.replicas``; 0: never). None: every ``WEIGHTS_EVERY`` steps where the
             weights are replicated (``MonitorHook``; ``observe`` when given ``weights``), never
@@ -144,8 +148,9 @@ class Monitor:
         check_seed(self.seed + self.blocks - 1, field="seed")
         self.line, self.batch, self.action = parse_line(line), check_batch(batch), check_action(action)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
-                0 < timeout <= MAX_TIMEOUT):
-            raise UsageError(f"must be in (0, {MAX_TIMEOUT:g}] seconds", field="timeout", value=timeout)
+                MIN_TIMEOUT <= timeout <= MAX_TIMEOUT):  # below 1 ms gloo reads 0: its group's own timeout
+            raise UsageError(f"must be in [{MIN_TIMEOUT:g}, {MAX_TIMEOUT:g}] seconds", field="timeout",
+                             value=timeout)
         if callback is not None and not callable(callback):
             raise UsageError("must be callable with (RankSignals, Decision), or None", field="callback",
                              value=type(callback).__name__)
