@@ -654,3 +654,26 @@ def test_integers_beyond_float64_in_a_log_are_one_line_data_errors(tmp_path) -> 
         with pytest.raises(DataError) as err:
             read_log(path)
         assert "line" in str(err.value) and "\n" not in str(err.value), name
+
+
+def test_a_closed_writer_leaves_the_monitor_which_goes_on_deciding(tmp_path) -> None:
+    """Closing a writer once made every later step raise 'is closed' (after the detector had moved),
+    hiding a BadRankError, with no way to remove the writer. It now leaves; another may be attached."""
+    import torch
+
+    from naig.monitor.detectors import BadRankError
+
+    mon = Monitor(action="raise")
+    first = Records(JsonlRecords(tmp_path / "a.jsonl"))
+    first.attach(mon)
+    mon.observe({"w": torch.ones(3)})
+    first.close()
+    assert mon.writers == []
+    mon.observe({"w": torch.ones(3)})  # no writer: nothing raised
+    JsonlRecords(tmp_path / "b.jsonl").attach(mon)
+    mon.observe({"w": torch.ones(3)})
+    with pytest.raises(BadRankError):
+        mon.observe({"w": torch.tensor([1.0, float("nan")])})
+    mon.writers[0].close()
+    assert read_log(tmp_path / "a.jsonl").steps.tolist() == [1]
+    assert read_log(tmp_path / "b.jsonl").steps.tolist() == [3, 4]

@@ -190,6 +190,11 @@ class Monitor:
                              field="writer")
         self.writers.append(writer)
 
+    def remove_writer(self, writer: Callable[[RankSignals, Decision], None]) -> None:
+        """Stop handing steps to ``writer`` (a closed ``naig.monitor.records`` writer removes itself);
+        nothing happens when it was not added."""
+        self.writers = [w for w in self.writers if w is not writer]
+
     def _world_rank(self) -> tuple[int, int]:
         """(K, this rank) in the group; (1, 0) without an initialised process group."""
         if not dist.is_available() or not dist.is_initialized():

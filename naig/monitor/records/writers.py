@@ -144,7 +144,10 @@ class RecordWriter(ABC):
         return f"{type(self).__name__}({str(where)!r})" if where is not None else type(self).__name__
 
     def close(self) -> None:
-        """Flush and close (idempotent); after a write failure, warn once with the records lost."""
+        """Flush and close (idempotent), and leave the monitor (``Monitor.remove_writer``: it goes on
+        deciding, and another writer may be attached); after a write failure, warn once with the
+        records lost."""
+        self._leave()
         if self._opened and not self._closed and self.failure is None:
             self._close()
         if self.failure is not None and not self._closed:
@@ -152,6 +155,11 @@ class RecordWriter(ABC):
                           f"{'' if self.lost == 1 else 's'} after {self.failure}", RuntimeWarning,
                           stacklevel=2)
         self._closed = True
+
+    def _leave(self) -> None:
+        remove = getattr(self.monitor, "remove_writer", None)
+        if remove is not None:
+            remove(self)
 
     def __enter__(self) -> RecordWriter:
         return self
@@ -607,7 +615,8 @@ class Records(RecordWriter):
         pass  # the writers count their own
 
     def close(self) -> None:
-        """Close every writer."""
+        """Close every writer and leave the monitor."""
+        self._leave()
         for w in self.writers:
             w.close()
         self._closed = True
