@@ -230,3 +230,15 @@ def test_window_mode_and_optimizer_are_noted_when_every_method_keeps_its_own_rou
     hog = SimulateConfig.from_options(strategies=("hogwild",), **{**base, "local_steps": None})
     assert hog.with_options(window=3, optimizer="sgd").ignored_options() == ()
     assert losses(hog.with_options(window=3, optimizer="sgd")) != losses(hog)
+
+
+@pytest.mark.parametrize("text", ['{"steps": 2, "steps": 3}', '{"rules": {"beta": 1, "beta": 2}}'])
+def test_a_json_config_with_a_key_given_twice_is_refused_as_toml_is(tmp_path: Path, text: str) -> None:
+    """json kept the last value silently (3 steps ran); TOML refuses a duplicate key."""
+    (tmp_path / "c.json").write_text(text)
+    with pytest.raises(UsageError, match="is not valid JSON: the key '(steps|beta)' is given twice") as err:
+        SimulateConfig.load(tmp_path / "c.json")
+    assert err.value.field == "config"
+    (tmp_path / "c.toml").write_text("steps = 2\nsteps = 3\n")
+    with pytest.raises(UsageError, match="is not valid TOML"):
+        SimulateConfig.load(tmp_path / "c.toml")

@@ -272,7 +272,7 @@ class SimulateConfig:
                              value=str(path)) from None
         kind = "JSON" if p.suffix.lower() == ".json" else "TOML"
         try:
-            tree = json.loads(text) if kind == "JSON" else tomllib.loads(text)
+            tree = json.loads(text, object_pairs_hook=_unique_keys) if kind == "JSON" else tomllib.loads(text)
         except (ValueError, tomllib.TOMLDecodeError) as exc:
             raise UsageError(f"is not valid {kind}: {str(exc).splitlines()[0]}", field="config",
                              value=str(path)) from None
@@ -666,6 +666,16 @@ def _build(kind: type, values: dict[str, Any], where: str) -> Any:
 
 
 MAX_CONFIG_DEPTH = 8  # tables and lists inside a config: [arrivals.local] and a list are 3
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (json keeps the last silently; TOML refuses it)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} is given twice")
+        out[key] = value
+    return out
 
 
 def _depth(tree: Any, limit: int = MAX_CONFIG_DEPTH + 1) -> int:
