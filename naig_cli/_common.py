@@ -323,7 +323,7 @@ _OS_HINTS = {errno.ENAMETOOLONG: "use a shorter path: each name in it must fit i
 
 def _os_line(exc: OSError) -> str:
     """An OS error as ``PATH: what went wrong (the fix)``: the path shortened to 100 characters, no
-    ``[Errno N]``; the error's own text when it names no file.
+    ``[Errno N]``; without a file, what went wrong (the fix).
 
     Example:
         >>> _os_line(PermissionError(13, "Permission denied", "runs/log.csv"))
@@ -331,13 +331,16 @@ def _os_line(exc: OSError) -> str:
         >>> _os_line(OSError(36, "File name too long", "a" * 300)).split(": ", 1)[1]
         'file name too long (use a shorter path: each name in it must fit in 255 bytes)'
     """
-    if exc.filename is None or not exc.strerror:
+    if not exc.strerror:
         return str(exc).replace("\n", " ") or _NO_TEXT.get(type(exc), type(exc).__name__)
+    hint = _OS_HINTS.get(exc.errno)
+    what = f"{exc.strerror[:1].lower()}{exc.strerror[1:]}" + (f" ({hint})" if hint else "")
+    if exc.filename is None:  # e.g. a write to a full standard output
+        return what
     path = os.fsdecode(exc.filename) if isinstance(exc.filename, bytes | str) else str(exc.filename)
     if len(path) > 100:
         path = f"{path[:62]}…{path[-37:]} ({len(path)} characters)"
-    hint = _OS_HINTS.get(exc.errno)
-    return f"{path}: {exc.strerror[:1].lower()}{exc.strerror[1:]}" + (f" ({hint})" if hint else "")
+    return f"{path}: {what}"
 
 
 def fmt_num(v: float | None, spec: str, big: float | None = None) -> str:

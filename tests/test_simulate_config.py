@@ -242,3 +242,19 @@ def test_a_json_config_with_a_key_given_twice_is_refused_as_toml_is(tmp_path: Pa
     (tmp_path / "c.toml").write_text("steps = 2\nsteps = 3\n")
     with pytest.raises(UsageError, match="is not valid TOML"):
         SimulateConfig.load(tmp_path / "c.toml")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+@pytest.mark.parametrize("field", ["log_dir", "save_grads"])
+def test_an_output_folder_that_cannot_be_written_is_refused_before_training(tmp_path: Path,
+                                                                            field: str) -> None:
+    """os.access says yes to root in /proc: the run trained, then failed to write (exit 1, no option
+    named). The folder is now probed with a temporary file; a name over 255 bytes is refused too."""
+    extra = {"save_at": (1,)} if field == "save_grads" else {}
+    long = str(tmp_path / ("a" * 300))
+    for path, needle in (("/proc/x", "/proc is not writable"), (long, "cannot be used")):
+        with pytest.raises(UsageError, match=needle) as err:
+            SimulateConfig.from_options(**{field: path}, **extra)
+        assert err.value.field == field
+    SimulateConfig.from_options(**{field: str(tmp_path / "out")}, **extra)  # a writable one: no probe left
+    assert list(tmp_path.iterdir()) == []

@@ -19,15 +19,31 @@ MAX_STEPS = 10**9  # server steps per run, and inner steps per phase
 
 
 def check_writable_dir(path: str, name: str) -> None:
-    """The folder ``path`` is, or would be created in, a writable directory (else ``UsageError``)."""
+    """The folder ``path`` is, or would be created in, a writable directory (else ``UsageError``).
+
+    Writability is probed by creating and removing an empty temporary file in the nearest existing
+    folder: ``os.access`` says yes to root everywhere, ``/proc`` included, where the run would fail
+    only after training. A path the system refuses to look at (a name over 255 bytes) is refused too.
+    """
+    import tempfile
+
     p = Path(path)
-    check(not p.exists() or p.is_dir(), name, path,
-          "is a file, so it is not a directory; pass a directory (it is created if missing)")
-    existing = next(q for q in (p, *p.parents) if q.exists() or q == q.parent)
+    try:
+        check(not p.exists() or p.is_dir(), name, path,
+              "is a file, so it is not a directory; pass a directory (it is created if missing)")
+        existing = next(q for q in (p, *p.parents) if q.exists() or q == q.parent)
+    except OSError as exc:
+        raise UsageError(f"cannot be used ({exc.strerror or exc}); pass a shorter or another path",
+                         field=name, value=path if len(path) <= 100 else f"{path[:60]}…") from None
     check(existing.is_dir(), name, path, f"{existing} is not a directory; pass a directory (it is created if "
           "missing)")
-    check(os.access(existing, os.W_OK | os.X_OK), name, path,
-          f"{existing} is not writable; pass a directory you can write to")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".naig-probe-", dir=existing)
+    except OSError:
+        raise UsageError(f"{existing} is not writable; pass a directory you can write to", field=name,
+                         value=path) from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def as_tuple(value: object, name: str, example: str) -> tuple:
