@@ -206,6 +206,11 @@ def test_beta_without_a_rule_that_uses_it_is_noted_not_silently_ignored() -> Non
     assert notes and "`beta` has no effect" in notes[0]
     assert SimulateConfig.from_options(strategies=("hogwild", "naig"), beta=5.0).ignored_options() == ()
     assert SimulateConfig.from_options(strategies=("hogwild",)).ignored_options() == ()
+    for name, value in (("line", (2, 3, 5)), ("sketch_seed", 99)):  # the energy's Ψ_ℓ and its sketch
+        notes = SimulateConfig.from_options(strategies=("hogwild", "sync"), **{name: value}).ignored_options()
+        assert len(notes) == 1 and f"`{name}` has no effect" in notes[0]
+        assert SimulateConfig.from_options(strategies=("naig",), **{name: value}).ignored_options() == ()
+    assert SimulateConfig.from_options(strategies=("naig-exact",), sketch_seed=99).ignored_options() != ()
 
 
 def test_window_mode_and_optimizer_are_noted_when_every_method_keeps_its_own_rounds() -> None:

@@ -46,7 +46,7 @@ from naig.choices import ENGINES, LOCAL_METHODS, OPTIMIZERS, REFERENCES
 from naig.errors import UsageError
 from naig.gibbs import parse_beta
 from naig.io import missing_reason
-from naig.metric import parse_line
+from naig.metric import DEFAULT_LINE, parse_line
 from naig.simulate.checks import MAX_STEPS, as_tuple, check, check_writable_dir, is_int, is_number
 from naig.simulate.faults import FAULT_KINDS, GRADIENT_FAULTS, Fault, check_faults, parse_faults
 from naig.simulate.model import get_preset
@@ -464,7 +464,9 @@ class SimulateConfig:
                 ("byzantine", r.byzantine != 1, {"trimmed-mean", "krum", "multi-krum"}),
                 ("reference", r.reference != "auto", {"naig", "naig-exact", "naig-blind"}),
                 ("dc_lambda", r.dc_lambda != 20.0, {"dc-asgd"}),
-                ("beta", r.beta != "auto", GIBBS_RULES)]
+                ("beta", r.beta != "auto", GIBBS_RULES),
+                ("line", tuple(self.line) != DEFAULT_LINE, GIBBS_RULES),  # Ψ_ℓ of the energy E
+                ("sketch_seed", self.sketch_seed != 0, {"naig", "diloco-naig"})]  # the sketched E only
         for name, given, rules in uses:
             if given and not names & rules:
                 notes.append(f"`{name}` has no effect: no rule of {', '.join(sorted(rules))} is listed")
