@@ -138,6 +138,7 @@ CASES: dict[str, Case] = {
     "sim-batch-size-0": _s("--batch-size 0", 2, "--batch-size"),
     "sim-batch-size-negative": _s("--batch-size -8", 2, "--batch-size"),
     "sim-batch-size-1e9": _s(f"--lags 0,0 --batch-size {10**9}", 2, "--batch-size"),
+    "sim-eval-batches-1e9": _s(f"--lags 0,0 --set eval_batches={10**9}", 2, "--set eval_batches", "GiB"),
     "sim-eval-every-negative": _s("--eval-every -1", 2, "--eval-every"),
     "sim-device-cuda": _s("--device cuda", 2, "--device"),
     "sim-device-unknown": _s("--device tpu", 2, "--device"),

@@ -171,10 +171,15 @@ class Workload:
         elements), plus 3 copies of the (B, T, vocab) logits.
         """
         c, g = self.config, self.model.config
-        batches = c.eval_batches * 2 * (2 * c.batch_size * g.context) * 8 * (2 if c.test_split else 1)
+        batches = self._eval_bytes()
         tokens = c.batch_size * g.context
         per_layer = 2 * g.d_model * (34 + 5 * g.heads * g.context / g.d_model)
         return int(batches + tokens * (g.layers * per_layer + 3 * 4 * g.vocab))
+
+    def _eval_bytes(self) -> int:
+        """Bytes of a seed's evaluation batches: ``eval_batches`` × 2 of (2B, T) int64 (× 2: a test split)."""
+        c, g = self.config, self.model.config
+        return c.eval_batches * 2 * (2 * c.batch_size * g.context) * 8 * (2 if c.test_split else 1)
 
     def check_memory(self, rows: int, option: str, value: object = None) -> None:
         """Refuse, before any run, what would not fit: ``rows`` parameter-sized buffers plus the batches.
@@ -186,8 +191,8 @@ class Workload:
             value: that option's value (named with it).
 
         Raises:
-            UsageError: naming ``batch_size`` or ``option`` and the GiB it would take (as ``naig
-                staleness`` refuses a run that would not fit: a size this machine cannot hold).
+            UsageError: naming ``batch_size``, ``eval_batches`` or ``option`` (the largest part) and
+                the GiB it would take (as ``naig staleness`` refuses a run that would not fit).
         """
         from naig.arrivals.engine import available_bytes
 
@@ -195,12 +200,13 @@ class Workload:
         free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else available_bytes()
         if free is None or buffers + batches <= free:
             return
-        name = "batch_size" if batches >= buffers else option
+        name = option if buffers > batches else "eval_batches" if 2 * self._eval_bytes() >= batches else \
+            "batch_size"  # the largest part: the buffers, the evaluation batches, or a step's batch
         need = (buffers + batches) / 2**30
         raise UsageError(f"the run needs about {need:,.1f} GiB ({rows:,} parameter-sized buffers, "
                          f"{batches / 2**30:,.1f} GiB of batches and activations), more than the "
                          f"{free / 2**30:,.1f} GiB available; use a smaller `{name}`", field=name,
-                         value=self.config.batch_size if name == "batch_size" else value)
+                         value=getattr(self.config, name) if name != option else value)
 
     def params(self, flat: Tensor) -> dict[str, Tensor]:
         """{name: view of ``flat``} in the model's parameter shapes."""
