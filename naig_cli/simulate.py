@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -607,12 +608,14 @@ def _band(ax: object, xs: list[list[float]], losses: list[list[float]], label: s
     n = min(len(x) for x in xs + losses)
     if n == 0:
         return
-    x = np.nanmean([v[:n] for v in xs], axis=0)
-    y = np.array([v[:n] for v in losses], dtype=float)
-    (line,) = ax.plot(x, np.nanmean(y, axis=0), label=label, marker="o", ms=2.5, lw=1.2)
+    with warnings.catch_warnings():  # a point NaN in every seed (diverged runs): NaN, not drawn, no warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        x = np.nanmean([v[:n] for v in xs], axis=0)
+        y = np.array([v[:n] for v in losses], dtype=float)
+        mean, low, high = np.nanmean(y, axis=0), np.nanmin(y, axis=0), np.nanmax(y, axis=0)
+    (line,) = ax.plot(x, mean, label=label, marker="o", ms=2.5, lw=1.2)
     if len(losses) > 1:
-        ax.fill_between(x, np.nanmin(y, axis=0), np.nanmax(y, axis=0), color=line.get_color(), alpha=0.15,
-                        lw=0)
+        ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, lw=0)
 
 
 def _plot_title(r: SimulateResult) -> str:

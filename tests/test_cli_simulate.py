@@ -106,6 +106,16 @@ def test_plot_writes_png(tmp_path: Path) -> None:
     assert out.exit_code == 0 and (tmp_path / "c.png").stat().st_size > 0
 
 
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_a_plot_of_runs_that_all_diverged_adds_no_numpy_warning(tmp_path: Path) -> None:
+    """Every seed NaN at a point: numpy's 'Mean of empty slice' (two lines, a source line among them)
+    went to stderr beside the one error line."""
+    r = run_naig(*TINY, "--seeds", "2", "--strategies", "hogwild", "--faults", "0:inf",
+                 "--plot", str(tmp_path / "d.png"))
+    assert r.returncode == 1 and "diverged" in r.stderr and (tmp_path / "d.png").stat().st_size > 0
+    assert "RuntimeWarning" not in r.stderr and "Mean of empty slice" not in r.stderr, r.stderr
+
+
 def test_cli_options_are_not_given_by_default_and_show_the_library_defaults() -> None:
     """Every option defaults to None or False (not given, so --config and settings can tell), and its
     help shows the value the library applies instead."""
