@@ -10,6 +10,7 @@ step is inside the sketch's noise); no rank is flagged at any earlier step.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import subprocess
 import sys
@@ -348,6 +349,19 @@ def test_a_state_of_another_sketch_is_refused_and_one_saved_before_it_was_kept_l
     resumed = Monitor()
     resumed.load_state_dict(older)
     assert resumed.detector.step == 20
+
+
+@pytest.mark.parametrize("key, value", [("blocks", True), ("seed", False), ("line", [True, 2, 4])])
+def test_a_sketch_setting_saved_as_a_bool_is_refused(key: str, value: object) -> None:
+    """True == 1 and False == 0 in Python: a state whose blocks is true (a JSON edit) loaded as blocks 1."""
+    mon = Monitor()
+    for r in _payloads(3, 4, seed=8):
+        mon.decide(r)
+    state = json.loads(json.dumps(mon.state_dict()))
+    state["sketch"][key] = value
+    with pytest.raises(UsageError, match=f"saved with {key}=") as err:
+        Monitor().load_state_dict(state)
+    assert err.value.field == key
 
 
 SAID = {"skip": "non-finite gradient (skip: this step's optimizer update is skipped on every rank; your "

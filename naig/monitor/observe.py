@@ -463,7 +463,8 @@ class Monitor:
         if not isinstance(saved, Mapping):
             raise UsageError("malformed monitor state (sketch is not a mapping)", field="state")
         for key, value in self._sketch_settings().items():
-            if saved.get(key) != value:  # another sketch: other payloads, the detectors' history meaningless
+            # another sketch: other payloads, the detectors' history meaningless (True == 1 in Python)
+            if saved.get(key) != value or _has_bool(saved.get(key)) != _has_bool(value):
                 raise UsageError(f"the state was saved with {key}={saved.get(key)!r}, this monitor has "
                                  f"{value!r}", field=key, value=saved.get(key))
         det = state["detector"]
@@ -562,6 +563,12 @@ def _acted(decision: Decision, acts: bool) -> str | None:
         return f" (exclude: rank{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left out of " \
                f"this step's mean{who})"
     return None
+
+
+def _has_bool(value: object) -> bool:
+    """Whether ``value`` is a bool or a list holding one (a state's ``True`` is not the number 1)."""
+    items = value if isinstance(value, list | tuple) else [value]
+    return any(isinstance(v, bool) for v in items)
 
 
 def _given(weights: Tensor | np.ndarray | None, world: int) -> np.ndarray | None:
