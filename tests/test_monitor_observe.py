@@ -287,10 +287,15 @@ def test_decide_reads_lists_and_low_precision_tensors_and_refuses_what_is_not_nu
         assert repr(a) == repr(b)
         by_bf16.decide(torch.from_numpy(r).to(torch.bfloat16))
     assert by_bf16.detector.step == 25
-    for bad in (None, "abc", np.array([["a"] * 16] * 4, dtype=object), np.zeros((4, 15))):
+    complex_rows = rows[0].astype(np.complex128)  # the imaginary part was dropped with a warning only
+    for bad in (None, "abc", np.array([["a"] * 16] * 4, dtype=object), np.zeros((4, 15)), complex_rows,
+                torch.from_numpy(complex_rows), torch.empty(4, 16, device="meta")):  # meta: a raw error
         with pytest.raises(UsageError, match="gathered") as err:
             by_array.decide(bad)
         assert "\n" not in str(err.value)
+    with pytest.raises(UsageError) as err:  # a raw ValueError before
+        by_array.decide(rows[0], dots="x", sq_dists="y")
+    assert err.value.field == "dots"
     assert by_array.detector.step == 25
 
 

@@ -256,7 +256,12 @@ def to_float64(values: object, field: str) -> np.ndarray:
         UsageError: values that are not numbers (None, strings, objects), naming ``field``.
     """
     if isinstance(values, Tensor):
+        if values.is_meta or values.is_complex():
+            raise UsageError(f"expected real numbers with values, got a {values.dtype} tensor on "
+                             f"{values.device}", field=field)
         values = values.detach().to("cpu", torch.float64).numpy()  # numpy has no bfloat16
+    if np.iscomplexobj(values):  # np.asarray would drop the imaginary part with a warning only
+        raise UsageError("expected real numbers, got complex ones", field=field)
     try:
         a = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -651,7 +656,7 @@ def _check_exact(dots: object, sq_dists: object, k: int) -> tuple[np.ndarray | N
         return None, None
     out = []
     for name, v in (("dots", dots), ("sq_dists", sq_dists)):
-        a = np.asarray(v, dtype=np.float64)
+        a = to_float64(v, name)
         if a.shape != (k,):
             raise UsageError(f"expected shape ({k},), got {a.shape}", field=name)
         out.append(a)
