@@ -250,7 +250,7 @@ def check_plot_path(plot: str | None, example: str, inputs: tuple[tuple[str, obj
     from naig.errors import UsageError
 
     p = Path(plot)
-    if p.is_dir():
+    if p.is_dir() or plot.endswith(("/", os.sep)):  # 'x.png/' names a folder: savefig fails after the work
         raise UsageError(f"is a directory; give a file name in it, e.g. {p / example}", field="plot",
                          value=plot)
     if p.suffix.lower() not in PLOT_SUFFIXES:

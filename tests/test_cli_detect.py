@@ -109,13 +109,13 @@ def test_plot_in_proc_is_a_usage_error(cmd: list[str]) -> None:
 
 
 @pytest.mark.parametrize(("target", "needle"), [("", "is a directory"), ("no/x.png", "its folder must exist"),
-                                                ("x.txt", ".png")])
+                                                ("x.txt", ".png"), ("x.png/", "is a directory")])
 def test_plot_checks_name_the_option(target: str, needle: str, tmp_path) -> None:  # noqa: ANN001
     from naig.errors import UsageError
     from naig_cli._common import check_plot_path, cli_message
 
     with pytest.raises(UsageError) as info:
-        check_plot_path(str(tmp_path / target), "d.png")
+        check_plot_path(f"{tmp_path}/{target}", "d.png")  # (a Path would drop x.png/'s slash)
     assert cli_message(info.value).startswith("--plot '") and needle in cli_message(info.value)
 
 
