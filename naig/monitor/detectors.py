@@ -227,7 +227,7 @@ __all__ = ["ACTIONS", "MAX_WORLD", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE",
            "BadRankError", "Decision", "Detector", "DriftState", "Flag",
            "SignalSpec",
            "check_action", "cusum_arl", "cusum_threshold", "cusum_threshold_sample", "drift_threshold",
-           "gpd_fit", "median_of_others", "null_tail", "pooled_median", "stats_of_others",
+           "gpd_fit", "has_bool", "median_of_others", "null_tail", "pooled_median", "stats_of_others",
            "real_numbers", "robust_threshold", "robust_z", "signal_values", "tail_quantile", "whole_numbers"]
 
 TINY = 1e-300  # a squared norm of 0 before the log
@@ -346,10 +346,10 @@ WARMUP = ("monitor warm-up: only non-finite gradients are checked until {steps} 
           "are pooled (step {until}); after that every test runs at false_alarm={rate:g} per step")
 """The one-line warning a ``Detector`` gives at its first step (see "Warm-up")."""
 MAX_WINDOW = 100_000
+"""The longest pooled history in steps (memory: K × signals × window floats)."""
 MIN_TEST_RATE = 1e-15
 """The smallest false-alarm probability of one test (false_alarm / (K · tests per rank)): near 1e-16,
 1 − α rounds to 1 in float64 and no threshold can be computed; a smaller ``false_alarm`` is refused."""
-"""The longest pooled history in steps (memory: K × signals × window floats)."""
 DEFAULT_WINDOW, DEFAULT_WARMUP, DEFAULT_DELTA, DEFAULT_CLIP, DEFAULT_HOLD = 64, 16, 1.0, 3.0, 8
 """Pooled steps, warm-up steps, CUSUM reference δ and clipping c (pooled sd), steps a named rank
 stays out of the reference: the defaults the persistent-fault protocol of ``naig detect`` chose on
@@ -1475,7 +1475,7 @@ class Detector:
         for key, value in mine.items():
             other = theirs.get(key)
             if (list(other) if isinstance(other, list | tuple) else other) != value or \
-                    isinstance(other, bool) != isinstance(value, bool):  # True == 1.0 in Python
+                    has_bool(other) != has_bool(value):  # True == 1.0 in Python
                 raise UsageError(f"the state was saved with {key}={other!r}, this detector has {value!r}",
                                  field=key, value=other)
         try:
@@ -1554,6 +1554,13 @@ def real_numbers(values: object, what: str) -> np.ndarray:
     if np.isinf(out).any():
         raise ValueError(f"{what} holds an infinite value (a state saves none)")
     return out
+
+
+def has_bool(value: object) -> bool:
+    """Whether ``value`` is a bool or a list holding one: a saved setting ``True`` is not the number 1,
+    though ``True == 1`` in Python (state loads compare settings with this and ``==``)."""
+    items = value if isinstance(value, list | tuple) else [value]
+    return any(isinstance(v, bool) for v in items)
 
 
 def _unusable_kind(sig: RankSignals, rank: int) -> str:

@@ -64,6 +64,7 @@ from naig.monitor.detectors import (
     Decision,
     Detector,
     check_action,
+    has_bool,
 )
 from naig.monitor.replicas import (
     NOT_DUE,
@@ -464,7 +465,7 @@ class Monitor:
             raise UsageError("malformed monitor state (sketch is not a mapping)", field="state")
         for key, value in self._sketch_settings().items():
             # another sketch: other payloads, the detectors' history meaningless (True == 1 in Python)
-            if saved.get(key) != value or _has_bool(saved.get(key)) != _has_bool(value):
+            if saved.get(key) != value or has_bool(saved.get(key)) != has_bool(value):
                 raise UsageError(f"the state was saved with {key}={saved.get(key)!r}, this monitor has "
                                  f"{value!r}", field=key, value=saved.get(key))
         det = state["detector"]
@@ -564,11 +565,6 @@ def _acted(decision: Decision, acts: bool) -> str | None:
                f"this step's mean{who})"
     return None
 
-
-def _has_bool(value: object) -> bool:
-    """Whether ``value`` is a bool or a list holding one (a state's ``True`` is not the number 1)."""
-    items = value if isinstance(value, list | tuple) else [value]
-    return any(isinstance(v, bool) for v in items)
 
 
 def _given(weights: Tensor | np.ndarray | None, world: int) -> np.ndarray | None:

@@ -260,14 +260,14 @@ def to_float64(values: object, field: str) -> np.ndarray:
             raise UsageError(f"expected real numbers with values, got a {values.dtype} tensor on "
                              f"{values.device}", field=field)
         values = values.detach().to("cpu", torch.float64).numpy()  # numpy has no bfloat16
-    if np.iscomplexobj(values):  # np.asarray would drop the imaginary part with a warning only
-        raise UsageError("expected real numbers, got complex ones", field=field)
     try:
-        a = np.asarray(values, dtype=np.float64)
+        raw = np.asarray(values)  # one conversion; then a cast, a no-op for float64
+        if not np.iscomplexobj(raw):  # a float64 cast would drop the imaginary part, warning only
+            return raw.astype(np.float64, copy=False)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"expected rows of numbers ({type(exc).__name__}: {str(exc)[:80]})",
                          field=field) from None
-    return a
+    raise UsageError("expected real numbers, got complex ones", field=field)
 
 
 def bad_counts(raw: np.ndarray) -> np.ndarray:
