@@ -2,12 +2,15 @@
 does not apply."""
 
 import dataclasses
+import multiprocessing as mp
+import os
 
 import pytest
 import torch
 
 from naig.errors import UsageError
 from naig.simulate import SimulateConfig, run_experiment
+from naig.simulate.engines.simulated import SimulatedSession
 from naig.simulate.parallel import available_cores, resolve_jobs
 
 BASE = dict(steps=6, seeds=2, data_bytes=200_000, lags=(0, 2), eval_every=3, strategies=("naig", "hogwild"))
@@ -76,3 +79,32 @@ def test_a_process_that_has_used_cuda_runs_one_at_a_time(monkeypatch: pytest.Mon
     with pytest.raises(UsageError, match="used CUDA") as err:
         resolve_jobs(SimulateConfig.from_options(**BASE, jobs=2), 4, "cpu")
     assert err.value.field == "jobs"
+
+
+def _failing(monkeypatch: pytest.MonkeyPatch, fail) -> None:
+    """Make hogwild seed 1's run call ``fail()`` (in the forked child, which inherits the patch)."""
+    real = SimulatedSession.run
+
+    def run(self, rule, seed, lr, ctx):
+        if (rule, seed) == ("hogwild", 1):
+            fail()
+        return real(self, rule, seed, lr, ctx)
+
+    monkeypatch.setattr(SimulatedSession, "run", run)
+
+
+def test_a_run_that_raises_in_a_child_raises_in_the_parent_and_no_child_is_left(monkeypatch) -> None:
+    def fail():
+        raise ValueError("hogwild seed 1 broke")
+
+    _failing(monkeypatch, fail)
+    with pytest.raises(ValueError, match="hogwild seed 1 broke"):
+        run_experiment(SimulateConfig.from_options(**BASE, jobs=2))
+    assert not mp.active_children()
+
+
+def test_a_child_that_dies_names_its_run_and_no_child_is_left(monkeypatch) -> None:
+    _failing(monkeypatch, lambda: os._exit(3))
+    with pytest.raises(RuntimeError, match=r"running hogwild seed 1 lr 0\.001 ended \(exit code 3\)"):
+        run_experiment(SimulateConfig.from_options(**BASE, jobs=2))
+    assert not mp.active_children()

@@ -7,11 +7,12 @@ processes finish about ``jobs`` times sooner on ``jobs`` idle cores, with result
 running them one after another (``tests/test_simulate_parallel.py`` checks every number).
 
 How: the parent builds the workload, then forks ``jobs`` children (``multiprocessing``'s
-``fork`` context: the children inherit the workload, no re-import, no re-build); each child
-runs whole runs, sending every ``StepEvent`` to the parent through a queue, and returns the
-``RunResult`` with its seed's untrained loss and saved files. The parent reports events as they
-come and keeps results in the planned order. Children ignore SIGINT: Ctrl-C reaches the parent,
-which stops the children and keeps the runs that had finished (``interrupted``).
+``fork`` context: the children inherit the workload, no re-import, no re-build), each with its
+own pipe: the parent sends a child one planned run at a time; the child sends back every
+``StepEvent``, then the ``RunResult`` with its seed's untrained loss and saved files. The parent
+reports events as they come and keeps results in the planned order. Children ignore SIGINT:
+Ctrl-C reaches the parent, which kills the children and keeps the runs that had finished
+(``interrupted``).
 
 Where it does not apply (``resolve_jobs``): the distributed engine (its processes are its
 parallelism), a CUDA device (a forked child cannot use the parent's CUDA context) and a
@@ -23,10 +24,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue
+import pickle
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing import connection as mp_connection
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from naig.errors import UsageError
@@ -45,7 +49,8 @@ MAX_JOBS = 1024
 Planned = tuple[int, str, float]  # (seed, rule, lr)
 
 _SESSION: SimulatedSession | None = None  # the parent's session, inherited by the forked children
-_EVENTS: Any = None  # the children's StepEvents go to the parent through this queue
+_JOIN_S = 5.0
+"""Seconds a child that was told to end has to exit before it is killed."""
 
 
 def available_cores() -> int:
@@ -87,17 +92,58 @@ def _cuda_used() -> bool:
     return torch is not None and torch.cuda.is_initialized()
 
 
-def _child_init() -> None:
-    """In each child: Ctrl-C is the parent's to handle."""
+@dataclass
+class _Worker:
+    """One forked child, the parent's end of its pipe and the run it is on (None: idle)."""
+
+    process: Any
+    conn: Connection
+    run: Planned | None = None
+
+
+def _worker_main(conn: Connection, parents: list[Connection]) -> None:
+    """In each child: runs received on ``conn`` until ``None``; every ``StepEvent`` and then the
+    result (or the error) go back on ``conn``. Ctrl-C is the parent's to handle. The parent's
+    ends of the pipes (``parents``, inherited by the fork) are closed, so a parent that dies
+    without a word ends the child at its next read or write."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _child_run(seed: int, rule: str, lr: float) -> tuple[RunResult, float, list[str]]:
-    """One run in a child: its result, its seed's untrained loss and the files it saved."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    for end in parents:
+        end.close()
     assert _SESSION is not None
-    ctx = _SESSION.context(seed, _EVENTS.put)
-    result = _SESSION.run(rule, seed, lr, ctx)
-    return result, ctx.untrained, list(ctx.saved)
+    while (task := conn.recv()) is not None:
+        seed, rule, lr = task
+        try:
+            ctx = _SESSION.context(seed, lambda event: conn.send(("event", event)))
+            result = _SESSION.run(rule, seed, lr, ctx)
+            conn.send(("result", (result, ctx.untrained, list(ctx.saved))))
+        except Exception as exc:  # noqa: BLE001 - the parent re-raises it
+            conn.send(("error", _picklable(exc)))
+
+
+def _picklable(exc: Exception) -> Exception:
+    """``exc`` if it survives pickling, else a RuntimeError with its type and message."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any failure to round-trip
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def _start(ctx: Any, others: list[_Worker]) -> _Worker:
+    """Fork one child with SIGINT blocked until it ignores it (a Ctrl-C in between stays the
+    parent's); the parent keeps only its own end of the new pipe (``others``: the children
+    forked before, whose pipe ends the new child closes)."""
+    mine, theirs = ctx.Pipe()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        parents = [mine, *(w.conn for w in others)]
+        process = ctx.Process(target=_worker_main, args=(theirs, parents), daemon=True)
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        theirs.close()
+    return _Worker(process, mine)
 
 
 def run_parallel(session: SimulatedSession, planned: list[Planned], jobs: int,
@@ -106,41 +152,80 @@ def run_parallel(session: SimulatedSession, planned: list[Planned], jobs: int,
     """Run ``planned`` in ``jobs`` forked processes, filling ``runs`` (planned order), ``untrained``
     (one per seed, seed order) and ``saved``, calling ``progress`` with every child's events.
 
+    Each child has its own pipe (runs in, events and results out) and shares no lock with
+    another: one stopped while it sends cannot wedge the rest (``multiprocessing.Pool.terminate``
+    can hang then, CPython issue 96995; it failed a CI run on 2026-12-06).
+
     Raises:
-        KeyboardInterrupt: after the children are stopped; what finished is already in ``runs``.
-        Whatever a run raised (the first, in planned order), after the children are stopped.
+        KeyboardInterrupt: after the children are killed; what finished is already in ``runs``.
+        Whatever a run raised (the first to come back), after the children are killed.
+        RuntimeError: a child ended (killed, out of memory) before returning its run's result.
     """
-    global _SESSION, _EVENTS
+    global _SESSION
     ctx = mp.get_context("fork")
-    _SESSION, _EVENTS = session, ctx.Queue()
-    events = _EVENTS
-    pool = ctx.Pool(jobs, initializer=_child_init)
+    _SESSION = session
+    todo = list(planned)
     done: dict[Planned, tuple[RunResult, float, list[str]]] = {}
+    workers: list[_Worker] = []
+    finished = False
     try:
-        pending = {p: pool.apply_async(_child_run, p) for p in planned}
-        while pending:
-            _drain(events, progress, timeout=0.2)
-            for p in [p for p, r in pending.items() if r.ready()]:
-                done[p] = pending.pop(p).get()  # re-raises a run's error here
-        _drain(events, progress, timeout=0.0)
-        pool.close()
+        for _ in range(min(jobs, len(todo))):
+            workers.append(_start(ctx, workers))
+            _assign(workers[-1], todo)
+        while busy := {w.conn: w for w in workers if w.run is not None}:
+            for conn in mp_connection.wait(list(busy)):
+                _receive(busy[conn], todo, done, progress)
+        finished = True
     finally:
-        pool.terminate()
-        pool.join()
-        _SESSION = _EVENTS = None
+        _SESSION = None
+        _stop(workers, finished)
         _collect(planned, done, runs, untrained, saved)
 
 
-def _drain(events: Any, progress: Callable[[StepEvent], None] | None, timeout: float) -> None:
-    """Hand every queued event to ``progress``, waiting up to ``timeout`` s for the first."""
+def _assign(worker: _Worker, todo: list[Planned]) -> None:
+    """Send ``worker`` the next planned run (None and idle when none is left)."""
+    worker.run = todo.pop(0) if todo else None
+    if worker.run is not None:
+        worker.conn.send(worker.run)
+
+
+def _receive(worker: _Worker, todo: list[Planned], done: dict[Planned, tuple[RunResult, float, list[str]]],
+             progress: Callable[[StepEvent], None] | None) -> None:
+    """Handle one message from ``worker``: an event, its run's result (then its next run) or an error."""
     try:
-        event = events.get(timeout=timeout) if timeout > 0 else events.get_nowait()
-        while True:
-            if progress is not None:
-                progress(event)
-            event = events.get_nowait()
-    except queue.Empty:
-        return
+        kind, payload = worker.conn.recv()
+    except EOFError:
+        worker.process.join(timeout=1.0)
+        seed, rule, lr = worker.run
+        raise RuntimeError(f"the process running {rule} seed {seed} lr {lr:g} ended (exit code "
+                           f"{worker.process.exitcode}) before its result; run with jobs=1 to see "
+                           "why") from None
+    if kind == "event":
+        if progress is not None:
+            progress(payload)
+    elif kind == "result":
+        done[worker.run] = payload
+        _assign(worker, todo)
+    else:
+        raise payload
+
+
+def _stop(workers: list[_Worker], finished: bool) -> None:
+    """Idle children are told to end and joined; any other (interrupted, failed) is killed."""
+    for w in workers:
+        if finished:
+            try:
+                w.conn.send(None)
+            except OSError:
+                pass
+        else:
+            w.process.kill()
+    for w in workers:
+        w.process.join(timeout=_JOIN_S)
+        if w.process.is_alive():
+            w.process.kill()
+            w.process.join()
+        w.conn.close()
 
 
 def _collect(planned: list[Planned], done: dict[Planned, tuple[RunResult, float, list[str]]],
