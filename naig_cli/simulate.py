@@ -155,7 +155,9 @@ def simulate(
     given = {k: v for k, v in _options(**locals()).items() if v is not None}  # what the command line says
     base = SimulateConfig.load(config) if config else SimulateConfig()  # then the flags, then --set
     cfg = base.with_set(set_keys or (), **given)
-    _run(cfg, json_out, plot)
+    dropped = base.dropped_by(cfg) if config else None
+    notes = () if dropped is None else (f"{dropped} (the `config` file's, overridden here)",)
+    _run(cfg, json_out, plot, notes)
 
 
 def _options(**given: Any) -> dict[str, Any]:
@@ -190,11 +192,12 @@ def _value(choice: Any) -> str | None:
     return None if choice is None else choice.value
 
 
-def _run(config: SimulateConfig, json_out: bool, plot: str | None) -> None:
-    """Run the experiment, print it, and exit with what happened."""
+def _run(config: SimulateConfig, json_out: bool, plot: str | None, notes: tuple[str, ...] = ()) -> None:
+    """Run the experiment, print it (after ``notes``: warnings of the caller's), and exit with what
+    happened."""
     from naig.simulate import run_experiment
 
-    for warning in (*config.strategy_warnings(), *config.ignored_options()):
+    for warning in (*notes, *config.strategy_warnings(), *config.ignored_options()):
         stderr.print(f"warning: {word_flags(warning)}", markup=False, highlight=False, soft_wrap=True)
     with progress("simulate", config.total_steps) as advance:
         runs = config.seeds * len(config.strategies) * len(config.lr)

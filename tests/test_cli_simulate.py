@@ -460,6 +460,18 @@ def test_config_file_round_trip(tmp_path: Path) -> None:
     assert more["config"]["seeds"] == 2 and more["config"]["arrivals"] == doc["config"]["arrivals"]
 
 
+def test_flags_that_switch_the_config_files_setting_say_what_of_it_is_not_used(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(CONFIG_TOML)
+    r = RUNNER.invoke(app, ["simulate", "--config", str(path), "--lags", "0,1", "--steps", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    assert "warning: runs fixed lags, not the arrivals setting: --arrivals is not used (the --config " \
+        "file's, overridden here)" in " ".join(r.stderr.split())  # (its window = 1 is the default)
+    assert json.loads(r.stdout)["config"]["lags"]["lags"] == [0, 1]
+    kept = RUNNER.invoke(app, ["simulate", "--config", str(path), "--steps", "1", "--json"])
+    assert kept.exit_code == 0 and "not used" not in kept.stderr
+
+
 @pytest.mark.parametrize(("content", "args", "needles"), [
     (None, [], ["--config", "cannot read it"]),
     ("steps = [", [], ["--config", "is not valid TOML"]),

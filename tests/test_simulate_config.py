@@ -119,6 +119,22 @@ def test_with_options_keeps_or_switches_the_setting() -> None:
     assert switched.setting.NAME == "distributed"
 
 
+def test_a_switched_setting_names_the_options_it_drops() -> None:
+    """``dropped_by``: the old setting's options not at their default, named once the setting moves;
+    ``window`` is carried from arrivals into the distributed engine (so not dropped there)."""
+    base = SimulateConfig.from_options(arrivals="exp:1,exp:2", bandwidth=(1e5,), window=2)
+    lags = base.with_options(lags=(0, 3))
+    assert base.dropped_by(lags) == "runs fixed lags, not the arrivals setting: `arrivals`, `window`, " \
+        "`bandwidth` are not used"
+    dist = base.with_options(engine="distributed", nproc=3)
+    assert dist.setting.window == 2 and "`window`" not in base.dropped_by(dist)
+    assert base.dropped_by(base.with_options(seeds=2)) is None  # the same setting
+    plain = SimulateConfig.from_options()  # fixed lags at their defaults: nothing of its own to drop
+    assert plain.dropped_by(plain.with_options(arrivals="exp:1")) is None
+    two = SimulateConfig.from_options(lags=(0, 2))
+    assert "`lags`" in two.dropped_by(two.with_options(arrivals="exp:1"))
+
+
 def test_two_setting_tables_are_one_line_naming_both() -> None:
     with pytest.raises(UsageError) as info:
         SimulateConfig.from_dict({"lags": {"lags": [0, 1]}, "arrivals": {"compute": "exp:1"}})

@@ -329,6 +329,29 @@ class SimulateConfig:
             options = {n: v for n, v in options.items() if OPTIONS.get(n, ("", ""))[0] in keep}
         return SimulateConfig.from_options(**{**options, **changes})
 
+    def dropped_by(self, changed: SimulateConfig) -> str | None:
+        """A one-line note when ``changed`` (this config after ``with_options``) runs another setting
+        and so dropped this one's options that are not at their default (None otherwise): a command
+        line overriding a config file's setting says what of the file it leaves out.
+
+        Example:
+            >>> base = SimulateConfig.from_options(arrivals="exp:1,exp:2", bandwidth=1e5)
+            >>> base.dropped_by(base.with_options(lags=(0, 3)))
+            'runs fixed lags, not the arrivals setting: `arrivals`, `bandwidth` are not used'
+        """
+        if changed.setting.NAME == self.setting.NAME:
+            return None
+        mine = (self.setting.NAME, "setting")
+        dropped = [n for n, v in self.to_options().items()
+                   if OPTIONS.get(n, ("", ""))[0].split(".")[0] in mine and v is not None
+                   and v != _field_default(self.setting, *OPTIONS[n])
+                   and not (n == "window" and changed.setting.NAME != "lags")]  # window: carried over
+        if not dropped:
+            return None
+        names = ", ".join(f"`{n}`" for n in dropped)
+        return (f"runs {_SETTING_NAMES[changed.setting.NAME]}, not {_SETTING_NAMES[self.setting.NAME]}: "
+                f"{names} {'is' if len(dropped) == 1 else 'are'} not used")
+
     def with_set(self, assignments: Sequence[str], **options: Any) -> SimulateConfig:
         """``with_options(**options)`` and ``KEY=VALUE`` assignments (the CLI's ``--set``), checked once.
 
@@ -564,6 +587,18 @@ def config_tree(doc: dict[str, Any]) -> dict[str, Any]:
     if isinstance(version, int) and version <= 3 and isinstance(names, list | tuple):
         tree = {**tree, "strategies": [_RENAMED.get(n, n) for n in names]}
     return tree
+
+
+def _field_default(setting: Setting, section: str, key: str) -> Any:
+    """The default of a setting's field (its ``local`` block's for ``arrivals.local``); a
+    sentinel that equals nothing where the field has none."""
+    holder = setting.local if section == "arrivals.local" else setting
+    if holder is None:
+        return object()
+    f = {f.name: f for f in dataclasses.fields(holder)}.get(key)
+    if f is None or f.default is dataclasses.MISSING:
+        return object() if f is None or f.default_factory is dataclasses.MISSING else f.default_factory()
+    return f.default
 
 
 def _chosen_by(changes: dict[str, Any], current: str) -> str:
