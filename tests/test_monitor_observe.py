@@ -299,8 +299,8 @@ def test_decide_reads_lists_and_low_precision_tensors_and_refuses_what_is_not_nu
     assert by_array.detector.step == 25
 
 
-@pytest.mark.parametrize("weights", [np.zeros((3, 16)), np.zeros((4, 15)), "abc", None],
-                         ids=["ranks", "columns", "text", "mixed-steps"])
+@pytest.mark.parametrize("weights", [np.zeros((3, 16)), np.zeros((4, 15)), np.zeros((4, 30)), "abc", None],
+                         ids=["ranks", "columns", "other-blocks", "text", "mixed-steps"])
 def test_a_decide_refused_for_its_weights_changes_nothing(weights: object) -> None:
     """The weights were checked after the detectors had taken the step: a refused call moved the step,
     the pool and the CUSUM, and a retry counted the step twice."""
@@ -319,6 +319,32 @@ def test_a_decide_refused_for_its_weights_changes_nothing(weights: object) -> No
         mon.decide(rows[30], weights=weights)
     assert mon.detector.step == 30
     assert repr(mon.decide(rows[30])) == repr(twin.decide(rows[30]))
+
+
+@pytest.mark.parametrize(("blocks", "width"), [(1, 30), (2, 16)])
+def test_payloads_of_another_sketch_width_are_refused_and_change_nothing(blocks: int, width: int) -> None:
+    """A payload packed with another number of sketch blocks than the monitor's was decided on as if
+    it were its own (its history then mixes two sketches)."""
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(4, width))
+    rows[:, -2], rows[:, -1] = (rows[:, :-2] ** 2).sum(axis=1), 0.0
+    mon = Monitor(blocks=blocks)
+    expected = rf"expected shape \(K, {14 * blocks + 2}\) for blocks={blocks}"
+    with pytest.raises(UsageError, match=expected) as err:
+        mon.decide(rows)
+    assert err.value.field == "gathered" and mon.detector is None
+
+
+def test_weights_that_are_not_a_mapping_are_refused_at_every_step_even_with_one_rank() -> None:
+    """With one rank the replica check has nothing to compare and ``weights`` was never read: a string
+    passed unnoticed."""
+    mon = Monitor()
+    with pytest.raises(UsageError, match="pass {name: weight}") as err:
+        mon.observe({"w": torch.ones(3)}, weights="model.pt")
+    assert err.value.field == "weights" and mon.detector is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the warm-up notice
+        assert mon.observe({"w": torch.ones(3)}, weights={"w": torch.ones(3)}).step == 1
 
 
 def test_a_garbled_count_makes_a_rank_unusable_and_a_nan_sketch_is_not_called_an_overflow() -> None:

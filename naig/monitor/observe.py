@@ -234,6 +234,8 @@ class Monitor:
         """
         if not isinstance(full_dtensor, bool):
             raise UsageError("must be True or False", field="full_dtensor", value=full_dtensor)
+        if weights is not None:  # refused at every step (and with one rank), though read on check steps only
+            _check_weights_mapping(weights)
         layout, tensors, shapes = _flatten(grads, full_dtensor)
         sketch = self._sketch(layout, tensors[0].device)
         device = tensors[0].device
@@ -274,9 +276,7 @@ class Monitor:
             row = torch.full((self.blocks * 14 + 2,), math.nan, dtype=torch.float64, device=device)
             row[-1] = NOT_DUE if not due else NOT_GIVEN
             return row
-        if not isinstance(weights, Mapping):
-            raise UsageError(f"got {a_type(weights)}; pass {{name: weight}}, e.g. "
-                             "dict(model.named_parameters())", field="weights")
+        _check_weights_mapping(weights)
         by_device: dict[torch.device, dict[str, Tensor]] = {}
         for name, w in weights.items():
             if isinstance(w, Tensor):
@@ -387,7 +387,8 @@ class Monitor:
         other action (``observe`` and the integrations do).
 
         Args:
-            gathered: (K, m + 2) float64 payloads ``[S g_k | ‖g_k‖² | non-finite count]``.
+            gathered: (K, m + 2) float64 payloads ``[S g_k | ‖g_k‖² | non-finite count]``, m = 14 ·
+                ``blocks`` (this monitor's sketch).
             dots: (K,) exact ⟨g_k, ḡ⟩ (with ``sq_dists``), or None: sketch estimates.
             sq_dists: (K,) exact ‖g_k − ḡ‖², or None.
             weights: (K, m + 2) float64 every rank's ``weights_row`` for the replica check
@@ -402,13 +403,17 @@ class Monitor:
             The step's ``Decision`` (hosts and ``where`` filled in).
 
         Raises:
-            UsageError: payloads of the wrong shape.
+            UsageError: payloads of the wrong shape (another ``blocks`` than this monitor's included).
             DataError: ``weights`` given on some ranks only, or ranks at another step than others
                 (naming them).
         """
         rows = to_float64(gathered, "gathered")
         s, sq, bad = unpack(rows)
-        given = _given(weights, rows.shape[0])  # checked before anything changes
+        if rows.shape[1] != self.blocks * SKETCH_DIM + 2:  # another sketch's payloads: not comparable
+            raise UsageError(f"expected shape (K, {self.blocks * SKETCH_DIM + 2}) for blocks={self.blocks} "
+                             f"(14 per block + 2), got {rows.shape}; pack with the monitor's own sketch",
+                             field="gathered")
+        given = _given(weights, rows.shape[0], rows.shape[1])  # checked before anything changes
         if self.detector is None:
             self.detector = Detector(rows.shape[0], **self._detector_args, quiet=self.rank != 0)
         with one_blas_thread():  # the step's small matrices: numpy's BLAS on one thread (naig.threads)
@@ -567,21 +572,28 @@ def _acted(decision: Decision, acts: bool) -> str | None:
 
 
 
-def _given(weights: Tensor | np.ndarray | None, world: int) -> np.ndarray | None:
+def _check_weights_mapping(weights: object) -> None:
+    """Refuse ``weights`` that are not a {name: tensor} mapping (``observe``, ``weights_row``)."""
+    if not isinstance(weights, Mapping):
+        raise UsageError(f"got {a_type(weights)}; pass {{name: weight}}, e.g. "
+                         "dict(model.named_parameters())", field="weights")
+
+
+def _given(weights: Tensor | np.ndarray | None, world: int, width: int) -> np.ndarray | None:
     """The gathered weights rows (K, m + 2) float64 for ``ReplicaCheck.update``: None when this is
     no check step, an empty (0, m + 2) array for a check step at which no rank gave its weights.
 
     Raises:
-        UsageError: not (K, m + 2) rows.
+        UsageError: not (K, ``width``) rows (``width`` = m + 2 of the monitor's sketch).
         DataError: some ranks gave their weights and others did not, or some are at a check step and
             others are not (naming them).
     """
     if weights is None:
         return None
     rows = to_float64(weights, "weights")
-    if rows.ndim != 2 or rows.shape[0] != world or rows.shape[1] < SKETCH_DIM + 2 or \
-            (rows.shape[1] - 2) % SKETCH_DIM:
-        raise UsageError(f"expected ({world}, 14*R + 2) rows, got {rows.shape}", field="weights")
+    if rows.ndim != 2 or rows.shape != (world, width):
+        raise UsageError(f"expected ({world}, {width}) rows (14 per sketch block + 2), got {rows.shape}",
+                         field="weights")
     idle = rows[:, -1] == NOT_DUE
     if idle.all():
         return None
