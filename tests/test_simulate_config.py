@@ -253,6 +253,15 @@ def test_window_mode_and_optimizer_are_noted_when_every_method_keeps_its_own_rou
     assert losses(hog.with_options(window=3, optimizer="sgd")) != losses(hog)
 
 
+def test_learning_rates_that_look_alike_are_refused_before_training() -> None:
+    """Runs and their logs are named with ``lr`` to 6 significant digits: 0.001 and 0.0010000001 were
+    two runs of one name, the second failing on its log after training."""
+    with pytest.raises(UsageError, match=r"look alike to 6 significant digits \(0.001\)") as info:
+        SimulateConfig.from_options(lr=(1e-3, 1.0000001e-3, 3e-4))
+    assert info.value.field == "lr"
+    assert SimulateConfig.from_options(lr=(1e-3, 1.00001e-3)).lr == (1e-3, 1.00001e-3)  # 0.001, 0.00100001
+
+
 @pytest.mark.parametrize("text", ['{"steps": 2, "steps": 3}', '{"rules": {"beta": 1, "beta": 2}}'])
 def test_a_json_config_with_a_key_given_twice_is_refused_as_toml_is(tmp_path: Path, text: str) -> None:
     """json kept the last value silently (3 steps ran); TOML refuses a duplicate key."""

@@ -528,6 +528,10 @@ class SimulateConfig:
               and all(is_number(v) and v > 0 and math.isfinite(v) for v in self.lr),
               "lr", self.lr, "use finite values > 0, e.g. 1e-3 or 3e-4,1e-3,3e-3")
         check(len(set(self.lr)) == len(self.lr), "lr", self.lr, "lists a learning rate twice")
+        shown = [f"{v:g}" for v in self.lr]  # runs, their lines and their logs are named by it
+        check(len(set(shown)) == len(shown), "lr", self.lr, "lists learning rates that look alike to 6 "
+              f"significant digits ({', '.join(sorted({n for n in shown if shown.count(n) > 1}))}), the "
+              "precision runs and their logs are named with; give values that differ there")
         check(is_int(self.batch_size) and self.batch_size > 0, "batch_size", self.batch_size,
               "use a positive int, e.g. 8")
         check(is_int(self.eval_every) and self.eval_every >= 0, "eval_every", self.eval_every,
