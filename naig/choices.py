@@ -9,7 +9,8 @@ Example:
 """
 
 __all__ = ["OPTIMIZERS", "DEVICES", "MODELS", "REFERENCES", "ENGINES", "ARRIVAL_MODES", "LOCAL_METHODS",
-           "TOPOLOGIES", "GASLOC_FORMS", "DEFAULT_THREADS", "MAX_TIMEOUT"]
+           "TOPOLOGIES", "GASLOC_FORMS", "DEFAULT_THREADS", "MAX_TIMEOUT",
+           "MIN_TIMEOUT"]
 
 OPTIMIZERS = ("sgd", "adam")  # the server optimizer: torch.optim.SGD / Adam, default settings otherwise
 DEVICES = ("cpu", "cuda", "auto")
@@ -26,3 +27,6 @@ TOPOLOGIES = ("one-peer", "two-peer", "complete", "ring")
 GASLOC_FORMS = ("mixed", "summarised")
 DEFAULT_THREADS = 1  # torch CPU threads per process (naig.threads: measured, docs/design.md)
 MAX_TIMEOUT = 30.0  # seconds: the longest any one collective or message may take (naig.launch)
+# seconds: the shortest wait of a collective or message: gloo counts whole milliseconds, and a shorter
+# one reads as 0, which means its group's own timeout (minutes) or an immediate failure
+MIN_TIMEOUT = 0.001

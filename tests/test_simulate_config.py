@@ -85,6 +85,8 @@ def test_options_of_another_setting_are_refused_in_one_line(options: dict, field
     (dict(byzantine=-1), "byzantine"), (dict(dc_lambda=float("nan")), "dc_lambda"),
     (dict(arrivals="exp:1", strategies=("diloco",), outer_momentum=1.5), "outer_momentum"),
     (dict(engine="distributed", nproc=3, slowdown="fast"), "slowdown"),
+    (dict(engine="distributed", nproc=3, timeout=1e-7), "timeout"),  # gloo read 0 ms: a traceback
+    (dict(engine="distributed", nproc=3, timeout=30.5), "timeout"),
     (dict(eval_batches=0), "eval_batches"), (dict(log_dir=5), "log_dir"),
     (dict(data=""), "data"), (dict(data="  "), "data"),  # was read as ".", a directory (exit 1)
 ])

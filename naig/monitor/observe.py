@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from naig.choices import MIN_TIMEOUT
 from naig.errors import DataError, UsageError, a_type, warn_caller
 from naig.launch import MAX_TIMEOUT
 from naig.metric import DEFAULT_LINE, parse_line
@@ -90,9 +91,6 @@ from naig.threads import one_blas_thread
 
 __all__ = ["HOST_BYTES", "MIN_TIMEOUT", "TAIL", "Monitor", "layout_fingerprint"]
 
-MIN_TIMEOUT = 0.001
-"""The shortest wait (s) of the monitor's collectives: gloo counts whole milliseconds, and 0 means its
-group's own timeout (minutes), so a shorter one would hang instead of raising."""
 HOST_BYTES = 64  # a host name is sent once, UTF-8, cut or padded to this many bytes
 TAIL = 2  # floats observe appends to the payload: [layout fingerprint | records lost on this rank]
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from naig.choices import LOCAL_METHODS, MAX_TIMEOUT
+from naig.choices import LOCAL_METHODS, MAX_TIMEOUT, MIN_TIMEOUT
 from naig.simulate.checks import as_tuple, check, is_int, is_number
 from naig.simulate.options import option
 
@@ -27,7 +27,7 @@ class DistributedSetting:
         window: B arrivals per update (1: ASGD; K: K-batch-async).
         slowdown: compute-time factor ≥ 1 per worker (empty: full speed).
         sketch_first: workers push 14 floats; the server fetches a gradient when w ≥ 0.01.
-        timeout: seconds any one message may take (at most 30).
+        timeout: seconds any one message may take, in [0.001, 30].
     """
 
     NAME: ClassVar[str] = "distributed"
@@ -53,7 +53,8 @@ class DistributedSetting:
               "slowdown", self.slowdown, f"give {k} factors >= 1, one per worker, e.g. {','.join(['1'] * k)}")
         check(isinstance(self.sketch_first, bool), "sketch_first", self.sketch_first, "use true or false")
         check(is_number(self.timeout) and math.isfinite(self.timeout)
-              and 0 < self.timeout <= MAX_TIMEOUT, "timeout", self.timeout, "use seconds in (0, 30]")
+              and MIN_TIMEOUT <= self.timeout <= MAX_TIMEOUT, "timeout", self.timeout,
+              f"use seconds in [{MIN_TIMEOUT:g}, {MAX_TIMEOUT:g}] (gloo counts whole milliseconds)")
 
     @property
     def workers(self) -> int:
