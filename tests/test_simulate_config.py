@@ -255,6 +255,21 @@ def test_window_mode_and_optimizer_are_noted_when_every_method_keeps_its_own_rou
     assert losses(hog.with_options(window=3, optimizer="sgd")) != losses(hog)
 
 
+@pytest.mark.parametrize(("text", "needle"), [
+    ('[rules]\nbeta = "x"\n', 'rules.beta = "x": '), ("steps = 0\n", "steps = 0: "),
+    ('[arrivals]\ncompute = "exp:1"\n[arrivals.local]\nsteps = "q"\n', 'arrivals.local.steps = "q": '),
+])
+def test_a_refused_value_of_a_config_file_is_named_by_its_key_in_the_file(tmp_path: Path, text: str,
+                                                                          needle: str) -> None:
+    """It was worded as the option (``--beta``), which the file does not say."""
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError) as info:
+        SimulateConfig.load(path)
+    assert info.value.field == "config" and info.value.value == str(path)
+    assert info.value.message.startswith(needle), info.value.message
+
+
 def test_learning_rates_that_look_alike_are_refused_before_training() -> None:
     """Runs and their logs are named with ``lr`` to 6 significant digits: 0.001 and 0.0010000001 were
     two runs of one name, the second failing on its log after training."""

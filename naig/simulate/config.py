@@ -255,7 +255,8 @@ class SimulateConfig:
         A simulate ``--json`` result is accepted too (its ``config`` block is read).
 
         Raises:
-            UsageError: field ``config``: the file is missing, unreadable or not TOML/JSON.
+            UsageError: field ``config``: the file is missing, unreadable or not TOML/JSON, or a value
+                in it is refused (named by its key, as ``rules.beta = "x": ...``).
         """
         p = Path(path)
         check(p.exists(), "config", str(path),
@@ -282,7 +283,14 @@ class SimulateConfig:
         check(isinstance(tree, dict), "config", str(path), "must hold a table (TOML) or an object (JSON)")
         check(_depth(tree) <= MAX_CONFIG_DEPTH, "config", str(path),
               f"is nested deeper than {MAX_CONFIG_DEPTH} levels; a config is a table of tables and lists")
-        return cls.from_dict(config_tree(tree))
+        try:
+            return cls.from_dict(config_tree(tree))
+        except UsageError as exc:  # a value of the file: named as its key there, not as an option
+            key = _KEY_OF_OPTION.get(exc.field or "")
+            if key is None:
+                raise
+            raise UsageError(f"{key} = {json.dumps(exc.value, default=str)}: {exc.message}", field="config",
+                             value=str(path)) from None
 
     def to_dict(self) -> dict[str, Any]:
         """The tree: common fields, ``rules`` and the setting's table under its name (JSON/TOML-ready)."""
@@ -653,6 +661,7 @@ def _options(docs: tuple[Doc, ...]) -> dict[str, tuple[str, str]]:
 OPTIONS: dict[str, tuple[str, str]] = _options(DOCS)
 """Option name (``from_options``) → (section of the tree, field); ``setting``: the chosen setting's."""
 _OPTION_OF_PATH = {d.path: d.name for d in DOCS}
+_KEY_OF_OPTION = {d.name: d.key for d in DOCS}  # option → its dotted key in the tree (``rules.beta``)
 SET_KEYS: tuple[str, ...] = tuple(d.key for d in DOCS)
 """Every key of the config tree, dotted (``rules.dc_lambda``): what ``with_set`` takes."""
 _SWITCHES = {d.name for d in DOCS if d.switch}  # bool keys: KEY alone sets them
