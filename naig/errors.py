@@ -25,8 +25,8 @@ import sys
 import warnings
 from collections.abc import Callable
 
-__all__ = ["NaigError", "DataError", "UsageError", "VerificationError", "SEED_MAX", "a_type", "check_seed",
-           "run_main", "warn_caller"]
+__all__ = ["NaigError", "DataError", "UsageError", "RunError", "VerificationError", "SEED_MAX", "a_type",
+           "check_seed", "run_main", "warn_caller"]
 
 SEED_MAX = (1 << 64) - 1  # seeds are uint64
 
@@ -72,6 +72,12 @@ class UsageError(NaigError, ValueError):
     """A malformed option or argument (bad line, negative beta). Exit code 2."""
 
     exit_code = 2
+
+
+class RunError(NaigError):
+    """A run could not finish: the process running it ended first (killed, out of memory). Exit code 1."""
+
+    exit_code = 1
 
 
 class VerificationError(NaigError):

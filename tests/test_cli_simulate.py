@@ -381,7 +381,7 @@ def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str, tmp_
     process: in planned order, the first recorded once the second ends; two side by side: the runs
     whose results had come back when the signal did, the children stopped). --log-dir holds a CSV
     under a run's name only once it has every step; a cut run's is NAME.partial.csv (it was cut
-    short under the finished name, replacing an earlier complete log)."""
+    short under the finished name, replacing an earlier complete log) with the steps it ran."""
     import signal
 
     cmd = [sys.executable, "-m", "naig_cli", "simulate", "--steps", "40", "--seeds", "3", "--data-bytes",
@@ -411,6 +411,9 @@ def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str, tmp_
     whole = {n for n in logs if not n.endswith(".partial.csv")}
     assert whole >= {f"{s}-seed{k}-lr0.001.csv" for s, k in finished}, logs  # (one may end unreported)
     assert all(len((tmp_path / n).read_text().splitlines()) == 41 for n in whole)  # 40 steps, every one
+    for name in logs - whole:  # a cut run's log: its header and whole rows (SIGKILLed children left it empty)
+        lines = (tmp_path / name).read_text().splitlines()
+        assert lines and len({line.count(",") for line in lines}) == 1, (name, lines[-2:])
 
 
 def _processes_with(marker: str) -> list[int]:

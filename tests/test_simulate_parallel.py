@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from naig.errors import UsageError
+from naig.errors import RunError, UsageError
 from naig.simulate import SimulateConfig, run_experiment
 from naig.simulate.engines.simulated import SimulatedSession
 from naig.simulate.parallel import available_cores, resolve_jobs
@@ -103,8 +103,11 @@ def test_a_run_that_raises_in_a_child_raises_in_the_parent_and_no_child_is_left(
     assert not mp.active_children()
 
 
-def test_a_child_that_dies_names_its_run_and_no_child_is_left(monkeypatch) -> None:
-    _failing(monkeypatch, lambda: os._exit(3))
-    with pytest.raises(RuntimeError, match=r"running hogwild seed 1 lr 0\.001 ended \(exit code 3\)"):
+@pytest.mark.parametrize(("fail", "how"), [(lambda: os._exit(3), "exited with code 3"),
+                                           (lambda: os.kill(os.getpid(), 9), "was killed by signal 9")])
+def test_a_child_that_dies_names_its_run_and_no_child_is_left(monkeypatch, fail, how: str) -> None:
+    _failing(monkeypatch, fail)
+    with pytest.raises(RunError, match=rf"running hogwild seed 1 lr 0\.001 {how} before its result; set "
+                                       "`jobs` to 1"):
         run_experiment(SimulateConfig.from_options(**BASE, jobs=2))
     assert not mp.active_children()

@@ -22,18 +22,20 @@ platform without ``fork``; there ``jobs = 0`` (auto) means one process and an ex
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import connection as mp_connection
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from naig.errors import UsageError
+from naig.errors import RunError, UsageError
 
 if TYPE_CHECKING:
     from naig.simulate.config import SimulateConfig
@@ -50,7 +52,7 @@ Planned = tuple[int, str, float]  # (seed, rule, lr)
 
 _SESSION: SimulatedSession | None = None  # the parent's session, inherited by the forked children
 _JOIN_S = 5.0
-"""Seconds a child that was told to end has to exit before it is killed."""
+"""Seconds the children told to end (or sent SIGTERM) have to exit before they are killed."""
 
 
 def available_cores() -> int:
@@ -103,22 +105,35 @@ class _Worker:
 
 def _worker_main(conn: Connection, parents: list[Connection]) -> None:
     """In each child: runs received on ``conn`` until ``None``; every ``StepEvent`` and then the
-    result (or the error) go back on ``conn``. Ctrl-C is the parent's to handle. The parent's
-    ends of the pipes (``parents``, inherited by the fork) are closed, so a parent that dies
-    without a word ends the child at its next read or write."""
+    result (or the error) go back on ``conn``. Ctrl-C is the parent's to handle; SIGTERM (the
+    parent stopping the runs) unwinds the run as Ctrl-C does with ``jobs = 1``, so its log is
+    closed as ``NAME.partial.csv`` with every step written. The parent's ends of the pipes
+    (``parents``, inherited by the fork) are closed, so a parent that dies without a word ends
+    the child, quietly, at its next read or write."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stopped)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     for end in parents:
         end.close()
     assert _SESSION is not None
-    while (task := conn.recv()) is not None:
-        seed, rule, lr = task
-        try:
-            ctx = _SESSION.context(seed, lambda event: conn.send(("event", event)))
-            result = _SESSION.run(rule, seed, lr, ctx)
-            conn.send(("result", (result, ctx.untrained, list(ctx.saved))))
-        except Exception as exc:  # noqa: BLE001 - the parent re-raises it
-            conn.send(("error", _picklable(exc)))
+    try:
+        while (task := conn.recv()) is not None:
+            seed, rule, lr = task
+            try:
+                ctx = _SESSION.context(seed, lambda event: conn.send(("event", event)))
+                result = _SESSION.run(rule, seed, lr, ctx)
+                conn.send(("result", (result, ctx.untrained, list(ctx.saved))))
+            except (EOFError, BrokenPipeError, ConnectionResetError):
+                raise  # the pipe: the parent is gone
+            except Exception as exc:  # noqa: BLE001 - the parent re-raises it
+                conn.send(("error", _picklable(exc)))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        os._exit(1)  # no parent to tell, and no traceback on the terminal it left
+
+
+def _stopped(signum: int, frame: object) -> None:
+    """A child's SIGTERM handler: end the run by unwinding it (its ``finally`` blocks run)."""
+    raise SystemExit(128 + signum)
 
 
 def _picklable(exc: Exception) -> Exception:
@@ -130,20 +145,22 @@ def _picklable(exc: Exception) -> Exception:
     return exc
 
 
-def _start(ctx: Any, others: list[_Worker]) -> _Worker:
-    """Fork one child with SIGINT blocked until it ignores it (a Ctrl-C in between stays the
-    parent's); the parent keeps only its own end of the new pipe (``others``: the children
-    forked before, whose pipe ends the new child closes)."""
+def _start(ctx: Any, workers: list[_Worker]) -> _Worker:
+    """Fork one child and add it to ``workers``, with SIGINT blocked until the child ignores it and
+    the parent holds it in ``workers`` (a Ctrl-C in between is the parent's, and stops it too). The
+    parent keeps only its own end of the new pipe; the child closes the parent's ends of every pipe."""
     mine, theirs = ctx.Pipe()
+    process = ctx.Process(target=_worker_main, args=(theirs, [mine, *(w.conn for w in workers)]),
+                          daemon=True)
+    worker = _Worker(process, mine)
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        parents = [mine, *(w.conn for w in others)]
-        process = ctx.Process(target=_worker_main, args=(theirs, parents), daemon=True)
+        workers.append(worker)
         process.start()
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
         theirs.close()
-    return _Worker(process, mine)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return worker
 
 
 def run_parallel(session: SimulatedSession, planned: list[Planned], jobs: int,
@@ -154,12 +171,13 @@ def run_parallel(session: SimulatedSession, planned: list[Planned], jobs: int,
 
     Each child has its own pipe (runs in, events and results out) and shares no lock with
     another: one stopped while it sends cannot wedge the rest (``multiprocessing.Pool.terminate``
-    can hang then, CPython issue 96995; it failed a CI run on 2026-12-06).
+    can hang then, CPython issue 96995; it failed a CI run on 2026-12-06). What finished is
+    collected before the children are stopped, so a second Ctrl-C during the stop loses none of it.
 
     Raises:
-        KeyboardInterrupt: after the children are killed; what finished is already in ``runs``.
-        Whatever a run raised (the first to come back), after the children are killed.
-        RuntimeError: a child ended (killed, out of memory) before returning its run's result.
+        KeyboardInterrupt: after the children are stopped; what finished is already in ``runs``.
+        Whatever a run raised (the first to come back), after the children are stopped.
+        RunError: a child ended (killed, out of memory) before returning its run's result.
     """
     global _SESSION
     ctx = mp.get_context("fork")
@@ -170,23 +188,38 @@ def run_parallel(session: SimulatedSession, planned: list[Planned], jobs: int,
     finished = False
     try:
         for _ in range(min(jobs, len(todo))):
-            workers.append(_start(ctx, workers))
-            _assign(workers[-1], todo)
+            _assign(_start(ctx, workers), todo)
         while busy := {w.conn: w for w in workers if w.run is not None}:
             for conn in mp_connection.wait(list(busy)):
                 _receive(busy[conn], todo, done, progress)
         finished = True
     finally:
         _SESSION = None
-        _stop(workers, finished)
-        _collect(planned, done, runs, untrained, saved)
+        try:
+            _collect(planned, done, runs, untrained, saved)
+        finally:
+            _stop(workers, finished)
+
+
+def _ended(worker: _Worker, run: Planned) -> RunError:
+    """The error for a child that ended before returning ``run``'s result (or taking it)."""
+    worker.process.join(timeout=1.0)
+    code = worker.process.exitcode
+    how = "is still running" if code is None else f"was killed by signal {-code}" if code < 0 \
+        else f"exited with code {code}"
+    seed, rule, lr = run
+    return RunError(f"the process running {rule} seed {seed} lr {lr:g} {how} before its result; set `jobs` "
+                    "to 1 to see why")
 
 
 def _assign(worker: _Worker, todo: list[Planned]) -> None:
     """Send ``worker`` the next planned run (None and idle when none is left)."""
     worker.run = todo.pop(0) if todo else None
     if worker.run is not None:
-        worker.conn.send(worker.run)
+        try:
+            worker.conn.send(worker.run)
+        except OSError:
+            raise _ended(worker, worker.run) from None
 
 
 def _receive(worker: _Worker, todo: list[Planned], done: dict[Planned, tuple[RunResult, float, list[str]]],
@@ -194,12 +227,8 @@ def _receive(worker: _Worker, todo: list[Planned], done: dict[Planned, tuple[Run
     """Handle one message from ``worker``: an event, its run's result (then its next run) or an error."""
     try:
         kind, payload = worker.conn.recv()
-    except EOFError:
-        worker.process.join(timeout=1.0)
-        seed, rule, lr = worker.run
-        raise RuntimeError(f"the process running {rule} seed {seed} lr {lr:g} ended (exit code "
-                           f"{worker.process.exitcode}) before its result; run with jobs=1 to see "
-                           "why") from None
+    except (EOFError, OSError):
+        raise _ended(worker, worker.run) from None
     if kind == "event":
         if progress is not None:
             progress(payload)
@@ -211,21 +240,36 @@ def _receive(worker: _Worker, todo: list[Planned], done: dict[Planned, tuple[Run
 
 
 def _stop(workers: list[_Worker], finished: bool) -> None:
-    """Idle children are told to end and joined; any other (interrupted, failed) is killed."""
+    """End the children: idle ones are told to (``None``), busy ones get SIGTERM (their runs unwind and
+    close their logs); each has ``_JOIN_S`` seconds, then is killed. A KeyboardInterrupt meanwhile
+    (a second Ctrl-C) kills them at once and goes on."""
+    started = [w for w in workers if w.process.pid is not None]
+    try:
+        for w in started:
+            if finished:
+                with contextlib.suppress(OSError):
+                    w.conn.send(None)
+            elif w.process.is_alive():
+                w.process.terminate()
+        deadline = time.monotonic() + _JOIN_S
+        for w in started:
+            w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:
+        _kill(started)
+        raise
+    finally:
+        _kill(started)
+        for w in workers:
+            w.conn.close()
+
+
+def _kill(workers: list[_Worker]) -> None:
+    """SIGKILL every child still alive and reap it."""
     for w in workers:
-        if finished:
-            try:
-                w.conn.send(None)
-            except OSError:
-                pass
-        else:
-            w.process.kill()
-    for w in workers:
-        w.process.join(timeout=_JOIN_S)
         if w.process.is_alive():
             w.process.kill()
-            w.process.join()
-        w.conn.close()
+    for w in workers:
+        w.process.join()
 
 
 def _collect(planned: list[Planned], done: dict[Planned, tuple[RunResult, float, list[str]]],
