@@ -292,6 +292,38 @@ def test_a_json_config_with_a_key_given_twice_is_refused_as_toml_is(tmp_path: Pa
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+@pytest.mark.parametrize("name", ["naig-seed2-lr1e-05.csv", "naig-seed2-lr1e-05.partial.csv"])
+def test_a_folder_under_a_runs_log_name_is_refused_before_training(tmp_path: Path, name: str) -> None:
+    """A run's log replaces a file of its name; a folder there failed that run after training."""
+    (tmp_path / name).mkdir()
+    (tmp_path / "naig-seed3-lr1e-05.csv").mkdir()  # seed 3 is not run: in the way of nothing
+    with pytest.raises(UsageError, match=rf"{name} there is not a file") as info:
+        SimulateConfig.from_options(strategies=("naig", "hogwild"), seeds=3, lr=(1e-5, 1e-3),
+                                    log_dir=str(tmp_path))
+    assert info.value.field == "log_dir"
+    assert SimulateConfig.from_options(strategies=("hogwild",), seeds=3, lr=(1e-5,), log_dir=str(tmp_path))
+    assert SimulateConfig.from_options(strategies=("naig",), seeds=2, lr=(1e-5,), log_dir=str(tmp_path))
+
+
+def test_saving_gradients_never_overwrites_or_mixes_files(tmp_path: Path) -> None:
+    """Two learning rates wrote one folder per rule and seed (the second run's files over the first's);
+    a reused step folder kept an earlier run's worker7.safetensors beside a 4-worker run's files."""
+    base = dict(strategies=("naig",), steps=5, seeds=2, save_grads=str(tmp_path), save_at=(3,))
+    with pytest.raises(UsageError, match="several `lr`") as info:
+        SimulateConfig.from_options(**base, lr=(1e-3, 3e-4))
+    assert info.value.field == "save_grads"
+    (tmp_path / "naig-seed1-step3").mkdir()
+    (tmp_path / "naig-seed0-step3").mkdir()
+    (tmp_path / "naig-seed0-step3" / "worker7.safetensors").write_bytes(b"old")
+    (tmp_path / "naig-seed2-step3").mkdir()
+    (tmp_path / "naig-seed2-step3" / "ref.safetensors").write_bytes(b"old")  # seed 2 is not run
+    with pytest.raises(UsageError, match="naig-seed0-step3 there holds files of an earlier run") as info:
+        SimulateConfig.from_options(**base)
+    assert info.value.field == "save_grads"
+    (tmp_path / "naig-seed0-step3" / "worker7.safetensors").unlink()  # an empty folder is taken
+    assert SimulateConfig.from_options(**base).setting.save_grads == str(tmp_path)
+
+
 @pytest.mark.parametrize("field", ["log_dir", "save_grads"])
 def test_an_output_folder_that_cannot_be_written_is_refused_before_training(tmp_path: Path,
                                                                             field: str) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ from naig.simulate.faults import FAULT_KINDS, GRADIENT_FAULTS, Fault, check_faul
 from naig.simulate.model import get_preset
 from naig.simulate.options import DEFAULT_STRATEGIES, DOCS, Doc, option
 from naig.simulate.parallel import MAX_JOBS, resolve_jobs
-from naig.simulate.runs import RunRules
+from naig.simulate.runs import RunRules, log_name
 from naig.simulate.settings import SETTINGS, LagsSetting, LocalUpdates, Setting
 from naig.simulate.strategies import STRATEGIES, StrategyOptions, parse_clip
 from naig.simulate.workload import WorkloadConfig, resolve_device
@@ -187,6 +188,7 @@ class SimulateConfig:
             check(isinstance(self.log_dir, str) and self.log_dir.strip() != "", "log_dir", self.log_dir,
                   "give a folder for the per-step CSV files, e.g. runs/logs")
             check_writable_dir(self.log_dir, "log_dir")
+            self._check_log_names()
         self._check_setting()
         self._check_faults()
         self.strategy_warnings()  # every strategy is defined in this setting and batch size
@@ -563,9 +565,36 @@ class SimulateConfig:
               f"{', '.join(dupes)} listed more than once; name each "
               "strategy once")
 
+    def _check_log_names(self) -> None:
+        """No run's log (``NAME.csv`` or ``NAME.partial.csv`` in ``log_dir``) is a folder or another
+        non-file: found before training, not when the run writes it (a file is replaced). Reads the
+        folder's entries once (not one look-up per run: there may be millions of runs)."""
+        folder = Path(self.log_dir)
+        if not folder.is_dir():
+            return
+        with os.scandir(folder) as entries:
+            blocked = [e.name for e in entries if not e.is_file()]
+        for name in blocked:
+            check(not self._is_log_name(name.replace(".partial.csv", ".csv")), "log_dir", self.log_dir,
+                  f"{name} there is not a file (a folder?), and a run writes its log under that name; "
+                  "remove it or pass another folder")
+
+    def _is_log_name(self, name: str) -> bool:
+        """Whether ``name`` is ``log_name`` of one of this experiment's runs."""
+        for rule in self.strategies:
+            for lr in self.lr:
+                head = f"{rule}-seed"
+                tail = log_name(rule, 0, lr).removeprefix(f"{head}0")  # "-lr0.001.csv"
+                seed = name[len(head):-len(tail)] if name.startswith(head) and name.endswith(tail) else ""
+                if seed.isdigit() and int(seed) < self.seeds and log_name(rule, int(seed), lr) == name:
+                    return True
+        return False
+
     def _check_setting(self) -> None:
-        """The setting runs the listed rules (each setting says which)."""
+        """The setting runs the listed rules (each setting says which) and saves no file over another."""
         self.setting.check_rules(self.strategies, self.steps)
+        if isinstance(self.setting, LagsSetting):
+            self.setting.check_saved_folders(self.strategies, self.seeds, self.lr)
 
     def _check_faults(self) -> None:
         """Every fault names a worker and a kind that every engine of this experiment applies."""

@@ -180,7 +180,8 @@ DOCS: tuple[Doc, ...] = (
     # fixed lags (LagsSetting)
     Doc("lags.lags", "Worker lags τ_k: comma list of ints >= 0.", DEFAULT_LAGS, "--lags", listed=True),
     Doc("lags.warmup_theta0", "the first fixed-lag protocol: lagged workers start at step 0 with θ₀", False),
-    Doc("lags.save_grads", "Directory for gradient files (needs --save-at).", None, "--save-grads"),
+    Doc("lags.save_grads", "Directory for gradient files (needs --save-at; one --lr; a run's "
+        "RULE-seedK-stepT folder must be new or empty).", None, "--save-grads"),
     Doc("lags.save_at", "Steps to save at, e.g. 50 or 50,100 (needs --save-grads).", (), "--save-at",
         listed=True),
     # arrivals (ArrivalsSetting) and its local updates (LocalUpdates)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from naig.sketch.torch_sketch import TorchSketch
 
 __all__ = ["StepEvent", "RunContext", "RunRules", "Session", "drive", "evaluates", "evaluation_points",
-           "make_context"]
+           "log_name", "make_context"]
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,13 @@ class RunContext:
 
     def open_log(self, strategy: str, seed: int, lr: float) -> _CsvLog:
         """A per-step CSV writer for one run (writes nothing without ``log_dir``); a context manager."""
-        path = None if self.log_dir is None else self.log_dir / f"{strategy}-seed{seed}-lr{lr:g}.csv"
+        path = None if self.log_dir is None else self.log_dir / log_name(strategy, seed, lr)
         return _CsvLog(path)
+
+
+def log_name(strategy: str, seed: int, lr: float) -> str:
+    """The per-step CSV file name of one run (``NAME.csv``; ``NAME.partial.csv`` while it runs)."""
+    return f"{strategy}-seed{seed}-lr{lr:g}.csv"
 
 
 class Session(Protocol):

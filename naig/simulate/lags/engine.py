@@ -35,7 +35,7 @@ from naig.gibbs import reference_index
 from naig.io import save_gradients
 from naig.simulate.engines.base import OnServer
 from naig.simulate.faults import GRADIENT_FAULTS
-from naig.simulate.lags.setting import LagsSetting
+from naig.simulate.lags.setting import LagsSetting, grads_folder
 from naig.simulate.runs import RunRules
 from naig.simulate.server import ServerState
 from naig.simulate.strategies import Batch, Strategy, make_strategy
@@ -166,7 +166,7 @@ class LagsRun(OnServer):
         """Write ref.safetensors (the least stale worker) and worker<k>.safetensors of the last
         step, for the workers that were active in it."""
         t = self.t - 1
-        folder = root / f"{self.name}-seed{self.seed}-step{t}"
+        folder = root / grads_folder(self.name, self.seed, t)
         lags = self.lags.tolist()
         joined = [w for w in range(len(lags)) if self.warmup or lags[w] <= t]
         ref = joined[reference_index([lags[w] for w in joined])]

@@ -12,13 +12,14 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from naig.choices import LOCAL_METHODS
 from naig.simulate.checks import as_tuple, check, check_writable_dir, is_int
 from naig.simulate.options import DEFAULT_LAGS, option
 
-__all__ = ["LagsSetting", "MAX_LAG", "DEFAULT_LAGS"]
+__all__ = ["LagsSetting", "MAX_LAG", "DEFAULT_LAGS", "grads_folder"]
 
 MAX_LAG = 2**31 - 1  # any lag >= steps already means "always θ_0"; beyond this: a typo
 
@@ -79,6 +80,27 @@ class LagsSetting:
         check(all(0 <= s < steps for s in self.save_at), "save_at", self.save_at,
               f"steps must lie in 0..{steps - 1} (`steps` is {steps})")
 
+    def check_saved_folders(self, strategies: tuple[str, ...], seeds: int, lrs: tuple[float, ...]) -> None:
+        """Refuse, before training, saving that would overwrite or mix gradient files: several ``lr``
+        (the runs of one rule and seed would write the same folders) or a run's step folder that
+        already holds files (a new run of fewer workers would leave an old ``worker7.safetensors``
+        beside its own, and the audit would read it)."""
+        if self.save_grads is None:
+            return
+        check(len(lrs) == 1, "save_grads", self.save_grads, "with several `lr` the runs of one rule and seed "
+              "would write the same folders (RULE-seedK-stepT); give one `lr`")
+        root = Path(self.save_grads)
+        if not root.is_dir():
+            return
+        ours = {grads_folder(rule, 0, t): rule for rule in strategies for t in self.save_at}  # seed 0's
+        for entry in root.iterdir():  # once (not a look-up per run: there may be millions)
+            rule, _, rest = entry.name.partition("-seed")
+            seed, _, step = rest.partition("-step")
+            mine = seed.isdigit() and int(seed) < seeds and ours.get(f"{rule}-seed0-step{step}") == rule
+            check(not mine or (entry.is_dir() and not any(entry.iterdir())), "save_grads", self.save_grads,
+                  f"{entry.name} there holds files of an earlier run (or is a file), which this one would "
+                  "overwrite or leave beside its own; remove it or pass another folder")
+
     def _check_saving(self) -> None:
         if self.save_grads is None:
             check(not self.save_at, "save_at", self.save_at,
@@ -98,3 +120,8 @@ class LagsSetting:
         return (f"worker(s) {','.join(map(str, late))} never join: their `lags` reach `steps` ({steps}); "
                 "a lag-τ "
                 "worker sends its first gradient at step τ (`warmup_theta0` starts them at θ_0)",)
+
+
+def grads_folder(rule: str, seed: int, step: int) -> str:
+    """The folder (under ``save_grads``) of one run's gradient files at server step ``step``."""
+    return f"{rule}-seed{seed}-step{step}"
