@@ -258,6 +258,9 @@ def test_window_mode_and_optimizer_are_noted_when_every_method_keeps_its_own_rou
 @pytest.mark.parametrize(("text", "needle"), [
     ('[rules]\nbeta = "x"\n', 'rules.beta = "x": '), ("steps = 0\n", "steps = 0: "),
     ('[arrivals]\ncompute = "exp:1"\n[arrivals.local]\nsteps = "q"\n', 'arrivals.local.steps = "q": '),
+    ("workers = 4\n", "workers = 4: unknown key"),  # a staleness result's key (was "--workers 4")
+    ('[config]\nsteps = "x"\n', 'config = {"steps": "x"}: unknown key'),  # a dict repr under --config
+    ("[distributed]\nwindow = 1\n", "distributed.nproc: is needed"),
 ])
 def test_a_refused_value_of_a_config_file_is_named_by_its_key_in_the_file(tmp_path: Path, text: str,
                                                                           needle: str) -> None:

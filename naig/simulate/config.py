@@ -287,12 +287,14 @@ class SimulateConfig:
               f"is nested deeper than {MAX_CONFIG_DEPTH} levels; a config is a table of tables and lists")
         try:
             return cls.from_dict(config_tree(tree))
-        except UsageError as exc:  # a value of the file: named as its key there, not as an option
-            key = _KEY_OF_OPTION.get(exc.field or "")
-            if key is None:
+        except UsageError as exc:  # a key or value of the file: named as its key there, not as an option
+            if exc.field is None or (exc.field == "config" and exc.value == str(path)):  # the file's own
                 raise
-            raise UsageError(f"{key} = {json.dumps(exc.value, default=str)}: {exc.message}", field="config",
-                             value=str(path)) from None
+            key = _KEY_OF_OPTION.get(exc.field, exc.field)
+            given = exc.has_value and exc.value is not None  # (None: the key is missing)
+            what = "" if exc.field == "config" and not given else \
+                f"{key} = {json.dumps(exc.value, default=str)}: " if given else f"{key}: "
+            raise UsageError(f"{what}{exc.message}", field="config", value=str(path)) from None
 
     def to_dict(self) -> dict[str, Any]:
         """The tree: common fields, ``rules`` and the setting's table under its name (JSON/TOML-ready)."""
