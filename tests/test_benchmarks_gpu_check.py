@@ -149,11 +149,22 @@ def test_steps_are_sized_from_a_probe_to_the_budget(tmp_path: Path) -> None:
              "--budget-seconds", str(budget), "--out", str(out))
     doc = json.loads((out / "gpu_check.json").read_text())
     sim = doc["simulate"]
+    assert r.returncode in (0, 1), (r.stdout, r.stderr)
+    if "sizing" not in sim:  # the budget ran out inside the probe itself (a machine loaded many times over)
+        assert r.returncode == 1 and sim["status"] == "stopped" and "budget" in sim["reason"], sim
+        return
     sizing = sim["sizing"]
     assert sizing["strategies"] == ["naig", "hogwild"] and sizing["grad_s"] > 0
-    assert sizing["steps"] >= 1 and sim["steps"] == sizing["steps"]
+    gc = _module()  # the steps are the most whose estimate from the probe's times fits what is left
+    fits = gc.size_steps(sizing["available_s"] / sizing["margin"], sizing["grad_s"], sizing["eval_s"],
+                         sizing["run_start_s"], ("naig", "hogwild"), (0, 2), 1,
+                         lambda s: gc._evaluations(max(1, s // 4), s))
+    assert sizing["steps"] == fits
+    if fits < 1:  # a loaded machine: the probe left too little of the budget (CI, 2026-12-06), and it says so
+        assert r.returncode == 1 and sim["status"] == "stopped" and "fit no step" in sim["reason"], sim
+        return
+    assert sim["steps"] == sizing["steps"]
     # a slow machine may stop the last run at the budget: then it says so and reports it unfinished
-    assert r.returncode in (0, 1), (r.stdout, r.stderr)
     if r.returncode == 1:
         assert sim["status"] == "stopped" and "budget" in sim["reason"]
     else:
