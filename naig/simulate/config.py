@@ -595,8 +595,7 @@ class SimulateConfig:
     def _check_setting(self) -> None:
         """The setting runs the listed rules (each setting says which) and saves no file over another."""
         self.setting.check_rules(self.strategies, self.steps)
-        if isinstance(self.setting, LagsSetting):
-            self.setting.check_saved_folders(self.strategies, self.seeds, self.lr)
+        self.setting.check_outputs(self.strategies, self.seeds, self.lr)
 
     def _check_faults(self) -> None:
         """Every fault names a worker and a kind that every engine of this experiment applies."""

@@ -187,6 +187,10 @@ class ArrivalsSetting:
         """Nothing to note."""
         return ()
 
+    def check_outputs(self, strategies: tuple[str, ...], seeds: int, lrs: tuple[float, ...]) -> None:
+        """Refuse files of this setting's own that a run would overwrite: it writes none (the runs'
+        logs are checked by ``SimulateConfig``, in every setting)."""
+
     def check_rules(self, strategies: tuple[str, ...], steps: int) -> None:
         """The local block's options are used by a listed local-update method."""
         for name, value in self.local.given().items():

@@ -70,6 +70,10 @@ class DistributedSetting:
         """Nothing to note."""
         return ()
 
+    def check_outputs(self, strategies: tuple[str, ...], seeds: int, lrs: tuple[float, ...]) -> None:
+        """Refuse files of this setting's own that a run would overwrite: it writes none (the runs'
+        logs are checked by ``SimulateConfig``, in every setting)."""
+
     def check_rules(self, strategies: tuple[str, ...], steps: int) -> None:
         """Gradient rules only; sketch-first screens with naig's weights, so naig alone."""
         check(not self.sketch_first or set(strategies) == {"naig"}, "sketch_first", True,

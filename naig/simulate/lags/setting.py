@@ -80,7 +80,7 @@ class LagsSetting:
         check(all(0 <= s < steps for s in self.save_at), "save_at", self.save_at,
               f"steps must lie in 0..{steps - 1} (`steps` is {steps})")
 
-    def check_saved_folders(self, strategies: tuple[str, ...], seeds: int, lrs: tuple[float, ...]) -> None:
+    def check_outputs(self, strategies: tuple[str, ...], seeds: int, lrs: tuple[float, ...]) -> None:
         """Refuse, before training, saving that would overwrite or mix gradient files: several ``lr``
         (the runs of one rule and seed would write the same folders) or a run's step folder that
         already holds files (a new run of fewer workers would leave an old ``worker7.safetensors``
