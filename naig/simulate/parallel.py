@@ -137,10 +137,10 @@ def _stopped(signum: int, frame: object) -> None:
 
 
 def _picklable(exc: Exception) -> Exception:
-    """``exc`` if it survives pickling, else a RuntimeError with its type and message."""
+    """``exc`` if the pipe can send it, else a RuntimeError with its type and message."""
     try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:  # noqa: BLE001 - any failure to round-trip
+        pickle.dumps(exc)
+    except Exception:  # noqa: BLE001 - any failure to serialise
         return RuntimeError(f"{type(exc).__name__}: {exc}")
     return exc
 
@@ -254,10 +254,7 @@ def _stop(workers: list[_Worker], finished: bool) -> None:
         deadline = time.monotonic() + _JOIN_S
         for w in started:
             w.process.join(timeout=max(0.0, deadline - time.monotonic()))
-    except KeyboardInterrupt:
-        _kill(started)
-        raise
-    finally:
+    finally:  # the ones left (or all, after a second Ctrl-C meanwhile) are killed
         _kill(started)
         for w in workers:
             w.conn.close()
