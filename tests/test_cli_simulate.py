@@ -375,13 +375,15 @@ def test_local_updates_report_bytes_seconds_and_samples() -> None:
     assert "  gasloc (adamw → mixed gossip on ring lr 0.7 m 0.9; H 2,2,2,2): " in text
 
 
-@pytest.mark.parametrize("jobs", ["1", "2"])
-def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str, tmp_path: Path) -> None:
-    """SIGINT after runs finished: exit 130, a valid JSON document with finished runs only (one
-    process: in planned order, the first recorded once the second ends; two side by side: the runs
-    whose results had come back when the signal did, the children stopped). --log-dir holds a CSV
-    under a run's name only once it has every step; a cut run's is NAME.partial.csv (it was cut
-    short under the finished name, replacing an earlier complete log) with the steps it ran."""
+@pytest.mark.parametrize(("jobs", "stop"), [("1", "SIGINT"), ("2", "SIGINT"), ("1", "SIGTERM")])
+def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str, stop: str,
+                                                                  tmp_path: Path) -> None:
+    """SIGINT (or SIGTERM, a scheduler's stop) after runs finished: exit 130, a valid JSON document with
+    finished runs only (one process: in planned order, the first recorded once the second ends; two
+    side by side: the runs whose results had come back when the signal did, the children stopped).
+    --log-dir holds a CSV under a run's name only once it has every step; a cut run's is
+    NAME.partial.csv (it was cut short under the finished name, replacing an earlier complete log)
+    with the steps it ran."""
     import signal
 
     cmd = [sys.executable, "-m", "naig_cli", "simulate", "--steps", "40", "--seeds", "3", "--data-bytes",
@@ -391,7 +393,7 @@ def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str, tmp_
                             preexec_fn=default_sigint)
     try:
         lines = [proc.stderr.readline() for _ in range(2 if jobs == "1" else 4)]  # runs' last steps
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, stop))
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()

@@ -39,6 +39,7 @@ from naig.simulate.runs import (
     drive,
     evaluates,
     evaluation_points,
+    sigterm_as_interrupt,
 )
 from naig.sketch.core import SKETCH_DIM
 from naig.threads import torch_threads
@@ -87,7 +88,7 @@ def _run_experiment(config: SimulateConfig, open_session: Callable[[SimulateConf
     planned = [(seed, name, lr) for seed in range(config.seeds) for name in config.strategies
                for lr in config.lr]
     try:
-        with session:
+        with sigterm_as_interrupt(), session:
             try:
                 if session.jobs > 1:  # a simulated session (the distributed engine's is 1)
                     run_parallel(session, planned, session.jobs, progress, runs, untrained, saved)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -38,7 +37,7 @@ from naig.simulate.distributed.transport import Link, pair_groups
 from naig.simulate.distributed.worker import Worker
 from naig.simulate.engines.base import NoWorkerLeft
 from naig.simulate.results import RunResult
-from naig.simulate.runs import RunContext, StepEvent, make_context
+from naig.simulate.runs import RunContext, StepEvent, make_context, sigterm_as_interrupt
 from naig.simulate.workload import Workload
 
 __all__ = ["DETERMINISM", "DistributedSession", "open_distributed", "worker_main", "config_to_json",
@@ -158,7 +157,7 @@ class DistributedSession:
 
     def _start(self) -> None:
         c = self.config
-        self._stack.enter_context(_sigterm_as_interrupt())
+        self._stack.enter_context(sigterm_as_interrupt())
         if self.spawn:
             tmp = self._stack.enter_context(_scratch())
             cfg = tmp / "config.json"
@@ -229,20 +228,3 @@ def _scratch() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the server as Ctrl-C does (results kept, workers reaped)."""
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        old = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
