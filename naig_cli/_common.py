@@ -290,7 +290,8 @@ def save_figure(fig: Any, path: str, **kwargs: Any) -> None:
 
 
 def handle_errors(fn: F | None = None, *, words: Callable[[], Mapping[str, str]] | None = None) -> Any:
-    """Turn ``NaigError`` (and OS/memory errors) into one-line errors; NAIG_DEBUG=1 re-raises.
+    """Turn ``NaigError`` (and OS/memory errors) into one-line errors, a Ctrl-C not caught by the command
+    into `error: interrupted ...` (exit 130); NAIG_DEBUG=1 re-raises the errors.
 
     Used bare (``@handle_errors``) or with ``words``: the command's own wording of fields that
     have no flag in ``FLAGS`` there (``{"dc_lambda": "--set rules.dc_lambda"}``), applied to its
@@ -311,6 +312,8 @@ def handle_errors(fn: F | None = None, *, words: Callable[[], Mapping[str, str]]
                 fail(cli_message(exc), exc.exit_code)
             fail(_os_line(exc) if isinstance(exc, OSError) else
                  str(exc).replace("\n", " ") or _NO_TEXT.get(type(exc), type(exc).__name__), 1)
+        except KeyboardInterrupt:  # a command that reports what finished catches it itself
+            fail("interrupted before the command had a result to report", 130)
         finally:
             _WORDS.reset(token)
 

@@ -147,7 +147,8 @@ def simulate(
     option belongs to one (its panel below). A run whose parameters become NaN/Inf stops and
     is reported as diverged; the others go on. Exit 0 (a warning on stderr if some runs
     diverged), 1 if every run diverged or a run could not finish, 2 for a usage error, 130
-    after Ctrl-C or SIGTERM (the runs that finished are printed; a valid JSON document with --json).
+    after Ctrl-C or SIGTERM (the runs that finished are printed, a valid JSON document with --json;
+    before training began, one line).
     """
     from naig.simulate import SimulateConfig
 

@@ -74,3 +74,13 @@ def test_help_explains_every_symbol_the_command_prints(command: str, symbols: tu
     columns = text.split("Columns", 1)[1]
     for s in symbols:
         assert s in columns, s
+
+
+def test_ctrl_c_before_a_result_says_so_in_one_line_and_exits_130() -> None:
+    """A Ctrl-C while a command starts (here: as spectrum prints) is a one-line error, not silence."""
+    code = ("import signal, naig_cli._common as c; "
+            "c.print_json = lambda *a, **k: signal.raise_signal(signal.SIGINT); "
+            "from naig_cli.main import app; app(prog_name='naig')")
+    r = _naig("spectrum", "--json", code=code)
+    assert r.returncode == 130 and r.stdout == ""
+    assert r.stderr == "error: interrupted before the command had a result to report\n"
