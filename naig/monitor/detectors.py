@@ -12,7 +12,7 @@ signal          value x_k              flagged when     meaning
 ``energy``      E_k^(1/3)              u > t            a large Fano–Fisher drift energy
 ``persistence`` cos(d_k,t, d_k,t−1)    CUSUM only       a drift that keeps its direction
 ``drift``       T²_k                   T² > h           a drift accumulated over ~1/λ steps
-``turn``        −log ∠(g_k,t, g_k,t−1) CUSUM only       a gradient that barely turns (reused data)
+``turn``        −log ∠(g_k,t, g_k,t−1) u > t             a gradient that barely turns (reused data)
 =============== ====================== ================ ======================================
 
 (a norm of 0 is taken as 1e-150 before the log, so a zero gradient is an extreme low norm). The
@@ -35,8 +35,10 @@ batch). Consecutive clean gradients share the mean gradient and differ by fresh 
 for every clean rank (the centring below removes the common trend as the noise takes over); a rank
 that reuses one batch keeps its noise too, and its gradient turns by a fraction of the clean
 ranks' angle (the small GPT at batch 8, K = 4, from step 41: its u about 2–8 at every step, the
-clean ranks' 99.9% quantile 3.7 on the validation pool). Like ``persistence`` only its CUSUM runs
-(two similar batches in a row happen), and it uses the previous step's sketches the detector keeps.
+clean ranks' 99.9% quantile 3.7 on the validation pool). Both tests run on it (until 2026-12-06 its
+CUSUM only: two similar batches in a row happen; the transient test, tried on the validation seeds
+and pools, named one of the three validation repeated batches 3 steps sooner at the same false
+alarms, docs/results/monitor-detection.md), on the previous step's sketches the detector keeps.
 
 ``drift`` (``RankSignals.drift_t2``) is the multivariate EWMA statistic of the same drifts (Lowry
 et al. 1992), each relative to the step's typical one (d̃_k,t = d_k,t / median_j ‖d_j,t‖, which
@@ -271,8 +273,8 @@ SIGNAL_TABLE: tuple[SignalSpec, ...] = (
     SignalSpec("persistence", "drift_cos", "upper", lambda x: np.arctanh(np.clip(x, -0.999, 0.999)),
                ("cusum",)),  # Fisher z of cos(d_t, d_{t−1})
     SignalSpec("drift", "drift_t2", "upper", lambda x: x, ("transient",)),  # MEWMA T², its own null
-    SignalSpec("turn", "turn", "upper", lambda x: -np.log(np.maximum(x, TURN_FLOOR)),
-               ("cusum",)),  # −log ∠(S g_t, S g_{t−1}): large when the gradient barely turns
+    SignalSpec("turn", "turn", "upper",  # −log ∠(S g_t, S g_{t−1}): large when the gradient barely turns
+               lambda x: -np.log(np.maximum(x, TURN_FLOOR))),
 )
 """Every signal the detectors score, once: ``SIGNALS``, ``SIDES``, ``signal_values``, the records'
 columns and ``naig detect``'s scores all come from it. A new signal is one entry here plus its
