@@ -239,6 +239,10 @@ def parse_sweep(text: str) -> tuple[str, list[int]]:
     except ValueError:
         raise UsageError("values are integers >= 1 and ranges A..B, e.g. 1..8,16,32",
                          field="sweep", value=text) from None
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:  # each point once: a repeated one printed the same row again
+        raise UsageError(f"{', '.join(map(str, twice))} listed more than once; list each value once",
+                         field="sweep", value=text)
     return field, values
 
 

@@ -86,6 +86,7 @@ def test_batch_size_sweep_moves_age_and_bandwidth_not_blocking_staleness() -> No
     (["--sweep", "lr=1,2"], ["--sweep 'lr=1,2'", "workers=VALUES"]),
     (["--sweep", "workers=4..2"], ["--sweep", "ranges"]),
     (["--sweep", "workers=1..1000"], ["--sweep", "at most 256"]),
+    (["--sweep", "workers=2,1..3"], ["--sweep 'workers=2,1..3'", "2 listed more than once"]),
     (["--sweep", "workers=1..4", "--compute", "exp:1,exp:2"], ["--sweep", "--compute lists one value"]),
     (["--sweep", "batch-size=1,2"], ["--sweep: at batch-size=2,", "--per-sample"]),  # not --batch-size
     (["--mode", "async"], ["--mode", "async"]),
