@@ -460,8 +460,6 @@ def _method(r: SimulateResult, name: str) -> str:
     return f" ({m['inner']} → {outer} lr {m['outer_lr']:g} m {m['outer_momentum']:g}; H {h}{ref})"
 
 
-
-
 def _columns(r: SimulateResult) -> list[str]:
     """The table's columns: only those some row has a value for."""
     c, cols = r.config, ["strategy", "loss ± 95% CI"]

@@ -546,7 +546,6 @@ def _solve_log_t(alpha: float, n: int, two: bool) -> float:
     return hi
 
 
-
 def _phi(x: np.ndarray) -> np.ndarray:
     """Φ(x), the standard normal CDF (via ``_sf``)."""
     return 1.0 - _sf(np.asarray(x, dtype=np.float64))
@@ -1888,7 +1887,6 @@ class _Pass:
     start: np.ndarray
     flags: list[Flag]
     parent: _Pass | None = None
-
 
 
 @dataclass

@@ -569,7 +569,6 @@ def _acted(decision: Decision, acts: bool) -> str | None:
     return None
 
 
-
 def _check_weights_mapping(weights: object) -> None:
     """Refuse ``weights`` that are not a {name: tensor} mapping (``observe``, ``weights_row``)."""
     if not isinstance(weights, Mapping):
