@@ -326,7 +326,8 @@ class _ServerRun:
         self.window = c.window if strategy.uses_lags else c.workers
         self.hold = not strategy.uses_lags or (c.setting.sketch_first and self.window > 1)
         self.screen = SketchScreen(c.beta, c.line) if c.setting.sketch_first else None
-        self.grads = self.theta.detach().new_empty(self.window, sim.n_params) if self.window > 1 else None
+        held = self.window > 1 or self.hold  # a held window of one (sync with one worker) keeps its row too
+        self.grads = self.theta.detach().new_empty(self.window, sim.n_params) if held else None
         self.rows: list[_Row] = []
         self.log, self.lost = _Log(), []
         self.diverged_at: int | None = None
