@@ -19,6 +19,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from enum import Enum
 from typing import Annotated, Any, TypeVar
@@ -29,6 +30,7 @@ from rich.table import Table
 
 from naig.choices import ARRIVAL_MODES
 from naig.errors import DataError, NaigError
+from naig.interrupts import sigterm_as_interrupt
 from naig.io import json_ready
 
 __all__ = [
@@ -244,7 +246,6 @@ def check_plot_path(plot: str | None, example: str, inputs: tuple[tuple[str, obj
     if plot is None:
         return
     import importlib.util
-    import tempfile
     from pathlib import Path
 
     from naig.errors import UsageError
@@ -278,15 +279,26 @@ def check_plot_path(plot: str | None, example: str, inputs: tuple[tuple[str, obj
 
 
 def save_figure(fig: Any, path: str, **kwargs: Any) -> None:
-    """``fig.savefig(path, **kwargs)``; an OSError (disk full, the folder gone) is a one-line error naming
-    ``--plot`` with exit 1."""
+    """``fig.savefig(path, **kwargs)`` through a temporary file in the same folder, renamed over
+    ``path`` once whole: a plot cut short (disk full, Ctrl-C) never lies under the name asked for. An
+    OSError is a one-line error naming ``--plot`` with exit 1; a Ctrl-C one with exit 130."""
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=folder)
+    os.close(fd)
     try:
-        fig.savefig(path, **kwargs)
+        fig.savefig(tmp, format=os.path.splitext(name)[1].lstrip(".").lower(), **kwargs)
+        os.replace(tmp, path)
     except OSError as exc:
         if os.environ.get("NAIG_DEBUG") == "1":
             raise
         fail(f"--plot {_cli_value(path)}: could not write it ({exc.strerror or exc}); the results above are "
              "complete, choose another path to get the plot", 1)
+    except KeyboardInterrupt:
+        fail(f"interrupted while writing --plot {_cli_value(path)}: the results above are complete; no plot "
+             "was written", 130)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def handle_errors(fn: F | None = None, *, words: Callable[[], Mapping[str, str]] | None = None) -> Any:
@@ -304,7 +316,8 @@ def handle_errors(fn: F | None = None, *, words: Callable[[], Mapping[str, str]]
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         token = _WORDS.set(dict(words()) if words is not None else {})
         try:
-            return fn(*args, **kwargs)
+            with sigterm_as_interrupt():  # a scheduler's stop is a Ctrl-C: one line, exit 130
+                return fn(*args, **kwargs)
         except (NaigError, OSError, MemoryError) as exc:
             if os.environ.get("NAIG_DEBUG") == "1":
                 raise

@@ -6,6 +6,7 @@ command only, so ``naig spectrum`` start-up stays fast.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -27,6 +28,7 @@ from naig.choices import (
     OPTIMIZERS,
 )
 from naig.errors import UsageError
+from naig.interrupts import deferred_interrupts
 from naig.simulate.options import DOCS, OUTPUT, PANELS
 from naig_cli._common import (
     check_plot_path,
@@ -200,15 +202,22 @@ def _run(config: SimulateConfig, json_out: bool, plot: str | None, notes: tuple[
 
     for warning in (*notes, *config.strategy_warnings(), *config.ignored_options()):
         stderr.print(f"warning: {word_flags(warning)}", markup=False, highlight=False, soft_wrap=True)
-    with progress("simulate", config.total_steps) as advance:
-        runs = config.seeds * len(config.strategies) * len(config.lr)
-        result = run_experiment(config, _reporter(advance, runs))
+    result = None
+    try:
+        with progress("simulate", config.total_steps) as advance:
+            runs = config.seeds * len(config.strategies) * len(config.lr)
+            result = run_experiment(config, _reporter(advance, runs))
+    except KeyboardInterrupt:  # as the progress bar closed: the result is kept
+        if result is None:
+            raise
+        result = dataclasses.replace(result, interrupted=True)
     if result is None:  # a worker rank under torchrun: rank 0 reports
         return
-    print_json(result.to_dict()) if json_out else _render(result)
+    with deferred_interrupts() as late:  # the result is printed whole, then the stop is said
+        print_json(result.to_dict()) if json_out else _render(result)
     if plot is not None and result.finished:
         _plot(result, plot)
-    if result.interrupted:
+    if result.interrupted or late:
         fail(f"interrupted: {len(result.finished)} finished run(s) reported"
              + (f", {len(result.incomplete)} cut short" if result.incomplete else ""), 130)
     _report_idle(result)

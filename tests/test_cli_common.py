@@ -118,3 +118,40 @@ def test_the_spectrum_table_piped_has_no_trailing_spaces() -> None:
                        timeout=120, check=False)
     assert r.returncode == 0 and "Fano–Fisher metric" in r.stdout
     assert [line for line in r.stdout.splitlines() if line.endswith(" ")] == []
+
+
+class _Figure:
+    """A figure whose savefig writes part of a file, then ends as ``stop`` says."""
+
+    def __init__(self, stop: BaseException | None) -> None:
+        self.stop = stop
+
+    def savefig(self, fname: str, format: str, **kwargs: object) -> None:  # noqa: A002 (matplotlib's name)
+        with open(fname, "wb") as f:
+            f.write(b"\x89PNG partial")
+            if self.stop is not None:
+                raise self.stop
+            f.write(b" whole")
+
+
+@pytest.mark.parametrize(("stop", "code"), [(KeyboardInterrupt(), 130), (OSError(28, "No space left"), 1)])
+def test_a_plot_cut_short_leaves_no_file_under_its_name(tmp_path, capsys, stop, code) -> None:  # noqa: ANN001
+    import typer
+
+    from naig_cli._common import save_figure
+
+    path = tmp_path / "curves.png"
+    with pytest.raises(typer.Exit) as e:
+        save_figure(_Figure(stop), str(path))
+    assert e.value.exit_code == code and list(tmp_path.iterdir()) == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "curves.png" in err and "results above are complete" in err
+
+
+def test_a_plot_is_renamed_into_place_whole(tmp_path) -> None:  # noqa: ANN001
+    from naig_cli._common import save_figure
+
+    (tmp_path / "curves.png").write_bytes(b"an older plot")
+    save_figure(_Figure(None), str(tmp_path / "curves.png"))
+    assert [p.name for p in tmp_path.iterdir()] == ["curves.png"]
+    assert (tmp_path / "curves.png").read_bytes() == b"\x89PNG partial whole"

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from naig.interrupts import deferred_interrupts, sigterm_as_interrupt
 from naig.simulate.engines import open_session
 from naig.simulate.parallel import run_parallel
 from naig.simulate.results import RunResult, SimulateResult, summarise
@@ -39,7 +41,6 @@ from naig.simulate.runs import (
     drive,
     evaluates,
     evaluation_points,
-    sigterm_as_interrupt,
 )
 from naig.sketch.core import SKETCH_DIM
 from naig.threads import torch_threads
@@ -100,6 +101,15 @@ def _run_experiment(config: SimulateConfig, open_session: Callable[[SimulateConf
                 runs += [partial] if partial is not None else []
     except KeyboardInterrupt:  # while the engine started (the rendezvous) or stopped
         interrupted = True
+    with deferred_interrupts() as late:  # the runs are over: a stop now must not lose them
+        result = _summary(config, session, planned, runs, untrained, saved, interrupted)
+    return dataclasses.replace(result, interrupted=True) if late else result
+
+
+def _summary(config: SimulateConfig, session: Any, planned: list[tuple[int, str, float]],
+             runs: list[RunResult], untrained: list[float], saved: list[str], interrupted: bool
+             ) -> SimulateResult:
+    """The experiment's result from its finished runs."""
     done = {(r.seed, r.strategy, r.lr) for r in runs}
     not_run = () if interrupted else tuple(f"{n} seed {s} lr {lr:g}" for s, n, lr in planned
                                            if (s, n, lr) not in done)

@@ -16,10 +16,8 @@ import csv
 import dataclasses
 import math
 import os
-import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -38,7 +36,7 @@ if TYPE_CHECKING:
     from naig.sketch.torch_sketch import TorchSketch
 
 __all__ = ["StepEvent", "RunContext", "RunRules", "Session", "drive", "evaluates", "evaluation_points",
-           "log_name", "make_context", "sigterm_as_interrupt"]
+           "log_name", "make_context"]
 
 
 @dataclass(frozen=True)
@@ -250,22 +248,3 @@ def make_context(config: SimulateConfig, workload: Workload, seed: int,
     log_dir = Path(config.log_dir) if config.log_dir else None
     return RunContext(val, test, workload.evaluate(workload.init_params(seed), val),
                       progress or (lambda event: None), log_dir)
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler's or ``kill``'s stop) ends the runs as Ctrl-C does: it raises
-    ``KeyboardInterrupt`` in the main thread, so what finished is kept and reported. Elsewhere
-    than the main thread, and after the block, the handler is what it was."""
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        old = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from naig.errors import UsageError
+from naig.interrupts import sigterm_as_interrupt
 from naig.launch import LocalCluster, backend_for, init, under_launcher, watch_parent
 from naig.simulate.config import SimulateConfig, config_tree
 from naig.simulate.distributed.server import ParameterServer
@@ -37,7 +38,7 @@ from naig.simulate.distributed.transport import Link, pair_groups
 from naig.simulate.distributed.worker import Worker
 from naig.simulate.engines.base import NoWorkerLeft
 from naig.simulate.results import RunResult
-from naig.simulate.runs import RunContext, StepEvent, make_context, sigterm_as_interrupt
+from naig.simulate.runs import RunContext, StepEvent, make_context
 from naig.simulate.workload import Workload
 
 __all__ = ["DETERMINISM", "DistributedSession", "open_distributed", "worker_main", "config_to_json",
