@@ -1,5 +1,5 @@
-"""``python -m naig`` runs the ``naig`` command line (the same app as the ``naig`` script)."""
+"""``python -m naig`` runs the ``naig`` command line (the same program as the ``naig`` script)."""
 
-from naig_cli.main import app
+from naig_cli.entry import main
 
-app(prog_name="naig")
+main()

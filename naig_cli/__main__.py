@@ -1,5 +1,5 @@
-"""``python -m naig_cli`` runs the ``naig`` app."""
+"""``python -m naig_cli`` runs the ``naig`` program (``naig_cli.entry``)."""
 
-from naig_cli.main import app
+from naig_cli.entry import main
 
-app(prog_name="naig")
+main()
