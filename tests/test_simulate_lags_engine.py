@@ -218,6 +218,20 @@ def test_save_grads_writes_audit_ready_files(tmp_path: Path) -> None:
     assert meta == {"lag": "3", "step": "5", "worker": "1", "strategy": "naig", "seed": "0"}
 
 
+def test_a_ctrl_c_keeps_the_saved_files_of_the_runs_before_it_in_the_result(tmp_path: Path) -> None:
+    """A stop in a seed's second run: the first run's files are in ``saved_files`` (they were only
+    added when a seed ended, so a stop within the seed lost them)."""
+    def stop(event: sim.StepEvent) -> None:
+        if event.strategy == "naig" and event.step == 7:
+            raise KeyboardInterrupt
+
+    cfg = TINY.with_options(strategies=("hogwild", "naig"), save_grads=str(tmp_path), save_at=(5,), jobs=1)
+    res = run_experiment(cfg, stop)
+    assert res.interrupted and [r.strategy for r in res.finished] == ["hogwild"]
+    written = sorted(str(p) for p in (tmp_path / "hogwild-seed0-step5").iterdir())
+    assert sorted(res.saved_files) == written and len(written) == 3  # ref and two workers
+
+
 @pytest.mark.parametrize(("change", "field", "match"), [
     ({"strategies": ("naig", "fast")}, "strategies", "strategies='fast': unknown strategy"),
     ({"model": "gpt-9"}, "model", "model='gpt-9': unknown preset"),

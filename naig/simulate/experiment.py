@@ -129,16 +129,18 @@ def _run_all(session: Session, planned: list[tuple[int, str, float]],
     from naig.simulate.engines.base import NoWorkerLeft
 
     ctx, current = None, -1
-    for seed, name, lr in planned:
-        if seed != current:
-            saved += ctx.saved if ctx is not None else []
-            ctx, current = session.context(seed, progress), seed
-            untrained.append(ctx.untrained)
-        try:
-            runs.append(session.run(name, seed, lr, ctx))
-        except NoWorkerLeft:
-            break
-    saved += ctx.saved if ctx is not None else []
+    try:
+        for seed, name, lr in planned:
+            if seed != current:
+                saved += ctx.saved if ctx is not None else []
+                ctx, current = session.context(seed, progress), seed
+                untrained.append(ctx.untrained)
+            try:
+                runs.append(session.run(name, seed, lr, ctx))
+            except NoWorkerLeft:
+                break
+    finally:  # a Ctrl-C too: the files written so far are reported (they were left out)
+        saved += ctx.saved if ctx is not None else []
 
 
 def environment(device: str) -> dict[str, object]:
