@@ -244,3 +244,10 @@ def test_the_distributed_setting_and_its_engine_share_a_package() -> None:
 
     assert DistributedSetting.__module__ == "naig.simulate.distributed.setting"
     assert DistributedSession.__module__.startswith("naig.simulate.distributed.")
+
+
+def test_the_distributed_engine_refuses_a_log_dir_it_would_not_write(tmp_path) -> None:  # noqa: ANN001
+    """Its server writes no per-step CSV: --log-dir was accepted and ignored in silence."""
+    with pytest.raises(UsageError, match="the distributed engine writes no per-step log") as err:
+        SimulateConfig.from_options(engine="distributed", nproc=2, log_dir=str(tmp_path))
+    assert err.value.field == "log_dir" and list(tmp_path.iterdir()) == []

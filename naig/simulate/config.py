@@ -187,6 +187,8 @@ class SimulateConfig:
         if self.log_dir is not None:
             check(isinstance(self.log_dir, str) and self.log_dir.strip() != "", "log_dir", self.log_dir,
                   "give a folder for the per-step CSV files, e.g. runs/logs")
+            check(self.setting.ENGINE == "simulated", "log_dir", self.log_dir, "the distributed engine "
+                  "writes no per-step log (each run's validation curve is in the result); drop it")
             check_writable_dir(self.log_dir, "log_dir")
             self._check_log_names()
         self._check_setting()

@@ -164,7 +164,8 @@ DOCS: tuple[Doc, ...] = (
     Doc("data_bytes", "Use the first N bytes of the text.", 2_000_000, "--data-bytes"),
     Doc("sketch_seed", "the sketch's seed, 0..2⁶⁴−1", 0),
     Doc("line", "the Fano line ℓ of Ψ_ℓ naig's energy uses, three indices of 1..7", (1, 2, 4)),
-    Doc("log_dir", "Write one per-step CSV per run into DIR.", None, "--log-dir", panel=OUTPUT),
+    Doc("log_dir", "Write one per-step CSV per run into DIR (simulated engines).", None, "--log-dir",
+        panel=OUTPUT),
     Doc("faults", "Inject a fault, `W:KIND[:ARG][@STEP]`, once per fault: signflip:A (-A·g), scale:A, "
         "noise:S, zero, nan[:C], random, coordflip:F, inf[:C], bitflip32:B, bitflip16:B (naig.faults); "
         "kill and hang with --engine distributed; e.g. 1:signflip:10 or 0:nan@50.", (), "--faults",
