@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NAIG = ROOT / "naig"
 
 LAYERS: dict[str, int] = {  # top-level part of naig → its layer; a module imports only from lower layers
-    **dict.fromkeys(("errors", "choices", "lazy"), 0),
+    **dict.fromkeys(("errors", "choices", "lazy", "interrupts"), 0),
     **dict.fromkeys(("threads", "octonion", "faults"), 1),
     **dict.fromkeys(("g2", "io", "gibbs", "arrivals", "launch", "sketch"), 2),
     "metric": 3,
