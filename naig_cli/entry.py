@@ -41,4 +41,5 @@ def main() -> None:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)  # the teardown is not cut: the exit status stays
+        if hasattr(signal, "pthread_sigmask"):  # POSIX: the teardown is not cut, the exit status stays
+            signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
