@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 
 from naig.errors import UsageError
-from naig.interrupts import sigterm_as_interrupt
 from naig.launch import LocalCluster, backend_for, init, under_launcher, watch_parent
 from naig.simulate.config import SimulateConfig, config_tree
 from naig.simulate.distributed.server import ParameterServer
@@ -127,7 +126,7 @@ class DistributedSession:
 
     Entering starts them (spawned here with ``spawn``, else already started by the launcher);
     leaving stops the workers, reaps the processes and destroys the group, whatever happened.
-    SIGTERM stops the experiment as Ctrl-C does.
+    SIGTERM stops the experiment as Ctrl-C does (``run_experiment`` turns it into one).
     """
 
     def __init__(self, config: SimulateConfig, spawn: bool) -> None:
@@ -158,7 +157,6 @@ class DistributedSession:
 
     def _start(self) -> None:
         c = self.config
-        self._stack.enter_context(sigterm_as_interrupt())
         if self.spawn:
             tmp = self._stack.enter_context(_scratch())
             cfg = tmp / "config.json"
