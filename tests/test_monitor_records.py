@@ -136,6 +136,19 @@ def test_csv_has_a_row_per_rank_per_step_and_reads_back_like_the_jsonl(tmp_path)
     assert rows_a[BAD_RANK]["last_flagged"] == SCALE_STEP and rows_a[1]["flags"]["nonfinite"] == 1
 
 
+def test_a_log_saved_with_a_byte_order_mark_reads_as_without_it(tmp_path) -> None:
+    """An editor may save a log as "UTF-8 with BOM": both formats read as the file without the mark."""
+    _run(Records(JsonlRecords(tmp_path / "m.jsonl"), CsvRecords(tmp_path / "m.csv")))
+    for name in ("m.jsonl", "m.csv"):
+        plain = tmp_path / name
+        marked = tmp_path / f"bom-{name}"
+        marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+        a, b = read_log(plain), read_log(marked)
+        assert (a.format, a.world) == (b.format, b.world)
+        np.testing.assert_array_equal(a.steps, b.steps)
+        assert a.flags == b.flags and a.rank_rows() == b.rank_rows()
+
+
 def test_existing_file_refused_unless_append_which_continues_the_steps(tmp_path) -> None:
     path = tmp_path / "m.jsonl"
     _run(JsonlRecords(path))

@@ -3,6 +3,7 @@ kept when the last was cut; see ``naig.monitor.records``."""
 
 from __future__ import annotations
 
+import codecs
 import csv
 import itertools
 import json
@@ -82,7 +83,8 @@ def _nanmax(x: np.ndarray) -> float:
 
 
 def read_log(path: str | os.PathLike) -> MonitorLog:
-    """Read a monitor JSONL (``JsonlRecords``) or CSV (``CsvRecords``) file, told apart by its first byte.
+    """Read a monitor JSONL (``JsonlRecords``) or CSV (``CsvRecords``) file, told apart by its first byte
+    (after a UTF-8 byte-order mark, which an editor may have saved it with: it is skipped).
 
     A last line cut short (a full disk, a killed writer) is left out and said in ``MonitorLog.cut``;
     every complete step before it is read. Memory is bounded by the file: a header declares at most
@@ -97,7 +99,7 @@ def read_log(path: str | os.PathLike) -> MonitorLog:
     if not p.is_file():
         raise DataError(f"{p}: {missing_reason(p)}")
     with p.open("rb") as fh:
-        first = fh.read(1)
+        first = fh.read(len(codecs.BOM_UTF8) + 1).removeprefix(codecs.BOM_UTF8)[:1]
     if not first:
         raise DataError(f"{p}: the file is empty")
     return _read_jsonl(p) if first == b"{" else _read_csv(p)
@@ -143,6 +145,8 @@ def _read_jsonl(p: Path) -> MonitorLog:
             raw = fh.readline(limit + 1)
             if not raw:
                 break
+            if i == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
             if len(raw) > limit:
                 raise _bad(p, i, f"longer than {limit:,} bytes (a monitor record of {world or 'its'} ranks "
                                  "is shorter); is it a monitor record?")
@@ -267,7 +271,7 @@ def _read_csv(p: Path) -> MonitorLog:
     hosts: dict[int, str] = {}
     cut = ""
     try:
-        with p.open(newline="", encoding="utf-8") as fh:
+        with p.open(newline="", encoding="utf-8-sig") as fh:
             ends = [True]
             reader = csv.reader(_limited_lines(p, fh, _HEADER_BYTES, ends))
             head = tuple(next(reader, ()))
