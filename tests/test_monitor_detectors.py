@@ -16,6 +16,7 @@ from naig.monitor.detectors import (
     ACTIONS,
     MAD_SCALE,
     SIGNALS,
+    TAIL_STEPS,
     WARMUP,
     BadRankError,
     Decision,
@@ -26,6 +27,7 @@ from naig.monitor.detectors import (
     cusum_threshold_sample,
     gpd_fit,
     null_tail,
+    refit_every,
     robust_threshold,
     robust_z,
     signal_values,
@@ -90,6 +92,28 @@ def test_the_cusum_threshold_gives_its_run_length() -> None:
             alarms, s = alarms + 1, 0.0
     assert abs(alarms / len(u) - 0.01) < 4 * math.sqrt(0.01 * 0.99 / len(u)), alarms
     assert cusum_threshold(1e-4) > cusum_threshold(1e-3) > cusum_threshold(1e-2)
+
+
+def test_thresholds_are_refitted_every_8_then_32_then_128_clean_steps() -> None:
+    """The fits' cadence follows the tail record's length: 8 clean steps while it holds fewer than 64,
+    32 until it holds ``TAIL_STEPS`` (1024), 128 once it is full (a fit restarts the count of
+    ``fresh`` steps)."""
+    assert [refit_every(n) for n in (0, 63, 64, TAIL_STEPS - 1, TAIL_STEPS)] == [8, 8, 32, 32, 128]
+    rng = np.random.default_rng(5)
+    det = Detector(3, signals=("norm",), quiet=True)
+    fits: list[tuple[int, int]] = []  # (step, steps the record held then)
+    for step in range(TAIL_STEPS + 420):
+        before = det.fresh
+        sq = np.exp(rng.normal(size=3))
+        det.update(rank_signals(rng.normal(size=(3, 14)), sq, np.zeros(3)))
+        if det.fresh < before:
+            assert det.fresh == 0
+            fits.append((step, len(det.tails["norm"])))
+    gaps = [(b - a, held) for (a, _), (b, held) in zip(fits, fits[1:], strict=False)]
+    assert {g for g, held in gaps if 8 < held < 64} == {8}
+    assert {g for g, held in gaps if 64 + 32 < held < TAIL_STEPS} == {32}
+    full = [g for g, held in gaps if held == TAIL_STEPS]
+    assert len(full) >= 2 and set(full[1:]) == {128}, gaps[-6:]
 
 
 SIGNAL_SETS = [("norm", "distance", "energy"), ("norm", "cos", "distance", "energy"),

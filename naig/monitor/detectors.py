@@ -110,9 +110,9 @@ it); the false-alarm rate is the reason (docs/results/monitor-detection.md).
 clean runs: the normalised log-norm exceeds the normal-theory threshold of α = 3.6·10⁻⁵ about
 50 times as often), and the tests' thresholds lie far in the tail. So each detector keeps a
 *tail record*: the normalised values u of the last ``TAIL_STEPS`` (1024) clean steps (the pool's
-ranks at the steps it pooled, each u as it was scored), and every ``RECALIBRATE`` (8; 32 once
-the record holds 64 steps) clean steps fits each signal's thresholds on it (on the pool
-normalised by itself while the record is shorter than the pool):
+ranks at the steps it pooled, each u as it was scored), and every ``refit_every`` clean steps (8;
+32 once the record holds 64 steps; 128 once it is full) fits each signal's thresholds on it (on
+the pool normalised by itself while the record is shorter than the pool):
 
 - the transient threshold t is the larger of the normal-theory one below and the record's
   (1 − α) quantile by peaks over a threshold (``tail_quantile``: Pickands 1975; Balkema & de
@@ -225,12 +225,13 @@ __all__ = ["ACTIONS", "MAX_WORLD", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE",
            "DEFAULT_DETECTOR",
            "DEFAULT_SIGNALS", "DEFAULT_SCORES", "DEFAULT_WINDOW", "DEFAULT_WARMUP", "DEFAULT_DELTA",
            "DEFAULT_CLIP", "DEFAULT_HOLD", "POOL_SIZES", "STATE_VERSION", "TWO_RANKS", "WARMUP",
-           "DRIFT_LAMBDA", "DRIFT_MIN_STEPS", "MIN_TEST_RATE", "UNFITTED_CUSUM", "TURN_FLOOR",
+           "DRIFT_LAMBDA", "DRIFT_MIN_STEPS", "TAIL_STEPS", "MIN_TEST_RATE", "UNFITTED_CUSUM", "TURN_FLOOR",
            "BadRankError", "Decision", "Detector", "DriftState", "Flag",
            "SignalSpec",
            "check_action", "cusum_arl", "cusum_threshold", "cusum_threshold_sample", "drift_threshold",
            "gpd_fit", "has_bool", "median_of_others", "null_tail", "pooled_median", "stats_of_others",
-           "real_numbers", "robust_threshold", "robust_z", "signal_values", "tail_quantile", "whole_numbers"]
+           "real_numbers", "refit_every", "robust_threshold", "robust_z", "signal_values", "tail_quantile",
+           "whole_numbers"]
 
 TINY = 1e-300  # a squared norm of 0 before the log
 TURN_FLOOR = 1e-6
@@ -305,8 +306,25 @@ RECENT_STEPS = 4
 "Scale that keeps up")."""
 TAIL_STEPS, RECALIBRATE, SAMPLE_ARL_STATES = 1024, 8, 100
 """Clean steps of normalised values kept to fit the tails (K × 1024 per signal), clean steps
-between two fits (4 × as many once the record holds 64 steps), Brook–Evans states of the
-empirical CUSUM chain."""
+between two fits while the record is short (``refit_every``), Brook–Evans states of the empirical
+CUSUM chain."""
+
+
+def refit_every(recorded: int) -> int:
+    """Clean steps between two fits of the thresholds, given the steps the tail record holds:
+    ``RECALIBRATE`` (8) while it holds fewer than 64, 32 until it is full (``TAIL_STEPS``), 128 after.
+
+    A full record spans 1024 steps, so a fit every 128 (an eighth of it new) lags the record's own
+    memory little, and costs a quarter of a fit every 32: at K = 4 a fit (the tails' quantiles and
+    CUSUM chains, ~5 ms, and ``drift``'s bootstrap, ~10 ms) every 32 steps was a third of
+    ``Monitor.decide``'s mean cost (2026-12-06, benchmarks/monitor_step_cost.py). The runs of the
+    persistent-fault protocol (≤ 200 steps) never reach a full record: their decisions are unchanged.
+    """
+    if recorded < TAIL_STEPS // 16:
+        return RECALIBRATE
+    return 4 * RECALIBRATE if recorded < TAIL_STEPS else 16 * RECALIBRATE
+
+
 STATE_VERSION = 6
 """The layout version of ``Detector.state_dict`` (``load_state_dict`` also reads versions 2, whose
 states have no tail record: the tails are then fitted afresh; 3, saved before ``persistence``
@@ -1424,7 +1442,7 @@ class Detector:
                     self.tails[name].append(u[i])
             self._stats.clear()
         self.fresh += 1
-        if self.fresh >= RECALIBRATE * (1 if len(self.tails[self.signals[0]]) < TAIL_STEPS // 16 else 4):
+        if self.fresh >= refit_every(len(self.tails[self.signals[0]])):
             self.calibration, self.fresh = {}, 0
             self._stats.pop("thresholds", None)
 
