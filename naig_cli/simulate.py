@@ -201,7 +201,7 @@ def _run(config: SimulateConfig, json_out: bool, plot: str | None, notes: tuple[
     from naig.simulate import run_experiment
 
     for warning in (*notes, *config.strategy_warnings(), *config.ignored_options()):
-        stderr.print(f"warning: {word_flags(warning)}", markup=False, highlight=False, soft_wrap=True)
+        _warn(warning)
     result = None
     try:
         with progress("simulate", config.total_steps) as advance:
@@ -214,28 +214,28 @@ def _run(config: SimulateConfig, json_out: bool, plot: str | None, notes: tuple[
     if result is None:  # a worker rank under torchrun: rank 0 reports
         return
     with deferred_interrupts() as late:  # the result is printed whole, then the stop is said
-        print_json(result.to_dict()) if json_out else _render(result)
+        print_json(_document(result, notes)) if json_out else _render(result)
     if plot is not None and result.finished:
         _plot(result, plot)
     if result.interrupted or late:
         fail(f"interrupted: {len(result.finished)} finished run(s) reported"
              + (f", {len(result.incomplete)} cut short" if result.incomplete else ""), 130)
-    _report_idle(result)
-    _report_incomplete(result)
-    _report_divergence(result)
+    _report_runs(result)
+
+
+def _warn(text: str) -> None:
+    """``warning: TEXT`` on stderr, fields named as the flags that set them."""
+    stderr.print(f"warning: {word_flags(text)}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _document(result: SimulateResult, notes: tuple[str, ...]) -> dict:
+    """The JSON document: the result, with every warning stderr shows (``notes`` first) as its flags say."""
+    return {**result.to_dict(), "warnings": [word_flags(w) for w in (*notes, *result.warnings)]}
 
 
 def _split(text: str | None) -> tuple[str, ...]:
     """A comma list as stripped items (none for None)."""
     return tuple(f.strip() for f in text.split(",")) if text else ()
-
-
-def _report_idle(r: SimulateResult) -> None:
-    """Warn about runs that applied no update (every gradient left out): their loss is θ_0's."""
-    idle = [f"{x.strategy} seed {x.seed}" for x in r.finished if x.updates == 0 and x.diverged_at is None]
-    if idle:
-        stderr.print(f"warning: {'; '.join(idle)} applied no update (the rule left every gradient out): "
-                     "the loss shown is the untrained one", markup=False, highlight=False, soft_wrap=True)
 
 
 def _report_incomplete(r: SimulateResult) -> None:
@@ -334,17 +334,16 @@ def _reporter(advance: Callable[..., None], runs: int) -> Callable[[StepEvent], 
     return line
 
 
-def _report_divergence(r: SimulateResult) -> None:
-    """Warn (exit 0) when some runs diverged; fail with exit 1 when every run did."""
-    if not r.diverged:
-        return
-    which = "; ".join(f"{d.strategy} seed {d.seed} at step {d.diverged_at}" for d in r.diverged)
-    what = (f"{len(r.diverged)} of {len(r.runs)} runs diverged (non-finite gradients or "
-            f"parameters): {which}; their loss is NaN (null in JSON)")
-    if len(r.diverged) == len(r.runs):
+def _report_runs(r: SimulateResult) -> None:
+    """Warn (exit 0) of runs that applied no update or diverged; exit 1 when a run could not finish
+    (``_report_incomplete``) or every run diverged."""
+    every = bool(r.diverged) and len(r.diverged) == len(r.runs)  # then run_warnings is that one line
+    for warning in () if every else r.run_warnings:
+        _warn(warning)
+    _report_incomplete(r)
+    if every:
         fix = "the injected --faults reach θ; try a robust rule" if r.config.faults else "try a smaller --lr"
-        fail(f"{what}; {fix}", 1)
-    stderr.print(f"warning: {what}", markup=False, highlight=False, soft_wrap=True)
+        fail(f"{r.run_warnings[-1]}; {fix}", 1)
 
 
 def _pi_cell(s: StrategySummary, faulty: tuple[int, ...]) -> str:

@@ -229,11 +229,25 @@ def test_some_runs_diverge_exit_0_with_a_warning(monkeypatch: pytest.MonkeyPatch
     warn = [ln for ln in out.stderr.splitlines() if " steps/s" not in ln]  # progress lines aside
     assert len(warn) == 1 and warn[0].startswith("warning: 1 of 2 runs diverged"), out.stderr
     assert "hogwild seed 0 at step 0" in warn[0]
-    doc = json.loads(_run("--strategies", "naig,hogwild", "--json").stdout)
+    js = _run("--strategies", "naig,hogwild", "--json")
+    doc = json.loads(js.stdout)
+    assert doc["warnings"] == [warn[0].removeprefix("warning: ")]  # the JSON carries what stderr says
     hog = doc["summaries"][1]
     assert hog["val_loss_mean"] is None and hog["diverged_at"] == [0]
     assert doc["runs"][1]["final_val_loss"] is None and doc["runs"][1]["diverged_at"] == 0
     assert doc["summaries"][0]["val_loss_mean"] > 0
+
+
+def test_the_json_document_carries_the_warnings_of_stderr_in_their_order() -> None:
+    """Warnings known before training (an option no listed rule uses, a worker that never joins) are
+    said on stderr at once and kept in the document's ``warnings``, worded alike (the flags)."""
+    out = _run("--strategies", "naig", "--lags", "0,9", "--set", "rules.max_staleness=3", "--json")
+    assert out.exit_code == 0, out.output
+    said = [ln.removeprefix("warning: ") for ln in out.stderr.splitlines() if ln.startswith("warning: ")]
+    doc = json.loads(out.stdout)
+    assert len(said) == 2 and doc["warnings"] == said, (said, doc["warnings"])
+    assert "--set rules.max_staleness" in said[0] and "never join" in said[1] and "`" not in "".join(said)
+    assert json.loads(_run("--strategies", "naig", "--json").stdout)["warnings"] == []
 
 
 def test_every_run_diverges_exit_1_with_the_table_kept() -> None:
@@ -296,7 +310,7 @@ def test_lr_list_tunes_on_validation_and_reports_test(tmp_path: Path) -> None:
     rows = (tmp_path / "logs" / "naig-seed1-lr0.003.csv").read_text().splitlines()
     assert rows[0] == "step,time_s,train_loss,val_loss,pi_0,pi_1" and len(rows) == 7
     assert rows[3].split(",")[3] != "" and rows[1].split(",")[3] == ""  # val every 3 steps
-    assert doc["environment"]["torch"] == torch.__version__ and doc["schema_version"] == 4
+    assert doc["environment"]["torch"] == torch.__version__ and doc["schema_version"] == 5
 
 
 def test_progress_lines_without_a_terminal() -> None:

@@ -152,11 +152,12 @@ def test_a_simulate_json_result_loads_as_its_config(tmp_path: Path) -> None:
 def test_a_result_before_schema_4_names_naigs_gossip_gossip_adam(tmp_path: Path) -> None:
     """Until schema 3, ``gasloc`` was naig's asynchronous gossip: such a result reloads as what it ran."""
     cfg = SimulateConfig.from_options(arrivals="exp:1,exp:1", strategies=("gasloc", "diloco"), outer_lr=0.01)
-    for version, expected in ((3, ("gossip-adam", "diloco")), (SCHEMA_VERSION, ("gasloc", "diloco"))):
+    for version, expected in ((3, ("gossip-adam", "diloco")), (4, ("gasloc", "diloco")),
+                              (SCHEMA_VERSION, ("gasloc", "diloco"))):
         doc = {"schema_version": version, "config": cfg.to_dict(), "runs": []}
         (tmp_path / "r.json").write_text(json.dumps(doc))
         assert SimulateConfig.load(tmp_path / "r.json").strategies == expected
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5  # 5 added `warnings` only
     (tmp_path / "c.json").write_text(json.dumps(cfg.to_dict()))  # a config file: the name's current meaning
     assert SimulateConfig.load(tmp_path / "c.json").strategies == ("gasloc", "diloco")
 

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 __all__ = ["SCHEMA_VERSION", "RunResult", "StrategySummary",
            "SimulateResult", "pi_stats", "summarise", "choose_lr"]
 
-SCHEMA_VERSION = 4  # of the simulate JSON document (3: RunResult.complete, not_run, one `faults`;
-#                     4: `gasloc` is GASLoC's accelerated gossip, 3's gasloc is `gossip-adam`)
+SCHEMA_VERSION = 5  # of the simulate JSON document (3: RunResult.complete, not_run, one `faults`;
+#                     4: `gasloc` is GASLoC's accelerated gossip, 3's gasloc is `gossip-adam`;
+#                     5: `warnings`, what the CLI says on stderr, in the document too)
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,30 @@ class SimulateResult:
         """A JSON-ready dict of everything (config included; NaN/Inf still need → null)."""
         out = {"schema_version": SCHEMA_VERSION, **asdict(self)}
         out["config"] = self.config.to_dict()  # the tree that loads back (SimulateConfig.load)
+        out["warnings"] = list(self.warnings)
         return out
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """One-line warnings, options named as fields in backticks: rules that run degraded in this
+        setting, options set that no listed rule uses (both known before training), then
+        ``run_warnings``."""
+        return (*self.config.strategy_warnings(), *self.config.ignored_options(), *self.run_warnings)
+
+    @property
+    def run_warnings(self) -> tuple[str, ...]:
+        """One-line warnings of the runs: the ones that applied no update, and the ones that diverged."""
+        idle = [f"{x.strategy} seed {x.seed}" for x in self.finished
+                if x.updates == 0 and x.diverged_at is None]
+        out = []
+        if idle:
+            out.append(f"{'; '.join(idle)} applied no update (the rule left every gradient out): the loss "
+                       "shown is the untrained one")
+        if self.diverged:
+            which = "; ".join(f"{d.strategy} seed {d.seed} at step {d.diverged_at}" for d in self.diverged)
+            out.append(f"{len(self.diverged)} of {len(self.runs)} runs diverged (non-finite gradients or "
+                       f"parameters): {which}; their loss is NaN (null in JSON)")
+        return tuple(out)
 
     @property
     def diverged(self) -> tuple[RunResult, ...]:
