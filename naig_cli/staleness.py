@@ -99,27 +99,29 @@ def staleness(
                 uplink=uplink, downlink=downlink, mode=mode.value, bytes_up=4.0 * params,
                 bytes_down=4.0 * params, bandwidth=_parse_bandwidth(bandwidth))
     run = dict(updates=updates, seed=seed, window=window, params=params)
-    with _one_line_warnings():
+    with _one_line_warnings() as said:
         if sweep is None:
-            _run_one(base, run, json_out)
+            _run_one(base, run, json_out, said)
         else:
-            _run_sweep(base, run, *parse_sweep(sweep), json_out)
+            _run_sweep(base, run, *parse_sweep(sweep), json_out, said)
 
 
 @contextmanager
-def _one_line_warnings() -> Iterator[None]:
-    """Python warnings raised by the library (scipy's included) as ``warning: …`` lines, once each."""
+def _one_line_warnings() -> Iterator[Callable[[], list[str]]]:
+    """Python warnings raised by the library (scipy's included) as ``warning: …`` lines, once each;
+    yields what they say so far (for the JSON document's ``warnings``)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+
+        def said() -> list[str]:
+            return list(dict.fromkeys(printable(word_flags(" ".join(str(w.message).split())))
+                                      for w in caught))
+
         try:
-            yield
+            yield said
         finally:
-            seen: set[str] = set()
-            for w in caught:
-                text = " ".join(str(w.message).split())
-                if text not in seen:
-                    seen.add(text)
-                    sys.stderr.write(f"warning: {printable(word_flags(text))}\n")
+            for text in said():
+                sys.stderr.write(f"warning: {text}\n")
 
 
 def _too_few(report: StalenessReport, label: str = "") -> None:
@@ -130,7 +132,7 @@ def _too_few(report: StalenessReport, label: str = "") -> None:
                       "values have none; use e.g. `updates` 10000", UserWarning, stacklevel=2)
 
 
-def _run_one(base: dict, run: dict, json_out: bool) -> None:
+def _run_one(base: dict, run: dict, json_out: bool, said: Callable[[], list[str]]) -> None:
     from naig.arrivals import staleness_report
 
     model = _model(base)
@@ -138,12 +140,13 @@ def _run_one(base: dict, run: dict, json_out: bool) -> None:
     report = staleness_report(model, **run)  # its memory is checked before the first draw
     _too_few(report)
     if json_out:
-        print_json(report.to_dict())
+        print_json({**report.to_dict(), "warnings": said()})
     else:
         _emit(_render(report, time.perf_counter() - t0))
 
 
-def _run_sweep(base: dict, run: dict, field: str, values: list[int], json_out: bool) -> None:
+def _run_sweep(base: dict, run: dict, field: str, values: list[int], json_out: bool,
+               said: Callable[[], list[str]]) -> None:
     """One report per value of the swept setting; every model (and its memory) is checked before
     the first run."""
     from naig.arrivals import SCHEMA_VERSION, staleness_report
@@ -162,7 +165,7 @@ def _run_sweep(base: dict, run: dict, field: str, values: list[int], json_out: b
         _too_few(r, f"at {field.replace('_', '-')}={v}, ")
     if json_out:
         print_json({"schema_version": SCHEMA_VERSION, "sweep": {"field": field, "values": values},
-                    "runs": [r.to_dict() for r in reports]})
+                    "runs": [r.to_dict() for r in reports], "warnings": said()})
     else:
         _emit(_render_sweep(field, values, reports))
 

@@ -67,7 +67,7 @@ def test_one_worker_is_never_stale() -> None:
 def test_json_document() -> None:
     m = ArrivalModel.from_specs("exp:0.5,exp:1,exp:2,exp:4")
     doc = json.loads(json.dumps(staleness_report(m, 20_000, seed=1, params=1000, rounds=500).to_dict()))
-    assert doc["schema_version"] == SCHEMA_VERSION == 1
+    assert doc["schema_version"] == SCHEMA_VERSION == 2
     s = doc["staleness"]
     for block in (s["measured"], s["predicted"]):
         assert {"mean", "mean_plus_one", "per_worker", "p_zero", "ci95", "rate"} <= set(block)

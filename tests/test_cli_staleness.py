@@ -18,7 +18,8 @@ def test_eight_exponential_workers_json() -> None:
     assert m["mean_plus_one"] == pytest.approx(8, abs=0.05) and p["mean_plus_one"] == 8
     assert m["p_zero"] == pytest.approx(1 / 8, abs=0.005) and ci["p_zero"][0] <= 1 / 8 <= ci["p_zero"][1]
     assert p["mean"] == 7 and p["p_zero"] == 0.125 and p["variance"] == 56 and len(m["per_worker"]) == 8
-    assert doc["staleness"]["within_ci95"]["mean"] is True and doc["schema_version"] == 1
+    assert doc["staleness"]["within_ci95"]["mean"] is True and doc["schema_version"] == 2
+    assert doc["warnings"] == []
 
 
 def test_table_output() -> None:
@@ -52,7 +53,7 @@ def test_worker_sweep() -> None:
     r = run_naig("staleness", "--sweep", "workers=1..3,6", "--updates", "5000", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["sweep"] == {"field": "workers", "values": [1, 2, 3, 6]} and doc["schema_version"] == 1
+    assert doc["sweep"] == {"field": "workers", "values": [1, 2, 3, 6]} and doc["schema_version"] == 2
     means = [run["staleness"]["measured"]["mean"] for run in doc["runs"]]
     assert means == pytest.approx([0, 1, 2, 5], abs=0.1)
     table = run_naig("staleness", "--sweep", "workers=1,2", "--updates", "2000")
@@ -155,12 +156,15 @@ def test_runaway_and_extreme_inputs_are_refused_before_work(args: list[str], nee
 
 
 def test_too_few_updates_warn_in_one_line() -> None:
+    """One line each on stderr; with ``--json`` the document's ``warnings`` holds the same lines."""
     for json_flag in ([], ["--json"]):
         r = run_naig("staleness", "--updates", "1", *json_flag)
         assert r.returncode == 0 and r.stdout
         assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith("warning: --updates 1:")
+    assert json.loads(r.stdout)["warnings"] == [r.stderr.strip().removeprefix("warning: ")]
     r = run_naig("staleness", "--sweep", "workers=1,2", "--updates", "5", "--json")
     assert r.returncode == 0 and len(r.stderr.splitlines()) == 2 and "at workers=2," in r.stderr
+    assert json.loads(r.stdout)["warnings"] == [ln.removeprefix("warning: ") for ln in r.stderr.splitlines()]
     assert run_naig("staleness", "--updates", "2000").stderr == ""  # enough: no warning
 
 

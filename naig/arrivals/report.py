@@ -22,7 +22,9 @@ from naig.errors import UsageError
 __all__ = ["SCHEMA_VERSION", "PARAMS", "Measured", "StalenessReport", "measure", "warmup_length",
            "round_time_estimate", "staleness_report"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Of the staleness JSON document (2: ``naig staleness --json`` adds ``warnings``, its stderr's
+warning lines)."""
 PARAMS = 124_439_808
 """Default model size for bandwidth figures: GPT-2 small (124,439,808 parameters)."""
 
