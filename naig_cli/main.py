@@ -72,6 +72,6 @@ def _root(
 app.command("spectrum")(spectrum.spectrum)
 app.command("audit", epilog=audit.SYMBOLS)(audit.audit)
 app.command("simulate", epilog=simulate.EXAMPLES)(simulate.simulate)
-app.command("staleness")(staleness.staleness)
+app.command("staleness", epilog=staleness.SYMBOLS)(staleness.staleness)
 app.add_typer(monitor.app, name="monitor")
 app.command("detect", epilog=detect.EXAMPLES)(detect.detect)

@@ -45,7 +45,15 @@ from naig_cli._common import (
 if TYPE_CHECKING:
     from naig.arrivals import ArrivalModel, Estimate, StalenessReport
 
-__all__ = ["staleness", "parse_sweep"]
+__all__ = ["staleness", "parse_sweep", "SYMBOLS"]
+
+SYMBOLS = """**Rows**: τ, staleness: server updates between a gradient's parameter read and its application
+(τ + 1 versions old); λ, arrivals per second at the master (λ̂ measured); E[A], the age: seconds
+from a gradient's parameter read to its arrival; E[max C], a synchronous round: the slowest of the
+K compute times C_i; Little: Little's law, λ̂·E[A] − 1 = mean τ (exact in blocking mode with
+B = 1); B, arrivals per server update (--window). Intervals: 95% batch means, after a start-up of
+the first arrivals (until every worker has delivered once), left out. More: docs/staleness.md.
+"""
 
 _MAX_SWEEP = 256
 _HIST_ROWS = 24
@@ -315,6 +323,11 @@ def _main_rows(r: StalenessReport) -> list[tuple[str, Estimate, float | None, bo
     ]
 
 
+_WORDS = ("τ staleness (updates between a gradient's read and its use); λ arrivals/s; E[A] seconds from "
+          "read to arrival; E[max C] (round) the slowest worker's compute per synchronous round; Little: "
+          "λ̂·E[A] − 1 = τ; B arrivals per update (more: --help, docs/staleness.md)")
+
+
 def _render(r: StalenessReport, wall: float) -> list:
     """Every table of one report, rendered before anything is printed."""
     t = _table("measured (95% batch-means interval) vs predicted", "quantity", "measured", "95% interval",
@@ -326,7 +339,7 @@ def _render(r: StalenessReport, wall: float) -> list:
     speed = r.updates / r.simulate_seconds if r.simulate_seconds > 0 else math.inf
     footer = (f"{r.updates:,} arrivals simulated in {r.simulate_seconds:.3f} s "
               f"({_num(speed, ',.0f')} arrivals/s), {r.rounds:,} synchronous rounds; "
-              f"{wall:.2f} s in all; statistics after a start-up of {r.measured.warmup} arrivals")
+              f"{wall:.2f} s in all; statistics after a start-up of {r.measured.warmup} arrivals\n{_WORDS}")
     return [_header(r), t, _worker_table(r), _bandwidth_table(r), _histogram(r), footer]
 
 
@@ -422,4 +435,5 @@ def _render_sweep(field: str, values: list[int], reports: list[StalenessReport])
                   _pred(r.predicted.mean, r.within()["mean"], ".3f"), _num(m.p_zero.value, ".4f"),
                   _num(m.age.value, ".4g"), _si(r.bandwidth()["measured"]["up_gradient"], "B/s"),
                   _num(r.round_time.value, ".4g"))
-    return [f"first point: {_header(reports[0])}", t]
+    return [f"first point: {_header(reports[0])}", t,
+            f"gradients ↑: bytes/s of gradients into the master; {_WORDS}"]

@@ -64,6 +64,7 @@ def test_usage_errors_are_one_line_sentences():
 @pytest.mark.parametrize(("command", "symbols"), [
     ("audit", ("cos", "E ± spread", "ρ", "π", "K_eff", "frozen")),
     ("simulate", ("τ̄", "t→sync loss", "π", "!", "K_eff", "frozen", "H first→last")),
+    ("staleness", ("τ", "λ̂", "E[A]", "E[max C]", "Little", "B,", "start-up", "batch means")),
 ])
 def test_help_explains_every_symbol_the_command_prints(command: str, symbols: tuple[str, ...]) -> None:
     from typer.testing import CliRunner
@@ -71,7 +72,7 @@ def test_help_explains_every_symbol_the_command_prints(command: str, symbols: tu
     from naig_cli.main import app
 
     text = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"}).stdout
-    columns = text.split("Columns", 1)[1]
+    columns = text.split("Columns" if "Columns" in text else "Rows", 1)[1]
     for s in symbols:
         assert s in columns, s
 

@@ -28,6 +28,9 @@ def test_table_output() -> None:
     for needle in ("K = 4 workers, blocking", "mean staleness τ", "mean τ + 1", "P(τ = 0)", "E[max C]",
                    "per worker", "up: sketch only", "56 B", "staleness histogram", "arrivals/s"):
         assert needle in r.stdout, needle
+    footer = r.stdout.split("statistics after a start-up of", 1)[1]  # the symbols, said below the tables
+    for symbol in ("τ staleness", "λ arrivals/s", "E[A] seconds", "E[max C]", "Little: λ̂·E[A] − 1", "B arrivals"):
+        assert symbol in footer, symbol
 
 
 def test_a_prediction_outside_its_interval_is_shown() -> None:
