@@ -46,11 +46,14 @@ Model = choice_enum("Model", MODELS)
 EXAMPLES = """**Examples**
 
 ```
-naig detect                                        # K=8, the whole catalogue; a few minutes on 2 cores
+# K=8, the whole catalogue; a few minutes on 2 cores
+naig detect
 naig detect --faults scale,noise,bitflip32 --test 5
-naig detect --json > detect.json                   # every figure, one document
-naig detect --plot detect.png                      # detection rate against magnitude per detector
-naig detect --protocol persistent --cache runs/    # persistent faults, delays, long clean runs (~20 min)
+# every figure, one document; or the detection rate against magnitude
+naig detect --json > detect.json
+naig detect --plot detect.png
+# persistent faults, delays, long clean runs (long: docs/results)
+naig detect --protocol persistent --cache runs/
 ```
 """
 

@@ -59,13 +59,19 @@ COMMON, DISTRIBUTED = PANELS[""], PANELS["distributed"]
 EXAMPLES = """**Examples**
 
 ```
-naig simulate                                      # fixed lags 0,10,20,35; < 1 min on 2 cores
-naig simulate --arrivals exp:1,exp:1,exp:2,exp:4   # staleness from worker speeds
-naig simulate --lr 3e-4,1e-3,3e-3 --seeds 5        # each rule's lr chosen on validation
-naig simulate --faults 1:signflip:10 --lags 3,3,3,3 --strategies naig,hogwild,median,krum
-naig simulate --arrivals exp:1,exp:1,exp:2,exp:4 --strategies diloco,diloco-naig,hogwild
-naig simulate --engine distributed --nproc 5 --strategies naig,hogwild,sync --steps 50
-naig simulate --config run.toml --seeds 10         # a saved experiment, or a --json result
+# fixed lags 0,10,20,35; under a minute on 2 cores
+naig simulate
+# staleness from worker speeds; each rule's lr chosen on validation
+naig simulate --arrivals exp:1,exp:1,exp:2,exp:4
+naig simulate --lr 3e-4,1e-3,3e-3 --seeds 5
+naig simulate --faults 1:signflip:10 --lags 3,3,3,3 \\
+    --strategies naig,hogwild,median,krum
+naig simulate --arrivals exp:1,exp:1,exp:2,exp:4 \\
+    --strategies diloco,diloco-naig,hogwild
+naig simulate --engine distributed --nproc 5 --steps 50 \\
+    --strategies naig,hogwild,sync
+# a saved experiment, or a --json result
+naig simulate --config run.toml --seeds 10
 ```
 
 **Columns**: loss ± 95% CI over seeds; Δ, the mean paired per-seed difference ± half its 95% CI and

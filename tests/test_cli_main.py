@@ -77,6 +77,22 @@ def test_help_explains_every_symbol_the_command_prints(command: str, symbols: tu
         assert s in columns, s
 
 
+@pytest.mark.parametrize("command", ["simulate", "detect"])
+def test_help_examples_fit_80_columns_unwrapped(command: str) -> None:
+    """Help is read at 80 columns (a pipe, a narrow terminal): each example line is a whole command, a
+    comment or a continuation, never a command wrapped mid-word into the next line."""
+    from typer.testing import CliRunner
+
+    from naig_cli.main import app
+
+    text = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "80"}).stdout
+    block = text.split("Examples", 1)[1].split("Columns", 1)[0]
+    lines = [ln.strip() for ln in block.splitlines() if ln.strip()]
+    assert len(lines) >= 5, block
+    for ln in lines:
+        assert ln.startswith((f"naig {command}", "# ", "--")), ln
+
+
 def test_ctrl_c_before_a_result_says_so_in_one_line_and_exits_130() -> None:
     """A Ctrl-C while a command starts (here: as spectrum prints) is a one-line error, not silence."""
     code = ("import signal, naig_cli._common as c; "
