@@ -137,7 +137,8 @@ def test_csv_has_a_row_per_rank_per_step_and_reads_back_like_the_jsonl(tmp_path)
 
 
 def test_a_log_saved_with_a_byte_order_mark_reads_as_without_it(tmp_path) -> None:
-    """An editor may save a log as "UTF-8 with BOM": both formats read as the file without the mark."""
+    """An editor may save a log as "UTF-8 with BOM": both formats read as the file without the mark,
+    and a run appends to it."""
     _run(Records(JsonlRecords(tmp_path / "m.jsonl"), CsvRecords(tmp_path / "m.csv")))
     for name in ("m.jsonl", "m.csv"):
         plain = tmp_path / name
@@ -147,6 +148,9 @@ def test_a_log_saved_with_a_byte_order_mark_reads_as_without_it(tmp_path) -> Non
         assert (a.format, a.world) == (b.format, b.world)
         np.testing.assert_array_equal(a.steps, b.steps)
         assert a.flags == b.flags and a.rank_rows() == b.rank_rows()
+        writer = JsonlRecords if name.endswith(".jsonl") else CsvRecords
+        _run(writer(marked, append=True), seed=1)  # appending continues its steps, as without the mark
+        np.testing.assert_array_equal(read_log(marked).steps, np.arange(1, 2 * STEPS + 1))
 
 
 def test_existing_file_refused_unless_append_which_continues_the_steps(tmp_path) -> None:

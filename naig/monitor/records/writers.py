@@ -334,7 +334,7 @@ def _last_jsonl_step(path: Path, world: int | None) -> int:
     """The last step of an existing monitor JSONL of ``world`` ranks (any when None; UsageError otherwise)."""
     last, seen, number = 0, False, 0
     try:
-        with path.open(encoding="utf-8") as fh:
+        with path.open(encoding="utf-8-sig") as fh:
             for line in fh:
                 number += 1  # named in the error
                 if not line.endswith("\n"):
@@ -455,7 +455,7 @@ def _last_csv_step(path: Path) -> tuple[int, tuple[str, ...], int]:
     """
     line = 1
     try:
-        with path.open(newline="", encoding="utf-8") as fh:
+        with path.open(newline="", encoding="utf-8-sig") as fh:
             rows = csv.reader(fh)
             head = tuple(next(rows, ()))
             if csv_signals(head) is None:
