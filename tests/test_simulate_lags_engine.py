@@ -232,6 +232,34 @@ def test_a_ctrl_c_keeps_the_saved_files_of_the_runs_before_it_in_the_result(tmp_
     assert sorted(res.saved_files) == written and len(written) == 3  # ref and two workers
 
 
+def test_a_stop_while_a_step_is_saved_leaves_no_folder_under_its_name_and_a_rerun_writes_it_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C after the first of the step's three files: no ``naig-seed0-step5`` holding one file
+    (the audit would take it for the whole step), only the hidden ``.partial`` folder, which the
+    next run (refused nothing) empties and renames whole."""
+    import naig.simulate.lags.engine as lags_engine
+
+    real, calls = lags_engine.save_gradients, []
+
+    def stopped_at_the_second_file(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    cfg = TINY.with_options(strategies=("naig",), save_grads=str(tmp_path), save_at=(5,), jobs=1)
+    monkeypatch.setattr(lags_engine, "save_gradients", stopped_at_the_second_file)
+    res = run_experiment(cfg)
+    assert res.interrupted and not res.finished and res.saved_files == ()
+    assert [p.name for p in tmp_path.iterdir()] == [".naig-seed0-step5.partial"]
+    monkeypatch.setattr(lags_engine, "save_gradients", real)
+    res = run_experiment(cfg)
+    assert [p.name for p in tmp_path.iterdir()] == ["naig-seed0-step5"]
+    assert sorted(p.name for p in (tmp_path / "naig-seed0-step5").iterdir()) == [
+        "ref.safetensors", "worker0.safetensors", "worker1.safetensors"]
+    assert sorted(res.saved_files) == sorted(str(p) for p in (tmp_path / "naig-seed0-step5").iterdir())
+
+
 @pytest.mark.parametrize(("change", "field", "match"), [
     ({"strategies": ("naig", "fast")}, "strategies", "strategies='fast': unknown strategy"),
     ({"model": "gpt-9"}, "model", "model='gpt-9': unknown preset"),

@@ -23,6 +23,8 @@ Example:
 from __future__ import annotations
 
 import math
+import os
+import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -164,18 +166,25 @@ class LagsRun(OnServer):
 
     def save_gradients(self, root: Path) -> list[str]:
         """Write ref.safetensors (the least stale worker) and worker<k>.safetensors of the last
-        step, for the workers that were active in it."""
+        step, for the workers that were active in it, as one folder: written under a hidden
+        temporary name (``.RULE-seedK-stepT.partial``, emptied first if a run cut before left it)
+        and renamed whole, so a run stopped mid-write (Ctrl-C, a full disk) never leaves a folder
+        under the step's name with some workers' files missing (``naig audit`` would read it as
+        the whole step)."""
         t = self.t - 1
-        folder = root / grads_folder(self.name, self.seed, t)
+        name = grads_folder(self.name, self.seed, t)
+        folder, partial = root / name, root / f".{name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
         lags = self.lags.tolist()
         joined = [w for w in range(len(lags)) if self.warmup or lags[w] <= t]
         ref = joined[reference_index([lags[w] for w in joined])]
-        paths = []
-        for w, name in [(ref, "ref")] + [(w, f"worker{w}") for w in joined]:
+        files = []
+        for w, file in [(ref, "ref")] + [(w, f"worker{w}") for w in joined]:
             tensors = self.workload.params(self.grads[w].clone())
             meta = dict(lag=lags[w], step=t, worker=w, strategy=self.name, seed=self.seed)
-            paths.append(str(save_gradients(folder / f"{name}.safetensors", tensors, **meta)))
-        return paths
+            files.append(save_gradients(partial / f"{file}.safetensors", tensors, **meta).name)
+        os.replace(partial, folder)  # onto a missing or empty folder (LagsSetting.check_outputs)
+        return [str(folder / f) for f in files]
 
 
 class LagsEngine:
