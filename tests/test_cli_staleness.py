@@ -29,7 +29,8 @@ def test_table_output() -> None:
                    "per worker", "up: sketch only", "56 B", "staleness histogram", "arrivals/s"):
         assert needle in r.stdout, needle
     footer = r.stdout.split("statistics after a start-up of", 1)[1]  # the symbols, said below the tables
-    for symbol in ("τ staleness", "λ arrivals/s", "E[A] seconds", "E[max C]", "Little: λ̂·E[A] − 1", "B arrivals"):
+    for symbol in ("τ staleness", "λ arrivals/s", "E[A] seconds", "E[max C]", "Little: λ̂·E[A] − 1",
+                   "B arrivals"):
         assert symbol in footer, symbol
 
 

@@ -2,6 +2,8 @@
 
 import ast
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -122,3 +124,14 @@ def test_the_kind_check_finds_what_it_looks_for() -> None:
     """The check above can fail: it sees the patterns it forbids."""
     code = "isinstance(run, LagsRun)\nhasattr(run, 'sender')\ntype(s) is ArrivalsSetting\nisinstance(x, int)"
     assert len(_asks_the_kind(ast.parse(code))) == 3
+
+
+def test_the_tree_is_ruff_clean() -> None:
+    """The style the project holds itself to (pyproject's ``[tool.ruff]``), checked where the tests
+    run: ruff comes with the ``dev`` extra, pinned (a newer ruff may add rules to a selected family)."""
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
+    r = subprocess.run([ruff, "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-1000:]
