@@ -33,7 +33,10 @@ their mean; each step records every rank's payload and the Gram matrix of the M 
 statistics of a subset follow from the Gram matrix), so one recorded run gives many clean runs
 of K ranks; they share gradients, so they are not independent (an unusual gradient appears in
 every subset that holds its rank): the report gives both the number of replayed clean steps and
-the recorded ones behind them.
+the recorded ones behind them. The default pools: 200 steps for calibration and validation (the
+choices), 2000 for the three test pools (batch 8 twice, batch 64 once; 200 until 2026-12-06):
+at α = 10⁻⁴ a rate needs ~10⁵ replayed steps to be told from α/2 or 2α, and a long run reaches
+what a short one does not (a full tail record, whose refits come every 128 steps).
 
 **Methods**, run on the same records: ``monitor`` (``Monitor.decide`` on the gathered payloads,
 the code path of ``Monitor.observe`` after its all-gather: the default settings, sketched
@@ -111,8 +114,8 @@ class SequentialConfig:
     false_alarm: float = 1e-3
     pool_ranks: int = 10
     pools: tuple[PoolSpec, ...] = field(default_factory=lambda: (
-        PoolSpec(8, "calibration", 0, 200), PoolSpec(8, "validation", 1, 200), PoolSpec(8, "test", 2, 200),
-        PoolSpec(8, "test", 3, 200), PoolSpec(64, "validation", 5, 200), PoolSpec(64, "test", 4, 200)))
+        PoolSpec(8, "calibration", 0, 200), PoolSpec(8, "validation", 1, 200), PoolSpec(8, "test", 2, 2000),
+        PoolSpec(8, "test", 3, 2000), PoolSpec(64, "validation", 5, 200), PoolSpec(64, "test", 4, 2000)))
     fa_ranks: tuple[int, ...] = (3, 4, 8)
     fa_rates: tuple[float, ...] = (1e-3, 1e-4)
     replays: int = 40

@@ -317,8 +317,9 @@ def refit_every(recorded: int) -> int:
     A full record spans 1024 steps, so a fit every 128 (an eighth of it new) lags the record's own
     memory little, and costs a quarter of a fit every 32: at K = 4 a fit (the tails' quantiles and
     CUSUM chains, ~5 ms, and ``drift``'s bootstrap, ~10 ms) every 32 steps was a third of
-    ``Monitor.decide``'s mean cost (2026-12-06, benchmarks/monitor_step_cost.py). The runs of the
-    persistent-fault protocol (≤ 200 steps) never reach a full record: their decisions are unchanged.
+    ``Monitor.decide``'s mean cost (2026-12-06, benchmarks/monitor_step_cost.py). The persistent-fault
+    protocol's fault runs (51 steps) and validation pools (200) never fill the record, so its choice
+    of the default is unchanged; its 2000-step test pools measure the false alarms with it.
     """
     if recorded < TAIL_STEPS // 16:
         return RECALIBRATE
