@@ -23,8 +23,8 @@ __all__ = ["SCHEMA_VERSION", "PARAMS", "Measured", "StalenessReport", "measure",
            "round_time_estimate", "staleness_report"]
 
 SCHEMA_VERSION = 2
-"""Of the staleness JSON document (2: ``naig staleness --json`` adds ``warnings``, its stderr's
-warning lines)."""
+"""Of the staleness JSON document (2: the command's document also holds ``warnings``, the warning
+lines it writes on stderr)."""
 PARAMS = 124_439_808
 """Default model size for bandwidth figures: GPT-2 small (124,439,808 parameters)."""
 
