@@ -151,6 +151,20 @@ def test_a_log_saved_with_a_byte_order_mark_reads_as_without_it(tmp_path) -> Non
         writer = JsonlRecords if name.endswith(".jsonl") else CsvRecords
         _run(writer(marked, append=True), seed=1)  # appending continues its steps, as without the mark
         np.testing.assert_array_equal(read_log(marked).steps, np.arange(1, 2 * STEPS + 1))
+    joined = tmp_path / "joined.jsonl"  # two marked logs concatenated: a mark within, which read_log reads
+    joined.write_bytes((b"\xef\xbb\xbf" + (tmp_path / "m.jsonl").read_bytes()) * 2)
+    steps = len(read_log(joined).steps)
+    _run(JsonlRecords(joined, append=True), seed=2)
+    assert len(read_log(joined).steps) == steps + STEPS
+    for name, writer in (("only.jsonl", JsonlRecords), ("only.csv", CsvRecords)):  # a mark alone: empty
+        only = tmp_path / name
+        only.write_bytes(b"\xef\xbb\xbf")
+        _run(writer(only))  # as onto an empty file: nothing to refuse or continue
+        np.testing.assert_array_equal(read_log(only).steps, np.arange(1, STEPS + 1))
+    wide = tmp_path / "wide.jsonl"  # UTF-16: refused, naming its first line
+    wide.write_text((tmp_path / "m.jsonl").read_text(), encoding="utf-16")
+    with pytest.raises(UsageError, match=r"line 1: not UTF-8 text"):
+        JsonlRecords(wide, append=True)
 
 
 def test_existing_file_refused_unless_append_which_continues_the_steps(tmp_path) -> None:
@@ -407,6 +421,11 @@ def test_read_log_csv_errors_and_missing_files(tmp_path) -> None:
     log = read_log(cut)
     np.testing.assert_array_equal(log.steps, [1])
     assert log.cut.startswith("line 8 was cut") and "step 2 is incomplete" in log.cut
+    within = tmp_path / "within.csv"  # cut inside the last field: every field there, one shortened
+    within.write_text("".join(lines[:-1]) + lines[-1].rstrip("\r\n")[:-1])
+    log = read_log(within)
+    assert log.cut.startswith(f"line {len(lines)} was cut") and "no line break" in log.cut
+    assert len(log.steps) == len(read_log(path).steps) - 1  # the cut step is not read as whole
     inner = tmp_path / "inner.csv"
     inner.write_text("".join(lines[:7]) + lines[7][:30] + "\n" + "".join(lines[8:]))
     with pytest.raises(DataError, match=r"inner\.csv, line 8: .* fields, expected"):

@@ -286,8 +286,9 @@ def _read_csv(p: Path) -> MonitorLog:
             for row in reader:
                 if not row:
                     continue  # a blank line
-                if not ends[0] and len(row) != len(head):  # the last line, cut
-                    cut = f"line {reader.line_num} was cut ({len(row)} of {len(head)} fields)"
+                if not ends[0]:  # the last line, cut (the writers end every row with a line break)
+                    cut = (f"line {reader.line_num} was cut ({len(row)} of {len(head)} fields, no line "
+                           "break at its end: a full disk or a killed writer?)")
                     break
                 last = _csv_row(p, reader.line_num, row, col, signals, by_step, hosts, last)
     except UnicodeDecodeError as exc:

@@ -3,6 +3,7 @@ the monitor's group; see ``naig.monitor.records``."""
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 import math
@@ -239,6 +240,18 @@ def _rank_known_nonzero() -> bool:
     return rank not in (None, 0)
 
 
+def _holds_records(p: Path) -> bool:
+    """``p`` is a file with something in it: not missing, not empty, not a UTF-8 byte-order mark alone
+    (which ``read_log`` reads as an empty file)."""
+    try:
+        if not p.is_file():
+            return False
+        size = p.stat().st_size
+        return size > len(codecs.BOM_UTF8) or (size > 0 and p.read_bytes() != codecs.BOM_UTF8)
+    except OSError:
+        return False
+
+
 def _check_path(path: str | os.PathLike, field: str, append: bool, overwrite: bool = False) -> Path:
     """Check a record file before training: its directory exists, it is not a directory, and it does
     not exist unless ``append`` or ``overwrite`` (``naig.distributed.ddp``'s rule for its CSV).
@@ -254,7 +267,7 @@ def _check_path(path: str | os.PathLike, field: str, append: bool, overwrite: bo
                          field=field, value=str(p))
     if p.is_dir():
         raise UsageError("is a directory; pass a file name", field=field, value=str(p))
-    if not append and not overwrite and p.exists() and p.stat().st_size > 0:
+    if not append and not overwrite and _holds_records(p):
         raise UsageError("exists; pass append=True to continue it, overwrite=True to replace it, or another "
                          "path", field=field, value=str(p))
     return p
@@ -284,7 +297,7 @@ class _FileRecords(RecordWriter):
         self.append, self.overwrite = _file_mode(append, overwrite)
         self.path = Path(path) if _rank_known_nonzero() else _check_path(path, "path", self.append,
                                                                           self.overwrite)
-        if not _rank_known_nonzero() and self.append and self.path.is_file() and self.path.stat().st_size:
+        if not _rank_known_nonzero() and self.append and self.path.is_file() and _holds_records(self.path):
             self._check_existing()
         self._fh: IO[str] | None = None
 
@@ -313,7 +326,7 @@ class JsonlRecords(_FileRecords):
 
     def _open(self, header: dict) -> None:
         _check_path(self.path, "path", self.append, self.overwrite)
-        if self.append and self.path.exists() and self.path.stat().st_size > 0:
+        if self.append and _holds_records(self.path):
             self._offset = self._continued(_last_jsonl_step(self.path, header["world"]), rewinds=True)
             header["step_offset"] = self._offset
         self._fh = self.path.open("a" if self.append else "w", encoding="utf-8")
@@ -337,6 +350,7 @@ def _last_jsonl_step(path: Path, world: int | None) -> int:
         with path.open(encoding="utf-8-sig") as fh:
             for line in fh:
                 number += 1  # named in the error
+                line = line.removeprefix("\ufeff")  # a byte-order mark within: read_log reads it too
                 if not line.endswith("\n"):
                     raise ValueError("no line break at its end (a run cut mid-line?)")
                 if not line.strip():
@@ -351,7 +365,10 @@ def _last_jsonl_step(path: Path, world: int | None) -> int:
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError,
             OverflowError) as exc:
         ranks = "" if world is None else f" and {world} ranks"
-        why = str(exc).splitlines()[0][:120] if isinstance(exc, ValueError) else type(exc).__name__
+        if isinstance(exc, UnicodeDecodeError):  # raised reading the next line, before it was counted
+            number, why = number + 1, f"not UTF-8 text ({exc.reason})"
+        else:
+            why = str(exc).splitlines()[0][:120] if isinstance(exc, ValueError) else type(exc).__name__
         raise UsageError(f"is not a naig monitor JSONL of schema {SCHEMA_VERSION}{ranks} to append to "
                          f"(line {number}: {why}); pass another path, or overwrite=True", field="path",
                          value=str(path)) from None
@@ -396,7 +413,7 @@ class CsvRecords(_FileRecords):
     def _open(self, header: dict) -> None:
         _check_path(self.path, "path", self.append, self.overwrite)
         self._hosts = header["hosts"]
-        old = self.append and self.path.exists() and self.path.stat().st_size > 0
+        old = self.append and _holds_records(self.path)
         self._columns = CSV_COLUMNS
         if old:  # continued with the file's own header (one written before a signal existed has fewer)
             last, self._columns, ranks = _last_csv_step(self.path)
