@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 import naig.simulate as sim
-from naig.errors import UsageError
+from naig.errors import DataError, UsageError
 from naig.simulate import SimulateConfig, Workload, parse_int_list, run_experiment
 from naig.simulate.engines import start
 from naig.simulate.lags.engine import LagsEngine, allocate_ring, ring_rows
@@ -235,8 +235,8 @@ def test_a_ctrl_c_keeps_the_saved_files_of_the_runs_before_it_in_the_result(tmp_
 def test_a_stop_while_a_step_is_saved_leaves_no_folder_under_its_name_and_a_rerun_writes_it_whole(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C after the first of the step's three files: no ``naig-seed0-step5`` holding one file
-    (the audit would take it for the whole step), only the hidden ``.partial`` folder, which the
-    next run (refused nothing) empties and renames whole."""
+    (the audit would take it for the whole step), only a hidden ``.partial`` folder of its own,
+    which the next run leaves alone (as it leaves a user's file or folder of a like name)."""
     import naig.simulate.lags.engine as lags_engine
 
     real, calls = lags_engine.save_gradients, []
@@ -247,17 +247,53 @@ def test_a_stop_while_a_step_is_saved_leaves_no_folder_under_its_name_and_a_reru
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
+    (tmp_path / ".naig-seed0-step5.partial").write_text("a user's file")
     cfg = TINY.with_options(strategies=("naig",), save_grads=str(tmp_path), save_at=(5,), jobs=1)
     monkeypatch.setattr(lags_engine, "save_gradients", stopped_at_the_second_file)
     res = run_experiment(cfg)
     assert res.interrupted and not res.finished and res.saved_files == ()
-    assert [p.name for p in tmp_path.iterdir()] == [".naig-seed0-step5.partial"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert "naig-seed0-step5" not in left and len(left) == 2, left
     monkeypatch.setattr(lags_engine, "save_gradients", real)
     res = run_experiment(cfg)
-    assert [p.name for p in tmp_path.iterdir()] == ["naig-seed0-step5"]
-    assert sorted(p.name for p in (tmp_path / "naig-seed0-step5").iterdir()) == [
-        "ref.safetensors", "worker0.safetensors", "worker1.safetensors"]
-    assert sorted(res.saved_files) == sorted(str(p) for p in (tmp_path / "naig-seed0-step5").iterdir())
+    folder = tmp_path / "naig-seed0-step5"
+    assert sorted(p.name for p in folder.iterdir()) == ["ref.safetensors", "worker0.safetensors",
+                                                        "worker1.safetensors"]
+    assert sorted(res.saved_files) == sorted(str(p) for p in folder.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*left, folder.name])  # the others kept
+    assert (tmp_path / ".naig-seed0-step5.partial").read_text() == "a user's file"
+
+
+def test_a_step_folder_filled_during_the_run_is_a_one_line_error_and_no_hidden_folder_is_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process writes into the step's folder while the run saves: the rename cannot replace
+    it; a ``DataError`` names the folder, and the run's hidden folder is removed."""
+    import naig.simulate.lags.engine as lags_engine
+
+    real = lags_engine.save_gradients
+
+    def meanwhile(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        (tmp_path / "naig-seed0-step5").mkdir(exist_ok=True)
+        (tmp_path / "naig-seed0-step5" / "other.txt").write_text("not ours")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lags_engine, "save_gradients", meanwhile)
+    cfg = TINY.with_options(strategies=("naig",), save_grads=str(tmp_path), save_at=(5,), jobs=1)
+    with pytest.raises(DataError, match=r"naig-seed0-step5: the step's gradient files could not be put"):
+        run_experiment(cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["naig-seed0-step5"]
+    assert [p.name for p in (tmp_path / "naig-seed0-step5").iterdir()] == ["other.txt"]
+
+
+def test_a_step_folder_that_is_a_link_is_refused_before_training(tmp_path: Path) -> None:
+    """A link to an empty folder under a step's name: refused with the other non-empty names, before
+    any training (the step's folder is renamed into place, which a link cannot take)."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "grads").mkdir()
+    (tmp_path / "grads" / "naig-seed0-step5").symlink_to(tmp_path / "empty")
+    with pytest.raises(UsageError, match="naig-seed0-step5 there holds files of an earlier run .* a link"):
+        run_experiment(TINY.with_options(strategies=("naig",), save_grads=str(tmp_path / "grads"),
+                                         save_at=(5,)))
 
 
 @pytest.mark.parametrize(("change", "field", "match"), [

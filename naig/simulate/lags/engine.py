@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from naig.errors import UsageError
+from naig.errors import DataError, UsageError
 from naig.gibbs import reference_index
 from naig.io import save_gradients
 from naig.simulate.engines.base import OnServer
@@ -166,15 +167,21 @@ class LagsRun(OnServer):
 
     def save_gradients(self, root: Path) -> list[str]:
         """Write ref.safetensors (the least stale worker) and worker<k>.safetensors of the last
-        step, for the workers that were active in it, as one folder: written under a hidden
-        temporary name (``.RULE-seedK-stepT.partial``, emptied first if a run cut before left it)
-        and renamed whole, so a run stopped mid-write (Ctrl-C, a full disk) never leaves a folder
-        under the step's name with some workers' files missing (``naig audit`` would read it as
-        the whole step)."""
+        step, for the workers that were active in it, as one folder: written into a new hidden
+        folder of its own (``.RULE-seedK-stepT.XXXXXXXX.partial``) and renamed whole, so a run
+        stopped mid-write (Ctrl-C, a full disk) never leaves a folder under the step's name with
+        some workers' files missing (``naig audit`` would read it as the whole step); it leaves the
+        hidden folder, which no later run touches.
+
+        Raises:
+            DataError: the step's folder could not take the rename (it appeared, or was filled,
+                during the run); the hidden folder is removed.
+        """
         t = self.t - 1
         name = grads_folder(self.name, self.seed, t)
-        folder, partial = root / name, root / f".{name}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
+        folder = root / name
+        root.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=root))
         lags = self.lags.tolist()
         joined = [w for w in range(len(lags)) if self.warmup or lags[w] <= t]
         ref = joined[reference_index([lags[w] for w in joined])]
@@ -183,7 +190,13 @@ class LagsRun(OnServer):
             tensors = self.workload.params(self.grads[w].clone())
             meta = dict(lag=lags[w], step=t, worker=w, strategy=self.name, seed=self.seed)
             files.append(save_gradients(partial / f"{file}.safetensors", tensors, **meta).name)
-        os.replace(partial, folder)  # onto a missing or empty folder (LagsSetting.check_outputs)
+        try:
+            os.replace(partial, folder)  # onto a missing or empty folder (LagsSetting.check_outputs)
+        except OSError as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise DataError(f"{folder}: the step's gradient files could not be put there ({exc.strerror}); "
+                            "it must be missing or an empty folder: remove it or give `save_grads` "
+                            "another folder") from None
         return [str(folder / f) for f in files]
 
 

@@ -97,9 +97,9 @@ class LagsSetting:
             rule, _, rest = entry.name.partition("-seed")
             seed, _, step = rest.partition("-step")
             mine = seed.isdigit() and int(seed) < seeds and ours.get(f"{rule}-seed0-step{step}") == rule
-            check(not mine or (entry.is_dir() and not any(entry.iterdir())), "save_grads", self.save_grads,
-                  f"{entry.name} there holds files of an earlier run (or is a file), which this one would "
-                  "overwrite or leave beside its own; remove it or pass another folder")
+            check(not mine or _empty_folder(entry), "save_grads", self.save_grads,
+                  f"{entry.name} there holds files of an earlier run (or is a file or a link), which this "
+                  "one would overwrite or leave beside its own; remove it or pass another folder")
 
     def _check_saving(self) -> None:
         if self.save_grads is None:
@@ -120,6 +120,11 @@ class LagsSetting:
         return (f"worker(s) {','.join(map(str, late))} never join: their `lags` reach `steps` ({steps}); "
                 "a lag-τ "
                 "worker sends its first gradient at step τ (`warmup_theta0` starts them at θ_0)",)
+
+
+def _empty_folder(p: Path) -> bool:
+    """A real folder (not a link to one) with nothing in it: the rename of a step's folder may replace it."""
+    return p.is_dir() and not p.is_symlink() and not any(p.iterdir())
 
 
 def grads_folder(rule: str, seed: int, step: int) -> str:
