@@ -223,10 +223,16 @@ def _run(config: SimulateConfig, json_out: bool, plot: str | None, notes: tuple[
         print_json(_document(result, notes)) if json_out else _render(result)
     if plot is not None and result.finished:
         _plot(result, plot)
+    for warning in _run_warnings(result):
+        _warn(warning)
     if result.interrupted or late:
         fail(f"interrupted: {len(result.finished)} finished run(s) reported"
              + (f", {len(result.incomplete)} cut short" if result.incomplete else ""), 130)
-    _report_runs(result)
+    _report_incomplete(result)
+    if _every_run_diverged(result):
+        fix = "the injected --faults reach θ; try a robust rule" if result.config.faults else \
+            "try a smaller --lr"
+        fail(f"{result.run_warnings[-1]}; {fix}", 1)
 
 
 def _warn(text: str) -> None:
@@ -235,8 +241,21 @@ def _warn(text: str) -> None:
 
 
 def _document(result: SimulateResult, notes: tuple[str, ...]) -> dict:
-    """The JSON document: the result, with every warning stderr shows (``notes`` first) as its flags say."""
-    return {**result.to_dict(), "warnings": [word_flags(w) for w in (*notes, *result.warnings)]}
+    """The JSON document: the result, with every warning stderr shows (``notes`` first) as its flags say
+    (not the divergence of every run, which is the command's error)."""
+    config = result.config
+    said = (*notes, *config.strategy_warnings(), *config.ignored_options(), *_run_warnings(result))
+    return {**result.to_dict(), "warnings": [word_flags(w) for w in said]}
+
+
+def _every_run_diverged(r: SimulateResult) -> bool:
+    """Every run diverged and the experiment was not stopped: exit 1 with that line as the error."""
+    return bool(r.diverged) and len(r.diverged) == len(r.runs) and not r.interrupted
+
+
+def _run_warnings(r: SimulateResult) -> tuple[str, ...]:
+    """The runs' warnings stderr shows: none when every run diverged (that line is the error)."""
+    return () if _every_run_diverged(r) else r.run_warnings
 
 
 def _split(text: str | None) -> tuple[str, ...]:
@@ -318,19 +337,20 @@ def _reporter(advance: Callable[..., None], runs: int) -> Callable[[StepEvent], 
 
         def bar(e: StepEvent) -> None:
             run = (e.strategy, e.seed, e.lr)
-            advance(e.step - last.get(run, 0))
-            last[run] = e.step
+            end = e.steps if e.diverged else e.step  # a diverged run's steps are spent: the bar moves on
+            advance(end - last.get(run, 0))
+            last[run] = end
 
         return bar
 
     def line(e: StepEvent) -> None:
-        finished = e.step == e.steps
+        finished = e.step == e.steps or e.diverged
         now = time.monotonic()
         if not finished and (e.val_loss is None or now - done["said"] < HEARTBEAT_SECONDS):
             return
         done["runs"] += finished
         done["said"] = now
-        loss = "" if e.val_loss is None else f" val {e.val_loss:.4f}"
+        loss = " diverged" if e.diverged else "" if e.val_loss is None else f" val {e.val_loss:.4f}"
         rate = e.step / e.seconds if e.seconds > 0 else float("inf")
         end = f" (run {done['runs']} of {runs})" if finished else ""
         sys.stderr.write(f"{e.strategy} seed {e.seed} lr {e.lr:g} step {e.step}/{e.steps}{loss} "
@@ -338,18 +358,6 @@ def _reporter(advance: Callable[..., None], runs: int) -> Callable[[StepEvent], 
         sys.stderr.flush()
 
     return line
-
-
-def _report_runs(r: SimulateResult) -> None:
-    """Warn (exit 0) of runs that applied no update or diverged; exit 1 when a run could not finish
-    (``_report_incomplete``) or every run diverged."""
-    every = bool(r.diverged) and len(r.diverged) == len(r.runs)  # then run_warnings is that one line
-    for warning in () if every else r.run_warnings:
-        _warn(warning)
-    _report_incomplete(r)
-    if every:
-        fix = "the injected --faults reach θ; try a robust rule" if r.config.faults else "try a smaller --lr"
-        fail(f"{r.run_warnings[-1]}; {fix}", 1)
 
 
 def _pi_cell(s: StrategySummary, faulty: tuple[int, ...]) -> str:

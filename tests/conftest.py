@@ -11,6 +11,7 @@ import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -94,10 +95,15 @@ def warning_lines(r: subprocess.CompletedProcess) -> list[str]:
     return [ln for ln in r.stderr.splitlines() if notice is None or ln != f"warning: {notice}"]
 
 
+_PROGRESS = re.compile(r" steps/s( \(run \d+ of \d+\))?$")  # simulate's progress lines without a terminal
+
+
 def assert_one_line_error(r: subprocess.CompletedProcess, code: int, *needles: str) -> None:
-    """Exit ``code``, stderr is one line starting with 'error: ' and naming ``needles``."""
+    """Exit ``code``, stderr is one line starting with 'error: ' and naming ``needles`` (warnings and
+    progress lines aside)."""
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
-    lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("warning: ")]
+    lines = [ln for ln in r.stderr.splitlines()
+             if not ln.startswith("warning: ") and not _PROGRESS.search(ln)]
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert "Traceback" not in r.stderr
     for n in needles:

@@ -228,6 +228,8 @@ def test_some_runs_diverge_exit_0_with_a_warning(monkeypatch: pytest.MonkeyPatch
     assert "hogwild" in out.stdout and "diverged at step 0" in out.stdout
     warn = [ln for ln in out.stderr.splitlines() if " steps/s" not in ln]  # progress lines aside
     assert len(warn) == 1 and warn[0].startswith("warning: 1 of 2 runs diverged"), out.stderr
+    ends = [ln for ln in out.stderr.splitlines() if " steps/s (run " in ln]  # one line per run, as it ends
+    assert len(ends) == 2 and any(ln.startswith("hogwild seed 0 ") and " diverged " in ln for ln in ends)
     assert "hogwild seed 0 at step 0" in warn[0]
     js = _run("--strategies", "naig,hogwild", "--json")
     doc = json.loads(js.stdout)
@@ -251,11 +253,40 @@ def test_the_json_document_carries_the_warnings_of_stderr_in_their_order() -> No
 
 
 def test_every_run_diverges_exit_1_with_the_table_kept() -> None:
-    r = run_naig("simulate", "--steps", "3", "--seeds", "1", "--data-bytes", "200000",
-                 "--eval-every", "0", "--strategies", "hogwild,naig", "--lr", "1e6",
-                 "--optimizer", "sgd")
+    args = ("simulate", "--steps", "3", "--seeds", "1", "--data-bytes", "200000", "--eval-every", "0",
+            "--strategies", "hogwild,naig", "--lr", "1e6", "--optimizer", "sgd")
+    r = run_naig(*args)
     assert_one_line_error(r, 1, "2 of 2 runs diverged", "--lr")
     assert "diverged at step" in r.stdout and "naig" in r.stdout
+    r = run_naig(*args, "--json")  # the error, not a warning: the document's warnings hold stderr's only
+    assert_one_line_error(r, 1, "2 of 2 runs diverged", "--lr")
+    said = [ln.removeprefix("warning: ") for ln in r.stderr.splitlines() if ln.startswith("warning: ")]
+    assert json.loads(r.stdout)["warnings"] == said and not any("diverged" in w for w in said)
+
+
+def test_a_stop_after_a_run_diverged_says_the_divergence_on_stderr_as_in_the_json() -> None:
+    """SIGINT once the diverged run has ended (its progress line says so): the warning on stderr, then
+    the interruption's error, and the JSON document's ``warnings`` the same warning."""
+    import signal
+
+    cmd = [sys.executable, "-m", "naig_cli", "simulate", "--steps", "2000", "--seeds", "1", "--data-bytes",
+           "200003", "--eval-every", "0", "--strategies", "hogwild,naig", "--lags", "0,2,2", "--faults",
+           "1:nan", "--json", "--jobs", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
+    try:
+        first = proc.stderr.readline()
+        time.sleep(0.5)  # the run's result is kept just before its line; the other run takes ~40 s
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert first.startswith("hogwild seed 0 ") and " diverged " in first, first
+    assert proc.returncode == 130, err
+    said = [ln.removeprefix("warning: ") for ln in err.splitlines() if ln.startswith("warning: ")]
+    assert len(said) == 1 and said[0].startswith("1 of 1 runs diverged"), err
+    assert json.loads(out)["warnings"] == said
+    assert err.rstrip().splitlines()[-1].startswith("error: interrupted")
 
 
 @pytest.mark.parametrize("columns", [80, 200])

@@ -72,6 +72,7 @@ class StepEvent:
     steps: int  # steps per run
     val_loss: float | None  # validation loss when this step was an evaluation point
     seconds: float  # wall seconds spent in this run's steps so far
+    diverged: bool = False  # the run's last event: it diverged at this step and stops here
 
 
 @dataclass
@@ -216,7 +217,11 @@ def drive(config: SimulateConfig, workload: Workload, run: Run, ctx: RunContext)
                 ctx.progress(StepEvent(run.name, run.seed, run.lr, done, c.steps, loss, elapsed))
     ctx.saved += run.saved
     diverged = run.diverged_at if run.diverged_at is not None else nan_at
-    return _result(c, workload, run, ctx, curve, seconds, elapsed, marks, diverged)
+    result = _result(c, workload, run, ctx, curve, seconds, elapsed, marks, diverged)
+    if diverged is not None:  # its last event, once its result is made: the run ended before its budget
+        ctx.progress(StepEvent(run.name, run.seed, run.lr, max(done, run.progress), c.steps, None, elapsed,
+                               diverged=True))
+    return result
 
 
 def _result(c: SimulateConfig, workload: Workload, run: Run, ctx: RunContext, curve: list[tuple[int, float]],

@@ -331,7 +331,7 @@ class _ServerRun:
         self.rows: list[_Row] = []
         self.log, self.lost = _Log(), []
         self.diverged_at: int | None = None
-        self.start, self.paused, self.progress_done = time.perf_counter(), 0.0, 0
+        self.start, self.paused, self.progress_done, self.said_end = time.perf_counter(), 0.0, 0, False
         self.curve, self.seconds = [(0, ctx.untrained)], [0.0]
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -506,12 +506,15 @@ class _ServerRun:
     def _evaluate_if_due(self) -> None:
         c = self.config
         progress = self.gradients // self.k
-        if progress <= self.progress_done:
+        ended = self.diverged_at is not None and not self.said_end  # the run's last event, said once
+        if progress <= self.progress_done and not ended:
             return
         due = evaluates(c, progress, self.progress_done) and self.diverged_at is None
         loss = self._evaluate() if due else None
-        self.progress_done = progress
-        event = StepEvent(self.strategy.name, self.seed, self.lr, progress, c.steps, loss, self.wall())
+        ended = self.diverged_at is not None and not self.said_end  # the evaluation may find it diverged
+        self.progress_done, self.said_end = max(progress, self.progress_done), self.said_end or ended
+        event = StepEvent(self.strategy.name, self.seed, self.lr, self.progress_done, c.steps, loss,
+                          self.wall(), diverged=ended)
         self.ctx.progress(event)
 
     def _evaluate(self) -> float:
