@@ -52,7 +52,7 @@ naig detect --faults scale,noise,bitflip32 --test 5
 # every figure, one document; or the detection rate against magnitude
 naig detect --json > detect.json
 naig detect --plot detect.png
-# persistent faults, delays, long clean runs (long: docs/results)
+# persistent faults, delays, long clean runs (~1.5 h on one core)
 naig detect --protocol persistent --cache runs/
 ```
 """
