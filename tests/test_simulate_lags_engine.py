@@ -264,6 +264,21 @@ def test_a_stop_while_a_step_is_saved_leaves_no_folder_under_its_name_and_a_reru
     assert (tmp_path / ".naig-seed0-step5.partial").read_text() == "a user's file"
 
 
+def test_a_run_stopped_before_its_first_row_leaves_no_empty_log(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop as a run begins (its log opened, no row yet; a parallel child told to end then): no
+    empty ``NAME.partial.csv`` is left; a cut log always has its header and whole rows."""
+    import naig.simulate.runs as runs
+
+    def stopped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs, "_timed", stopped)
+    res = run_experiment(TINY.with_options(strategies=("naig",), log_dir=str(tmp_path), jobs=1))
+    assert res.interrupted and not res.finished
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_step_folder_filled_during_the_run_is_a_one_line_error_and_no_hidden_folder_is_left(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another process writes into the step's folder while the run saves: the rename cannot replace

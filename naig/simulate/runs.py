@@ -121,8 +121,9 @@ class _CsvLog:
     over the update's gradients), val loss (at evaluation points), π_k (empty for workers not in it).
 
     Written as ``NAME.partial.csv`` and renamed to ``NAME.csv`` when the run's block ends without
-    an exception: a run cut by Ctrl-C or an error leaves a file that says so, and never replaces a
-    finished run's log of the same name."""
+    an exception: a run cut by Ctrl-C or an error leaves a file that says so (its header and whole
+    rows; none when it was cut before its first row), and never replaces a finished run's log of the
+    same name."""
 
     def __init__(self, path: Path | None) -> None:
         self.fh, self.path = None, path
@@ -145,6 +146,8 @@ class _CsvLog:
             self.fh.close()
             if kind is None:
                 os.replace(self.partial, self.path)
+            elif not self.header:  # cut before its first row (a stop as it began): nothing to keep
+                self.partial.unlink(missing_ok=True)
 
     def __call__(self, run: Run, loss: float | None) -> None:
         last = run.history.last()
