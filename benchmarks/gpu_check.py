@@ -803,7 +803,7 @@ def simulate_part(args: argparse.Namespace, device: torch.device, clock: _Clock,
     rows, option = buffer_rows(cfg)
     n_params = sum(math.prod(s) for _, s in sketch_layout(args.model))
     record.update(steps=steps, config=cfg.to_dict(), n_params=n_params,
-                  notes=[*cfg.strategy_warnings(), *cfg.ignored_options()],
+                  notes=list(cfg.warnings()),
                   memory_estimate={"parameter_buffers": rows, "buffers_gib": 4 * rows * n_params / 2**30,
                                    "set_by": option})
     if steps <= max(args.lag_list):

@@ -206,7 +206,7 @@ def _run(config: SimulateConfig, json_out: bool, plot: str | None, notes: tuple[
     happened."""
     from naig.simulate import run_experiment
 
-    for warning in (*notes, *config.strategy_warnings(), *config.ignored_options()):
+    for warning in (*notes, *config.warnings()):
         _warn(warning)
     result = None
     try:
@@ -244,7 +244,7 @@ def _document(result: SimulateResult, notes: tuple[str, ...]) -> dict:
     """The JSON document: the result, with every warning stderr shows (``notes`` first) as its flags say
     (not the divergence of every run, which is the command's error)."""
     config = result.config
-    said = (*notes, *config.strategy_warnings(), *config.ignored_options(), *_run_warnings(result))
+    said = (*notes, *config.warnings(), *_run_warnings(result))
     return {**result.to_dict(), "warnings": [word_flags(w) for w in said]}
 
 

@@ -232,6 +232,15 @@ def test_beta_without_a_rule_that_uses_it_is_noted_not_silently_ignored() -> Non
     assert SimulateConfig.from_options(strategies=("naig-exact",), sketch_seed=99).ignored_options() != ()
 
 
+def test_the_warnings_known_before_training_are_the_rules_then_the_ignored_options() -> None:
+    """One list, assembled in one place: the CLI prints it before training and puts it in --json."""
+    c = SimulateConfig.from_options(strategies=("krum", "hogwild"), beta=5.0)
+    rules, ignored = c.strategy_warnings(), c.ignored_options()
+    assert len(rules) == 1 and rules[0].startswith("krum:") and "`beta` has no effect" in ignored[0]
+    assert c.warnings() == (*rules, *ignored)
+    assert SimulateConfig.from_options(strategies=("hogwild",)).warnings() == ()
+
+
 def test_window_mode_and_optimizer_are_noted_when_every_method_keeps_its_own_rounds() -> None:
     """sync and the local-update methods ignore B, the protocol and the server optimizer: they ran
     without a word while the header showed them. Noted now; the note is true (same results), and a

@@ -483,6 +483,16 @@ class SimulateConfig:
                                byzantine=r.byzantine, clip=r.clip,
                                reference=None if r.reference == "auto" else r.reference)
 
+    def warnings(self) -> tuple[str, ...]:
+        """Every one-line warning known before training: ``strategy_warnings`` (rules that run
+        degraded here), then ``ignored_options`` (options set that nothing listed uses). The CLI
+        prints them before the first step, and ``SimulateResult.warnings`` starts with them.
+
+        Raises:
+            UsageError: field ``strategies`` for a rule not defined in this setting or batch size.
+        """
+        return (*self.strategy_warnings(), *self.ignored_options())
+
     def strategy_warnings(self) -> tuple[str, ...]:
         """One-line warnings of the strategies that run degraded here (e.g. krum with small K).
 

@@ -137,7 +137,7 @@ class SimulateResult:
         """One-line warnings, options named as fields in backticks: rules that run degraded in this
         setting, options set that no listed rule uses (both known before training), then
         ``run_warnings``."""
-        return (*self.config.strategy_warnings(), *self.config.ignored_options(), *self.run_warnings)
+        return (*self.config.warnings(), *self.run_warnings)
 
     @property
     def run_warnings(self) -> tuple[str, ...]:
