@@ -350,7 +350,8 @@ def _reporter(advance: Callable[..., None], runs: int) -> Callable[[StepEvent], 
             return
         done["runs"] += finished
         done["said"] = now
-        loss = " diverged" if e.diverged else "" if e.val_loss is None else f" val {e.val_loss:.4f}"
+        loss = f" diverged at step {e.diverged_at}" if e.diverged else "" if e.val_loss is None \
+            else f" val {e.val_loss:.4f}"  # the step the table and --json name
         rate = e.step / e.seconds if e.seconds > 0 else float("inf")
         end = f" (run {done['runs']} of {runs})" if finished else ""
         sys.stderr.write(f"{e.strategy} seed {e.seed} lr {e.lr:g} step {e.step}/{e.steps}{loss} "

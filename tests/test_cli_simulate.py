@@ -229,7 +229,10 @@ def test_some_runs_diverge_exit_0_with_a_warning(monkeypatch: pytest.MonkeyPatch
     warn = [ln for ln in out.stderr.splitlines() if " steps/s" not in ln]  # progress lines aside
     assert len(warn) == 1 and warn[0].startswith("warning: 1 of 2 runs diverged"), out.stderr
     ends = [ln for ln in out.stderr.splitlines() if " steps/s (run " in ln]  # one line per run, as it ends
-    assert len(ends) == 2 and any(ln.startswith("hogwild seed 0 ") and " diverged " in ln for ln in ends)
+    # the run's last progress line names the step the table, the warning and --json name (it said
+    # "step 1/4 diverged": steps done, one more than the step it diverged at)
+    assert len(ends) == 2 and any(ln.startswith("hogwild seed 0 ") and " diverged at step 0 " in ln
+                                  for ln in ends), ends
     assert "hogwild seed 0 at step 0" in warn[0]
     js = _run("--strategies", "naig,hogwild", "--json")
     doc = json.loads(js.stdout)

@@ -72,7 +72,12 @@ class StepEvent:
     steps: int  # steps per run
     val_loss: float | None  # validation loss when this step was an evaluation point
     seconds: float  # wall seconds spent in this run's steps so far
-    diverged: bool = False  # the run's last event: it diverged at this step and stops here
+    diverged_at: int | None = None  # the run's last event: it diverged, at ``RunResult.diverged_at``
+
+    @property
+    def diverged(self) -> bool:
+        """This is a diverged run's last event (its steps are spent; it stops here)."""
+        return self.diverged_at is not None
 
 
 @dataclass
@@ -223,7 +228,7 @@ def drive(config: SimulateConfig, workload: Workload, run: Run, ctx: RunContext)
     result = _result(c, workload, run, ctx, curve, seconds, elapsed, marks, diverged)
     if diverged is not None:  # its last event, once its result is made: the run ended before its budget
         ctx.progress(StepEvent(run.name, run.seed, run.lr, max(done, run.progress), c.steps, None, elapsed,
-                               diverged=True))
+                               diverged_at=diverged))
     return result
 
 

@@ -514,7 +514,7 @@ class _ServerRun:
         ended = self.diverged_at is not None and not self.said_end  # the evaluation may find it diverged
         self.progress_done, self.said_end = max(progress, self.progress_done), self.said_end or ended
         event = StepEvent(self.strategy.name, self.seed, self.lr, self.progress_done, c.steps, loss,
-                          self.wall(), diverged=ended)
+                          self.wall(), diverged_at=self.diverged_at if ended else None)
         self.ctx.progress(event)
 
     def _evaluate(self) -> float:
