@@ -97,26 +97,36 @@ def _score(v: float) -> str:
     return "∞" if v == math.inf else fmt_num(v, ".3g")
 
 
+_DROP = ("host", "cos", "persistence", "drift", "turn", "distance", "steps", "energy", "norm", "last flag")
+"""The report's columns in the order they are left out to fit a narrow terminal (rank, flagged and
+flags stay)."""
+
+
 def _table(data: MonitorLog, rows: list[dict]) -> None:
     first, last = (int(data.steps[0]), int(data.steps[-1])) if len(data.steps) else (None, None)
     ranks = "rank" if data.world == 1 else "ranks"
     title = (f"{escape(printable(str(data.path)))}: {data.format}, K = {data.world} {ranks}, "
              f"{len(data.steps)} step{'' if len(data.steps) == 1 else 's'} ({first}..{last}); "
              "max score per signal")
-    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
-    for c in ("rank", "host", "steps", "flagged", "flags"):
-        t.add_column(c, justify="right" if c in ("rank", "steps", "flagged") else "left", overflow="fold",
-                     no_wrap=c == "flags")
-    for s in data.scores:
-        t.add_column(s, justify="right", min_width=len(s))
-    t.add_column("last flag", justify="right")
-    for r in rows:
-        flags = "\n".join(f"{k} ×{n}" for k, n in sorted(r["flags"].items())) or "—"
-        style = "red" if r["flagged_steps"] else None
-        t.add_row(str(r["rank"]), escape(printable(r["host"])) or "—", str(r["steps"]),
-                  str(r["flagged_steps"]), escape(flags), *(_score(r["max_score"][s]) for s in data.scores),
-                  str(r["last_flagged"]) if r["last_flagged"] is not None else "—", style=style)
+    cells = [{"rank": str(r["rank"]), "host": escape(printable(r["host"])) or "—", "steps": str(r["steps"]),
+              "flagged": str(r["flagged_steps"]),
+              "flags": escape("\n".join(f"{k} ×{n}" for k, n in sorted(r["flags"].items())) or "—"),
+              **{s: _score(r["max_score"][s]) for s in data.scores},
+              "last flag": str(r["last_flagged"]) if r["last_flagged"] is not None else "—"} for r in rows]
+
+    def build(columns: list[str]) -> Table:
+        t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+        for c in columns:
+            t.add_column(c, justify="left" if c in ("host", "flags") else "right", no_wrap=True)
+        for r, row in zip(rows, cells, strict=True):
+            t.add_row(*(row[c] for c in columns), style="red" if r["flagged_steps"] else None)
+        return t
+
+    columns = ["rank", "host", "steps", "flagged", "flags", *data.scores, "last flag"]
+    t, hidden = _common.fit_table(build, columns, [c for c in _DROP if c in columns], stdout.width)
     stdout.print(t)
+    if hidden:
+        stdout.print(_common.narrow_note(hidden), markup=False)
     for r in rows:
         if r["where"]:
             stdout.print(f"rank {r['rank']} at step {r['last_flagged']}: {escape(printable(r['where']))}")

@@ -121,3 +121,25 @@ def test_one_step_and_no_step_logs(logs, tmp_path) -> None:
     where.write_text(lines[0] + json.dumps(step) + "\n")
     assert_one_line_error(run_naig("monitor", "report", where), 1, "where.jsonl, line 2",
                           "'where' is not valid")
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_a_narrow_terminal_leaves_columns_out_and_says_so(logs, columns: int) -> None:
+    """As audit, simulate and detect do: whole cells and headers (no wrapped "flagge/d"), fewer columns,
+    a line naming what was left out; rank, flagged and flags stay."""
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "naig_cli", "monitor", "report", str(logs[0])],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "COLUMNS": str(columns)})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    table = r.stdout.split("max score per signal", 1)[1].split("too narrow for", 1)[0]
+    assert max(len(line) for line in table.splitlines()) <= columns
+    assert "…" not in table
+    header = table.split("───", 1)[0]
+    for name in ("rank", "flagged", "flags", "norm"):
+        assert f" {name} " in f"{header} ", header
+    hidden = r.stdout.split("(too narrow for ", 1)[1].split(":", 1)[0].split(", ")
+    assert hidden and all(f" {c} " not in f"{header} " for c in hidden), (hidden, header)

@@ -1114,3 +1114,23 @@ def test_a_false_alarm_rate_float64_cannot_threshold_is_refused_naming_it() -> N
         s = rng.normal(size=(8, 14))
         decision = det.update(rank_signals(s, (s ** 2).sum(1), np.zeros(8)))
     assert not decision.warmup and math.isfinite(decision.thresholds["transient"]["norm"])
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_a_decisions_thresholds_are_the_ones_its_flags_passed(k: int) -> None:
+    """``Decision.thresholds`` (what the records' scores |u| / t divide by) are this step's, not the
+    ones refitted after it took the step's values: every flag's threshold equals its test's there, and
+    every flagged test scores above 1. (Until 2026-12-06 the decision read them after the step's values
+    were pooled: a flag of z = 143 over 5.28 was recorded as a score of 20.2.)"""
+    det = Detector(k, quiet=True)
+    flagged = 0
+    for i, g in enumerate(_stream(k, 90, 1.0, seed=300 + k)):
+        if i >= 16 and i % 2:  # a rank ×1000 every other step, the refit steps (24, 32, ...) among them
+            g = _corrupt(g, i % k, "scale")
+        d = det.update(_signals(g))
+        for f in d.flags:
+            if f.signal in SIGNALS:
+                flagged += 1
+                assert f.threshold == d.thresholds[f.score][f.signal], (d.step, f)
+                assert abs(f.z) / d.thresholds[f.score][f.signal] > 1.0, (d.step, f)
+    assert flagged >= 30

@@ -1148,13 +1148,14 @@ class Detector:
         while scored.flags:
             c, scored, active, ref = self._explain(sig, active, ref, scored)
             flags += [f for f in kept.setdefault(c, scored.parent).flags if f.rank == c]
+        thresholds = self._thresholds()  # the ones this step's tests used (committing may refit them)
         self._commit(first, scored, kept, flags, sig.usable)  # named ranks are now "recent"
         if "drift" in self.signals and self.world > 2:
             self._fold_drift(sig, flags)
         flags.sort(key=lambda f: (f.rank, f.signal != "nonfinite", f.score, f.signal))
         view = _View.of(self, scored, kept)
         return Decision(self.step, self.world, self.action, tuple(flags), view.transient, view.cusum,
-                        self._thresholds(), warming)
+                        thresholds, warming)
 
     def _reference(self, active: np.ndarray) -> np.ndarray:
         """The usable ranks not named within the last ``hold`` steps (all usable if < 2 would remain)."""
