@@ -69,6 +69,7 @@ def test_plot_is_written(tmp_path) -> None:  # noqa: ANN001
     (["--steps", "900000", "--test", "9000"], ["--steps 900000", "GiB"]),
     (["--test", "100000000"], ["--test 100000000", "too many seeds", "smaller --test"]),
     (["--warmup", "100000000"], ["--warmup 100000000", "too many steps", "smaller --warmup"]),
+    (["--threads", "100000"], ["--threads 100000", "from 1 to 1024"]),  # a segfault until 2026-12-06
 ])
 def test_bad_options_are_one_line_usage_errors(args: list[str], needles: list[str]) -> None:
     assert_one_line_error(run_naig(*TINY, *args), 2, *needles)
@@ -145,6 +146,12 @@ def test_plot_write_failure_is_one_line_naming_plot(capsys) -> None:  # noqa: AN
     (["--protocol", "persistent", "--sketch-seed", "0"], ["--sketch-seed 0", "--protocol steps only"]),
     (["--replays", "40"], ["--replays 40", "--protocol persistent only"]),
     (["--protocol", "persistent", "--cache", ""], ["--cache ''", "an empty path"]),
+    # until 2026-12-06: a segfault; a repeated kind counted twice; a traceback after a minute of work
+    (["--protocol", "persistent", "--threads", "100000"], ["--threads 100000", "from 1 to 1024"]),
+    (["--protocol", "persistent", "--faults", "scale:2,nan:1,scale:2"],
+     ["--faults", "scale:2 listed more than once"]),
+    (["--protocol", "persistent", "--ranks", "2000000", "--faults", "nan:1"],
+     ["--ranks 2000000", "GiB", "smaller --ranks"]),
 ])
 def test_protocol_options_are_one_line_usage_errors(args: list[str], needles: list[str]) -> None:
     assert_one_line_error(run_naig("detect", *args), 2, *needles)

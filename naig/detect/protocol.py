@@ -52,6 +52,7 @@ from naig.monitor.signals import MonitorSketch
 from naig.simulate.model import get_preset
 from naig.simulate.workload import Workload, WorkloadConfig, fault_seed, make_optimizer
 from naig.sketch.core import check_seed
+from naig.threads import check_threads
 
 __all__ = ["DetectConfig", "SeedRun", "ROLES", "run_protocol", "run_seed", "build_workload", "faulty_grad"]
 
@@ -90,11 +91,12 @@ class DetectConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "faults", parse_kinds(self.faults))
         ints = {"ranks": 3, "steps": 1, "warmup": 0, "calibration": 1, "validation": 0, "test": 1,
-                "window": 3, "batch_size": 1, "context": 2, "data_bytes": 1, "threads": 1}
+                "window": 3, "batch_size": 1, "context": 2, "data_bytes": 1}
         for name, low in ints.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise UsageError(f"must be an int >= {low}", field=name, value=v)
+        check_threads(self.threads)
         seeds = self.calibration + self.validation + self.test
         if seeds > MAX_SEEDS:
             role = max(ROLES, key=lambda r: getattr(self, r))

@@ -69,6 +69,7 @@ from naig.errors import UsageError
 from naig.faults import apply_fault
 from naig.monitor.signals import MonitorSketch, pack
 from naig.simulate.workload import Workload, WorkloadConfig, fault_seed, make_optimizer
+from naig.threads import check_threads
 
 __all__ = ["FAULTS", "STALE", "PERTURB", "SequentialConfig", "PoolSpec", "Record", "Context",
            "fault_runs", "pool_run", "subset", "record_all", "total_steps"]
@@ -123,16 +124,21 @@ class SequentialConfig:
 
     def __post_init__(self) -> None:
         ints = {"ranks": 3, "batch_size": 1, "context": 2, "data_bytes": 1, "onset": 2, "horizon": 0,
-                "validation": 0, "test": 1, "pool_ranks": 3, "replays": 1, "threads": 1}
+                "validation": 0, "test": 1, "pool_ranks": 3, "replays": 1}
         for name, low in ints.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise UsageError(f"must be an int >= {low}", field=name, value=v)
+        check_threads(self.threads)
         faults = tuple(self.faults)
         bad = [f for f in faults if f not in FAULTS]
         if not faults or bad:
             raise UsageError(f"use a comma list of {', '.join(FAULTS)}", field="faults",
                              value=",".join(faults))
+        twice = sorted({f for f in faults if faults.count(f) > 1})
+        if twice:
+            raise UsageError(f"{', '.join(twice)} listed more than once; name each fault kind once",
+                             field="faults", value=",".join(faults))
         object.__setattr__(self, "faults", faults)
         if "stale" in faults and self.onset <= STALE:
             raise UsageError(f"must be > {STALE} with the stale fault (its weights lag {STALE} steps)",
@@ -195,6 +201,10 @@ class Context:
         self.batch = cfg.batch_size if batch is None else batch
         self.wl = Workload(WorkloadConfig(model=cfg.model, data=cfg.data, data_bytes=cfg.data_bytes,
                                           batch_size=self.batch, eval_batches=1))
+        # float32 gradients and their float64 copy per rank, the stale θ history, θ, Adam and a snapshot
+        ranks = max(cfg.ranks, cfg.pool_ranks)
+        self.wl.check_memory(3 * ranks + STALE + 8, "ranks" if cfg.ranks >= cfg.pool_ranks else "pool_ranks",
+                             ranks)
         self.sketch = MonitorSketch.build(list(zip(self.wl.names, self.wl.sizes, strict=True)), 0, 1)
 
     def grad(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
@@ -399,6 +409,7 @@ def record_all(cfg: SequentialConfig, advance: Callable[[int], None] | None = No
     import json
     from pathlib import Path
 
+    ctx = Context(cfg)  # refuses a run that would not fit in memory before the cache is touched
     before = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     root = Path(cache) if cache is not None else None
@@ -412,7 +423,6 @@ def record_all(cfg: SequentialConfig, advance: Callable[[int], None] | None = No
         meta.write_text(doc)
     try:
         faults: dict[str, list[Record]] = {"validation": [], "test": []}
-        ctx = Context(cfg)
         for role in ("validation", "test"):
             for seed in cfg.seeds(role):
                 make = lambda s=seed: fault_runs(ctx, s, advance)  # noqa: E731
