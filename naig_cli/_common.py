@@ -17,6 +17,7 @@ import functools
 import io
 import math
 import os
+import pathlib
 import re
 import sys
 import tempfile
@@ -282,10 +283,12 @@ def save_figure(fig: Any, path: str, **kwargs: Any) -> None:
     """``fig.savefig(path, **kwargs)`` through a temporary file in the same folder, renamed over
     ``path`` once whole: a plot cut short (disk full, Ctrl-C) never lies under the name asked for. An
     OSError is a one-line error naming ``--plot`` with exit 1; a Ctrl-C one with exit 130."""
-    folder, name = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=folder)
-    os.close(fd)
+    from naig.io import temp_beside  # the permissions of a file the user creates (mkstemp's are 0600)
+
+    name, tmp = os.path.basename(path), None
     try:
+        fd, tmp = temp_beside(pathlib.Path(path), ".partial")
+        os.close(fd)
         fig.savefig(tmp, format=os.path.splitext(name)[1].lstrip(".").lower(), **kwargs)
         os.replace(tmp, path)
     except OSError as exc:
@@ -297,8 +300,9 @@ def save_figure(fig: Any, path: str, **kwargs: Any) -> None:
         fail(f"interrupted while writing --plot {_cli_value(path)}: the results above are complete; no plot "
              "was written", 130)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 def handle_errors(fn: F | None = None, *, words: Callable[[], Mapping[str, str]] | None = None) -> Any:
@@ -374,6 +378,7 @@ def fmt_num(v: float | None, spec: str, big: float | None = None) -> str:
 
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0 and C1 control characters
+_LONE_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")  # surrogates surrogateescape did not make
 
 
 def printable(obj: Any) -> Any:
@@ -389,6 +394,7 @@ def printable(obj: Any) -> Any:
         {'file': 'w\\xff\\x1b[31m.safetensors', 'n': [1, 'ok']}
     """
     if isinstance(obj, str):
+        obj = _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", obj)  # not from a file name's bytes
         text = obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
     if isinstance(obj, dict):

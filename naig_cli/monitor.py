@@ -110,7 +110,8 @@ def _table(data: MonitorLog, rows: list[dict]) -> None:
              "max score per signal")
     cells = [{"rank": str(r["rank"]), "host": escape(printable(r["host"])) or "—", "steps": str(r["steps"]),
               "flagged": str(r["flagged_steps"]),
-              "flags": escape("\n".join(f"{k} ×{n}" for k, n in sorted(r["flags"].items())) or "—"),
+              "flags": escape("\n".join(f"{printable(k)} ×{n}" for k, n in sorted(r["flags"].items()))
+                              or "—"),
               **{s: _score(r["max_score"][s]) for s in data.scores},
               "last flag": str(r["last_flagged"]) if r["last_flagged"] is not None else "—"} for r in rows]
 

@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -61,6 +63,9 @@ def test_report_table_and_plot(logs, tmp_path) -> None:
                    f"plot: {png}"):
         assert needle in r.stdout, needle
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(png.stat().st_mode) == 0o666 & ~umask  # not mkstemp's 0600 (until 2026-12-06)
 
 
 def test_a_log_cut_mid_line_shows_every_complete_step_and_says_what_was_cut(logs, tmp_path) -> None:
@@ -143,3 +148,22 @@ def test_a_narrow_terminal_leaves_columns_out_and_says_so(logs, columns: int) ->
         assert f" {name} " in f"{header} ", header
     hidden = r.stdout.split("(too narrow for ", 1)[1].split(":", 1)[0].split(", ")
     assert hidden and all(f" {c} " not in f"{header} " for c in hidden), (hidden, header)
+
+
+def test_lone_surrogates_in_a_log_are_printed_escaped_not_a_traceback(logs, tmp_path) -> None:
+    """A strictly valid JSONL may hold ``\\ud800`` (JSON's escape of a lone surrogate) in a host name or
+    a flag's test: shown as ``\\ud800``, exit 0, in the table and in --json (until 2026-12-06: a
+    UnicodeEncodeError traceback)."""
+    lines = logs[0].read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    header["hosts"] = ["\ud800", "b", "c"]
+    step = json.loads(lines[BAD_STEP])
+    step["flags"][0]["score"] = "\udfff"
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text(json.dumps(header) + "\n" + "".join(lines[1:BAD_STEP]) + json.dumps(step) + "\n"
+                   + "".join(lines[BAD_STEP + 1:]))
+    r = run_naig("monitor", "report", odd)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "\\ud800" in r.stdout and "\\udfff" in r.stdout, r.stdout
+    doc = run_naig("monitor", "report", odd, "--json")
+    assert doc.returncode == 0 and "\\\\ud800" in doc.stdout, doc.stderr
