@@ -14,6 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from naig.errors import UsageError
@@ -230,6 +231,26 @@ def test_register_and_attach_refuse_other_objects() -> None:
     with pytest.raises(UsageError) as err:
         hook.attach("sgd")
     assert err.value.field == "optimizer"
+
+
+def test_register_refuses_a_ddp_of_another_model_or_another_group() -> None:
+    """The hook reads the parameters of its ``module`` and all-reduces over the monitor's group: a DDP
+    model wrapping another model, or reducing over another group, is refused at ``register`` (until
+    2026-12-06 the first was read under placeholder names, and the second changed the gradients in
+    ``log`` mode: the hook reduced over WORLD where DDP reduces over its pair)."""
+    with process_group_in_this_process():
+        model = torch.nn.Linear(3, 2)
+        ddp = DistributedDataParallel(model)
+        with pytest.raises(UsageError) as err:
+            MonitorHook(torch.nn.Linear(3, 2)).register(ddp)
+        assert err.value.field == "module"
+        group = dist.new_group([0])
+        other = DistributedDataParallel(torch.nn.Linear(3, 2), process_group=group)
+        with pytest.raises(UsageError) as err:
+            MonitorHook(other).register(other)
+        assert err.value.field == "process_group"
+        assert MonitorHook(other, Monitor(process_group=group)).register(other).monitor.group is group
+        assert MonitorHook(model).register(ddp).names  # the model DDP wraps: accepted
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and NCCL)")

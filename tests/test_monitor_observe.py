@@ -148,11 +148,22 @@ def test_the_signals_handed_on_hold_what_the_detectors_measured_with_their_state
     ({"w": torch.ones(2)}, {"callback": "print"}, "callback"),
     ({"w": torch.ones(2)}, {"process_group": 5}, "process_group"),
     ({"w": torch.ones(2)}, {"line": (1.9, 2.2, 4.0)}, "line"),  # was truncated to (1, 2, 4)
+    ({1: torch.ones(2), "1": -torch.ones(2)}, {}, "grads"),  # one name as str: summed to a zero sketch
 ])
 def test_bad_arguments_are_usage_errors(grads: object, kwargs: dict, field: str) -> None:
     with pytest.raises(UsageError) as err:
         Monitor(**kwargs).observe(grads)
     assert err.value.field == field
+
+
+def test_signals_and_scores_are_read_once_at_construction() -> None:
+    """An iterator (or a list the caller changes afterwards) is read when the monitor is built: until
+    2026-12-06 the first ``observe`` re-read the exhausted iterator and refused it there."""
+    signals = ["norm", "distance"]
+    mon = Monitor(signals=iter(signals), scores=(s for s in ["transient"]))
+    signals.append("bogus")
+    decision = mon.observe({"w": torch.ones(3)})
+    assert set(decision.transient) == {"norm", "distance"} and set(decision.thresholds) == {"transient"}
 
 
 def test_importing_the_monitor_loads_no_scipy_and_no_simulator() -> None:

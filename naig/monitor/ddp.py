@@ -145,12 +145,20 @@ class MonitorHook(GradientMonitor):
         """``ddp.register_comm_hook(self, monitor_comm_hook)``; returns self.
 
         Raises:
-            UsageError: not a ``DistributedDataParallel``, or one with a communication hook already
-                (DDP takes one per model: pass the other as ``comm_hook``).
+            UsageError: not a ``DistributedDataParallel``; one with a communication hook already
+                (DDP takes one per model: pass the other as ``comm_hook``); one wrapping another model
+                than this hook's ``module``; one reducing over another group than the monitor's.
         """
         if not isinstance(ddp, nn.parallel.DistributedDataParallel):
             raise UsageError(f"got {a_type(ddp)}; pass the DistributedDataParallel model",
                              field="ddp")
+        if any(id(p) not in self.names for p in ddp.module.parameters()):
+            raise UsageError("this DDP model wraps another model than the hook's: pass the model DDP wraps "
+                             "(or the DDP model itself) to MonitorHook", field="module")
+        if ddp.process_group is not self._group():
+            raise UsageError("this DDP model reduces over another process group than the monitor's (its "
+                             "own all-reduce would then mix ranks DDP does not); pass that group as "
+                             "Monitor(process_group=...)", field="process_group")
         if self.replicated:  # what DDP synchronises: not the parameters it ignores
             self.weights = replicated_weights(ddp.module, self.monitor, ddp.parameters_to_ignore)
         try:

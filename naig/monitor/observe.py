@@ -37,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
 import socket
@@ -159,9 +160,11 @@ class Monitor:
         self.timeout, self.callback = float(timeout), callback
         self.weights_asked = None if weights_every is None else check_every(weights_every)
         self.replicas = ReplicaCheck(WEIGHTS_EVERY if weights_every is None else self.weights_asked)
-        self._detector_args = dict(false_alarm=false_alarm, window=window, warmup=warmup, signals=signals,
-                                   scores=scores, delta=delta, clip=clip, hold=hold, action=action)
-        Detector(1, **self._detector_args, quiet=True)  # check the detector's arguments now
+        args = dict(false_alarm=false_alarm, window=window, warmup=warmup, signals=signals, scores=scores,
+                    delta=delta, clip=clip, hold=hold, action=action)
+        probe = Detector(1, **args, quiet=True)  # check the detector's arguments now
+        # kept as read (an iterator is read once; a list the caller changes later is not followed)
+        self._detector_args = {**args, "signals": tuple(probe.signals), "scores": tuple(probe.scores)}
         self.detector: Detector | None = None
         self.signals: RankSignals | None = None
         self.decision: Decision | None = None
@@ -657,6 +660,11 @@ def _flatten(grads: Mapping[str, Tensor | None] | Tensor, full_dtensor: bool = F
                          field=field)
     if not items:
         raise UsageError("no gradient to observe (empty, or every entry None)", field=field)
+    names = [n for n, _ in items]
+    if len(set(names)) != len(names):  # keys that differ but read the same (1 and "1") share hash codes
+        twice = next(n for n, c in collections.Counter(names).items() if c > 1)
+        raise UsageError(f"two entries are named {twice!r} (as str); give each tensor its own name",
+                         field=field)
     bad = [n for n, g in items if not isinstance(g, Tensor) or not g.is_floating_point()]
     if bad:
         raise UsageError(f"not a float tensor: {', '.join(bad[:3])}", field=field)
