@@ -713,3 +713,18 @@ def test_a_closed_writer_leaves_the_monitor_which_goes_on_deciding(tmp_path) -> 
     mon.writers[0].close()
     assert read_log(tmp_path / "a.jsonl").steps.tolist() == [1]
     assert read_log(tmp_path / "b.jsonl").steps.tolist() == [3, 4]
+
+
+def test_two_writers_of_one_file_are_refused_until_the_first_is_closed(tmp_path) -> None:
+    """A CSV and a JSONL writer (or two of one kind) on one path would interleave their lines into a
+    file neither can read: the second is refused when made, naming the first; once the first is closed
+    (or collected) the path is free. Until 2026-12-06 both wrote it."""
+    path = tmp_path / "k.log"
+    first = CsvRecords(path)
+    for make in (lambda: JsonlRecords(path), lambda: CsvRecords(tmp_path / "." / "k.log")):
+        with pytest.raises(UsageError) as err:
+            make()
+        assert err.value.field == "path" and "CsvRecords" in str(err.value)
+    first.close()
+    JsonlRecords(path).close()
+    assert not path.exists()  # refused writers wrote nothing

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import warnings
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -288,6 +289,10 @@ def _file_mode(append: object, overwrite: object) -> tuple[bool, bool]:
     return append, overwrite
 
 
+_WRITING: weakref.WeakValueDictionary[str, _FileRecords] = weakref.WeakValueDictionary()
+"""The file writers of this process by real path, until closed (or collected): one file, one writer."""
+
+
 class _FileRecords(RecordWriter):
     """A writer to one file (JSONL, CSV): the path checked on construction (rank 0), and with
     ``append`` an existing file read first (``_check_existing``: one of this writer's kind)."""
@@ -300,6 +305,18 @@ class _FileRecords(RecordWriter):
         if not _rank_known_nonzero() and self.append and self.path.is_file() and _holds_records(self.path):
             self._check_existing()
         self._fh: IO[str] | None = None
+        self._key = os.path.realpath(self.path)
+        other = _WRITING.get(self._key)
+        if other is not None and not other._closed:  # both would write it, one line over the other
+            raise UsageError(f"{other._describe()} writes this file already (until it is closed); give each "
+                             "writer its own path", field="path", value=str(path))
+        _WRITING[self._key] = self
+
+    def close(self) -> None:
+        """As ``RecordWriter.close``; the path is then free for another writer of this process."""
+        super().close()
+        if _WRITING.get(self._key) is self:
+            del _WRITING[self._key]
 
     @abstractmethod
     def _check_existing(self) -> None:
