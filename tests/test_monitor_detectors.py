@@ -1189,3 +1189,35 @@ def test_two_clean_ranks_moving_together_flag_about_the_chosen_rate() -> None:
     flagged = [det.update(_signals(g)).flagged for g in _common_jitter(616, seed=10)][16:]
     rate = float(np.mean(flagged))
     assert rate <= 0.05 + 4 * math.sqrt(0.05 * 0.95 / len(flagged)), rate
+
+
+def _cut_pool(state: dict) -> None:
+    state["pool"]["norm"] = state["pool"]["norm"][-3:]  # the other signals keep theirs
+
+
+def _long_pool(state: dict) -> None:
+    for name in state["pool"]:
+        state["pool"][name] = state["pool"][name] * 4
+
+
+@pytest.mark.parametrize("damage", [
+    _cut_pool, _long_pool,
+    lambda st: st.update(step=30),  # the tail record holds more steps
+    lambda st: st["drift"].update(cov_count=10 ** 20),
+    lambda st: st.update(extra=1),
+    lambda st: st["pool"].update(bogus=[]),
+    lambda st: st["settings"].update(temperature=1.0),
+], ids=["one-pool-cut", "pools-past-window", "step-below-records", "drift-count", "extra-key", "extra-pool",
+        "extra-setting"])
+def test_a_state_whose_records_disagree_is_refused_not_trimmed(damage) -> None:  # noqa: ANN001
+    """Each loaded until 2026-12-06 (pools trimmed to the window, records longer than the steps taken,
+    unknown entries ignored), and a cut pool changed every decision after it: refused at load, one line."""
+    det = Detector(4, quiet=True)
+    for g in _stream(4, 90, 1.0, seed=2):
+        det.update(_signals(g))
+    state = copy.deepcopy(det.state_dict())
+    damage(state)
+    with pytest.raises(UsageError) as err:
+        Detector(4, quiet=True).load_state_dict(state)
+    assert err.value.field == "state" and "\n" not in str(err.value)
+    Detector(4, quiet=True).load_state_dict(det.state_dict())  # the state itself loads

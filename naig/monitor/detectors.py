@@ -1501,6 +1501,11 @@ class Detector:
         afresh = older != list(self.signals) and saved == older
         if afresh:
             theirs["signals"] = list(self.signals)  # saved before these signals existed: they start afresh
+        unknown = sorted(set(theirs) - set(mine))
+        if unknown:
+            raise UsageError("the state was saved with settings this detector does not have "
+                             f"({', '.join(unknown)}); load a state saved by Detector.state_dict()",
+                             field="state")
         for key, value in mine.items():
             other = theirs.get(key)
             if (list(other) if isinstance(other, list | tuple) else other) != value or \
@@ -1538,6 +1543,7 @@ class Detector:
             if "drift" in calibration and math.isnan(h_drift):  # inf (not yet fittable) saves as None
                 calibration["drift"] = (math.inf, calibration["drift"][1])
             _check_counters(step, stat, start, named, fresh)
+            _check_records(state, saved, step, self.window, self.world, drift[3])
             if afresh:
                 calibration = {}  # fitted with fewer tests per rank (a larger α each): refit
         except (KeyError, TypeError, ValueError, OverflowError, np.linalg.LinAlgError) as exc:
@@ -1695,6 +1701,38 @@ def _drift_rows(saved: object, k: int
 
 def _plain(row: np.ndarray) -> list[float | None]:
     return [float(v) if math.isfinite(v) else None for v in row]
+
+
+_STATE_KEYS = frozenset({"version", "settings", "step", "pool", "stat", "start", "named", "tails", "recent",
+                         "calibration", "fresh", "last", "drift"})
+
+
+def _check_records(state: Mapping, saved: list[str], step: int, window: int, world: int, cov_count: int
+                   ) -> None:
+    """The records of a state agree with each other: only known keys, a record per saved signal and no
+    other, every signal's pool the same length (each step pools every signal) and within ``window``,
+    no record (pool, tail record) longer than the steps taken, the recent spread within its steps, and
+    no more drifts in the covariance than ranks × steps.
+
+    Raises:
+        ValueError: naming what disagrees.
+    """
+    extra = sorted(set(state) - _STATE_KEYS)
+    if extra:
+        raise ValueError(f"unknown entries {extra[:3]}")
+    for part in ("pool", "tails", "recent") if state["version"] >= 3 else ("pool",):
+        got = state.get(part, {})
+        if not isinstance(got, Mapping) or set(got) != set(saved):
+            raise ValueError(f"its {part} has not one record per saved signal ({sorted(saved)})")
+    lengths = {len(state["pool"][n]) for n in saved}
+    if len(lengths) > 1 or max(lengths, default=0) > min(window, step):
+        raise ValueError(f"its pools hold {sorted(lengths)} steps, not one length of at most the window "
+                         f"({window}) and the steps taken ({step})")
+    for part, most in (("tails", step), ("recent", min(step, RECENT_STEPS))):
+        if state["version"] >= 3 and any(len(state[part][n]) > most for n in saved):
+            raise ValueError(f"a {part} record holds more than {most} steps")
+    if cov_count > world * step:
+        raise ValueError(f"the drift covariance counts {cov_count} drifts, more than ranks × steps")
 
 
 def _rows(rows: list, k: int, maxlen: int) -> deque[np.ndarray]:
