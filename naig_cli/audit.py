@@ -39,9 +39,10 @@ __all__ = ["audit", "SYMBOLS"]
 
 SYMBOLS = """**Columns**: cos, the cosine of the worker's gradient with the reference's (exact); ‖Δ‖, the
 distance between them; E ± spread, the Fano–Fisher energy dᵀΨd of the sketched drift d (mean ±
-spread over --sketches); ρ, E divided by the largest E of the workers; π, the Gibbs weight
-exp(−βE) / Σ exp(−βE); verdict: frozen when π < 0.01/K, else integrated; K_eff = 1/Σπ², the
-workers the weights effectively use. More: README, Words and symbols; docs/audit.md.
+spread over --sketches); ρ, the relative friction E/((8/3)‖d‖²), 0 to 1 (0: d in Ψ's null space,
+1: along its ridge); π, the Gibbs weight exp(−βE) / Σ exp(−βE); verdict: frozen when π < 0.01/K,
+else integrated; K_eff = 1/Σπ², the workers the weights effectively use. More: README, Words and
+symbols; docs/audit.md.
 """
 
 _MIN_CHUNK_MB = 0.0625  # 64 KiB: smaller chunks only add per-chunk overhead
@@ -69,11 +70,11 @@ def audit(
     ref: Annotated[Path, typer.Argument(
         help="Reference the workers are scored against: a .safetensors file (gradient or checkpoint), "
              "or a sharded checkpoint (its *.safetensors.index.json, or the folder holding it).",
-        show_default=False)],
+        show_default=False, metavar="REF")],
     files: Annotated[list[Path], typer.Argument(
         help="Workers: .safetensors files, sharded checkpoints (index file or its folder), or folders "
              "of files (every *.safetensors inside, sorted; sub-folders with --recursive).",
-        show_default=False)],
+        show_default=False, metavar="FILES...")],
     beta: BetaOpt = "auto",
     seed: Annotated[int, opt("--seed", "Sketch seed (uint64).", min=0, max=2**64 - 1)] = 0,
     line: LineOpt = "1,2,4",

@@ -46,7 +46,7 @@ Model = choice_enum("Model", MODELS)
 EXAMPLES = """**Examples**
 
 ```
-# K=8, the whole catalogue; a few minutes on 2 cores
+# K=8, the whole catalogue; about 9 minutes on 2 cores (docs/detect.md)
 naig detect
 naig detect --faults scale,noise,bitflip32 --test 5
 # every figure, one document; or the detection rate against magnitude

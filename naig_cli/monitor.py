@@ -46,7 +46,7 @@ app = typer.Typer(name="monitor", help="Read the records of naig.monitor (per-ra
 @handle_errors
 def report(
     log: Annotated[Path, typer.Argument(help="A monitor record: JSONL (JsonlRecords) or CSV (CsvRecords).",
-                                        show_default=False)],
+                                        show_default=False, metavar="LOG")],
     plot: Annotated[str | None, opt("--plot", "Write each rank's scores over the steps, flags marked, to "
                                     "PATH (.png, .pdf, .svg).")] = None,
     json_out: JsonOpt = False,

@@ -309,9 +309,9 @@ def _render_run(run: RunResult) -> None:
     per = " ".join(fmt_num(v, ".2f") for v in st.get("per_worker", []))
     pper = " ".join(fmt_num(v, ".2f") for v in (pred.get("per_worker") or []))
     b, ms = d.get("bytes", {}), d.get("server_ms", {})
-    ci_cell = "—" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+    ci_cell = "" if not ci else f" [{ci[0]:.2f}, {ci[1]:.2f}]"  # none from too few arrivals
     up, down = fmt_num(b.get("up_per_arrival"), ",.0f"), fmt_num(b.get("down_per_arrival"), ",.0f")
-    stdout.print(f"{run.strategy} seed {run.seed}: τ {fmt_num(st.get('mean'), '.2f')} {ci_cell} (predicted "
+    stdout.print(f"{run.strategy} seed {run.seed}: τ {fmt_num(st.get('mean'), '.2f')}{ci_cell} (predicted "
                  f"{pred_cell}); per worker {per or '—'} (predicted {pper or '—'})")
     stdout.print(f"  per arrival {up} B up, {down} B down; {b.get('not_fetched', 0)} gradients not fetched "
                  f"({b.get('saved_up', 0):,} B saved); server {fmt_num(ms.get('per_update'), '.2f')} "
@@ -430,7 +430,8 @@ def _render(r: SimulateResult) -> None:
     if hidden:
         out.print(narrow_note(hidden))
     shown = [col for col in _columns(r) if col not in hidden]
-    out.print(_legend(shown, bool(c.faults)), markup=False, highlight=False, style="dim")
+    out.print(_legend(shown, bool(c.faults), r.distributed is not None), markup=False, highlight=False,
+              style="dim")
     if gibbs:
         out.print(f"routing signal {r.routing_bytes} B/worker/update vs full gradient "
                   f"{r.gradient_bytes:,} B (n/14 = {r.n_params / 14:,.0f}×)")
@@ -521,16 +522,22 @@ LEGEND = {  # what each column's symbol means, printed under the table for the c
     "τ̄": "τ̄ mean staleness (updates)",
     "t→sync loss": "t→sync loss: median simulated s to reach sync's final loss",
     "‖g̃−g‖/‖g‖": "‖g̃−g‖/‖g‖ size of the rule's correction",
-    "mean π": "π mean Gibbs weight per worker (lag order)",
+    "mean π": "π each worker's mean weight in the update over the steps it sent (workers in order; "
+              "naig's are Gibbs weights)",
     "K_eff": "K_eff = 1/Σπ² workers used",
     "frozen": "frozen: share of weights < 0.01/K",
     "H first→last": "H entropy of π / ln K, first→last 10% of updates",
 }
 
 
-def _legend(shown: list[str], faults: bool) -> str:
-    """One line naming the symbols of the columns shown (and ``!`` when faults are marked)."""
-    parts = [LEGEND[col] for col in shown if col in LEGEND]
+_DISTRIBUTED_PI = "π each worker's mean weight × lr scale in the server's updates (workers in order)"
+
+
+def _legend(shown: list[str], faults: bool, distributed: bool = False) -> str:
+    """One line naming the symbols of the columns shown (and ``!`` when faults are marked; on the
+    distributed engine π is the weight times the rule's lr scale, as the table's title says)."""
+    legend = {**LEGEND, "mean π": _DISTRIBUTED_PI} if distributed else LEGEND
+    parts = [legend[col] for col in shown if col in legend]
     if faults and "mean π" in shown:
         parts.append("! a worker --faults corrupts")
     return "; ".join(parts) + " (README: Words and symbols)"
@@ -573,8 +580,10 @@ def _table(r: SimulateResult, width: int) -> tuple[Table, list[str]]:
 
 def _render_curves(r: SimulateResult) -> None:
     """Validation loss (mean over seeds) at each evaluation point: updates and simulated seconds."""
+    timed = any(sec == sec for s in r.summaries for sec in s.curve_seconds)  # the distributed engine: none
     clock = "wall-clock" if r.distributed is not None else "simulated wall-clock"
-    t = Table(title=f"validation loss vs server updates and {clock} (mean over seeds)",
+    what = f"server updates and {clock}" if timed else "server updates"
+    t = Table(title=f"validation loss vs {what} (mean over seeds)",
               box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, show_edge=False,
               title_justify="left")
     t.add_column("strategy", no_wrap=True)
@@ -583,8 +592,8 @@ def _render_curves(r: SimulateResult) -> None:
         t.add_column(f"#{i}", justify="right", no_wrap=True)
     for s in r.summaries:
         secs = list(s.curve_seconds) + [math.nan] * (len(s.curve) - len(s.curve_seconds))
-        cells = [f"{loss:.3f} @{updates}u/{fmt_num(sec, ',.0f')}s" if loss == loss else "—"
-                 for (updates, loss), sec in zip(s.curve, secs, strict=True)]
+        cells = [(f"{loss:.3f} @{updates}u/{fmt_num(sec, ',.0f')}s" if timed else f"{loss:.3f} @{updates}u")
+                 if loss == loss else "—" for (updates, loss), sec in zip(s.curve, secs, strict=True)]
         t.add_row(s.strategy, *cells, *["—"] * (points - len(cells)))  # a diverged run stopped early
     stdout.print(t)
 
