@@ -433,3 +433,15 @@ def test_a_flagged_step_is_said_by_every_action_that_changes_training(action: st
     else:
         assert len(lines) == 1 and lines[0].startswith("step 21: rank 2")
         assert lines[0].endswith(SAID[action])
+
+
+def test_numpy_scalars_are_numbers_for_false_alarm_as_for_batch() -> None:
+    """``false_alarm=np.float32(1e-3)`` was refused as "not a probability" while ``batch`` took numpy
+    scalars; a numpy bool is still not a number."""
+    import numpy as np
+
+    assert Monitor(false_alarm=np.float64(1e-3), batch=np.float32(8)).observe({"w": torch.ones(3)}).warmup
+    Monitor(false_alarm=np.float32(1e-3))
+    with pytest.raises(UsageError) as err:
+        Monitor(false_alarm=np.bool_(True))
+    assert err.value.field == "false_alarm"

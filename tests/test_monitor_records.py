@@ -728,3 +728,10 @@ def test_two_writers_of_one_file_are_refused_until_the_first_is_closed(tmp_path)
     first.close()
     JsonlRecords(path).close()
     assert not path.exists()  # refused writers wrote nothing
+
+
+def test_attach_to_something_that_is_not_a_monitor_is_one_usage_error(tmp_path) -> None:
+    """``attach(5)`` raised an AttributeError from inside the writer."""
+    with pytest.raises(UsageError) as err:
+        JsonlRecords(tmp_path / "m.jsonl").attach(5)
+    assert err.value.field == "monitor"

@@ -1021,7 +1021,8 @@ class Detector:
             if not any(self._applies(s, score) for score in SCORES):
                 raise UsageError(f"{s} is scored by {' and '.join(_SPEC[s].scores)} only, which scores does "
                                  "not hold; add it to scores or drop the signal", field="signals", value=s)
-        if isinstance(false_alarm, bool) or not isinstance(false_alarm, int | float) or not (
+        real = int | float | np.integer | np.floating  # numpy scalars too, as batch takes them
+        if isinstance(false_alarm, bool | np.bool_) or not isinstance(false_alarm, real) or not (
                 0 < false_alarm < 1):
             raise UsageError("must be a probability in (0, 1), e.g. 0.001", field="false_alarm",
                              value=false_alarm)

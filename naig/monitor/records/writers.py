@@ -76,14 +76,17 @@ class RecordWriter(ABC):
                 the error propagates (rank 0 only, so the other ranks then time out).
 
         Raises:
-            UsageError: when this writer is already attached (it would write every step twice), or
-                for an ``on_error`` outside ``ON_ERROR``.
+            UsageError: when this writer is already attached (it would write every step twice), for
+                an ``on_error`` outside ``ON_ERROR``, or a ``monitor`` that is not one.
         """
         if on_error not in ON_ERROR:
             raise UsageError(f"must be one of {', '.join(ON_ERROR)}", field="on_error", value=on_error)
         if self.monitor is not None:
             raise UsageError("is already attached to a monitor; make one writer per monitor",
                              field="callback")
+        if not callable(getattr(monitor, "add_writer", None)):
+            raise UsageError(f"got {type(monitor).__name__}; pass the naig.monitor.Monitor to write the "
+                             "records of", field="monitor")
         monitor.add_writer(self)
         self.monitor, self.on_error = monitor, on_error
         return monitor
