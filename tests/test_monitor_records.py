@@ -735,3 +735,30 @@ def test_attach_to_something_that_is_not_a_monitor_is_one_usage_error(tmp_path) 
     with pytest.raises(UsageError) as err:
         JsonlRecords(tmp_path / "m.jsonl").attach(5)
     assert err.value.field == "monitor"
+
+
+@pytest.mark.parametrize("where", ["schema", "score"])
+def test_a_boolean_where_a_number_belongs_is_refused_not_read_as_1(tmp_path, where: str) -> None:
+    """JSON's true equals 1 in Python: a header with "schema": true, or a score of true, was read as 1."""
+    mon = Monitor(window=4)
+    path = tmp_path / "m.jsonl"
+    JsonlRecords(path).attach(mon)
+    mon.detector = Detector(3, window=4, quiet=True)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        g = rng.standard_normal((3, 14))
+        sig = rank_signals(g, (g * g).sum(1), np.zeros(3))
+        dec = mon.detector.update(sig)
+        for w in mon.writers:
+            w(sig, dec)
+    mon.writers[0].close()
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    if where == "schema":
+        lines[0]["schema"] = True
+    else:
+        lines[2]["scores"]["norm"][0] = True
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with pytest.raises(DataError) as err:
+        read_log(bad)
+    assert "bad.jsonl" in str(err.value) and "\n" not in str(err.value)

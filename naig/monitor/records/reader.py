@@ -184,7 +184,7 @@ def _read_jsonl(p: Path) -> MonitorLog:
 
 
 def _check_header(p: Path, i: int, obj: dict, world: int | None) -> tuple[int, tuple[str, ...]]:
-    if obj.get("schema") != SCHEMA_VERSION:
+    if obj.get("schema") != SCHEMA_VERSION or isinstance(obj.get("schema"), bool):  # true == 1 in Python
         raise _bad(p, i, f"schema {obj.get('schema')!r}; this naig reads schema {SCHEMA_VERSION}")
     k, hosts = obj.get("world"), obj.get("hosts", [])
     if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not isinstance(hosts, list):
@@ -247,7 +247,10 @@ def _rank(v: object, world: int) -> int:
 
 
 def _score_row(v: object, world: int) -> np.ndarray:
-    x = np.asarray(_list(v), dtype=np.float64)
+    values = _list(v)
+    if any(isinstance(e, bool) or not isinstance(e, int | float) for e in values):  # true would read as 1
+        raise ValueError("a score that is not a number")
+    x = np.asarray(values, dtype=np.float64)
     if x.shape != (world,):
         raise ValueError(f"not {world} scores")
     return x
