@@ -162,7 +162,7 @@ def _plot(data: MonitorLog, path: str) -> None:
             ax.plot(data.steps[hit], shown[hit], "x", color=col, ms=8, mew=2)
         ax.axhline(1.0, color="k", ls="--", lw=0.8)
         ax.set_yscale("symlog", linthresh=1.0, linscale=2.0)
-        ax.set_ylim(top=top * 3)  # room above the largest score (and the non-finite edge) for its marker
+        ax.set_ylim(0.0, top * 3)  # scores are >= 0; room above the largest (and the non-finite edge)
         ax.set_ylabel(f"{name} score")
     axes[0, 0].legend(fontsize=7, ncol=min(data.world, 4), loc="upper left")
     axes[-1, 0].set_xlabel("step")
