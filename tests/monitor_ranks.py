@@ -9,7 +9,8 @@ all-reduce (mean) and SGD; at step
 stops after that step's decision. Every collective of the script waits at most ``TIMEOUT``
 seconds. Rank 0 writes every rank's flagged ranks per step, every rank's gradients per step (by
 name), the gathered payloads and the signals it derived. Last, rank 0 calls ``observe`` alone
-with a 1 s timeout and records the ``DataError`` it gets instead of a hang.
+with a 1 s timeout and records the ``DataError`` it gets instead of a hang; before that, a state
+loaded on rank 0 only (``_state_on_one_rank``).
 """
 
 from __future__ import annotations
@@ -91,6 +92,31 @@ def _run(rank: int, kind: str, size: int) -> dict:
             "hosts": list(monitor.hosts), "describe": monitor.decision.describe()}
 
 
+def _state_on_one_rank(rank: int) -> dict:
+    """Every rank observes 20 steps; then a new Monitor on every rank, the state loaded on rank 0 only
+    (a resume that forgot the other ranks): each rank's next ``observe`` raises the same DataError."""
+    first = Monitor(timeout=TIMEOUT)
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(20):
+        first.observe({"w": torch.randn(64, generator=gen)})
+    resumed = Monitor(timeout=TIMEOUT)
+    if rank == 0:
+        resumed.load_state_dict(first.state_dict())
+    try:
+        resumed.observe({"w": torch.randn(64, generator=gen)})
+    except DataError as exc:
+        error = str(exc)
+    else:
+        error = None
+    return {"errors": _gather_strings(error)}
+
+
+def _gather_strings(text: str | None) -> list[str | None]:
+    out: list[str | None] = [None] * WORLD
+    dist.all_gather_object(out, text)
+    return out
+
+
 def _missing_peer(rank: int) -> dict:
     """Last: rank 0 observes with a 1 s timeout while the other ranks never do (they wait, then leave)."""
     if rank != 0:
@@ -108,10 +134,11 @@ def main(out: str) -> None:
     argv = [sys.executable, "-m", "tests.monitor_ranks", out]
     with process_group(WORLD, argv, timeout=TIMEOUT) as (rank, _):
         runs = {kind: _run(rank, kind, size) for kind, size in RUNS.items()}
+        one_state = _state_on_one_rank(rank)
         missing = _missing_peer(rank)
         if rank == 0:
             doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "runs": runs,
-                   "missing": missing}
+                   "missing": missing, "one_state": one_state}
             with open(out, "w") as fh:
                 json.dump(doc, fh)
 

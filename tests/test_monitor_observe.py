@@ -174,6 +174,17 @@ def test_importing_the_monitor_loads_no_scipy_and_no_simulator() -> None:
     assert r.stdout.strip() == "[]"
 
 
+def test_a_state_loaded_on_one_rank_only_is_the_same_error_on_every_rank(ranks: dict) -> None:
+    """Each rank's payload carries a fingerprint of its monitor's settings and step: a resume that
+    loads the state on rank 0 alone is refused at the next step, on every rank, naming the ranks
+    (until 2026-12-06 rank 0 decided from its state and the others from none: their decisions, and
+    ``skip``'s updates, parted silently)."""
+    errors = ranks["one_state"]["errors"]
+    assert all(e is not None and e == errors[0] for e in errors), errors
+    assert "ranks 0 have another monitor state than ranks 1, 2" in errors[0], errors[0]
+    assert "load the same state on every rank" in errors[0]
+
+
 def test_a_rank_that_never_observes_gives_an_error_not_a_hang(ranks: dict) -> None:
     missing = ranks["missing"]
     assert missing["error"] is not None and "within 1 s" in missing["error"]

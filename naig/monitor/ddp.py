@@ -31,7 +31,8 @@ the whole gradient, the one ``Monitor.observe`` would compute) and keeps it.
 
 **At the last bucket** (``bucket.is_last()``), before reducing it, it starts one all-gather of the
 step's payloads (``per_bucket=True``: m + 3 float64 per bucket, 136 B with the default sketch: the
-payload and this rank's count of records its writers lost, so every rank learns of a failed write;
+payload and this rank's ``Monitor.state_word``: the records its writers lost, so every rank learns of
+a failed write, and its monitor state's fingerprint, so ranks whose monitors differ stop at once;
 with ``per_bucket=False`` their sum, 136 B per step, but a flag can then not name a bucket): ~16
 floats cost a collective's latency, not its bytes, so one gather per step beats one per bucket.
 After handing the bucket on it waits for the gather, sums every rank's buckets into its step

@@ -214,11 +214,12 @@ class GradientMonitor:
         return part
 
     def _with_lost(self, payloads: Tensor) -> Tensor:
-        """(P, m + 2) payloads, each row with this rank's count of records its writers lost appended
-        (so every rank learns of it): (P, m + 3)."""
-        lost = torch.full((payloads.shape[0], 1), float(self.monitor.lost_here), dtype=payloads.dtype,
-                          device=payloads.device)
-        return torch.cat([payloads, lost], dim=1)
+        """(P, m + 2) payloads, each row with this rank's ``Monitor.state_word`` appended (the count of
+        records its writers lost, so every rank learns of it, and its monitor state's fingerprint):
+        (P, m + 3)."""
+        word = torch.full((payloads.shape[0], 1), self.monitor.state_word(), dtype=torch.float64,
+                          device=payloads.device)  # exact only in float64 (an integer below 2**53)
+        return torch.cat([payloads.to(torch.float64), word], dim=1)
 
     def _finish(self, exact: tuple[float, float] | None = None) -> Decision:
         """Wait for the step's all-gather, decide, keep the decision for the optimizer hook.
@@ -230,7 +231,7 @@ class GradientMonitor:
         """
         rows = self._gathered()  # (K, B or 1, m + 3)
         per_part = rows.to(torch.float64).numpy()
-        self.monitor.note_gathered_lost(per_part[:, :, -1].max(axis=1))
+        self.monitor.note_gathered_lost(self.monitor.check_states(per_part[:, 0, -1]))
         per_part, checked = per_part[:, :, :-1], None
         if self._weights_row is not None:
             per_part, checked = per_part[:, :-1], per_part[:, -1]

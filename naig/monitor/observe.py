@@ -90,10 +90,11 @@ from naig.monitor.signals import (
 from naig.sketch.core import SKETCH_DIM, check_seed
 from naig.threads import one_blas_thread
 
-__all__ = ["HOST_BYTES", "MIN_TIMEOUT", "TAIL", "Monitor", "layout_fingerprint"]
+__all__ = ["HOST_BYTES", "LOST_BITS", "MIN_TIMEOUT", "TAIL", "Monitor", "layout_fingerprint"]
 
 HOST_BYTES = 64  # a host name is sent once, UTF-8, cut or padded to this many bytes
-TAIL = 2  # floats observe appends to the payload: [layout fingerprint | records lost on this rank]
+TAIL = 2  # floats observe appends to the payload: [layout fingerprint | state word (Monitor.state_word)]
+LOST_BITS = 21  # the state word's low bits: the records lost on this rank (counted up to 2**21 - 1)
 
 
 class Monitor:
@@ -244,7 +245,7 @@ class Monitor:
             raise UsageError(f"weights_every={self.weights_asked} checks the ranks' weights: pass "
                              "observe(..., weights=dict(model.named_parameters())) or weights_every=0",
                              field="weights")
-        tail = torch.tensor([layout_fingerprint(shapes), float(self._lost_here)], dtype=torch.float64,
+        tail = torch.tensor([layout_fingerprint(shapes), self.state_word()], dtype=torch.float64,
                             device=device)
         replica = self.world > 1 and self.replicas.every > 0  # a row every step: see naig.monitor.replicas
         row = [self.weights_row(weights, device, due=self.weights_due())] if replica else []
@@ -307,8 +308,35 @@ class Monitor:
         prints = tail[:, 0]
         if not (prints == prints[0]).all():
             raise DataError(_layout_message(prints))
-        self.note_gathered_lost(tail[:, 1])
+        self.note_gathered_lost(self.check_states(tail[:, 1]))
         return rows[:, :-TAIL]
+
+    def state_word(self) -> float:
+        """This rank's last payload float: a 32-bit fingerprint of its monitor's settings and detector
+        step above the count of records its writers lost (below 2**``LOST_BITS``), packed exactly in a
+        float64 (an integer below 2**53). Ranks whose monitors were built alike and loaded the same
+        state send the same fingerprint (``check_states``)."""
+        step = self.detector.step if self.detector is not None else 0
+        key = repr((sorted(self._detector_args.items()), self._sketch_settings(), self.replicas.every, step))
+        fingerprint = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little")
+        return float(fingerprint * 2**LOST_BITS + min(self._lost_here, 2**LOST_BITS - 1))
+
+    def check_states(self, words: np.ndarray) -> np.ndarray:
+        """Every rank's ``state_word`` as gathered → their lost-record counts (K,) float64.
+
+        Raises:
+            DataError: on every rank, when the ranks' fingerprints differ (a state loaded on some ranks
+                only, or monitors built with other settings): their decisions would differ, and
+                ``skip`` would then update some replicas and not others.
+        """
+        prints, lost = np.divmod(np.asarray(words, dtype=np.float64).astype(np.int64), 2**LOST_BITS)
+        if not (prints == prints[0]).all():
+            odd, same = _odd_ranks(prints)
+            raise DataError(f"ranks {', '.join(map(str, odd))} have another monitor state than ranks "
+                            f"{', '.join(map(str, same))} (other settings, or another step count: a "
+                            "load_state_dict on some ranks only?); build every rank's Monitor alike and "
+                            "load the same state on every rank")
+        return lost.astype(np.float64)
 
     @property
     def lost_here(self) -> int:
@@ -544,12 +572,17 @@ def layout_fingerprint(shapes: Sequence[tuple[str, tuple[int, ...]]]) -> float:
     return float(int.from_bytes(digest, "little") >> 12)
 
 
-def _layout_message(prints: np.ndarray) -> str:
-    """The one line naming the ranks whose layout differs from the most common one (ties: rank 0's)."""
+def _odd_ranks(prints: np.ndarray) -> tuple[list[int], list[int]]:
+    """The ranks whose fingerprint differs from the most common one (ties: rank 0's), and the others."""
     values, counts = np.unique(prints, return_counts=True)
     common = prints[0] if (counts == counts.max()).sum() > 1 else values[counts.argmax()]
-    odd = [k for k in range(len(prints)) if prints[k] != common]
-    same = [k for k in range(len(prints)) if prints[k] == common]
+    return ([k for k in range(len(prints)) if prints[k] != common],
+            [k for k in range(len(prints)) if prints[k] == common])
+
+
+def _layout_message(prints: np.ndarray) -> str:
+    """The one line naming the ranks whose layout differs from the most common one (ties: rank 0's)."""
+    odd, same = _odd_ranks(prints)
     return (f"ranks {', '.join(map(str, odd))} passed Monitor.observe other gradient names or shapes than "
             f"ranks {', '.join(map(str, same))}; every rank must pass the same parameters (a model that "
             "differs across ranks?), else the sketches are of different layouts and no signal means anything")
