@@ -149,6 +149,7 @@ def test_the_signals_handed_on_hold_what_the_detectors_measured_with_their_state
     ({"w": torch.ones(2)}, {"process_group": 5}, "process_group"),
     ({"w": torch.ones(2)}, {"line": (1.9, 2.2, 4.0)}, "line"),  # was truncated to (1, 2, 4)
     ({1: torch.ones(2), "1": -torch.ones(2)}, {}, "grads"),  # one name as str: summed to a zero sketch
+    ({"w": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}, {}, "grads"),  # torch's raw error
 ])
 def test_bad_arguments_are_usage_errors(grads: object, kwargs: dict, field: str) -> None:
     with pytest.raises(UsageError) as err:

@@ -655,7 +655,8 @@ def _readable(name: str, g: Tensor, full_dtensor: bool, field: str = "grads") ->
     """The plain strided tensor the monitor sketches for one gradient.
 
     Raises:
-        UsageError: a sharded DTensor without ``full_dtensor``, a sparse or a meta gradient, naming it.
+        UsageError: a sharded DTensor without ``full_dtensor``, a nested, sparse or meta gradient,
+            naming it.
     """
     if _is_dtensor(g):
         if all(p.is_replicate() for p in g.placements):
@@ -667,6 +668,9 @@ def _readable(name: str, g: Tensor, full_dtensor: bool, field: str = "grads") ->
                              "naig.monitor.fsdp",
                              field=field)
         return g.full_tensor()
+    if g.is_nested:
+        raise UsageError(f"{name!r} is a nested tensor; pass its components (g.unbind()) under their own "
+                         "names, or leave it out", field=field)
     if g.layout != torch.strided:
         raise UsageError(f"{name!r} is a sparse gradient ({g.layout}); pass it as g.to_dense() (e.g. for "
                          "nn.Embedding(sparse=True)) or leave it out", field=field)
