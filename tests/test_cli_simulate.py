@@ -53,6 +53,9 @@ def test_human_table() -> None:
     for word in ("untrained validation loss", "hogwild", "dc-asgd", "naig-exact", "K_eff",
                  "routing signal 56 B"):
         assert word in out.stdout
+    text = " ".join(out.stdout.split())  # the legend wraps at the terminal's width
+    assert "π each worker's mean weight in the update over the steps it sent" in text  # every rule's π
+    assert "mean Gibbs weight per worker" not in text  # hogwild's and staleness's are no Gibbs weights
 
 
 @pytest.mark.parametrize(("args", "option"), [

@@ -226,3 +226,18 @@ def test_nccl_on_gpus(tmp_path: Path) -> None:
                          "--device", "cuda")
     assert r.returncode == 0, r.stderr
     assert doc["distributed"]["backend"] == "nccl" and doc["runs"][0]["updates"] == 10
+
+
+def test_the_human_output_shows_no_placeholder_for_what_the_engine_does_not_measure(tmp_path: Path) -> None:
+    """The distributed engine measures no seconds at its evaluation points and no interval for a few
+    arrivals: its curve cells read ``@10u`` (not ``@10u/—s``), its τ line has no ``—`` where the
+    interval would be, and the π legend says what π is there (weight × lr scale)."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "naig_cli", "simulate", *TINY, "--nproc", "3", "--steps", "5",
+           "--strategies", "hogwild"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "u/—s" not in r.stdout and re.search(r"@\d+u\b", r.stdout), r.stdout
+    tau = next(line for line in r.stdout.splitlines() if line.startswith("hogwild seed 0: τ"))
+    assert " — (predicted" not in tau, tau
+    assert "mean weight × lr scale" in r.stdout and "Gibbs weight per worker (lag order)" not in r.stdout
