@@ -359,6 +359,7 @@ def _csv_row(p: Path, line: int, row: list[str], col: dict[str, int], signals: t
 def _log(p: Path, fmt: str, world: int, hosts: tuple[str, ...], rows: list[tuple], cut: str = ""
          ) -> MonitorLog:
     names = [s for s in SIGNALS if any(s in r[3] for r in rows)]
+    _check_table_memory(p, len(rows), world, len(names))
     scores = {s: np.array([r[3].get(s, np.full(world, np.nan)) for r in rows]).reshape(len(rows), world)
               for s in names}
     flagged = np.zeros((len(rows), world), dtype=bool)
@@ -367,3 +368,21 @@ def _log(p: Path, fmt: str, world: int, hosts: tuple[str, ...], rows: list[tuple
     return MonitorLog(p, fmt, world, hosts, np.array([r[0] for r in rows], dtype=np.int64), scores, flagged,
                       tuple(r[2] for r in rows), tuple(r[5] for r in rows),
                       np.array([r[4] for r in rows], dtype=np.float64), cut)
+
+
+def _check_table_memory(p: Path, steps: int, world: int, signals: int) -> None:
+    """Refuse, before building them, tables that would not fit: a float64 score per step, rank and
+    signal (a signal missing at a step is filled with NaN) and a flag per step and rank. A log of many
+    ranks whose steps hold few signals is small on disk and large here (a hand-made one of 17 MB took
+    1.25 GB).
+
+    Raises:
+        DataError: naming the file, its steps, ranks and signals, and the memory available.
+    """
+    from naig.arrivals.engine import available_bytes
+
+    need, free = steps * world * (8 * signals + 1), available_bytes()
+    if free is not None and need > free // 2:  # the tables, and the rows parsed so far beside them
+        raise DataError(f"{p}: its {steps:,} steps × {world:,} ranks × {signals} signals need "
+                        f"{need / 2**30:,.1f} GiB as tables, more than half the {free / 2**30:,.1f} GiB "
+                        "available; report a part of the log (its first lines) or use a larger machine")
