@@ -740,18 +740,8 @@ def test_attach_to_something_that_is_not_a_monitor_is_one_usage_error(tmp_path) 
 @pytest.mark.parametrize("where", ["schema", "score"])
 def test_a_boolean_where_a_number_belongs_is_refused_not_read_as_1(tmp_path, where: str) -> None:
     """JSON's true equals 1 in Python: a header with "schema": true, or a score of true, was read as 1."""
-    mon = Monitor(window=4)
     path = tmp_path / "m.jsonl"
-    JsonlRecords(path).attach(mon)
-    mon.detector = Detector(3, window=4, quiet=True)
-    rng = np.random.default_rng(0)
-    for _ in range(3):
-        g = rng.standard_normal((3, 14))
-        sig = rank_signals(g, (g * g).sum(1), np.zeros(3))
-        dec = mon.detector.update(sig)
-        for w in mon.writers:
-            w(sig, dec)
-    mon.writers[0].close()
+    _run(JsonlRecords(path))
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     if where == "schema":
         lines[0]["schema"] = True
@@ -767,24 +757,14 @@ def test_a_boolean_where_a_number_belongs_is_refused_not_read_as_1(tmp_path, whe
 def test_a_log_whose_tables_would_not_fit_is_refused_before_they_are_built(tmp_path, monkeypatch) -> None:
     """The report's tables hold a float64 per step, rank and signal; a log of many ranks with few
     signals per step is small on disk and was 50–70× its size in memory. With less memory available
-    than the tables need, ``read_log`` refuses in one line naming the file (here: 3 ranks, 3 steps,
-    and 100 bytes said to be available)."""
+    than the tables need, ``read_log`` refuses in one line naming the file (here: the 12 steps of 4
+    ranks of ``_run``, and 100 bytes said to be available)."""
     import naig.arrivals.engine
 
-    mon = Monitor(window=4)
     path = tmp_path / "m.jsonl"
-    JsonlRecords(path).attach(mon)
-    mon.detector = Detector(3, window=4, quiet=True)
-    rng = np.random.default_rng(0)
-    for _ in range(3):
-        g = rng.standard_normal((3, 14))
-        sig = rank_signals(g, (g * g).sum(1), np.zeros(3))
-        dec = mon.detector.update(sig)
-        for w in mon.writers:
-            w(sig, dec)
-    mon.writers[0].close()
-    assert read_log(path).world == 3
+    _run(JsonlRecords(path))
+    assert read_log(path).world == WORLD
     monkeypatch.setattr(naig.arrivals.engine, "available_bytes", lambda: 100)
     with pytest.raises(DataError) as err:
         read_log(path)
-    assert "m.jsonl: its 3 steps × 3 ranks" in str(err.value) and "\n" not in str(err.value)
+    assert f"m.jsonl: its {STEPS} steps × {WORLD} ranks" in str(err.value) and "\n" not in str(err.value)

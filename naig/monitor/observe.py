@@ -166,6 +166,9 @@ class Monitor:
         probe = Detector(1, **args, quiet=True)  # check the detector's arguments now
         # kept as read (an iterator is read once; a list the caller changes later is not followed)
         self._detector_args = {**args, "signals": tuple(probe.signals), "scores": tuple(probe.scores)}
+        # what state_word hashes besides the step: fixed from here on, so made once, not per step
+        self._settings_key = repr((sorted(self._detector_args.items()), self._sketch_settings(),
+                                   self.replicas.every))
         self.detector: Detector | None = None
         self.signals: RankSignals | None = None
         self.decision: Decision | None = None
@@ -317,8 +320,8 @@ class Monitor:
         float64 (an integer below 2**53). Ranks whose monitors were built alike and loaded the same
         state send the same fingerprint (``check_states``)."""
         step = self.detector.step if self.detector is not None else 0
-        key = repr((sorted(self._detector_args.items()), self._sketch_settings(), self.replicas.every, step))
-        fingerprint = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little")
+        key = f"{self._settings_key}|{step}".encode()
+        fingerprint = int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little")
         return float(fingerprint * 2**LOST_BITS + min(self._lost_here, 2**LOST_BITS - 1))
 
     def check_states(self, words: np.ndarray) -> np.ndarray:
