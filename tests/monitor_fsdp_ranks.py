@@ -8,7 +8,12 @@ for ``STEPS`` steps, in these runs:
 - ``plain``: FSDP2 without the monitor; ``log``: with it; ``log`` must end bit-identical;
 - ``scale`` / ``flip``: at step ``BAD_STEP`` rank ``BAD_RANK``'s loss is multiplied by 1000 or
   −1 (its whole gradient); ``flip`` with 1024 examples per rank (the ranks agree);
-- ``skip`` / ``raise``: its loss multiplied by NaN, with that action.
+- ``skip`` / ``raise``: its loss multiplied by NaN, with that action;
+- ``unused``: every rank leaves the middle Linear (module ``2``) out at steps ``UNUSED`` (no
+  gradient: FSDP skips its reduce-scatter); ``set_reduce_scatter_unused_params(True)`` is set on it
+  only from step ``UNUSED[1]`` on, and rank ``BAD_RANK``'s loss is NaN at step ``UNUSED_NAN`` with
+  ``skip``: each rank records per step the error ``backward`` ended with, the decision's step and
+  the ranks named.
 
 Each rank also computes its own gradient on an unsharded twin of the model at the same
 parameters (for the float64 comparison). Every collective of the script waits at most
@@ -21,16 +26,19 @@ import json
 import sys
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from naig.distributed.launch import process_group
+from naig.errors import DataError
 from naig.monitor import SIGNALS, BadRankError, Monitor
 from naig.monitor.fsdp import fully_shard_monitor
 from tests.monitor_rank_tools import exit_after, gather_rows, rank_batch
 
 WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 10, 10, 8, 30.0
 FACTOR = {"nan": float("nan"), "scale": 1000.0, "flip": -1.0}
+UNUSED, UNUSED_NAN = (3, 5), 6
 
 
 def _rows(x: torch.Tensor) -> list[list]:
@@ -98,6 +106,47 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16) -> dic
     return out
 
 
+class _LeavesOut(nn.Sequential):
+    """``_model``'s layers; with ``leave_out`` set, the middle Linear and its Tanh are left out (the
+    root's own forward, so FSDP's root hooks run)."""
+
+    leave_out = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self[1](self[0](x))
+        return self[4](h if self.leave_out else self[3](self[2](h)))
+
+
+def _unused(rank: int) -> dict:
+    model = _LeavesOut(*_model())
+    for i in (0, 2, 4):
+        fully_shard(model[i])
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    watch = fully_shard_monitor(model, Monitor(window=WINDOW, action="skip", timeout=TIMEOUT)).attach(opt)
+    out: dict = {"errors": [], "decided": [], "named": []}
+    for step in range(1, STEPS + 1):
+        if step == UNUSED[1]:
+            model[2].set_reduce_scatter_unused_params(True)
+        x, y = rank_batch(rank, step, 16)
+        model.leave_out = step in UNUSED
+        logits = model(x)
+        factor = float("nan") if rank == BAD_RANK and step == UNUSED_NAN else 1.0
+        opt.zero_grad()
+        try:
+            (nn.functional.cross_entropy(logits, y) * factor).backward()
+            err = None
+        except DataError as exc:
+            err = str(exc)
+        if err is None:
+            opt.step()
+        out["errors"].append(err)
+        out["decided"].append(watch.decision.step if watch.decision is not None else 0)
+        out["named"].append(list(watch.decision.ranks) if watch.decision is not None else [])
+    out["finite"] = bool(torch.isfinite(_flat(model)).all())
+    return out
+
+
 RUNS = {
     "plain": dict(kind="none"),
     "log": dict(kind="none", action="log"),
@@ -112,6 +161,9 @@ def main(out: str) -> None:
     argv = [sys.executable, "-m", "tests.monitor_fsdp_ranks", out]
     with process_group(WORLD, argv, timeout=TIMEOUT) as (rank, _):
         runs = {name: _run(rank, **args) for name, args in RUNS.items()}
+        every: list = [None] * WORLD
+        dist.all_gather_object(every, _unused(rank))  # the group's timeout: TIMEOUT
+        runs["unused"] = {"ranks": every}
         if rank == 0:
             doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "runs": runs}
             with open(out, "w") as fh:

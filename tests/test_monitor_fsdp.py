@@ -56,6 +56,23 @@ def test_skip_leaves_parameters_unchanged_and_raise_raises_on_every_rank(ranks: 
     assert "no update was applied" in ranks["runs"]["raise"]["error_text"]
 
 
+def test_a_module_without_gradient_is_a_data_error_and_the_decisions_stay_in_step(ranks: dict) -> None:
+    """Before, the step waited for the next step's first module: every later decision mixed two steps
+    and rank 2's NaN at step 6 was not named there (the weights went NaN under ``skip``)."""
+    from tests.monitor_fsdp_ranks import BAD_RANK, UNUSED, UNUSED_NAN
+
+    for seen in ranks["runs"]["unused"]["ranks"]:
+        errors = seen["errors"]
+        assert [i + 1 for i, e in enumerate(errors) if e] == [UNUSED[0]], errors
+        said = errors[UNUSED[0] - 1]
+        assert "module(s) 2 did not reduce-scatter" in said
+        assert "set_reduce_scatter_unused_params(True)" in said
+        # one decision per step but the refused one, made in its own step
+        assert seen["decided"] == [s - (s >= UNUSED[0]) for s in range(1, len(errors) + 1)], seen["decided"]
+        assert [i + 1 for i, n in enumerate(seen["named"]) if n] == [UNUSED_NAN], seen["named"]
+        assert seen["named"][UNUSED_NAN - 1] == [BAD_RANK] and seen["finite"]
+
+
 @pytest.mark.parametrize("kind", ["log", "skip", "scale", "flip"])
 def test_signals_equal_a_single_process_float64_computation(ranks: dict, kind: str) -> None:
     run = ranks["runs"][kind]

@@ -42,7 +42,8 @@ the reduced output.
 
 **Requirements**: every FSDP module with trainable parameters reduces at every step (a module
 whose parameters got no gradient skips its reduce-scatter: set
-``set_reduce_scatter_unused_params(True)`` on it, else the step's decision waits); parameters
+``set_reduce_scatter_unused_params(True)`` on it, else ``loss.backward()`` ends with a
+``DataError`` naming it, checked once the backward pass has finished); parameters
 sharded on dim 0 (the default ``Shard(0)``); one parameter group per module; 2 ranks or more
 in the shard group (with one, FSDP skips the reduce-scatter: refused).
 """
@@ -147,6 +148,7 @@ class FSDPMonitor(GradientMonitor):
         """One module: payload (and its gather), FSDP's own reduce-scatter, decide after the last."""
         if not self._calls:
             self._begin_step()
+            _at_end_of_backward(self._check_complete)
         if comm.index in self._calls:
             raise DataError(f"FSDP module {comm.fqn} reduced twice before every module reduced once: "
                             "a module got no gradient this step; call set_reduce_scatter_unused_params(True) "
@@ -165,6 +167,23 @@ class FSDPMonitor(GradientMonitor):
         p = self.parts[part]
         shown = ", ".join(p.names[:2]) + (", …" if len(p.names) > 2 else "")
         return f"module {self.comms[p.index].fqn} ({shown}; {len(p.names)} parameters)"
+
+    def _check_complete(self) -> None:
+        """At the end of the backward pass: every monitored module reduced, or a ``DataError``.
+
+        A module whose parameters got no gradient skips its reduce-scatter; without this check the
+        step's decision would wait for the next step's first module and every later decision would
+        mix two steps' gradients (a NaN then passed ``skip``). Started by the step's first
+        reduce-scatter; the step's parts are dropped first, so a caller that catches the error and
+        sets ``set_reduce_scatter_unused_params(True)`` starts the next step afresh.
+        """
+        if not self._calls:  # every module reduced: decided at the last one
+            return
+        missing = [c.fqn for c in self.comms if c.index not in self._calls]
+        self._calls, self.parts = set(), []
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise DataError(f"FSDP module(s) {shown} did not reduce-scatter at monitor step {self.step}: their "
+                        "parameters got no gradient; call set_reduce_scatter_unused_params(True) on them")
 
 
 class MonitorReduceScatter:
@@ -218,6 +237,15 @@ class MonitorReduceScatter:
             m = self.owner.monitor
             self._sketch = MonitorSketch.from_segments(self.names, segments, total, m.seed, m.blocks)
         return self._sketch
+
+
+def _at_end_of_backward(callback: Any) -> None:
+    """Run ``callback`` once the current backward pass has finished (after FSDP's own final callback,
+    queued earlier, at the first module's pre-backward); nothing outside a backward pass."""
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(callback)
+    except RuntimeError:  # not inside a backward pass (a reduce-scatter called by hand)
+        pass
 
 
 def layout_segments(sizes: tuple[tuple[int, ...], ...], world: int) -> tuple[np.ndarray, int]:
