@@ -253,6 +253,41 @@ def test_register_refuses_a_ddp_of_another_model_or_another_group() -> None:
         assert MonitorHook(model).register(ddp).names  # the model DDP wraps: accepted
 
 
+def test_a_new_hook_takes_over_a_detached_one_on_the_same_ddp_model() -> None:
+    """DDP keeps its communication hook for good: a second ``trainer.train()`` (or a new action after
+    ``detach``) registers another ``MonitorHook`` on the same model. Until 2026-12-06 that was refused
+    with advice about another hook that was the monitor's own; now the detached hook hands its buckets
+    to the new one, and a hook still attached is refused."""
+    with process_group_in_this_process():
+        model = torch.nn.Linear(3, 2)
+        ddp = DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+
+        def step(scale: float = 1.0) -> None:
+            opt.zero_grad()
+            (ddp(torch.ones(4, 3)).square().sum() * scale).backward()
+            opt.step()
+
+        first = MonitorHook(model, Monitor(window=3)).register(ddp).attach(opt)
+        step()
+        with pytest.raises(UsageError, match="not detached") as err:
+            MonitorHook(model).register(ddp)
+        assert err.value.field == "ddp"
+        first.detach()
+        step()
+        assert first.step == 1
+        second = MonitorHook(model, Monitor(action="skip", window=3)).register(ddp).attach(opt)
+        step()
+        before = [p.detach().clone() for p in model.parameters()]
+        step(float("nan"))
+        assert (first.step, second.step) == (1, 2) and second.decision.ranks == (0,)
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # skipped
+        second.detach()
+        third = MonitorHook(model, Monitor(window=3)).register(ddp)
+        step()
+        assert (second.step, third.step) == (2, 1) and first.active() is third
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and NCCL)")
 
 

@@ -22,7 +22,10 @@ need the monitor's own all-reduce and are refused with a ``comm_hook``.
 
 **Detach** (``detach()``): the optimizer pre-hooks are removed; DDP cannot drop a communication
 hook once registered, so the hook stays and passes every bucket straight to ``comm_hook`` (or
-DDP's own all-reduce of the mean): no payload, no gather, no decision, no action.
+DDP's own all-reduce of the mean): no payload, no gather, no decision, no action. A new
+``MonitorHook`` may then be registered on the same DDP model (a second ``trainer.train()``, another
+action): the detached hook hands every bucket to it. Registering while the first is not detached
+is refused.
 
 **Per bucket** (DDP hands each bucket of this rank's gradient to the hook before reducing it) the
 hook packs [S g_b | ‖g_b‖² | non-finite count of g_b] (``naig.monitor.signals.pack``: the
@@ -141,14 +144,17 @@ class MonitorHook(GradientMonitor):
             raise UsageError(f"cannot wrap another hook: {what} (pass comm_hook=None)", field="comm_hook",
                              value=getattr(comm_hook, "__name__", comm_hook))
         self.exact, self.comm_hook, self.comm_state = exact, comm_hook, comm_state
+        self.successor: MonitorHook | None = None  # registered on the same DDP model once this one detached
 
     def register(self, ddp: nn.parallel.DistributedDataParallel) -> "MonitorHook":
-        """``ddp.register_comm_hook(self, monitor_comm_hook)``; returns self.
+        """``ddp.register_comm_hook(self, monitor_comm_hook)``; returns self. On a DDP model whose hook is
+        a detached ``MonitorHook``, that hook hands its buckets to this one instead.
 
         Raises:
             UsageError: not a ``DistributedDataParallel``; one with a communication hook already
-                (DDP takes one per model: pass the other as ``comm_hook``); one wrapping another model
-                than this hook's ``module``; one reducing over another group than the monitor's.
+                (DDP takes one per model: pass the other as ``comm_hook``) or a monitor's that is not
+                detached; one wrapping another model than this hook's ``module``; one reducing over
+                another group than the monitor's.
         """
         if not isinstance(ddp, nn.parallel.DistributedDataParallel):
             raise UsageError(f"got {a_type(ddp)}; pass the DistributedDataParallel model",
@@ -160,8 +166,15 @@ class MonitorHook(GradientMonitor):
             raise UsageError("this DDP model reduces over another process group than the monitor's (its "
                              "own all-reduce would then mix ranks DDP does not); pass that group as "
                              "Monitor(process_group=...)", field="process_group")
+        registered = _registered_monitor(ddp)
+        if registered is not None and not registered.active().detached:
+            raise UsageError("has a monitor hook already that is not detached: call its detach() first (DDP "
+                             "takes one communication hook per model)", field="ddp")
         if self.replicated:  # what DDP synchronises: not the parameters it ignores
             self.weights = replicated_weights(ddp.module, self.monitor, ddp.parameters_to_ignore)
+        if registered is not None:  # a detached monitor's hook: it hands every bucket to this one
+            registered.successor = self
+            return self
         try:
             ddp.register_comm_hook(self, monitor_comm_hook)
         except RuntimeError as exc:
@@ -172,6 +185,11 @@ class MonitorHook(GradientMonitor):
                              "model", field="ddp") from None
         return self
 
+    def active(self) -> "MonitorHook":
+        """The hook that handles this DDP model's buckets: this one, or the one registered after it
+        was detached (``successor``)."""
+        return self.successor if self.detached and self.successor is not None else self
+
     def _group(self) -> dist.ProcessGroup:
         return self.monitor.group if self.monitor.group is not None else dist.group.WORLD
 
@@ -181,7 +199,7 @@ class MonitorHook(GradientMonitor):
         Once ``detach``ed: the reduction only (``comm_hook``, or DDP's own all-reduce).
         """
         if self.detached:
-            return self._pass(bucket)
+            return self.successor.reduce(bucket) if self.successor is not None else self._pass(bucket)
         if bucket.index() == 0:
             self._begin_step()
         group = self._group()
@@ -246,6 +264,16 @@ class MonitorHook(GradientMonitor):
                 p.buffer.mul_(1.0 / kept)
             self.monitor.wait_work(dist.all_reduce(p.buffer, group=group, async_op=True))
             p.future.set_result(p.buffer)
+
+
+def _registered_monitor(ddp: nn.parallel.DistributedDataParallel) -> MonitorHook | None:
+    """The ``MonitorHook`` registered as ``ddp``'s communication hook, if one is (DDP keeps its hook in
+    ``_comm_hooks``; None where that is not a monitor's or the attribute is gone)."""
+    hooks = getattr(ddp, "_comm_hooks", None)
+    if not hooks:
+        return None
+    hook, state = hooks[0]
+    return state if hook is monitor_comm_hook and isinstance(state, MonitorHook) else None
 
 
 def _all_reduce_mean(buf: Tensor, group: dist.ProcessGroup, world: int) -> tuple[Any, torch.futures.Future]:
