@@ -66,14 +66,20 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--comm-hook", choices=("none", "bf16", "powersgd"), default="none",
                    help="torch's DDP hook that reduces each bucket after the monitor has read it")
     p.add_argument("--fault-rank", type=int, default=None, help="this rank corrupts its gradient")
-    p.add_argument("--fault", default="nan:1", metavar="KIND[:ARG]",
-                   help="a kind of naig.faults, e.g. nan:1 (one NaN entry), scale:1000, signflip:1")
+    p.add_argument("--fault", default=None, metavar="KIND[:ARG]",
+                   help="a kind of naig.faults, e.g. nan:1 (one NaN entry; the default), scale:1000, "
+                   "signflip:1 (needs --fault-rank)")
     p.add_argument("--fault-step", type=int, default=None, help="default: window + 4")
     p.add_argument("--data-bytes", type=int, default=300_000)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                    help="torch CPU threads per rank (default 1: a model this small only loses time to more)")
     args = p.parse_args(argv)
     torch.set_num_threads(check_threads(args.threads, "--threads"))
+    if args.fault_rank is None and (args.fault is not None or args.fault_step is not None):
+        given = "--fault" if args.fault is not None else "--fault-step"
+        raise UsageError(f"{given} needs --fault-rank R, the rank that corrupts its gradient (without it no "
+                         "rank is faulty)")
+    args.fault = "nan:1" if args.fault is None else args.fault
     if args.fault_step is None:
         args.fault_step = args.window + 4
     world = int(os.environ.get("WORLD_SIZE", args.nproc))

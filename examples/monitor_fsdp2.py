@@ -64,14 +64,20 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--action", choices=("log", "warn", "skip", "raise"), default="skip",
                    help="skip (default): no update from a flagged step (exclude: DDP only)")
     p.add_argument("--fault-rank", type=int, default=None, help="this rank corrupts its gradient")
-    p.add_argument("--fault", default="nan", metavar="KIND[:ARG]",
-                   help="nan, inf (every entry), scale:A or signflip:A (naig.faults), e.g. scale:1000")
+    p.add_argument("--fault", default=None, metavar="KIND[:ARG]",
+                   help="nan (the default), inf (every entry), scale:A or signflip:A (naig.faults), e.g. "
+                   "scale:1000 (needs --fault-rank)")
     p.add_argument("--fault-step", type=int, default=None, help="default: window + 4")
     p.add_argument("--data-bytes", type=int, default=300_000)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                    help="torch CPU threads per rank (default 1: a model this small only loses time to more)")
     args = p.parse_args(argv)
     torch.set_num_threads(check_threads(args.threads, "--threads"))
+    if args.fault_rank is None and (args.fault is not None or args.fault_step is not None):
+        given = "--fault" if args.fault is not None else "--fault-step"
+        raise UsageError(f"{given} needs --fault-rank R, the rank that corrupts its gradient (without it no "
+                         "rank is faulty)")
+    args.fault = "nan" if args.fault is None else args.fault
     if args.fault_step is None:
         args.fault_step = args.window + 4
     world = int(os.environ.get("WORLD_SIZE", args.nproc))

@@ -75,8 +75,11 @@ def test_monitor_fsdp2_under_torchrun_names_the_nan_rank(tmp_path: Path) -> None
     (["--nproc", "2", "--fault-rank", "9"], "--fault-rank 9: must be in 0..1"),
     (["--nproc", "2", "--fault-rank", "1", "--fault-step", "100"], "--fault-step 100: must be in 1..16"),
     (["--steps", "0"], "--steps 0: must be >= 1"), (["--nproc", "0"], "--nproc 0: must be >= 1"),
-    (["--fault", "flip"], "--fault='flip': unknown fault kind; use one of "),
-    (["--fault", "scale:x"], "--fault='scale:x': the argument of scale is not a number"),
+    (["--fault-rank", "1", "--fault", "flip"], "--fault='flip': unknown fault kind; use one of "),
+    (["--fault-rank", "1", "--fault", "scale:x"], "--fault='scale:x': the argument of scale is not a number"),
+    # a fault without a faulty rank: until 2026-12-06 the run went on with no fault, "0 flagged step(s)"
+    (["--nproc", "2", "--fault", "scale:1000", "--fault-step", "12"], "--fault needs --fault-rank R"),
+    (["--fault-step", "3"], "--fault-step needs --fault-rank R"),
 ])
 @pytest.mark.parametrize("script", ["monitor_ddp.py", "monitor_fsdp2.py"])
 def test_example_arguments_out_of_range_are_one_line(script: str, args: list[str], needle: str) -> None:
@@ -94,8 +97,8 @@ def test_the_fsdp2_example_takes_the_kinds_a_loss_factor_gives() -> None:
                           ("coordflip:0.5", "--fault='coordflip:0.5': is not a kind taken here; use one of "
                            "nan, inf, "
                            "scale, signflip")):
-        r = subprocess.run([sys.executable, script, "--fault", fault], capture_output=True, text=True,
-                           timeout=120, env={**env, "OMP_NUM_THREADS": "1"})
+        r = subprocess.run([sys.executable, script, "--fault-rank", "1", "--fault", fault],
+                           capture_output=True, text=True, timeout=120, env={**env, "OMP_NUM_THREADS": "1"})
         assert r.returncode == 2 and r.stderr.startswith(f"error: {needle}"), r.stderr
 
 
