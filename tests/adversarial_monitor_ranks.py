@@ -95,18 +95,24 @@ def _train_ddp(rank: int, path: str) -> dict:
 
 
 def _layout(rank: int) -> dict:
-    """Rank 2 passes one parameter more: every rank must stop with the same line."""
+    """Rank 2 passes one parameter more (``error``), rank 1 a gradient None (``none_error``): every rank
+    must stop with the same line; a gradient None on every rank is left out (``all_none``: no error)."""
     model = _model()
     x, y = rank_batch(rank, 1, 16)
     nn.functional.cross_entropy(model(x), y).backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
-    if rank == 2:
-        grads["extra.weight"] = torch.ones(3)
-    try:
-        Monitor(timeout=TIMEOUT).observe(grads)
-    except DataError as exc:
-        return {"error": str(exc)}
-    return {"error": None}
+    first = next(iter(grads))
+    cases = {"error": {**grads, **({"extra.weight": torch.ones(3)} if rank == 2 else {})},
+             "none_error": {**grads, **({first: None} if rank == 1 else {})},
+             "all_none": {**grads, first: None}}
+    out: dict = {}
+    for case, given in cases.items():
+        try:
+            Monitor(timeout=TIMEOUT).observe(given)
+            out[case] = None
+        except DataError as exc:
+            out[case] = str(exc)
+    return out
 
 
 def _dtensor(rank: int) -> dict:

@@ -393,6 +393,18 @@ def test_ranks_with_different_layouts_stop_on_every_rank_naming_them(ranks: dict
                                 "ranks 0, 1")
 
 
+def test_a_gradient_none_on_one_rank_stops_every_rank_saying_to_pass_zeros(ranks: dict) -> None:
+    """observe's docstring said a None gradient counts as zero; it is left out, so a None on some ranks
+    only is a layout mismatch: every rank stops, and the line says what to pass instead (2026-12-06).
+    None on every rank is simply left out."""
+    errors = [r["layout"]["none_error"] for r in ranks["ranks"]]
+    assert errors[0] is not None and errors == [errors[0]] * 3
+    assert errors[0].startswith("ranks 1 passed Monitor.observe other gradient names or shapes than "
+                                "ranks 0, 2")
+    assert "None on some ranks only: pass torch.zeros_like(p) there" in errors[0]
+    assert [r["layout"]["all_none"] for r in ranks["ranks"]] == [None] * 3
+
+
 def test_a_dtensor_gradient_is_monitored_or_refused_in_one_line(ranks: dict) -> None:
     views = [r["dtensor"] for r in ranks["ranks"]]
     for k, v in enumerate(views):

@@ -213,11 +213,13 @@ class Monitor:
         """One step: sketch, all-gather, signals, decision (the same on every rank).
 
         Args:
-            grads: {name: gradient} (None entries count as zero: they are skipped) or one flat
-                tensor (named ``"grad"``); float tensors of any dtype and device. Every rank
-                passes the same names and shapes (checked: a fingerprint of them travels in
-                the payload). A DTensor replicated over its mesh is read from its local tensor;
-                a sharded one needs ``full_dtensor``.
+            grads: {name: gradient} or one flat tensor (named ``"grad"``); float tensors of any
+                dtype and device. None entries are left out, so every rank passes the same names
+                and shapes once they are (checked: a fingerprint of them travels in the payload): a
+                gradient None on some ranks only (a parameter those ranks did not use) stops every
+                rank with a ``DataError``; pass ``torch.zeros_like(p)`` for it there.
+                A DTensor replicated over its mesh is read from its local tensor; a sharded one
+                needs ``full_dtensor``.
             full_dtensor: gather a sharded DTensor with ``full_tensor()`` (a collective of its
                 mesh: every rank of the mesh must call ``observe``). Without it a sharded DTensor
                 is refused (a rank's shard of a reduced gradient is not that rank's gradient: for
@@ -588,7 +590,8 @@ def _layout_message(prints: np.ndarray) -> str:
     odd, same = _odd_ranks(prints)
     return (f"ranks {', '.join(map(str, odd))} passed Monitor.observe other gradient names or shapes than "
             f"ranks {', '.join(map(str, same))}; every rank must pass the same parameters (a model that "
-            "differs across ranks?), else the sketches are of different layouts and no signal means anything")
+            "differs across ranks? a gradient None on some ranks only: pass torch.zeros_like(p) there), else "
+            "the sketches are of different layouts and no signal means anything")
 
 
 def _acted(decision: Decision, acts: bool) -> str | None:
