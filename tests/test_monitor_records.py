@@ -262,7 +262,8 @@ def test_a_run_resumed_from_a_checkpoint_before_the_files_last_step_writes_its_o
         assert log.flags[11] == log.flags[15]  # step 12's flags, in both runs
     else:
         assert path.read_bytes() == before and again.lost == 4
-        assert any("CSV cannot hold two runs' steps 9..12" in str(w.message) for w in seen)
+        said = [str(w.message) for w in seen if "CSV cannot hold two runs' steps 9..12" in str(w.message)]
+        assert said and all("pass overwrite=True, another path, or a JSONL" in m for m in said)  # not cut
 
 
 @pytest.mark.parametrize("writer, name", [(JsonlRecords, "m.jsonl"), (CsvRecords, "m.csv")])

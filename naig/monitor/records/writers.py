@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from naig.errors import DataError, UsageError
+from naig.errors import DataError, NaigError, UsageError
 from naig.monitor.detectors import SCORES, SIGNALS, Decision
 from naig.monitor.records.schema import (
     _PER_RANK,
@@ -126,7 +126,9 @@ class RecordWriter(ABC):
 
     def _fail(self, exc: Exception, step: int, record: bool) -> None:
         """Stop writing after a failure at ``step``: one warning, the file closed, the record counted."""
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        first = (str(exc).strip().splitlines() or [""])[0]
+        if not isinstance(exc, NaigError):  # a library's message may be long; naig's own say the fix last
+            first = first[:200]
         self.failure = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
         try:
             self._close()
