@@ -70,6 +70,7 @@ def report(
                     "world": data.world, "steps": len(data.steps),
                     "first_step": int(data.steps[0]) if len(data.steps) else None,
                     "last_step": int(data.steps[-1]) if len(data.steps) else None,
+                    "runs": [list(r) for r in data.runs()],
                     "signals": list(data.scores), "cut": printable(data.cut) or None,
                     "ranks": encode(printable(rows))})
     else:
@@ -103,10 +104,12 @@ flags stay)."""
 
 
 def _table(data: MonitorLog, rows: list[dict]) -> None:
-    first, last = (int(data.steps[0]), int(data.steps[-1])) if len(data.steps) else (None, None)
+    runs = data.runs()
+    spans = ", then ".join(f"{a}..{b}" for a, b in runs)
+    within = f" in {len(runs)} runs" if len(runs) > 1 else ""  # a resumed run appended to a crashed one
     ranks = "rank" if data.world == 1 else "ranks"
     title = (f"{escape(printable(str(data.path)))}: {data.format}, K = {data.world} {ranks}, "
-             f"{len(data.steps)} step{'' if len(data.steps) == 1 else 's'} ({first}..{last}); "
+             f"{len(data.steps)} step{'' if len(data.steps) == 1 else 's'}{within} ({spans}); "
              "max score per signal")
     cells = [{"rank": str(r["rank"]), "host": escape(printable(r["host"])) or "—", "steps": str(r["steps"]),
               "flagged": str(r["flagged_steps"]),

@@ -167,3 +167,34 @@ def test_lone_surrogates_in_a_log_are_printed_escaped_not_a_traceback(logs, tmp_
     assert "\\ud800" in r.stdout and "\\udfff" in r.stdout, r.stdout
     doc = run_naig("monitor", "report", odd, "--json")
     assert doc.returncode == 0 and "\\\\ud800" in doc.stdout, doc.stderr
+
+
+def test_a_resumed_run_appended_to_a_crashed_one_is_reported_as_two_runs(tmp_path) -> None:
+    """A monitor resumed from its step-8 state, appending to the log its crashed run wrote to step 12,
+    writes steps 9.. again after a new header. The report said "16 steps (1..12)" as one run, its
+    range from the first and last lines (2026-12-06); now it counts the runs and their steps."""
+    import torch
+
+    path = tmp_path / "m.jsonl"
+    torch.manual_seed(0)
+    first = Monitor(window=4, warmup=4)
+    writer = JsonlRecords(path)
+    writer.attach(first)
+    state = None
+    for step in range(1, 13):
+        first.observe({"w": torch.randn(10)})
+        state = first.state_dict() if step == 8 else state
+    writer.close()
+    resumed = Monitor(window=4, warmup=4)
+    resumed.load_state_dict(state)
+    JsonlRecords(path, append=True).attach(resumed)
+    with pytest.warns(UserWarning, match="holds steps up to 12"):
+        for _ in range(4):
+            resumed.observe({"w": torch.randn(10)})
+    for w in resumed.writers:
+        w.close()
+    r = run_naig("monitor", "report", path)
+    said = " ".join(r.stdout.split())  # the title wraps at the terminal's width
+    assert r.returncode == 0 and "K = 1 rank, 16 steps in 2 runs (1..12, then 9..12);" in said, r.stdout
+    doc = json.loads(run_naig("monitor", "report", path, "--json").stdout)
+    assert doc["runs"] == [[1, 12], [9, 12]] and doc["steps"] == 16

@@ -56,6 +56,14 @@ class MonitorLog:
     k_eff: np.ndarray
     cut: str = ""
 
+    def runs(self) -> list[tuple[int, int]]:
+        """(first, last) step of each run in the file, in file order: a run resumed from a checkpoint
+        and appended (``append=True``) starts again at its resumed step, so the steps go back there."""
+        steps = self.steps.tolist()
+        starts = [0, *(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])]
+        return [(steps[a], steps[b - 1]) for a, b in zip(starts, [*starts[1:], len(steps)], strict=True)
+                ] if steps else []
+
     def rank_rows(self) -> list[dict]:
         """One dict per rank: rank, host, steps, flagged_steps, flags (``signal/score`` → count),
         max_score (signal → max over steps, NaN when never scored), last_flagged (step or None),
