@@ -35,6 +35,7 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 from torch import nn
 
+from naig.errors import UsageError
 from naig.monitor import BadRankError, Monitor
 from naig.monitor.accelerate import watch
 from tests.monitor_rank_tools import exit_after, gather_rows, rank_batch
@@ -100,6 +101,33 @@ def _run(rank: int, tmp: Path, action: str | None, accumulate: int = 1, save: bo
     return out
 
 
+def _order(rank: int) -> dict:
+    """``watch`` before ``prepare`` (``before``), twice on one prepared model (``again``), then again
+    after ``detach`` (the new hook decides: ``steps``, the two hooks' step counts after one step)."""
+    acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=TIMEOUT))])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    said: dict = {"before": None, "again": None}
+    try:
+        watch(acc, model, opt, Monitor(timeout=TIMEOUT))
+    except UsageError as exc:
+        said["before"] = str(exc)
+    model, opt = acc.prepare(model, opt)
+    first = watch(acc, model, opt, Monitor(timeout=TIMEOUT))
+    try:
+        watch(acc, model, opt, Monitor(timeout=TIMEOUT))
+    except UsageError as exc:
+        said["again"] = str(exc)
+    first.detach()
+    second = watch(acc, model, opt, Monitor(timeout=TIMEOUT))
+    acc.backward(_loss(model, rank, 1, 0, 1))
+    opt.step()
+    said["steps"] = [first.step, second.step]
+    second.detach()
+    return said
+
+
 def main(out: str) -> None:
     warnings.filterwarnings("ignore")
     tmp = Path(out).parent
@@ -117,6 +145,7 @@ def main(out: str) -> None:
     runs["fresh"] = _run(rank, tmp, "log", resume=tmp / "fresh", load_first=True)
     runs["plain_resumed"] = _run(rank, tmp, None, resume=tmp / "fresh")
     runs["raise"] = _run(rank, tmp, "raise")
+    runs["order"] = _order(rank)
     if rank == 0:
         doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "resume_step": RESUME_STEP,
                "runs": runs}

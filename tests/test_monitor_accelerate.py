@@ -98,6 +98,15 @@ def test_a_resumed_loop_ends_where_the_resumed_loop_without_the_monitor_does(ran
     assert max(abs(a - b) for a, b in plain) < 1e-6
 
 
+def test_watch_before_prepare_says_after_prepare_and_a_second_watch_needs_the_first_detached(
+        ranks: dict) -> None:
+    said = ranks["runs"]["order"]
+    assert "is a Sequential, not DistributedDataParallel: pass the model accelerator.prepare returned, " \
+           "after prepare" in said["before"]
+    assert "not detached: call its detach() first" in said["again"]
+    assert said["steps"] == [0, 1]  # the detached hook handed the step to the new one
+
+
 def test_one_process_says_so_once_and_returns_a_detached_hook() -> None:
     acc = Accelerator(cpu=True)
     model = torch.nn.Linear(3, 2)

@@ -82,9 +82,9 @@ def watch(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Opt
         hook.detach()
         return hook
     if not isinstance(model, DistributedDataParallel):
-        raise UsageError(f"is a {type(model).__name__}, not DistributedDataParallel: naig watches "
-                         "Accelerate's DDP only (FSDP2: naig.monitor.fsdp.fully_shard_monitor)",
-                         field="model")
+        raise UsageError(f"is a {type(model).__name__}, not DistributedDataParallel: pass the model "
+                         "accelerator.prepare returned, after prepare (naig watches Accelerate's DDP only; "
+                         "FSDP2: naig.monitor.fsdp.fully_shard_monitor)", field="model")
     hook.register(model).attach(inner)
     accelerator.register_for_checkpointing(hook.monitor)
     return hook
