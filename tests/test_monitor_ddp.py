@@ -288,6 +288,33 @@ def test_a_new_hook_takes_over_a_detached_one_on_the_same_ddp_model() -> None:
         assert (second.step, third.step) == (2, 1) and first.active() is third
 
 
+def test_one_monitor_decides_one_models_steps() -> None:
+    """Two DDP models (a GAN's generator and discriminator) given one Monitor: until 2026-12-06 both
+    hooks fed one history (two decisions per iteration, each mixing the models); now the second hook
+    is refused at registration (at its first step when the framework registered it), and may take
+    over once the first is detached."""
+    with process_group_in_this_process():
+        shared = Monitor(window=3)
+        first, second = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+        ddp1, ddp2 = DistributedDataParallel(first), DistributedDataParallel(second)
+        hook1 = MonitorHook(first, shared).register(ddp1)
+        with pytest.raises(UsageError, match="already decides the steps of another MonitorHook") as err:
+            MonitorHook(second, shared).register(ddp2)  # refused before DDP holds it
+        assert err.value.field == "monitor"
+        ddp1(torch.ones(4, 3)).sum().backward()
+        assert (hook1.step, shared.detector.step) == (1, 1)
+        hook1.detach()
+        hook2 = MonitorHook(second, shared).register(ddp2)
+        ddp2(torch.ones(4, 3)).sum().backward()
+        assert hook2.decision is not None and shared.detector.step == 2
+        # a hook DDP was given directly (as Lightning's strategy does) is refused at its first step
+        third = torch.nn.Linear(3, 2)
+        ddp3 = DistributedDataParallel(third)
+        ddp3.register_comm_hook(state=MonitorHook(third, shared), hook=monitor_comm_hook)
+        with pytest.raises(UsageError, match="already decides the steps of another MonitorHook"):
+            ddp3(torch.ones(4, 3)).sum().backward()
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and NCCL)")
 
 

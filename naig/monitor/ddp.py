@@ -154,7 +154,8 @@ class MonitorHook(GradientMonitor):
             UsageError: not a ``DistributedDataParallel``; one with a communication hook already
                 (DDP takes one per model: pass the other as ``comm_hook``) or a monitor's that is not
                 detached; one wrapping another model than this hook's ``module``; one reducing over
-                another group than the monitor's.
+                another group than the monitor's; a ``Monitor`` that decides another integration's
+                steps (``claim_monitor``).
         """
         if not isinstance(ddp, nn.parallel.DistributedDataParallel):
             raise UsageError(f"got {a_type(ddp)}; pass the DistributedDataParallel model",
@@ -166,6 +167,7 @@ class MonitorHook(GradientMonitor):
             raise UsageError("this DDP model reduces over another process group than the monitor's (its "
                              "own all-reduce would then mix ranks DDP does not); pass that group as "
                              "Monitor(process_group=...)", field="process_group")
+        self.claim_monitor()  # before anything is registered: a refusal leaves the DDP model as it was
         registered = _registered_monitor(ddp)
         if registered is not None and not registered.active().detached:
             raise UsageError("has a monitor hook already that is not detached: call its detach() first (DDP "

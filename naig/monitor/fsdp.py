@@ -105,6 +105,7 @@ class FSDPMonitor(GradientMonitor):
         if self.action == "exclude":
             raise UsageError("exclude needs the whole step's gradient before any reduction; FSDP2 reduce-"
                              "scatters module by module (use skip or raise)", field="action", value="exclude")
+        self.claim_monitor(take=False)  # before any module's reduce-scatter is replaced
         self.comms: list[MonitorReduceScatter] = []
         self._modules: list[FSDPModule] = []
         fqns = {id(m): n for n, m in module.named_modules()}
@@ -131,6 +132,7 @@ class FSDPMonitor(GradientMonitor):
         if not self.comms:
             raise UsageError("no FSDP module with trainable parameters: call fully_shard first",
                              field="module")
+        self.claim_monitor()
         self._calls: set[int] = set()
 
     def detach(self) -> None:
@@ -240,10 +242,13 @@ class MonitorReduceScatter:
 
 
 def _at_end_of_backward(callback: Any) -> None:
-    """Run ``callback`` once the current backward pass has finished (after FSDP's own final callback,
-    queued earlier, at the first module's pre-backward); nothing outside a backward pass."""
+    """Run ``callback`` once the current backward pass and every final callback queued during it have
+    run (FSDP's own, which reduce-scatters the modules whose post-backward hook never fired, e.g. a
+    first layer whose input needs no gradient; it may be queued after this call): a final callback
+    that queues ``callback`` at the end of the list. Nothing outside a backward pass."""
+    engine = torch.autograd.Variable._execution_engine
     try:
-        torch.autograd.Variable._execution_engine.queue_callback(callback)
+        engine.queue_callback(lambda: engine.queue_callback(callback))
     except RuntimeError:  # not inside a backward pass (a reduce-scatter called by hand)
         pass
 

@@ -102,6 +102,23 @@ class GradientMonitor:
     def weights(self, params: Mapping[str, Tensor]) -> None:
         self._weights = {n: weakref.ref(p) for n, p in params.items()}
 
+    def claim_monitor(self, *, take: bool = True) -> None:
+        """Make this integration the one whose steps its ``Monitor`` decides (``Monitor.stepped_by``):
+        at registration, and again at each step (for a hook registered by a framework itself);
+        ``take=False`` only checks that it could.
+
+        Raises:
+            UsageError: the monitor decides another integration's steps that is not detached (two
+                models given one ``Monitor``: their gradients would share one history).
+        """
+        owner = self.monitor.stepped_by() if self.monitor.stepped_by is not None else None
+        if owner is not None and owner is not self and not owner.detached:
+            raise UsageError(f"this Monitor already decides the steps of another {type(owner).__name__}: two "
+                             "models' gradients in one history mean nothing; give each model its own Monitor "
+                             "(or detach() the other first)", field="monitor")
+        if take:
+            self.monitor.stepped_by = weakref.ref(self)
+
     def detach(self) -> None:
         """Remove what this monitor registered; it neither reads, gathers nor acts from now on.
 
@@ -175,6 +192,7 @@ class GradientMonitor:
 
     def _begin_step(self) -> None:
         self._check_attached()
+        self.claim_monitor()
         self.step, self.parts, self.extra_bytes = self.step + 1, [], 0
         self._gathered: Callable[[], Tensor] | None = None  # the step's all-gather, from its last part
         self._weights_row: Tensor | None = None  # this step's replica-check row (naig.monitor.replicas)

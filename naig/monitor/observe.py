@@ -41,6 +41,7 @@ import collections
 import hashlib
 import math
 import socket
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -136,6 +137,9 @@ class Monitor:
         gathered: the latest gathered payloads, (K, m + 2) float64.
         hosts: each rank's host name (after the first call).
         writers: the record writers each step goes to, in order (``add_writer``).
+        stepped_by: a weak reference to the integration (``MonitorHook``, ``FSDPMonitor``) whose steps
+            this monitor decides, None before its first step: another one that is not detached is
+            refused at its first step (one history per model).
     """
 
     def __init__(self, *, process_group: dist.ProcessGroup | None = None, blocks: int = 1, seed: int = 0,
@@ -175,6 +179,7 @@ class Monitor:
         self.gathered: np.ndarray | None = None
         self.hosts: tuple[str, ...] = ()
         self._sketches: dict[tuple, MonitorSketch] = {}
+        self.stepped_by: weakref.ref | None = None  # the integration whose steps it decides (one at a time)
         self._weights_sketches: dict[tuple, MonitorSketch] = {}  # the replica check's, per device
         self.records_lost = 0
         self._lost_here, self._lost_warned = 0, False
