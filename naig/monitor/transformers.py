@@ -26,7 +26,9 @@ its arguments and drop the ``Monitor`` you passed; the callback restores its sta
 scalars of the latest decision (``naig.monitor.records.flat_scalars``: max score, its rank,
 K_eff, flagged ranks, B_simple; ``per_rank=True`` adds each rank's) join the Trainer's own logs
 before its reporters (TensorBoard, W&B, …) see them; a step that flags a rank is always logged
-(``control.should_log``), whatever ``logging_steps``.
+(``control.should_log``), whatever ``logging_steps``. ``trainer.state.log_history`` does not hold
+them: the Trainer appends its own copy of the logs there before any callback's ``on_log`` runs
+(read them from the reporters, or from ``monitor.decision``).
 
 **Checkpoints**: the monitor's detector state (``Monitor.state_dict``) is saved in the
 checkpoint's ``trainer_state.json`` (``stateful_callbacks``, through ``ExportableState``); a run
