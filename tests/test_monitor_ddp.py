@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from naig.errors import UsageError
@@ -283,6 +284,8 @@ def test_a_new_hook_takes_over_a_detached_one_on_the_same_ddp_model() -> None:
         assert (first.step, second.step) == (1, 2) and second.decision.ranks == (0,)
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # skipped
         second.detach()
+        with pytest.raises(UsageError, match="detached; make a new MonitorHook"):
+            second.register(ddp)  # it would hand its buckets to itself
         third = MonitorHook(model, Monitor(window=3)).register(ddp)
         step()
         assert (second.step, third.step) == (2, 1) and first.active() is third
@@ -297,6 +300,12 @@ def test_one_monitor_decides_one_models_steps() -> None:
         shared = Monitor(window=3)
         first, second = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
         ddp1, ddp2 = DistributedDataParallel(first), DistributedDataParallel(second)
+        other = torch.nn.Linear(3, 2)
+        hooked = DistributedDataParallel(other)
+        hooked.register_comm_hook(None, default_hooks.allreduce_hook)
+        refused = MonitorHook(other, shared)
+        with pytest.raises(UsageError, match="has a communication hook already"):
+            refused.register(hooked)  # a refused registration claims nothing
         hook1 = MonitorHook(first, shared).register(ddp1)
         with pytest.raises(UsageError, match="already decides the steps of another MonitorHook") as err:
             MonitorHook(second, shared).register(ddp2)  # refused before DDP holds it

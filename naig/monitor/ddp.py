@@ -167,7 +167,9 @@ class MonitorHook(GradientMonitor):
             raise UsageError("this DDP model reduces over another process group than the monitor's (its "
                              "own all-reduce would then mix ranks DDP does not); pass that group as "
                              "Monitor(process_group=...)", field="process_group")
-        self.claim_monitor()  # before anything is registered: a refusal leaves the DDP model as it was
+        if self.detached:
+            raise UsageError("this monitor hook is detached; make a new MonitorHook", field="ddp")
+        self.claim_monitor(take=False)  # a refusal leaves the DDP model and the Monitor as they were
         registered = _registered_monitor(ddp)
         if registered is not None and not registered.active().detached:
             raise UsageError("has a monitor hook already that is not detached: call its detach() first (DDP "
@@ -176,15 +178,16 @@ class MonitorHook(GradientMonitor):
             self.weights = replicated_weights(ddp.module, self.monitor, ddp.parameters_to_ignore)
         if registered is not None:  # a detached monitor's hook: it hands every bucket to this one
             registered.successor = self
-            return self
-        try:
-            ddp.register_comm_hook(self, monitor_comm_hook)
-        except RuntimeError as exc:
-            if "only be called once" not in str(exc):
-                raise
-            raise UsageError("has a communication hook already and DDP takes one per model: pass that "
-                             "hook to MonitorHook(comm_hook=..., comm_state=...) and register on a fresh DDP "
-                             "model", field="ddp") from None
+        else:
+            try:
+                ddp.register_comm_hook(self, monitor_comm_hook)
+            except RuntimeError as exc:
+                if "only be called once" not in str(exc):
+                    raise
+                raise UsageError("has a communication hook already and DDP takes one per model: pass that "
+                                 "hook to MonitorHook(comm_hook=..., comm_state=...) and register on a fresh "
+                                 "DDP model", field="ddp") from None
+        self.claim_monitor()
         return self
 
     def active(self) -> "MonitorHook":
