@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
+from torch.utils.checkpoint import checkpoint
 
 from naig.distributed.launch import process_group
 from naig.errors import DataError
@@ -108,13 +109,42 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16) -> dic
 
 class _LeavesOut(nn.Sequential):
     """``_model``'s layers; with ``leave_out`` set, the middle Linear and its Tanh are left out (the
-    root's own forward, so FSDP's root hooks run)."""
+    root's own forward, so FSDP's root hooks run); with ``reentrant``, the last Linear runs under
+    reentrant activation checkpointing (its backward, where the step's first reduce-scatter is
+    issued, is a backward pass nested in the step's)."""
 
     leave_out = False
+    reentrant = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self[1](self[0](x))
-        return self[4](h if self.leave_out else self[3](self[2](h)))
+        if self.leave_out:
+            return self[4](h)
+        h = self[3](self[2](h))
+        return checkpoint(self[4], h, use_reentrant=True) if self.reentrant else self[4](h)
+
+
+def _reentrant(rank: int) -> dict:
+    """Every step's errors and decision steps with the last Linear checkpointed (reentrant)."""
+    model = _LeavesOut(*_model())
+    model.reentrant = True
+    for i in (0, 2, 4):
+        fully_shard(model[i])
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    watch = fully_shard_monitor(model, Monitor(window=WINDOW, timeout=TIMEOUT)).attach(opt)
+    out: dict = {"errors": [], "decided": []}
+    for step in range(1, 5):
+        x, y = rank_batch(rank, step, 16)
+        opt.zero_grad()
+        try:
+            nn.functional.cross_entropy(model(x), y).backward()
+            out["errors"].append(None)
+        except DataError as exc:
+            out["errors"].append(str(exc))
+        opt.step()
+        out["decided"].append(watch.decision.step if watch.decision is not None else 0)
+    return out
 
 
 def _unused(rank: int) -> dict:
@@ -164,6 +194,9 @@ def main(out: str) -> None:
         every: list = [None] * WORLD
         dist.all_gather_object(every, _unused(rank))  # the group's timeout: TIMEOUT
         runs["unused"] = {"ranks": every}
+        every = [None] * WORLD
+        dist.all_gather_object(every, _reentrant(rank))
+        runs["reentrant"] = {"ranks": every}
         if rank == 0:
             doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "runs": runs}
             with open(out, "w") as fh:

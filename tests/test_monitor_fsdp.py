@@ -73,6 +73,14 @@ def test_a_module_without_gradient_is_a_data_error_and_the_decisions_stay_in_ste
         assert seen["named"][UNUSED_NAN - 1] == [BAD_RANK] and seen["finite"]
 
 
+def test_reentrant_checkpointing_decides_every_step(ranks: dict) -> None:
+    """A checkpointed module (reentrant) reduces in a backward pass nested in the step's, which ends
+    first: the completeness check waits for the outer pass (the first version raised a false
+    DataError there, found by an adversarial review)."""
+    for seen in ranks["runs"]["reentrant"]["ranks"]:
+        assert seen["errors"] == [None] * 4 and seen["decided"] == [1, 2, 3, 4], seen
+
+
 @pytest.mark.parametrize("kind", ["log", "skip", "scale", "flip"])
 def test_signals_equal_a_single_process_float64_computation(ranks: dict, kind: str) -> None:
     run = ranks["runs"][kind]

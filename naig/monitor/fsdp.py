@@ -134,6 +134,7 @@ class FSDPMonitor(GradientMonitor):
                              field="module")
         self.claim_monitor()
         self._calls: set[int] = set()
+        self._recheck = False  # the completeness check came at the end of a nested backward pass
 
     def detach(self) -> None:
         """Give every FSDP module back the reduce-scatter it had and remove the optimizer hooks.
@@ -156,6 +157,9 @@ class FSDPMonitor(GradientMonitor):
                             "a module got no gradient this step; call set_reduce_scatter_unused_params(True) "
                             "on it")
         self._calls.add(comm.index)
+        if self._recheck:  # a nested backward ended before this pass's end: check at the end of this one
+            self._recheck = False
+            _at_end_of_backward(self._check_complete)
         world = group.size() if group is not None else 1
         self._add_part(comm.index, comm.names, pack(input, comm.sketch(world, input)),
                        len(self._calls) == len(self.comms))
@@ -170,16 +174,28 @@ class FSDPMonitor(GradientMonitor):
         shown = ", ".join(p.names[:2]) + (", …" if len(p.names) > 2 else "")
         return f"module {self.comms[p.index].fqn} ({shown}; {len(p.names)} parameters)"
 
+    def _fsdp_pass_open(self) -> bool:
+        """Whether FSDP's own final callback of the current backward pass is still to run (its state's
+        ``post_backward_final_callback_queued``): true at the end of a backward nested in it, as
+        reentrant activation checkpointing runs one per checkpointed block."""
+        ctxs = [getattr(m._get_fsdp_state(), "_state_ctx", None) for m in self._modules]
+        return any(getattr(c, "post_backward_final_callback_queued", False) for c in ctxs)
+
     def _check_complete(self) -> None:
         """At the end of the backward pass: every monitored module reduced, or a ``DataError``.
 
         A module whose parameters got no gradient skips its reduce-scatter; without this check the
         step's decision would wait for the next step's first module and every later decision would
         mix two steps' gradients (a NaN then passed ``skip``). Started by the step's first
-        reduce-scatter; the step's parts are dropped first, so a caller that catches the error and
-        sets ``set_reduce_scatter_unused_params(True)`` starts the next step afresh.
+        reduce-scatter; at the end of a backward nested in FSDP's (reentrant activation
+        checkpointing) it waits for the outer pass's end instead. The step's parts are dropped
+        first, so a caller that catches the error and sets
+        ``set_reduce_scatter_unused_params(True)`` starts the next step afresh.
         """
         if not self._calls:  # every module reduced: decided at the last one
+            return
+        if self._fsdp_pass_open():  # a nested backward (reentrant checkpointing) inside FSDP's pass
+            self._recheck = True
             return
         missing = [c.fqn for c in self.comms if c.index not in self._calls]
         self._calls, self.parts = set(), []
