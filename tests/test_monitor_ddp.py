@@ -310,6 +310,8 @@ def test_one_monitor_decides_one_models_steps() -> None:
         with pytest.raises(UsageError, match="already decides the steps of another MonitorHook") as err:
             MonitorHook(second, shared).register(ddp2)  # refused before DDP holds it
         assert err.value.field == "monitor"
+        with pytest.raises(UsageError, match="observe\\(\\) would add a second gradient"):
+            shared.observe({"w": torch.ones(3)})
         ddp1(torch.ones(4, 3)).sum().backward()
         assert (hook1.step, shared.detector.step) == (1, 1)
         hook1.detach()

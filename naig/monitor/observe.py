@@ -238,7 +238,8 @@ class Monitor:
 
         Raises:
             UsageError: ``grads`` empty, not float tensors (a sparse, meta or sharded DTensor
-                gradient included, naming it), or not a mapping or tensor.
+                gradient included, naming it), or not a mapping or tensor; the monitor decides an
+                integration's steps (``stepped_by``, not detached).
             DataError: a collective that did not finish within ``timeout`` seconds; ranks that
                 passed different names or shapes (on every rank, naming them); ``weights`` given on
                 some ranks only.
@@ -246,6 +247,11 @@ class Monitor:
         """
         if not isinstance(full_dtensor, bool):
             raise UsageError("must be True or False", field="full_dtensor", value=full_dtensor)
+        owner = self.stepped_by() if self.stepped_by is not None else None
+        if owner is not None and not owner.detached:
+            raise UsageError(f"this Monitor decides the steps of a {type(owner).__name__}; observe() "
+                             "would add a second gradient to its history: use another Monitor (or detach() "
+                             "it first)", field="grads")
         if weights is not None:  # refused at every step (and with one rank), though read on check steps only
             _check_weights_mapping(weights)
         layout, tensors, shapes = _flatten(grads, full_dtensor)

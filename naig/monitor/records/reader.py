@@ -58,7 +58,9 @@ class MonitorLog:
 
     def runs(self) -> list[tuple[int, int]]:
         """(first, last) step of each run in the file, in file order: a run resumed from a checkpoint
-        and appended (``append=True``) starts again at its resumed step, so the steps go back there."""
+        and appended (``append=True``) starts again at its resumed step, so the steps go back there.
+        An appended run whose steps continue the file's (a fresh monitor: its steps are offset past
+        the last) extends the run before it."""
         steps = self.steps.tolist()
         starts = [0, *(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])]
         return [(steps[a], steps[b - 1]) for a, b in zip(starts, [*starts[1:], len(steps)], strict=True)
