@@ -198,6 +198,23 @@ def _corrupt(g: np.ndarray, rank: int, kind: str) -> np.ndarray:
     return g
 
 
+def test_a_rank_named_for_a_non_finite_gradient_rejoins_the_reference_at_once() -> None:
+    """``hold`` keeps a named rank out of the others' reference for 8 steps, so the ranks a bad rank
+    displaced are not named after it. A non-finite gradient is unusable (left out) while it lasts,
+    so holding its rank out after one NaN left 2 reference ranks at K = 3, whose scores then crossed
+    the thresholds fitted with 3: a new user's replay counted 6 clean flags in the 10 steps after a
+    NaN against 0 on the same data without it (24 seeds × 300 steps, 2026-12-06). Now a ×1000 rank
+    is held, a NaN rank is not."""
+    steps = _stream(3, 42, 0.3, seed=7)
+    for kind, held in (("scale", True), ("nan", False)):
+        det = Detector(3, signals=("norm", "distance", "energy"), quiet=True)
+        for g in steps[:40]:
+            det.update(_signals(g))
+        assert det.update(_signals(_corrupt(steps[40], 1, kind))).ranks == (1,)
+        named = det.state_dict()["named"]
+        assert (named[1] == 41) is held and named[0] == named[2] == 0, (kind, named)
+
+
 @pytest.mark.parametrize("k", [3, 8])
 @pytest.mark.parametrize("kind, snr", [("nan", 0.3), ("scale", 0.3), ("scale", 3.0), ("flip", 3.0)])
 def test_a_corrupted_rank_is_named_alone_at_its_step(k: int, kind: str, snr: float) -> None:

@@ -169,7 +169,10 @@ jumps. So when ranks are flagged, each flagged rank c is tried: it is left out o
 again, and the rank whose exclusion leaves the fewest (then the least) flags is named; the search
 goes on among the rest until no rank is flagged. A named rank stays out of the reference (the
 mean and the others' centring) for the next ``hold`` steps (default 8), so the ranks it displaced
-are not named after it.
+are not named after it; not a rank named for a non-finite gradient only, which is unusable (left
+out) while it lasts and clean after it (held out, it left 2 reference ranks at K = 3, and clean
+ranks were flagged after a NaN: 6 flags in the 10 steps after one against 0 on the same data
+without it, over 24 seeds × 300 steps, 2026-12-06).
 
 **Two ranks.** With K = 2 the mean-relative signals are symmetric: d₀ = −d₁ against the mean,
 so both ranks have the same distance and energy and mirrored angles, and nothing measured against
@@ -1418,8 +1421,9 @@ class Detector:
     def _commit(self, first: _Pass, last: _Pass, kept: dict[int, _Pass], flags: list[Flag],
                 usable: np.ndarray) -> None:
         """Take the change statistics, the naming steps and (on a clean step) the pool values."""
-        for f in flags:
-            self.named[f.rank] = self.step
+        for f in flags:  # held out of the reference for `hold` steps; not for a non-finite gradient
+            if f.signal != "nonfinite":  # (unusable, so left out, while it lasts; clean again after it)
+                self.named[f.rank] = self.step
         if np.isnan(first.cand).all():  # warm-up, K <= 2 or no change detection
             self._append(first, usable if self.world <= 2 else usable & ~self._recent(), flags)
             return
