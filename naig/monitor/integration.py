@@ -111,8 +111,10 @@ class GradientMonitor:
             UsageError: the monitor decides another integration's steps that is not detached (two
                 models given one ``Monitor``: their gradients would share one history).
         """
-        owner = self.monitor.stepped_by() if self.monitor.stepped_by is not None else None
-        if owner is not None and owner is not self and not owner.detached:
+        owner = self.monitor.stepping()
+        if owner is self:  # every step of its own: nothing to change
+            return
+        if owner is not None:
             raise UsageError(f"this Monitor already decides the steps of another {type(owner).__name__}: two "
                              "models' gradients in one history mean nothing; give each model its own Monitor "
                              "(or detach() the other first)", field="monitor")

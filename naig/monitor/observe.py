@@ -247,8 +247,8 @@ class Monitor:
         """
         if not isinstance(full_dtensor, bool):
             raise UsageError("must be True or False", field="full_dtensor", value=full_dtensor)
-        owner = self.stepped_by() if self.stepped_by is not None else None
-        if owner is not None and not owner.detached:
+        owner = self.stepping()
+        if owner is not None:
             raise UsageError(f"this Monitor decides the steps of a {type(owner).__name__}; observe() "
                              "would add a second gradient to its history: use another Monitor (or detach() "
                              "it first)", field="grads")
@@ -273,6 +273,12 @@ class Monitor:
         if decision.flagged and self.action == "raise":
             raise decision.error()
         return decision
+
+    def stepping(self) -> object | None:
+        """The integration (``MonitorHook``, ``FSDPMonitor``) whose steps this monitor decides now:
+        ``stepped_by``'s, while it is alive and not detached; else None."""
+        owner = self.stepped_by() if self.stepped_by is not None else None
+        return owner if owner is not None and not owner.detached else None
 
     def weights_due(self) -> bool:
         """Whether the next step decided is a replica-check step (``naig.monitor.replicas``)."""
