@@ -14,6 +14,11 @@ buckets per step) with Adam on its own random batches for ``STEPS`` steps, in th
   ``DESYNC_STEP``'s update rank ``BAD_RANK``'s weights are perturbed by 1% (θ ← θ·(1 + 0.01 z)),
   with the replica check every ``WEIGHTS_EVERY`` steps (1, 5, 9).
 
+- ``accumulate_skip`` / ``accumulate_raise``: ``MICRO`` micro-batches per optimizer step, each
+  reduced (no ``no_sync()``: ``MICRO`` decisions per step); rank ``BAD_RANK``'s first micro-batch of
+  step ``BAD_STEP`` ×1000, with that action (the last micro-batch's gradient, the all-reduced
+  earlier ones plus its own, looks like the others').
+
 The detectors' window is ``WINDOW`` (the individual scores start at step WINDOW + 1). Every
 collective of the script waits at most ``TIMEOUT`` seconds. Rank 0 writes what each rank saw.
 """
@@ -35,6 +40,7 @@ from tests.monitor_rank_tools import exit_after, gather_rows, rank_batch
 WORLD, BAD_RANK, BAD_STEP, STEPS, WINDOW, TIMEOUT = 3, 2, 10, 10, 8, 30.0
 DESYNC_STEP, WEIGHTS_EVERY = 5, 4
 BUCKET_MB = 0.005  # 5 kB buckets: 4 or 5 buckets per step
+MICRO = 3  # micro-batches per optimizer step (accumulate_*)
 
 
 def _rows(x: torch.Tensor) -> list[list]:
@@ -135,6 +141,40 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16, monito
     return out
 
 
+def _accumulate(rank: int, action: str) -> dict:
+    """MICRO reduced micro-batches per optimizer step; rank BAD_RANK's first of step BAD_STEP ×1000."""
+    model = _model()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_MB)
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
+    mon = Monitor(window=WINDOW, action=action, timeout=TIMEOUT)
+    hook = MonitorHook(model, monitor=mon).register(ddp)
+    hook.attach(opt)
+    out: dict = {"decisions": [], "flagged": []}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(1, STEPS + 1):
+            opt.zero_grad()
+            for micro in range(MICRO):
+                x, y = rank_batch(rank, MICRO * step + micro, 16)
+                scale = 1000.0 if (rank, step, micro) == (BAD_RANK, BAD_STEP, 0) else 1.0
+                (scale * nn.functional.cross_entropy(ddp(x), y)).backward()
+                out["decisions"].append(hook.decision.step)
+                out["flagged"].append(list(hook.decision.ranks))
+            before = _flat(list(model.parameters())).clone()
+            err = None
+            try:
+                opt.step()
+            except BadRankError as exc:
+                err = str(exc)
+            if step == BAD_STEP:
+                same = torch.equal(before, _flat(list(model.parameters())))
+                out["unchanged"] = _rows(torch.tensor([float(same)]))
+                out["error"] = err
+    out["warnings"] = [str(w.message) for w in caught if w.category is UserWarning
+                       and "decided twice" in str(w.message)]
+    return out
+
+
 RUNS = {
     "plain": dict(kind="none"),
     "log": dict(kind="none", action="log"),
@@ -154,9 +194,10 @@ def main(out: str) -> None:
     argv = [sys.executable, "-m", "tests.monitor_ddp_ranks", out]
     with process_group(WORLD, argv, timeout=TIMEOUT) as (rank, _):
         runs = {name: _run(rank, **args) for name, args in RUNS.items()}
+        runs.update({f"accumulate_{a}": _accumulate(rank, a) for a in ("skip", "raise")})
         if rank == 0:
-            doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "window": WINDOW, "runs": runs,
-                   "desync_step": DESYNC_STEP, "weights_every": WEIGHTS_EVERY}
+            doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "steps": STEPS, "micro": MICRO,
+                   "window": WINDOW, "runs": runs, "desync_step": DESYNC_STEP, "weights_every": WEIGHTS_EVERY}
             with open(out, "w") as fh:
                 json.dump(doc, fh)
 

@@ -99,6 +99,25 @@ def test_raise_raises_on_every_rank_before_the_update(ranks: dict) -> None:
     assert "no update was applied" in run["error_text"]
 
 
+@pytest.mark.parametrize("action", ["skip", "raise"])
+def test_a_flag_on_any_reduced_micro_batch_acts_at_the_optimizer_step(ranks: dict, action: str) -> None:
+    """Accumulation without no_sync(): the ×1000 micro-batch is the step's first; its decision, not the
+    last one's, is what skip and raise act on (the helper's finding, 2026-12-06)."""
+    run, step, bad, world = ranks["runs"][f"accumulate_{action}"], ranks["bad_step"], ranks["bad_rank"], \
+        ranks["world"]
+    micro = ranks["micro"]
+    assert run["decisions"] == list(range(1, micro * ranks["steps"] + 1))  # one per reduced micro-batch
+    first, last = micro * (step - 1), micro * step - 1  # the bad step's first and last decisions (0-based)
+    assert run["flagged"][first] == [bad] and run["flagged"][last] == []  # the last one alone would not act
+    assert run["unchanged"] == [[1.0]] * world
+    if action == "raise":
+        assert run["error"].startswith(f"step {first + 1}: rank {bad} on ")
+    else:
+        assert run["error"] is None
+    assert len(run["warnings"]) == 1 and "each micro-batch is a monitor step" in run["warnings"][0]
+    assert f"{action} acts at optimizer.step() on a flag of any of them" in run["warnings"][0]
+
+
 def test_exclude_all_reduces_the_mean_of_the_other_ranks(ranks: dict) -> None:
     run, step, bad = ranks["runs"]["exclude"], ranks["bad_step"], ranks["bad_rank"]
     grads = np.array(run["grads"][step - 1], dtype=np.float64)  # (K, n) every rank's own gradient

@@ -88,6 +88,10 @@ class GradientMonitor:
         self._sketches: dict[tuple, MonitorSketch] = {}
         self._optimizers: list[tuple[weakref.ref, Any]] = []
         self._applied: dict[int, int] = {}
+        self._flagged: dict[int, list[Decision]] = {}  # optimizer id -> flagged decisions since its step
+        self._decided: dict[int, int] = {}  # optimizer id -> decisions since its step
+        self._stepped: set[int] = set()  # optimizers that stepped since their latest decision
+        self._warned_syncs = False
         self.detached = False
 
     @property
@@ -133,6 +137,7 @@ class GradientMonitor:
         for _, handle in self._optimizers:
             handle.remove()
         self._optimizers, self.decision, self.parts, self.detached = [], None, [], True
+        self._flagged, self._decided, self._stepped = {}, {}, set()
         self._gathered, self._weights_row = None, None  # no collective's work or buffer kept alive
 
     # ---------------------------------------------------------------- the optimizer side
@@ -172,17 +177,51 @@ class GradientMonitor:
         return (args[0], wrapped, *args[2:]), kwargs
 
     def _apply(self, optimizer: torch.optim.Optimizer) -> None:
-        """The latest decision's action on this optimizer (once per decision for ``skip``)."""
-        d = self.decision
-        if d is None or not d.flagged:
+        """The action of every decision since this optimizer's previous step (once for ``skip``).
+
+        Usually one decision: the step's. A loop that accumulates gradients without ``no_sync()``
+        (``set_requires_gradient_sync(False)`` under FSDP2) reduces, and so decides, every
+        micro-batch: a flag on any of them applies to the step that uses their sum (``raise``
+        raises the first flagged decision's error).
+        """
+        key = id(optimizer)
+        self._stepped.add(key)
+        flagged = self._flagged.get(key, [])
+        if not flagged:
             return
         if self.action == "raise":
-            raise d.error()
-        if self.action == "skip" and gradient_flagged(d) and self._applied.get(id(optimizer)) != d.step:
-            self._applied[id(optimizer)] = d.step
+            raise flagged[0].error()
+        last = flagged[-1].step
+        gradient = any(gradient_flagged(d) for d in flagged)
+        if self.action == "skip" and gradient and self._applied.get(key) != last:
+            self._applied[key] = last
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     p.grad = None
+
+    def _note(self, decision: Decision) -> None:
+        """Keep a decision for the attached optimizers' next step (``_apply``); say once, on rank 0,
+        when several decisions fall between two steps of one optimizer."""
+        for ref, _ in self._optimizers:
+            opt = ref()
+            if opt is None:
+                continue
+            key = id(opt)
+            if key in self._stepped:  # the first decision since that optimizer stepped
+                self._stepped.discard(key)
+                self._flagged.pop(key, None)
+                self._decided[key] = 0
+            self._decided[key] = self._decided.get(key, 0) + 1
+            if decision.flagged:
+                self._flagged.setdefault(key, []).append(decision)
+            if self._decided[key] == 2 and not self._warned_syncs and self.monitor.rank == 0:
+                self._warned_syncs = True
+                acts = f"; {self.action} acts at optimizer.step() on a flag of any of them" \
+                    if self.action in _NEED_OPTIMIZER else ""
+                warn_caller(f"naig.monitor decided twice before optimizer.step() (its steps "
+                            f"{decision.step - 1} and {decision.step}): the gradient is reduced on every "
+                            "micro-batch (no no_sync() or set_requires_gradient_sync(False)), so each "
+                            f"micro-batch is a monitor step{acts}")
 
     def _check_attached(self) -> None:
         if self.action in _NEED_OPTIMIZER and not any(ref() is not None for ref, _ in self._optimizers):
@@ -265,6 +304,7 @@ class GradientMonitor:
         self.decision = self.monitor.decide(per_part.sum(axis=1), dots=dots, sq_dists=dists, weights=checked,
                                             where=lambda d: _where(d, per_part, names, self._label),
                                             acts=True)  # the hook applies skip and exclude
+        self._note(self.decision)
         return self.decision
 
     def _label(self, part: int) -> str:
