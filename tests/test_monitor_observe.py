@@ -268,11 +268,47 @@ def test_a_malformed_monitor_state_is_one_line_before_anything_is_allocated(wher
     else:
         since = {"replica-rank": 5, "replica-step": 0, "replica-later": 21}[where]
         state["replicas"] = {"named": [[99 if where == "replica-rank" else 1, since, 1.0]]}
-    decided = copy.deepcopy(mon.state_dict())
+    fresh = Monitor(window=16)  # a resumed run loads into a monitor that has decided nothing yet
+    empty = copy.deepcopy(fresh.state_dict())
     with pytest.raises(UsageError, match="malformed") as err:
-        mon.load_state_dict(state)
+        fresh.load_state_dict(state)
     assert "\n" not in str(err.value)
-    assert mon.state_dict() == decided  # a refused state changes nothing
+    assert fresh.state_dict() == empty  # a refused state changes nothing
+
+
+def test_a_monitor_that_has_decided_refuses_a_state_and_keeps_its_own() -> None:
+    """Loaded after steps were decided, a state would replace the history silently: the step numbers
+    went back to the checkpoint's (a new user's finding, 2026-12-06). Refused, in one line."""
+    saved = Monitor(window=16)
+    with pytest.warns(UserWarning, match="warm-up"):
+        for rows in _payloads(5, 4, seed=1):
+            saved.decide(rows)
+    state = copy.deepcopy(saved.state_dict())
+    mon = Monitor(window=16)
+    with pytest.warns(UserWarning, match="warm-up"):
+        for rows in _payloads(3, 4, seed=2):
+            mon.decide(rows)
+    own = copy.deepcopy(mon.state_dict())
+    with pytest.raises(UsageError, match="already decided 3 step") as err:
+        mon.load_state_dict(state)
+    assert err.value.field == "state" and "\n" not in str(err.value)
+    assert mon.state_dict() == own
+    resumed = Monitor(window=16)
+    resumed.load_state_dict(state)
+    resumed.load_state_dict(state)  # loading again before a step is harmless
+    assert resumed.state_dict() == state
+
+
+def test_a_refused_setting_names_this_monitors_value_and_the_one_to_pass() -> None:
+    mon = Monitor(window=16)
+    with pytest.warns(UserWarning, match="warm-up"):
+        mon.decide(_payloads(1, 4, seed=1)[0])
+    with pytest.raises(UsageError) as err:
+        Monitor(window=32).load_state_dict(mon.state_dict())
+    assert str(err.value).startswith("window=32: ") and "pass window=16 to resume" in str(err.value)
+    with pytest.raises(UsageError) as err:
+        Monitor(window=16, seed=3).load_state_dict(mon.state_dict())
+    assert str(err.value).startswith("seed=3: ") and "pass seed=0 to resume" in str(err.value)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

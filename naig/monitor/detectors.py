@@ -1515,8 +1515,8 @@ class Detector:
             other = theirs.get(key)
             if (list(other) if isinstance(other, list | tuple) else other) != value or \
                     has_bool(other) != has_bool(value):  # True == 1.0 in Python
-                raise UsageError(f"the state was saved with {key}={other!r}, this detector has {value!r}",
-                                 field=key, value=other)
+                raise UsageError(f"the state was saved with {key}={other!r}; pass {key}={other!r} to "
+                                 "resume", field=key, value=value)
         try:
             k, s = self.world, len(saved)
             stat = _insert_rows(real_numbers(state["stat"], "stat").reshape(s, k, 2), saved,

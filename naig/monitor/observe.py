@@ -180,6 +180,7 @@ class Monitor:
         self.hosts: tuple[str, ...] = ()
         self._sketches: dict[tuple, MonitorSketch] = {}
         self.stepped_by: weakref.ref | None = None  # the integration whose steps it decides (one at a time)
+        self._decided = 0  # steps decided since it was built or loaded (load_state_dict refuses after one)
         self._weights_sketches: dict[tuple, MonitorSketch] = {}  # the replica check's, per device
         self.records_lost = 0
         self._lost_here, self._lost_warned = 0, False
@@ -470,6 +471,7 @@ class Monitor:
         with one_blas_thread():  # the step's small matrices: numpy's BLAS on one thread (naig.threads)
             sig = rank_signals(s, sq, bad, dots=dots, sq_dists=sq_dists, batch=self.batch, line=self.line)
             decision = replace(self.detector.update(sig), hosts=self.hosts)
+            self._decided += 1
             if self.detector.scored is not None:  # drift_cos and drift_t2 as the detectors measured them
                 sig = self.detector.scored
         replica = self.replicas.update(decision.step, given)
@@ -508,11 +510,19 @@ class Monitor:
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()`` (see there).
 
+        Load before this monitor's first step: a monitor that has decided steps already has a history
+        the state would silently replace (its step numbers and detectors jump back to the state's).
+
         Raises:
-            UsageError: a state of another version, other detector settings, another sketch (``blocks``,
-                ``seed``, ``line``, ``batch``: its payloads would not be comparable with the state's
-                history) or another number of ranks than this group's (naming the field).
+            UsageError: this monitor has decided steps since it was built or last loaded; a state of
+                another version, other detector settings, another sketch (``blocks``, ``seed``,
+                ``line``, ``batch``: its payloads would not be comparable with the state's history) or
+                another number of ranks than this group's (naming the field).
         """
+        if self._decided:
+            raise UsageError(f"this Monitor has already decided {self._decided} step(s) since it was built "
+                             "or loaded; load the saved state before the first training step, or into a new "
+                             "Monitor", field="state")
         version = state.get("version") if isinstance(state, Mapping) else None
         if isinstance(version, bool) or version != 1 or "detector" not in state:
             raise UsageError("not a Monitor.state_dict() of version 1", field="state")
@@ -522,8 +532,8 @@ class Monitor:
         for key, value in self._sketch_settings().items():
             # another sketch: other payloads, the detectors' history meaningless (True == 1 in Python)
             if saved.get(key) != value or has_bool(saved.get(key)) != has_bool(value):
-                raise UsageError(f"the state was saved with {key}={saved.get(key)!r}, this monitor has "
-                                 f"{value!r}", field=key, value=saved.get(key))
+                raise UsageError(f"the state was saved with {key}={saved.get(key)!r}; pass "
+                                 f"{key}={saved.get(key)!r} to resume", field=key, value=value)
         det = state["detector"]
         if det is None:  # before the first step: no rank can have been named
             self.replicas.load_state_dict(state.get("replicas", {"named": []}), world=None, step=0)
@@ -535,8 +545,8 @@ class Monitor:
             raise UsageError(f"malformed monitor state (detector.settings.world is not 1..{MAX_WORLD})",
                              field="state")
         if dist.is_available() and dist.is_initialized() and world != self.world:
-            raise UsageError(f"the state was saved with {world} ranks, this group has {self.world}",
-                             field="world", value=world)
+            raise UsageError(f"the state was saved with {world} ranks, this group has {self.world}; resume "
+                             f"on {world} ranks", field="world", value=self.world)
         detector = Detector(world, **self._detector_args, quiet=True)
         detector.load_state_dict(dict(det))
         self.replicas.load_state_dict(state.get("replicas", {"named": []}), world=world,
