@@ -276,9 +276,10 @@ def test_a_malformed_monitor_state_is_one_line_before_anything_is_allocated(wher
     assert fresh.state_dict() == empty  # a refused state changes nothing
 
 
-def test_a_monitor_that_has_decided_refuses_a_state_and_keeps_its_own() -> None:
-    """Loaded after steps were decided, a state would replace the history silently: the step numbers
-    went back to the checkpoint's (a new user's finding, 2026-12-06). Refused, in one line."""
+def test_a_monitor_that_has_decided_says_the_state_replaces_its_steps() -> None:
+    """Loaded after steps were decided (a rollback, or a resumed run that loads late), the state replaces
+    the history: rank 0 says so, with the next step's number (a new user's run loaded it three steps
+    late and its step numbers went back without a word, 2026-12-06)."""
     saved = Monitor(window=16)
     with pytest.warns(UserWarning, match="warm-up"):
         for rows in _payloads(5, 4, seed=1):
@@ -288,15 +289,23 @@ def test_a_monitor_that_has_decided_refuses_a_state_and_keeps_its_own() -> None:
     with pytest.warns(UserWarning, match="warm-up"):
         for rows in _payloads(3, 4, seed=2):
             mon.decide(rows)
-    own = copy.deepcopy(mon.state_dict())
-    with pytest.raises(UsageError, match="already decided 3 step") as err:
+    with pytest.warns(UserWarning, match=r"the 3 step\(s\) this monitor decided .* step 6\)") as got:
         mon.load_state_dict(state)
-    assert err.value.field == "state" and "\n" not in str(err.value)
+    assert len([w for w in got if "replaced" in str(w.message)]) == 1
+    assert mon.state_dict() == state
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # loading again before a step, or into a new monitor: nothing to say
+        mon.load_state_dict(state)
+        Monitor(window=16).load_state_dict(state)
+    mon.decide(_payloads(1, 4, seed=3)[0])
+    own = copy.deepcopy(mon.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a refused state replaces nothing and says nothing
+        with pytest.raises(UsageError, match="seed"):
+            mon.load_state_dict({**state, "sketch": {**state["sketch"], "seed": 9}})
     assert mon.state_dict() == own
-    resumed = Monitor(window=16)
-    resumed.load_state_dict(state)
-    resumed.load_state_dict(state)  # loading again before a step is harmless
-    assert resumed.state_dict() == state
+    with pytest.warns(UserWarning, match=r"the 1 step\(s\)"):
+        mon.load_state_dict(state)
 
 
 def test_a_refused_setting_names_this_monitors_value_and_the_one_to_pass() -> None:

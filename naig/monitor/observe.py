@@ -180,7 +180,7 @@ class Monitor:
         self.hosts: tuple[str, ...] = ()
         self._sketches: dict[tuple, MonitorSketch] = {}
         self.stepped_by: weakref.ref | None = None  # the integration whose steps it decides (one at a time)
-        self._decided = 0  # steps decided since it was built or loaded (load_state_dict refuses after one)
+        self._decided = 0  # steps decided since it was built or loaded (load_state_dict replaces them)
         self._weights_sketches: dict[tuple, MonitorSketch] = {}  # the replica check's, per device
         self.records_lost = 0
         self._lost_here, self._lost_warned = 0, False
@@ -510,19 +510,29 @@ class Monitor:
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()`` (see there).
 
-        Load before this monitor's first step: a monitor that has decided steps already has a history
-        the state would silently replace (its step numbers and detectors jump back to the state's).
+        Load before this monitor's first step to resume a run. Loaded after it has decided steps (a
+        rollback to a checkpoint), the state replaces that history: the next decision is the state's
+        step + 1, and rank 0 warns, saying so (a resumed run that loads a few steps late would
+        otherwise count its steps from the checkpoint's without a word).
 
         Raises:
-            UsageError: this monitor has decided steps since it was built or last loaded; a state of
-                another version, other detector settings, another sketch (``blocks``, ``seed``,
-                ``line``, ``batch``: its payloads would not be comparable with the state's history) or
-                another number of ranks than this group's (naming the field).
+            UsageError: a state of another version, other detector settings, another sketch
+                (``blocks``, ``seed``, ``line``, ``batch``: its payloads would not be comparable with
+                the state's history) or another number of ranks than this group's (naming the field).
         """
-        if self._decided:
-            raise UsageError(f"this Monitor has already decided {self._decided} step(s) since it was built "
-                             "or loaded; load the saved state before the first training step, or into a new "
-                             "Monitor", field="state")
+        replaced, self._decided = self._decided, 0
+        try:
+            self._load(state)
+        except BaseException:
+            self._decided = replaced
+            raise
+        if replaced and self.rank == 0:
+            step = self.detector.step if self.detector is not None else 0
+            warn_caller(f"Monitor.load_state_dict: the {replaced} step(s) this monitor decided since it was "
+                        f"built or loaded are replaced by the state's history (the next decision is step "
+                        f"{step + 1}); to resume a run, load before its first training step")
+
+    def _load(self, state: dict) -> None:
         version = state.get("version") if isinstance(state, Mapping) else None
         if isinstance(version, bool) or version != 1 or "detector" not in state:
             raise UsageError("not a Monitor.state_dict() of version 1", field="state")
