@@ -10,6 +10,7 @@ the individual cos score (z ≈ 62 > 22) when the ranks' gradients agree (1024 e
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -220,6 +221,34 @@ def test_skip_applies_inside_a_closure_as_lightning_calls_step() -> None:
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
         opt.step(closure=lambda: closure(1.0))
         assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_a_resumed_optimizer_with_a_fresh_monitor_is_pointed_to_the_monitors_state() -> None:
+    """A run resumed from a checkpoint without the monitor's state starts its warm-up again (a ×1000 rank
+    then goes unnamed: a new user's run, 2026-12-06): said once, at the first step; a fresh run says
+    nothing."""
+    with process_group_in_this_process():
+        model, ddp, opt, hook = _setup("log")
+        hook.attach(opt)
+        with warnings.catch_warnings(record=True) as fresh:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                opt.zero_grad()
+                ddp(torch.ones(4, 3)).square().sum().backward()
+                opt.step()
+        assert not [w for w in fresh if "afresh" in str(w.message)]
+        saved = opt.state_dict()
+        model2, ddp2, opt2, hook2 = _setup("log")
+        opt2.load_state_dict(saved)
+        hook2.attach(opt2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                opt2.zero_grad()
+                ddp2(torch.ones(4, 3)).square().sum().backward()
+                opt2.step()
+        said = [str(w.message) for w in caught if "starts afresh" in str(w.message)]
+        assert len(said) == 1 and "load the Monitor's state_dict()" in said[0]
 
 
 @pytest.mark.parametrize("action", ["skip", "raise"])

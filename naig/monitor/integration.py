@@ -91,7 +91,7 @@ class GradientMonitor:
         self._flagged: dict[int, list[Decision]] = {}  # optimizer id -> flagged decisions since its step
         self._decided: dict[int, int] = {}  # optimizer id -> decisions since its step
         self._stepped: set[int] = set()  # optimizers that stepped since their latest decision
-        self._warned_syncs = False
+        self._warned_syncs = self._warned_fresh = False
         self.detached = False
 
     @property
@@ -212,6 +212,12 @@ class GradientMonitor:
                 self._flagged.pop(key, None)
                 self._decided[key] = 0
             self._decided[key] = self._decided.get(key, 0) + 1
+            if decision.step == 1 and opt.state and not self._warned_fresh and self.monitor.rank == 0:
+                self._warned_fresh = True  # a resumed run whose monitor state was not loaded
+                warmup = self.monitor.detector.warmup if self.monitor.detector is not None else 0
+                warn_caller(f"naig.monitor starts afresh at step 1 (a warm-up of {warmup} steps) while the "
+                            "optimizer has stepped before (its state is not empty): resuming a run? load the "
+                            "Monitor's state_dict() saved with the checkpoint")
             if decision.flagged:
                 self._flagged.setdefault(key, []).append(decision)
             if self._decided[key] == 2 and not self._warned_syncs and self.monitor.rank == 0:
