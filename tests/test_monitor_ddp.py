@@ -251,6 +251,30 @@ def test_a_resumed_optimizer_with_a_fresh_monitor_is_pointed_to_the_monitors_sta
         assert len(said) == 1 and "load the Monitor's state_dict()" in said[0]
 
 
+def test_sparse_gradients_are_refused_in_one_line_not_deep_in_the_sketch() -> None:
+    """nn.EmbeddingBag(sparse=True) under DDP ended in 'unsupported memory format option' from inside
+    the sketch (an adversarial review, 2026-12-06): refused at register, naming the module; registered
+    as Lightning's DDPStrategy does (ddp.register_comm_hook, which register() never sees), refused at
+    the sparse bucket, naming it."""
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.EmbeddingBag(20, 6, sparse=True), torch.nn.Linear(6, 2))
+
+    with process_group_in_this_process():
+        first = model()
+        ddp = DistributedDataParallel(first)
+        with pytest.raises(UsageError, match="module '0' makes sparse gradients") as err:
+            MonitorHook(first, Monitor()).register(ddp)
+        assert err.value.field == "ddp" and "sparse=False" in str(err.value)
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)  # nothing was registered on it
+        second = model()
+        ddp2 = DistributedDataParallel(second)
+        ddp2.register_comm_hook(state=MonitorHook(second, Monitor()), hook=monitor_comm_hook)
+        with pytest.raises(UsageError, match=r"bucket \d+ \(0.weight\) holds a sparse gradient") as err:
+            ddp2(torch.tensor([[1, 4, 4]])).sum().backward()
+        assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("action", ["skip", "raise"])
 def test_skip_and_raise_without_an_attached_optimizer_are_refused(action: str) -> None:
     with process_group_in_this_process():

@@ -151,7 +151,9 @@ class MonitorHook(GradientMonitor):
         a detached ``MonitorHook``, that hook hands its buckets to this one instead.
 
         Raises:
-            UsageError: not a ``DistributedDataParallel``; one with a communication hook already
+            UsageError: not a ``DistributedDataParallel``; one with an ``nn.Embedding`` or
+                ``nn.EmbeddingBag`` built with ``sparse=True`` (sparse gradients: the sketch reads
+                dense buckets); one with a communication hook already
                 (DDP takes one per model: pass the other as ``comm_hook``) or a monitor's that is not
                 detached; one wrapping another model than this hook's ``module``; one reducing over
                 another group than the monitor's; a ``Monitor`` that decides another integration's
@@ -169,6 +171,11 @@ class MonitorHook(GradientMonitor):
                              "Monitor(process_group=...)", field="process_group")
         if self.detached:
             raise UsageError("this monitor hook is detached; make a new MonitorHook", field="ddp")
+        sparse = [n for n, m in ddp.module.named_modules() if isinstance(m, nn.Embedding | nn.EmbeddingBag)
+                  and m.sparse and any(p.requires_grad for p in m.parameters())]
+        if sparse:
+            raise UsageError(f"module {sparse[0]!r} makes sparse gradients (sparse=True), which the "
+                             "monitor's sketch does not read; build it with sparse=False", field="ddp")
         self.claim_monitor(take=False)  # a refusal leaves the DDP model and the Monitor as they were
         registered = _registered_monitor(ddp)
         if registered is not None and not registered.active().detached:
@@ -212,6 +219,10 @@ class MonitorHook(GradientMonitor):
         buf = bucket.buffer()
         params = bucket.parameters()
         names = self._names(params)
+        if buf.layout != torch.strided:  # a module register() could not see: refused here, in one line
+            raise UsageError(f"bucket {bucket.index()} ({', '.join(names[:2])}) holds a sparse gradient "
+                             f"({buf.layout}), which the monitor's sketch does not read; make that "
+                             "parameter's gradient dense", field="ddp")
         sketch = self._sketch(tuple(id(p) for p in params), tuple(zip(names, (p.numel() for p in params),
                                                                        strict=True)), buf.device)
         flat = buf if buf.numel() == sketch.numel else torch.cat([g.reshape(-1) for g in bucket.gradients()])
