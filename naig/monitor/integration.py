@@ -88,7 +88,7 @@ class GradientMonitor:
         self._sketches: dict[tuple, MonitorSketch] = {}
         self._optimizers: list[tuple[weakref.ref, Any]] = []
         self._applied: dict[int, int] = {}
-        self._flagged: dict[int, list[Decision]] = {}  # optimizer id -> flagged decisions since its step
+        self._flagged: dict[int, tuple[Decision, int, bool]] = {}  # optimizer id -> flags since its step
         self._decided: dict[int, int] = {}  # optimizer id -> decisions since its step
         self._stepped: set[int] = set()  # optimizers that stepped since their latest decision
         self._warned_syncs = self._warned_fresh = False
@@ -186,13 +186,11 @@ class GradientMonitor:
         """
         key = id(optimizer)
         self._stepped.add(key)
-        flagged = self._flagged.get(key, [])
-        if not flagged:
+        if key not in self._flagged:
             return
+        first, last, gradient = self._flagged[key]
         if self.action == "raise":
-            raise flagged[0].error()
-        last = flagged[-1].step
-        gradient = any(gradient_flagged(d) for d in flagged)
+            raise first.error()
         if self.action == "skip" and gradient and self._applied.get(key) != last:
             self._applied[key] = last
             for group in optimizer.param_groups:
@@ -218,8 +216,9 @@ class GradientMonitor:
                 warn_caller(f"naig.monitor starts afresh at step 1 (a warm-up of {warmup} steps) while the "
                             "optimizer has stepped before (its state is not empty): resuming a run? load the "
                             "Monitor's state_dict() saved with the checkpoint")
-            if decision.flagged:
-                self._flagged.setdefault(key, []).append(decision)
+            if decision.flagged:  # the first flagged decision, the latest one's step, any gradient flag
+                first, _, gradient = self._flagged.get(key, (decision, 0, False))
+                self._flagged[key] = (first, decision.step, gradient or gradient_flagged(decision))
             if self._decided[key] == 2 and not self._warned_syncs and self.monitor.rank == 0:
                 self._warned_syncs = True
                 acts = f"; {self.action} acts at optimizer.step() on a flag of any of them" \
