@@ -14,10 +14,10 @@ buckets per step) with Adam on its own random batches for ``STEPS`` steps, in th
   ``DESYNC_STEP``'s update rank ``BAD_RANK``'s weights are perturbed by 1% (θ ← θ·(1 + 0.01 z)),
   with the replica check every ``WEIGHTS_EVERY`` steps (1, 5, 9).
 
-- ``accumulate_skip`` / ``accumulate_raise``: ``MICRO`` micro-batches per optimizer step, each
-  reduced (no ``no_sync()``: ``MICRO`` decisions per step); rank ``BAD_RANK``'s first micro-batch of
-  step ``BAD_STEP`` ×1000, with that action (the last micro-batch's gradient, the all-reduced
-  earlier ones plus its own, looks like the others').
+- ``accumulate`` / ``accumulate_no_sync``: ``MICRO`` micro-batches per optimizer step, action
+  ``skip``, rank ``BAD_RANK``'s first micro-batch of step ``BAD_STEP`` ×1000; every micro-batch
+  reduced (``MICRO`` decisions per step: the last micro-batch's gradient, the all-reduced earlier
+  ones plus its own, looks like the others'), or all but the last under ``no_sync()`` (one).
 
 The detectors' window is ``WINDOW`` (the individual scores start at step WINDOW + 1). Every
 collective of the script waits at most ``TIMEOUT`` seconds. Rank 0 writes what each rank saw.
@@ -25,6 +25,7 @@ collective of the script waits at most ``TIMEOUT`` seconds. Rank 0 writes what e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import warnings
@@ -141,13 +142,12 @@ def _run(rank: int, kind: str, action: str | None = None, size: int = 16, monito
     return out
 
 
-def _accumulate(rank: int, action: str) -> dict:
-    """MICRO reduced micro-batches per optimizer step; rank BAD_RANK's first of step BAD_STEP ×1000."""
+def _accumulate(rank: int, no_sync: bool) -> dict:
+    """MICRO micro-batches per optimizer step (skip); rank BAD_RANK's first of step BAD_STEP ×1000."""
     model = _model()
     ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_MB)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
-    mon = Monitor(window=WINDOW, action=action, timeout=TIMEOUT)
-    hook = MonitorHook(model, monitor=mon).register(ddp)
+    hook = MonitorHook(model, monitor=Monitor(window=WINDOW, action="skip", timeout=TIMEOUT)).register(ddp)
     hook.attach(opt)
     out: dict = {"decisions": [], "flagged": []}
     with warnings.catch_warnings(record=True) as caught:
@@ -157,21 +157,19 @@ def _accumulate(rank: int, action: str) -> dict:
             for micro in range(MICRO):
                 x, y = rank_batch(rank, MICRO * step + micro, 16)
                 scale = 1000.0 if (rank, step, micro) == (BAD_RANK, BAD_STEP, 0) else 1.0
-                (scale * nn.functional.cross_entropy(ddp(x), y)).backward()
-                out["decisions"].append(hook.decision.step)
-                out["flagged"].append(list(hook.decision.ranks))
+                quiet = ddp.no_sync() if no_sync and micro < MICRO - 1 else contextlib.nullcontext()
+                with quiet:
+                    (scale * nn.functional.cross_entropy(ddp(x), y)).backward()
+                d = hook.decision  # under no_sync() the previous step's until the last micro-batch
+                out["decisions"].append(d.step if d is not None else 0)
+                out["flagged"].append(list(d.ranks) if d is not None else [])
             before = _flat(list(model.parameters())).clone()
-            err = None
-            try:
-                opt.step()
-            except BadRankError as exc:
-                err = str(exc)
+            opt.step()
             if step == BAD_STEP:
                 same = torch.equal(before, _flat(list(model.parameters())))
                 out["unchanged"] = _rows(torch.tensor([float(same)]))
-                out["error"] = err
     out["warnings"] = [str(w.message) for w in caught if w.category is UserWarning
-                       and "decided twice" in str(w.message)]
+                       and "accumulating" in str(w.message)]
     return out
 
 
@@ -194,7 +192,8 @@ def main(out: str) -> None:
     argv = [sys.executable, "-m", "tests.monitor_ddp_ranks", out]
     with process_group(WORLD, argv, timeout=TIMEOUT) as (rank, _):
         runs = {name: _run(rank, **args) for name, args in RUNS.items()}
-        runs.update({f"accumulate_{a}": _accumulate(rank, a) for a in ("skip", "raise")})
+        runs.update(accumulate=_accumulate(rank, no_sync=False))
+        runs.update(accumulate_no_sync=_accumulate(rank, no_sync=True))
         if rank == 0:
             doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "steps": STEPS, "micro": MICRO,
                    "window": WINDOW, "runs": runs, "desync_step": DESYNC_STEP, "weights_every": WEIGHTS_EVERY}

@@ -151,9 +151,9 @@ class MonitorHook(GradientMonitor):
         a detached ``MonitorHook``, that hook hands its buckets to this one instead.
 
         Raises:
-            UsageError: not a ``DistributedDataParallel``; one with an ``nn.Embedding`` or
-                ``nn.EmbeddingBag`` built with ``sparse=True`` (sparse gradients: the sketch reads
-                dense buckets); one with a communication hook already
+            UsageError: not a ``DistributedDataParallel``; one with a trainable ``nn.Embedding`` or
+                ``nn.EmbeddingBag`` built with ``sparse=True`` that DDP reduces (sparse gradients: the
+                sketch reads dense buckets); one with a communication hook already
                 (DDP takes one per model: pass the other as ``comm_hook``) or a monitor's that is not
                 detached; one wrapping another model than this hook's ``module``; one reducing over
                 another group than the monitor's; a ``Monitor`` that decides another integration's
@@ -171,8 +171,10 @@ class MonitorHook(GradientMonitor):
                              "Monitor(process_group=...)", field="process_group")
         if self.detached:
             raise UsageError("this monitor hook is detached; make a new MonitorHook", field="ddp")
+        ignored = set(ddp.parameters_to_ignore)  # DDP reduces neither these nor frozen ones
         sparse = [n for n, m in ddp.module.named_modules() if isinstance(m, nn.Embedding | nn.EmbeddingBag)
-                  and m.sparse and any(p.requires_grad for p in m.parameters())]
+                  and m.sparse and any(p.requires_grad and f"{n}.{pn}".lstrip(".") not in ignored
+                                       for pn, p in m.named_parameters(recurse=False))]
         if sparse:
             raise UsageError(f"module {sparse[0]!r} makes sparse gradients (sparse=True), which the "
                              "monitor's sketch does not read; build it with sparse=False", field="ddp")

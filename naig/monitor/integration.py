@@ -87,10 +87,9 @@ class GradientMonitor:
         self.extra_bytes = 0  # bytes this rank sent beyond the framework's own in the latest step
         self._sketches: dict[tuple, MonitorSketch] = {}
         self._optimizers: list[tuple[weakref.ref, Any]] = []
-        self._applied: dict[int, int] = {}
-        self._flagged: dict[int, tuple[Decision, int, bool]] = {}  # optimizer id -> flags since its step
-        self._decided: dict[int, int] = {}  # optimizer id -> decisions since its step
-        self._stepped: set[int] = set()  # optimizers that stepped since their latest decision
+        self._applied: dict[int, Decision] = {}  # optimizer id -> the decision skip last applied
+        self._grads: dict[int, weakref.ref | None] = {}  # optimizer id -> its first gradient at the decision
+        self._stepped: set[int] = set()  # optimizers that stepped since the latest decision
         self._warned_syncs = self._warned_fresh = False
         self.detached = False
 
@@ -137,7 +136,7 @@ class GradientMonitor:
         for _, handle in self._optimizers:
             handle.remove()
         self._optimizers, self.decision, self.parts, self.detached = [], None, [], True
-        self._flagged, self._decided, self._stepped = {}, {}, set()
+        self._grads, self._stepped = {}, set()
         self._gathered, self._weights_row = None, None  # no collective's work or buffer kept alive
 
     # ---------------------------------------------------------------- the optimizer side
@@ -177,56 +176,55 @@ class GradientMonitor:
         return (args[0], wrapped, *args[2:]), kwargs
 
     def _apply(self, optimizer: torch.optim.Optimizer) -> None:
-        """The action of every decision since this optimizer's previous step (once for ``skip``).
+        """The latest decision's action on this optimizer (once per decision for ``skip``).
 
-        Usually one decision: the step's. A loop that accumulates gradients without ``no_sync()``
-        (``set_requires_gradient_sync(False)`` under FSDP2) reduces, and so decides, every
-        micro-batch: a flag on any of them applies to the step that uses their sum (``raise``
-        raises the first flagged decision's error).
+        The latest decision judged the gradient this step uses when only the last micro-batch is
+        reduced (``no_sync()``; FSDP2 ``set_requires_gradient_sync(False)``). A loop that reduces every
+        micro-batch makes each a decision, and only the last one's acts here: ``_note`` says so.
         """
-        key = id(optimizer)
-        self._stepped.add(key)
-        if key not in self._flagged:
+        self._stepped.add(id(optimizer))
+        d = self.decision
+        if d is None or not d.flagged:
             return
-        first, last, gradient = self._flagged[key]
         if self.action == "raise":
-            raise first.error()
-        if self.action == "skip" and gradient and self._applied.get(key) != last:
-            self._applied[key] = last
+            raise d.error()
+        if self.action == "skip" and gradient_flagged(d) and self._applied.get(id(optimizer)) is not d:
+            self._applied[id(optimizer)] = d  # the decision itself: a step number repeats after a rollback
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     p.grad = None
 
     def _note(self, decision: Decision) -> None:
-        """Keep a decision for the attached optimizers' next step (``_apply``); say once, on rank 0,
-        when several decisions fall between two steps of one optimizer."""
+        """Say once, on rank 0, what a decision finds about the attached optimizers: a resumed optimizer
+        under a monitor that starts afresh; a gradient still accumulating since the previous decision
+        (the same gradient tensor, no ``optimizer.step()`` between: every micro-batch is reduced)."""
         for ref, _ in self._optimizers:
             opt = ref()
             if opt is None:
                 continue
             key = id(opt)
-            if key in self._stepped:  # the first decision since that optimizer stepped
-                self._stepped.discard(key)
-                self._flagged.pop(key, None)
-                self._decided[key] = 0
-            self._decided[key] = self._decided.get(key, 0) + 1
-            if decision.step == 1 and opt.state and not self._warned_fresh and self.monitor.rank == 0:
+            grad = _first_grad(opt)
+            before = self._grads.get(key)
+            accumulating = key not in self._stepped and grad is not None and before is not None and \
+                before() is grad
+            self._stepped.discard(key)
+            self._grads[key] = weakref.ref(grad) if grad is not None else None
+            if self.monitor.rank != 0:
+                continue
+            if decision.step == 1 and _has_stepped(opt) and not self._warned_fresh:
                 self._warned_fresh = True  # a resumed run whose monitor state was not loaded
                 warmup = self.monitor.detector.warmup if self.monitor.detector is not None else 0
                 warn_caller(f"naig.monitor starts afresh at step 1 (a warm-up of {warmup} steps) while the "
-                            "optimizer has stepped before (its state is not empty): resuming a run? load the "
-                            "Monitor's state_dict() saved with the checkpoint")
-            if decision.flagged:  # the first flagged decision, the latest one's step, any gradient flag
-                first, _, gradient = self._flagged.get(key, (decision, 0, False))
-                self._flagged[key] = (first, decision.step, gradient or gradient_flagged(decision))
-            if self._decided[key] == 2 and not self._warned_syncs and self.monitor.rank == 0:
+                            "optimizer has stepped before: resuming a run? load the Monitor's state_dict() "
+                            "saved with the checkpoint")
+            if accumulating and not self._warned_syncs:
                 self._warned_syncs = True
-                acts = f"; {self.action} acts at optimizer.step() on a flag of any of them" \
+                acts = f"; {self.action} acts on the last one's decision only" \
                     if self.action in _NEED_OPTIMIZER else ""
-                warn_caller(f"naig.monitor decided twice before optimizer.step() (its steps "
-                            f"{decision.step - 1} and {decision.step}): the gradient is reduced on every "
-                            "micro-batch (no no_sync() or set_requires_gradient_sync(False)), so each "
-                            f"micro-batch is a monitor step{acts}")
+                warn_caller(f"naig.monitor decided twice on one accumulating gradient (its steps "
+                            f"{decision.step - 1} and {decision.step}): every micro-batch is reduced, so "
+                            f"each is a monitor step{acts}; reduce the last micro-batch only (DDP "
+                            "no_sync(), FSDP2 set_requires_gradient_sync(False))")
 
     def _check_attached(self) -> None:
         if self.action in _NEED_OPTIMIZER and not any(ref() is not None for ref, _ in self._optimizers):
@@ -386,3 +384,21 @@ def _where(decision: Decision, per_part: np.ndarray, names: list[tuple[str, ...]
             if np.isfinite(score).any():
                 out[r] = label(int(np.nanargmax(score)))
     return out
+
+
+def _first_grad(optimizer: torch.optim.Optimizer) -> Tensor | None:
+    """The gradient of the optimizer's first parameter that has one (None: none has)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                return p.grad
+    return None
+
+
+def _has_stepped(optimizer: torch.optim.Optimizer) -> bool:
+    """The optimizer's state counts a step (torch's optimizers keep ``step``; Adagrad creates it at 0)."""
+    for state in optimizer.state.values():
+        step = state.get("step") if isinstance(state, Mapping) else None
+        if step is not None and float(step) > 0:
+            return True
+    return False
