@@ -169,7 +169,7 @@ def _accumulate(rank: int, no_sync: bool) -> dict:
                 same = torch.equal(before, _flat(list(model.parameters())))
                 out["unchanged"] = _rows(torch.tensor([float(same)]))
     out["warnings"] = [str(w.message) for w in caught if w.category is UserWarning
-                       and "accumulating" in str(w.message)]
+                       and "one gradient tensor" in str(w.message)]
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -249,14 +250,38 @@ def test_a_resumed_optimizer_with_a_fresh_monitor_is_pointed_to_the_monitors_sta
                 opt2.step()
         said = [str(w.message) for w in caught if "starts afresh" in str(w.message)]
         assert len(said) == 1 and "load the Monitor's state_dict()" in said[0]
-        model3, ddp3, _, hook3 = _setup("log")  # Adagrad makes its state (step 0) when built: a fresh run
-        adagrad = torch.optim.Adagrad(ddp3.parameters(), lr=0.1)
-        hook3.attach(adagrad)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            ddp3(torch.ones(4, 3)).square().sum().backward()
-            adagrad.step()
-        assert not [w for w in caught if "afresh" in str(w.message)]
+        def first_step(make: Callable[[torch.nn.Module], torch.optim.Optimizer], state: dict | None = None,
+                       twice: bool = False) -> list[str]:
+            _, ddp3, _, hook3 = _setup("log")
+            opt3 = make(ddp3)
+            if state is not None:
+                opt3.load_state_dict(state)
+            hook3.attach(opt3)
+            if twice:
+                hook3.attach(opt3)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+
+                def closure() -> torch.Tensor:
+                    opt3.zero_grad()
+                    loss = ddp3(torch.ones(4, 3)).square().sum()
+                    loss.backward()
+                    return loss
+
+                opt3.step(closure)
+            return [str(w.message) for w in caught if "afresh" in str(w.message) or "gradient tensor" in
+                    str(w.message)]
+
+        # fresh: Adagrad makes its state (step 0) when built, LBFGS before the closure; attached twice
+        assert not first_step(lambda m: torch.optim.Adagrad(m.parameters(), lr=0.1))
+        assert not first_step(lambda m: torch.optim.LBFGS(m.parameters(), max_iter=1))
+        assert not first_step(lambda m: torch.optim.Adam(m.parameters()), twice=True)
+        sgd = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)  # SGD's state: momentum buffers only
+        opt.zero_grad()
+        ddp(torch.ones(4, 3)).square().sum().backward()
+        sgd.step()
+        said = first_step(lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), sgd.state_dict())
+        assert len(said) == 1 and "starts afresh" in said[0]
 
 
 def test_a_discarded_flagged_gradient_spares_the_next_step_and_a_replayed_one_is_skipped_again() -> None:

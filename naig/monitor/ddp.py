@@ -176,8 +176,9 @@ class MonitorHook(GradientMonitor):
                   and m.sparse and any(p.requires_grad and f"{n}.{pn}".lstrip(".") not in ignored
                                        for pn, p in m.named_parameters(recurse=False))]
         if sparse:
-            raise UsageError(f"module {sparse[0]!r} makes sparse gradients (sparse=True), which the "
-                             "monitor's sketch does not read; build it with sparse=False", field="ddp")
+            where = f"module {sparse[0]!r}" if sparse[0] else "the wrapped module"
+            raise UsageError(f"{where} makes sparse gradients (sparse=True), which the monitor's sketch does "
+                             "not read; build it with sparse=False", field="ddp")
         self.claim_monitor(take=False)  # a refusal leaves the DDP model and the Monitor as they were
         registered = _registered_monitor(ddp)
         if registered is not None and not registered.active().detached:

@@ -198,11 +198,13 @@ class GradientMonitor:
         """Say once, on rank 0, what a decision finds about the attached optimizers: a resumed optimizer
         under a monitor that starts afresh; a gradient still accumulating since the previous decision
         (the same gradient tensor, no ``optimizer.step()`` between: every micro-batch is reduced)."""
+        seen: set[int] = set()
         for ref, _ in self._optimizers:
             opt = ref()
-            if opt is None:
+            if opt is None or id(opt) in seen:  # attached twice: one optimizer
                 continue
             key = id(opt)
+            seen.add(key)
             grad = _first_grad(opt)
             before = self._grads.get(key)
             accumulating = key not in self._stepped and grad is not None and before is not None and \
@@ -219,12 +221,12 @@ class GradientMonitor:
                             "saved with the checkpoint")
             if accumulating and not self._warned_syncs:
                 self._warned_syncs = True
-                acts = f"; {self.action} acts on the last one's decision only" \
+                acts = f", and {self.action} acts on the last one's decision only" \
                     if self.action in _NEED_OPTIMIZER else ""
-                warn_caller(f"naig.monitor decided twice on one accumulating gradient (its steps "
-                            f"{decision.step - 1} and {decision.step}): every micro-batch is reduced, so "
-                            f"each is a monitor step{acts}; reduce the last micro-batch only (DDP "
-                            "no_sync(), FSDP2 set_requires_gradient_sync(False))")
+                warn_caller(f"naig.monitor decided twice on one gradient tensor with no optimizer.step() "
+                            f"between (its steps {decision.step - 1} and {decision.step}): if the loop "
+                            "reduces every micro-batch of an accumulation (no DDP no_sync(), FSDP2 "
+                            f"set_requires_gradient_sync(False)), each is a monitor step{acts}")
 
     def _check_attached(self) -> None:
         if self.action in _NEED_OPTIMIZER and not any(ref() is not None for ref, _ in self._optimizers):
@@ -396,9 +398,13 @@ def _first_grad(optimizer: torch.optim.Optimizer) -> Tensor | None:
 
 
 def _has_stepped(optimizer: torch.optim.Optimizer) -> bool:
-    """The optimizer's state counts a step (torch's optimizers keep ``step``; Adagrad creates it at 0)."""
+    """The optimizer's state shows a step taken: a positive ``step`` (Adam; Adagrad creates it at 0),
+    ``n_iter`` (LBFGS, which creates its state before the closure), or state without either (SGD's
+    momentum buffer)."""
     for state in optimizer.state.values():
-        step = state.get("step") if isinstance(state, Mapping) else None
-        if step is not None and float(step) > 0:
+        if not isinstance(state, Mapping) or not state:
+            continue
+        count = state.get("step", state.get("n_iter"))
+        if count is None or float(count) > 0:
             return True
     return False
