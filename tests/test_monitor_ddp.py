@@ -224,63 +224,48 @@ def test_skip_applies_inside_a_closure_as_lightning_calls_step() -> None:
         assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+def _hook_lines(make: Callable[[torch.nn.Module], torch.optim.Optimizer], state: dict | None = None,
+                steps: int = 1, twice: bool = False) -> tuple[list[str], dict]:
+    """The hook's 'starts afresh' and 'gradient tensor' lines over ``steps`` steps of a fresh monitor on
+    the optimizer ``make`` builds (``state`` loaded into it first; attached twice with ``twice``), and
+    the optimizer's state after them. Steps take a closure (LBFGS needs one)."""
+    _, ddp, _, hook = _setup("log")
+    opt = make(ddp)
+    if state is not None:
+        opt.load_state_dict(state)
+    for _ in range(2 if twice else 1):
+        hook.attach(opt)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = ddp(torch.ones(4, 3)).square().sum()
+        loss.backward()
+        return loss
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            opt.step(closure)
+    lines = [str(w.message) for w in caught]
+    return [m for m in lines if "afresh" in m or "gradient tensor" in m], opt.state_dict()
+
+
 def test_a_resumed_optimizer_with_a_fresh_monitor_is_pointed_to_the_monitors_state() -> None:
     """A run resumed from a checkpoint without the monitor's state starts its warm-up again (a ×1000 rank
     then goes unnamed: a new user's run, 2026-12-06): said once, at the first step; a fresh run says
     nothing."""
+    adam = lambda m: torch.optim.Adam(m.parameters())  # noqa: E731
+    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)  # noqa: E731 (state: momentum only)
     with process_group_in_this_process():
-        model, ddp, opt, hook = _setup("log")
-        hook.attach(opt)
-        with warnings.catch_warnings(record=True) as fresh:
-            warnings.simplefilter("always")
-            for _ in range(2):
-                opt.zero_grad()
-                ddp(torch.ones(4, 3)).square().sum().backward()
-                opt.step()
-        assert not [w for w in fresh if "afresh" in str(w.message)]
-        saved = opt.state_dict()
-        model2, ddp2, opt2, hook2 = _setup("log")
-        opt2.load_state_dict(saved)
-        hook2.attach(opt2)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for _ in range(2):
-                opt2.zero_grad()
-                ddp2(torch.ones(4, 3)).square().sum().backward()
-                opt2.step()
-        said = [str(w.message) for w in caught if "starts afresh" in str(w.message)]
-        assert len(said) == 1 and "load the Monitor's state_dict()" in said[0]
-        def first_step(make: Callable[[torch.nn.Module], torch.optim.Optimizer], state: dict | None = None,
-                       twice: bool = False) -> list[str]:
-            _, ddp3, _, hook3 = _setup("log")
-            opt3 = make(ddp3)
-            if state is not None:
-                opt3.load_state_dict(state)
-            hook3.attach(opt3)
-            if twice:
-                hook3.attach(opt3)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-
-                def closure() -> torch.Tensor:
-                    opt3.zero_grad()
-                    loss = ddp3(torch.ones(4, 3)).square().sum()
-                    loss.backward()
-                    return loss
-
-                opt3.step(closure)
-            return [str(w.message) for w in caught if "afresh" in str(w.message) or "gradient tensor" in
-                    str(w.message)]
-
+        fresh, saved = _hook_lines(adam, steps=2)
+        assert not fresh
+        said, _ = _hook_lines(adam, saved, steps=2)
+        assert len(said) == 1 and "starts afresh" in said[0] and "load the Monitor's state_dict()" in said[0]
         # fresh: Adagrad makes its state (step 0) when built, LBFGS before the closure; attached twice
-        assert not first_step(lambda m: torch.optim.Adagrad(m.parameters(), lr=0.1))
-        assert not first_step(lambda m: torch.optim.LBFGS(m.parameters(), max_iter=1))
-        assert not first_step(lambda m: torch.optim.Adam(m.parameters()), twice=True)
-        sgd = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)  # SGD's state: momentum buffers only
-        opt.zero_grad()
-        ddp(torch.ones(4, 3)).square().sum().backward()
-        sgd.step()
-        said = first_step(lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), sgd.state_dict())
+        assert not _hook_lines(lambda m: torch.optim.Adagrad(m.parameters(), lr=0.1))[0]
+        assert not _hook_lines(lambda m: torch.optim.LBFGS(m.parameters(), max_iter=1))[0]
+        assert not _hook_lines(adam, twice=True)[0]
+        said, _ = _hook_lines(sgd, _hook_lines(sgd)[1])
         assert len(said) == 1 and "starts afresh" in said[0]
 
 

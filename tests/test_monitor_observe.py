@@ -244,7 +244,11 @@ def test_a_monitor_state_of_other_settings_is_refused() -> None:
         mon.decide(_payloads(1, 4, seed=1)[0])
     with pytest.raises(UsageError) as err:
         Monitor(window=32).load_state_dict(mon.state_dict())
-    assert err.value.field == "window"
+    assert err.value.field == "window"  # named with this monitor's value and the one to pass
+    assert str(err.value).startswith("window=32: ") and "pass window=16 to resume" in str(err.value)
+    with pytest.raises(UsageError) as err:
+        Monitor(window=16, seed=3).load_state_dict(mon.state_dict())
+    assert str(err.value).startswith("seed=3: ") and "pass seed=0 to resume" in str(err.value)
     with pytest.raises(UsageError, match="version"):
         Monitor().load_state_dict({"detector": None})
 
@@ -306,18 +310,6 @@ def test_a_monitor_that_has_decided_says_the_state_replaces_its_steps() -> None:
     assert mon.state_dict() == own
     with pytest.warns(UserWarning, match=r"the 1 step\(s\)"):
         mon.load_state_dict(state)
-
-
-def test_a_refused_setting_names_this_monitors_value_and_the_one_to_pass() -> None:
-    mon = Monitor(window=16)
-    with pytest.warns(UserWarning, match="warm-up"):
-        mon.decide(_payloads(1, 4, seed=1)[0])
-    with pytest.raises(UsageError) as err:
-        Monitor(window=32).load_state_dict(mon.state_dict())
-    assert str(err.value).startswith("window=32: ") and "pass window=16 to resume" in str(err.value)
-    with pytest.raises(UsageError) as err:
-        Monitor(window=16, seed=3).load_state_dict(mon.state_dict())
-    assert str(err.value).startswith("seed=3: ") and "pass seed=0 to resume" in str(err.value)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -198,6 +198,8 @@ class GradientMonitor:
         """Say once, on rank 0, what a decision finds about the attached optimizers: a resumed optimizer
         under a monitor that starts afresh; a gradient still accumulating since the previous decision
         (the same gradient tensor, no ``optimizer.step()`` between: every micro-batch is reduced)."""
+        if self.monitor.rank != 0 or (self._warned_syncs and self._warned_fresh):
+            return  # both lines are rank 0's, once each: nothing left to track
         seen: set[int] = set()
         for ref, _ in self._optimizers:
             opt = ref()
@@ -211,8 +213,6 @@ class GradientMonitor:
                 before() is grad
             self._stepped.discard(key)
             self._grads[key] = weakref.ref(grad) if grad is not None else None
-            if self.monitor.rank != 0:
-                continue
             if decision.step == 1 and _has_stepped(opt) and not self._warned_fresh:
                 self._warned_fresh = True  # a resumed run whose monitor state was not loaded
                 warmup = self.monitor.detector.warmup if self.monitor.detector is not None else 0
