@@ -30,7 +30,7 @@ import time
 import torch
 
 from naig.monitor.signals import MonitorSketch, pack
-from naig.sketch.layout_sketch import compiled_available
+from naig.sketch.layout_sketch import compiled_available, compiled_isa
 from naig.sketch.torch_sketch import TorchSketch
 
 __all__ = ["gpt2_layout", "main"]
@@ -105,7 +105,7 @@ def _throughput(args: argparse.Namespace, out: list[str]) -> None:
         old_t.append((time.thread_time() - t0) / small)
     assert pack(grads["fp32"], sk).shape == (16,)  # pack is this body: the payload of one read
     out.append(f"THROUGHPUT (one thread; compiled on {n} values, numpy/torch/stored-hash on {small}; "
-               f"median of {args.repeats})")
+               f"median of {args.repeats}; C kernel bodies: {compiled_isa() or 'not built'})")
     out.append(f"  {'dtype':<5} {'body':<12} {'GB/s':>7} {'Gvalues/s':>10}")
     for (dt, body), ts in times.items():
         per = statistics.median(ts)

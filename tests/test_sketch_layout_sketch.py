@@ -173,3 +173,58 @@ def test_the_monitor_warns_once_when_the_kernel_was_not_built(env: dict, warned:
     assert int(lines[0]) == warned, lines
     if warned:
         assert lines[1] == f"UserWarning {FALLBACK['numpy']}"
+
+
+BODIES_CHILD = """
+import hashlib, numpy as np, torch
+from naig.sketch.layout_sketch import LayoutSketch, compiled_isa
+gen = torch.Generator().manual_seed(7)
+digest = hashlib.sha256()
+
+
+def add(payload):  # the bytes, every NaN made the same NaN (a sign flip of a NaN is no difference)
+    p = payload.numpy().copy()
+    p[np.isnan(p)] = np.nan
+    digest.update(p.tobytes())
+
+
+sizes = [1, 7, 8, 9, 63, 64, 65, 71, 127, 128, 129, 1000, 1024, 1031, 4097]
+for blocks in (1, 3):
+    for seed in range(3):
+        names = [(f"p{i}", sizes[(seed * 5 + i * 3) % len(sizes)]) for i in range(6)]
+        sk = LayoutSketch.build(names, seed=seed, blocks=blocks)
+        n = sum(m for _, m in names)
+        for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn):
+            x = (torch.randn(n, generator=gen) * 4).to(dtype)
+            add(sk(x, impl="compiled"))
+            strided = (torch.randn(n, 2, generator=gen) * 4).to(dtype)[:, 1]
+            add(sk(strided, impl="compiled"))
+        x = torch.randn(n, generator=gen)
+        x[n // 2] = float("nan")
+        add(sk(x, impl="compiled"))
+print(compiled_isa(), digest.hexdigest())
+"""
+
+
+@pytest.mark.skipif(not compiled_available(), reason="the C kernel is not built on this machine")
+def test_every_vector_body_gives_the_same_sums_bit_for_bit() -> None:
+    """NAIG_KERNEL_ISA caps the bodies: portable, AVX2, AVX-512 and (where the CPU has it) AVX-512
+    IFMA sketch odd-sized pieces of every float dtype, blocks 1 and 3, to the same bytes (NaN signs
+    aside: -1 * NaN keeps the sign the vector bodies' sign-bit flip changes)."""
+    import os
+    import subprocess
+    import sys
+
+    got = {}
+    for cap in ("portable", "avx2", "avx512", "", "avx9000"):
+        env = {**os.environ, "NAIG_KERNEL_ISA": cap}
+        out = subprocess.run([sys.executable, "-c", BODIES_CHILD], capture_output=True, text=True,
+                             timeout=120, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        isa, digest = out.stdout.split()
+        got[cap or "best"] = (isa, digest)
+        said = "NAIG_KERNEL_ISA=avx9000 is not portable, avx2 or avx512: ignored" in out.stderr
+        assert said == (cap == "avx9000"), out.stderr
+    assert got["portable"][0] == "portable"
+    assert got["avx9000"][0] == got["best"][0]  # an unknown cap: said, then ignored
+    assert len({digest for _, digest in got.values()}) == 1, got

@@ -19,7 +19,10 @@ Bodies, chosen per call (``impl="auto"``):
 
 - ``"compiled"``: the C kernel (``_kernel.c``, ``monitor_sketch``) on CPU tensors by address,
   no copy for contiguous tensors of float64/32/16, bfloat16 or any fp8 (a non-contiguous tensor
-  is copied once into a contiguous one of its own dtype); one thread, the GIL released.
+  is copied once into a contiguous one of its own dtype); one thread, the GIL released. On CPUs
+  with AVX-512 the hash is computed in the loop that sums (AVX-512 IFMA where present), else in
+  a pass of 1,024 codes before the sums; every body gives the same float64 sums bit for bit
+  (``NAIG_KERNEL_ISA=portable|avx2|avx512`` caps them, for tests and benchmarks).
 - ``"triton"``: a Triton kernel (``naig.sketch.triton_sketch``) for CUDA tensors when triton
   is importable: block partial sums in float64 registers, then one small float64 reduction.
 - ``"torch"``: hashes computed with int64 torch ops on the tensor's device in chunks of
@@ -54,7 +57,7 @@ from torch import Tensor
 from naig.errors import UsageError, warn_caller
 from naig.sketch.core import MASK, SKETCH_DIM, bucket_of, check_seed, splitmix64_array, tensor_key
 
-__all__ = ["CHUNK", "FALLBACK", "GROUP_VALUES", "IMPLS", "LayoutSketch", "compiled_available",
+__all__ = ["CHUNK", "FALLBACK", "GROUP_VALUES", "IMPLS", "LayoutSketch", "compiled_available", "compiled_isa",
            "triton_available"]
 
 CHUNK = 1 << 16  # values per chunk of the torch and numpy bodies (bounded temporaries)
@@ -105,6 +108,13 @@ def _fallback(body: str) -> str:
 def compiled_available() -> bool:
     """Whether the C kernel's ``monitor_sketch`` is built and not disabled by ``NAIG_PURE_NUMPY=1``."""
     return _KERNEL is not None
+
+
+def compiled_isa() -> str | None:
+    """The C kernel's vector bodies in use: ``"avx512-ifma"``, ``"avx512"``, ``"avx2"`` or
+    ``"portable"`` (the CPU's best, or fewer where ``NAIG_KERNEL_ISA`` caps them); None when
+    the kernel is not available (``compiled_available()`` false)."""
+    return _KERNEL.isa() if _KERNEL is not None else None
 
 
 @lru_cache(maxsize=1)
