@@ -17,8 +17,10 @@
  *     per block); the sums are those of accumulate over the whole piece, bit for bit.
  * decode(raw, type, out):  the same exact conversion into a float64 buffer (tests, tools).
  * isa():  the vector bodies in use, the best the CPU has ("avx512-ifma", "avx512", "avx2",
- *     "portable") or fewer when the environment variable NAIG_KERNEL_ISA names one of the
- *     last three at import; every body gives the same sums bit for bit.
+ *     "portable") or fewer when the environment variable NAIG_KERNEL_ISA names one of them at
+ *     import (any case); every body gives the same sums bit for bit, but for the sign of a NaN
+ *     sum (x86 keeps the first of two NaN operands, and the bodies order their adds' operands
+ *     as their compilers chose).
  * monitor_sketch(pieces, keys, R, out):  the monitor's payload [S_1 x .. S_R x | |x|^2 | non-finite
  *     count] of pieces of tensors in memory (torch tensors, by address), each scalar read once.
  * All release the GIL. Build with -ffp-contract=off: a fused multiply-add would change the
@@ -31,6 +33,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <errno.h>
 #include <unistd.h>
 
@@ -951,14 +954,15 @@ PyMODINIT_FUNC PyInit__kernel(void) {
     have_ifma = have_avx512 && __builtin_cpu_supports("avx512ifma");
     /* NAIG_KERNEL_ISA caps the vector bodies (tests compare every body on one machine). */
     const char *cap = getenv("NAIG_KERNEL_ISA");
-    if (cap && !strcmp(cap, "portable")) have_avx2 = 0;
-    if (cap && (!strcmp(cap, "portable") || !strcmp(cap, "avx2"))) have_avx512 = 0;
-    if (cap && (!strcmp(cap, "portable") || !strcmp(cap, "avx2") || !strcmp(cap, "avx512"))) have_ifma = 0;
-    if (cap && *cap && strcmp(cap, "portable") && strcmp(cap, "avx2") && strcmp(cap, "avx512") &&
-        PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                         "NAIG_KERNEL_ISA=%.40s is not portable, avx2 or avx512: ignored (the CPU's best bodies used)",
-                         cap) < 0)
+    int level = !cap || !*cap || !strcasecmp(cap, "avx512-ifma") ? 4 : !strcasecmp(cap, "avx512") ? 3
+              : !strcasecmp(cap, "avx2") ? 2 : !strcasecmp(cap, "portable") ? 1 : 0;
+    if (level == 0 && PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                                       "NAIG_KERNEL_ISA=%.40s is not portable, avx2, avx512 or avx512-ifma: "
+                                       "ignored (the CPU's best bodies used)", cap) < 0)
         return NULL;
+    if (level == 1) have_avx2 = 0;
+    if (level == 1 || level == 2) have_avx512 = 0;
+    if (level >= 1 && level <= 3) have_ifma = 0;
 #endif
     return PyModule_Create(&module);
 }

@@ -16,7 +16,8 @@ Both implement one contract (docs/design.md §5, §6), checked equal in float64 
 
 The compiled path (``naig/sketch/_kernel.c``) is built at install time when a C compiler
 is available; set ``NAIG_PURE_NUMPY=1`` to force the numpy path, ``NAIG_KERNEL_ISA=portable``,
-``avx2`` or ``avx512`` to cap its vector bodies (same sums bit for bit; tests and benchmarks).
+``avx2`` or ``avx512`` to cap its vector bodies (same sums bit for bit but for NaN signs; tests and
+benchmarks).
 The compiled path sums in four interleaved lanes, numpy in its own (pairwise) order: they
 agree to rounding (about 1e-16 relative on a chunk, 1e-13 on sums over 10⁸ scalars, where the
 four lanes' sequential sums are the less accurate), and

@@ -21,8 +21,8 @@ Bodies, chosen per call (``impl="auto"``):
   no copy for contiguous tensors of float64/32/16, bfloat16 or any fp8 (a non-contiguous tensor
   is copied once into a contiguous one of its own dtype); one thread, the GIL released. On CPUs
   with AVX-512 the hash is computed in the loop that sums (AVX-512 IFMA where present), else in
-  a pass of 1,024 codes before the sums; every body gives the same float64 sums bit for bit
-  (``NAIG_KERNEL_ISA=portable|avx2|avx512`` caps them, for tests and benchmarks).
+  a pass of 1,024 codes before the sums; every body gives the same float64 sums bit for bit, NaN
+  signs aside (``NAIG_KERNEL_ISA=portable|avx2|avx512`` caps them, for tests and benchmarks).
 - ``"triton"``: a Triton kernel (``naig.sketch.triton_sketch``) for CUDA tensors when triton
   is importable: block partial sums in float64 registers, then one small float64 reduction.
 - ``"torch"``: hashes computed with int64 torch ops on the tensor's device in chunks of
