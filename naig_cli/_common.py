@@ -204,7 +204,9 @@ _NOT_BUILT = "numpy; the C extension was not built"
 
 
 def kernel_path() -> str:
-    """Which body of the audit's sketch kernel runs: the C extension, or numpy and why.
+    """Which body of the sketch kernel runs: the C extension and its vector bodies
+    (``naig.sketch.layout_sketch.compiled_isa``: ``avx512-ifma``, ``avx512``, ``avx2`` or ``portable``),
+    or numpy and why.
 
     Example:
         >>> kernel_path().startswith(("C", "numpy"))
@@ -213,7 +215,9 @@ def kernel_path() -> str:
     from naig.sketch.kernels import HAVE_COMPILED
 
     if HAVE_COMPILED:
-        return "C"
+        from naig.sketch.layout_sketch import compiled_isa
+
+        return f"C, {compiled_isa() or 'portable'}"
     if os.environ.get("NAIG_PURE_NUMPY") == "1":
         return "numpy, forced by NAIG_PURE_NUMPY=1"
     return _NOT_BUILT

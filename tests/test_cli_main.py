@@ -10,6 +10,7 @@ import pytest
 
 from naig import __version__
 from naig.sketch.kernels import HAVE_COMPILED
+from naig.sketch.layout_sketch import compiled_isa
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,8 +33,11 @@ def test_python_dash_m_naig_runs_the_cli():
 
 
 def test_version_names_the_sketch_kernel():
-    path = "C" if HAVE_COMPILED else "numpy; the C extension was not built"
+    path = f"C, {compiled_isa()}" if HAVE_COMPILED else "numpy; the C extension was not built"
     assert _naig("--version").stdout.strip() == f"naig {__version__} (sketch kernel: {path})"
+    if HAVE_COMPILED:  # the vector bodies, capped by NAIG_KERNEL_ISA
+        capped = _naig("--version", env={"NAIG_KERNEL_ISA": "portable"}).stdout
+        assert capped.strip().endswith("(sketch kernel: C, portable)")
     forced = _naig("--version", env={"NAIG_PURE_NUMPY": "1"}).stdout
     assert forced.strip().endswith("(sketch kernel: numpy, forced by NAIG_PURE_NUMPY=1)")
     missing = _naig("--version", code=_WITHOUT_KERNEL).stdout
