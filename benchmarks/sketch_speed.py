@@ -14,6 +14,10 @@ docs/monitor.md ("Overhead and memory"). Three parts, one process, one thread
    ``--repeats``. Target: float32 ≥ 4 GB/s on the compiled body, bfloat16 the same values/s.
 3. **The stored-hash sketch it replaces** (``naig.sketch.torch_sketch.TorchSketch``, an
    ``index_add_`` into 14 float64 bins) on the same float32 gradient, for the ratio.
+4. **The C kernel's vector bodies side by side**: ``portable``, ``avx2`` (hash then sum, 1,024
+   values at a time), ``avx512`` and ``avx512-ifma`` (the hash in the summing loop) as far as
+   this CPU has them, each in its own process (``NAIG_KERNEL_ISA`` caps the bodies at import),
+   interleaved in ``--repeats`` rounds; GB/s and the ratio of values/s to ``avx2``'s.
 
 The machine is shared: the repeats are interleaved between bodies and the medians printed.
 
@@ -23,7 +27,10 @@ Usage: python benchmarks/sketch_speed.py [--elements 67108864] [--repeats 5]
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -37,6 +44,9 @@ __all__ = ["gpt2_layout", "main"]
 
 LAYOUTS = {"10M": (6, 256, 16384), "124M": (12, 768, 50257), "1.2B": (22, 2048, 50257)}  # layers, d, vocab
 BUILD_TARGET_S, BUILD_TARGET_MB, GBPS_TARGET = 1.0, 64.0, 4.0
+
+
+BODY_CAPS = ["portable", "avx2", "avx512", "avx512-ifma"]  # the kernel's vector bodies, in order
 
 
 def gpt2_layout(layers: int, d: int, vocab: int, context: int = 1024) -> list[tuple[str, int]]:
@@ -56,6 +66,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--elements", type=int, default=1 << 26)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--body-round", action="store_true", help=argparse.SUPPRESS)  # one child's round
     return p.parse_args(argv)
 
 
@@ -127,12 +138,57 @@ def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+def _body_round(n: int) -> None:
+    """One round in a child: seconds per value of the compiled body, float32 and bfloat16 (JSON)."""
+    gen = torch.Generator().manual_seed(0)
+    sk = MonitorSketch.build([("w", n)], seed=0)
+    per = {}
+    grads = {"fp32": torch.randn(n, generator=gen), "bf16": torch.randn(n, generator=gen).bfloat16()}
+    for dt, g in grads.items():
+        sk.layout(g, "compiled")  # warm: the pages touched, the code loaded
+        t0 = time.thread_time()
+        sk.layout(g, "compiled")
+        per[dt] = (time.thread_time() - t0) / n
+    print(json.dumps({"isa": compiled_isa(), **per}))
+
+
+def _bodies(args: argparse.Namespace, out: list[str]) -> None:
+    """The C kernel's vector bodies side by side: a process per body (NAIG_KERNEL_ISA caps them at
+    import) and round, the bodies interleaved in each round; medians and ratios to ``avx2``."""
+    caps = [c for c in BODY_CAPS if BODY_CAPS.index(c) <= BODY_CAPS.index(compiled_isa())]
+    per: dict[str, dict[str, list[float]]] = {c: {"fp32": [], "bf16": []} for c in caps}
+    for _ in range(args.repeats):
+        for cap in caps:
+            cmd = [sys.executable, __file__, "--body-round", "--elements", str(args.elements)]
+            env = {**os.environ, "NAIG_KERNEL_ISA": cap, "OMP_NUM_THREADS": "1"}
+            row = json.loads(subprocess.run(cmd, capture_output=True, text=True, env=env, check=True,
+                                            timeout=600).stdout)
+            assert row["isa"] == cap, row  # the cap took effect
+            for dt in ("fp32", "bf16"):
+                per[cap][dt].append(row[dt])
+    out.append(f"VECTOR BODIES (compiled, {args.elements} values, a process per body and round, "
+               f"{args.repeats} interleaved rounds; ratio: G values/s over avx2's)")
+    out.append(f"  {'bodies':<12} {'fp32 GB/s':>10} {'ratio':>6} {'bf16 GB/s':>10} {'ratio':>6}")
+    base = {dt: statistics.median(per["avx2"][dt]) for dt in ("fp32", "bf16")} if "avx2" in per else None
+    for cap in caps:
+        cells = []
+        for dt, size in (("fp32", 4), ("bf16", 2)):
+            t = statistics.median(per[cap][dt])
+            cells.append(f"{size / t / 1e9:10.2f} {base[dt] / t if base else float('nan'):6.2f}")
+        out.append(f"  {cap:<12} {cells[0]} {cells[1]}")
+
+
 def main(argv: list[str]) -> None:
     args = _args(argv)
     torch.set_num_threads(1)
+    if args.body_round:
+        _body_round(args.elements)
+        return
     out: list[str] = []
     _build(out)
     _throughput(args, out)
+    if compiled_available():
+        _bodies(args, out)
     print("\n".join(out))
 
 
