@@ -37,7 +37,8 @@ import time
 import torch
 
 from naig.monitor.signals import MonitorSketch, pack
-from naig.sketch.layout_sketch import compiled_available, compiled_isa
+from naig.sketch.kernels import compiled_isa
+from naig.sketch.layout_sketch import compiled_available
 from naig.sketch.torch_sketch import TorchSketch
 
 __all__ = ["gpt2_layout", "main"]

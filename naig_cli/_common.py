@@ -205,7 +205,7 @@ _NOT_BUILT = "numpy; the C extension was not built"
 
 def kernel_path() -> str:
     """Which body of the sketch kernel runs: the C extension and its vector bodies
-    (``naig.sketch.layout_sketch.compiled_isa``: ``avx512-ifma``, ``avx512``, ``avx2`` or ``portable``),
+    (``naig.sketch.kernels.compiled_isa``: ``avx512-ifma``, ``avx512``, ``avx2`` or ``portable``),
     or numpy and why.
 
     Example:
@@ -215,9 +215,9 @@ def kernel_path() -> str:
     from naig.sketch.kernels import HAVE_COMPILED
 
     if HAVE_COMPILED:
-        from naig.sketch.layout_sketch import compiled_isa
+        from naig.sketch.kernels import compiled_isa
 
-        return f"C, {compiled_isa() or 'portable'}"
+        return f"C, {compiled_isa()}"
     if os.environ.get("NAIG_PURE_NUMPY") == "1":
         return "numpy, forced by NAIG_PURE_NUMPY=1"
     return _NOT_BUILT

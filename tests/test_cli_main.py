@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from naig import __version__
-from naig.sketch.kernels import HAVE_COMPILED
-from naig.sketch.layout_sketch import compiled_isa
+from naig.sketch.kernels import HAVE_COMPILED, compiled_isa
 
 ROOT = Path(__file__).resolve().parents[1]
 

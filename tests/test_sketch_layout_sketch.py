@@ -177,7 +177,8 @@ def test_the_monitor_warns_once_when_the_kernel_was_not_built(env: dict, warned:
 
 BODIES_CHILD = """
 import hashlib, numpy as np, torch
-from naig.sketch.layout_sketch import LayoutSketch, compiled_isa
+from naig.sketch.kernels import compiled_isa
+from naig.sketch.layout_sketch import LayoutSketch
 gen = torch.Generator().manual_seed(7)
 digest = hashlib.sha256()
 

@@ -767,7 +767,7 @@ AVX512IFMA static inline __m512i bucket8_ifma(__m512i z, __m512i lanes) {
  * in the same iteration, from stores long retired (read right after a vector store, each scalar
  * load waits for it: 0.67 G values/s instead of 1.1). Lanes, groups and the order of every
  * float64 addition are those of AVX_BODY(1, ...) on hash_run's codes: the sums are the same bit
- * for bit. n is a multiple of 8. */
+ * for bit, but for the sign of a NaN sum (see isa above). n is a multiple of 8. */
 #define MON_LAG 64
 #define MON_RING 128
 #define MON_AVX512(NAME, TARGET, BUCKET, LD, SZ)                                                     \

@@ -36,6 +36,7 @@ from naig.sketch.core import MASK, SKETCH_DIM, bucket_of, index_hashes
 __all__ = [
     "STATS",
     "HAVE_COMPILED",
+    "compiled_isa",
     "DTYPES",
     "ITEMSIZE",
     "hash_codes",
@@ -72,6 +73,14 @@ try:
 except ImportError:
     _kernel = None
     HAVE_COMPILED = False
+
+
+def compiled_isa() -> str | None:
+    """The C kernel's vector bodies in use: ``"avx512-ifma"``, ``"avx512"``, ``"avx2"`` or
+    ``"portable"`` (the CPU's best, or fewer where ``NAIG_KERNEL_ISA`` caps them); None when the
+    kernel is not available (``HAVE_COMPILED`` false). Both the audit's and the monitor's sketch run
+    on these bodies."""
+    return _kernel.isa() if _kernel is not None else None
 
 
 def new_stats(rows: int) -> np.ndarray:

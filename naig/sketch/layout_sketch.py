@@ -57,7 +57,7 @@ from torch import Tensor
 from naig.errors import UsageError, warn_caller
 from naig.sketch.core import MASK, SKETCH_DIM, bucket_of, check_seed, splitmix64_array, tensor_key
 
-__all__ = ["CHUNK", "FALLBACK", "GROUP_VALUES", "IMPLS", "LayoutSketch", "compiled_available", "compiled_isa",
+__all__ = ["CHUNK", "FALLBACK", "GROUP_VALUES", "IMPLS", "LayoutSketch", "compiled_available",
            "triton_available"]
 
 CHUNK = 1 << 16  # values per chunk of the torch and numpy bodies (bounded temporaries)
@@ -108,13 +108,6 @@ def _fallback(body: str) -> str:
 def compiled_available() -> bool:
     """Whether the C kernel's ``monitor_sketch`` is built and not disabled by ``NAIG_PURE_NUMPY=1``."""
     return _KERNEL is not None
-
-
-def compiled_isa() -> str | None:
-    """The C kernel's vector bodies in use: ``"avx512-ifma"``, ``"avx512"``, ``"avx2"`` or
-    ``"portable"`` (the CPU's best, or fewer where ``NAIG_KERNEL_ISA`` caps them); None when
-    the kernel is not available (``compiled_available()`` false)."""
-    return _KERNEL.isa() if _KERNEL is not None else None
 
 
 @lru_cache(maxsize=1)
