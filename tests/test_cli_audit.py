@@ -96,7 +96,8 @@ def test_directory_without_safetensors(untouched, tmp_path):
 
 @pytest.mark.parametrize(("cut", "words"), [
     (0, "is empty (0 bytes)"),
-    (5, "is truncated (5 bytes, not even a header length)"),
+    # under 8 bytes a cut-short file and another kind of file look alike: both are said
+    (5, "has 5 bytes, fewer than the 8 of a safetensors file's header length: an incomplete file"),
     (20, "is truncated inside its header (20 bytes; the header alone needs"),
     (-1, "is truncated (3,"),  # inside the data: half of the file
 ])
@@ -106,7 +107,27 @@ def test_empty_or_truncated_says_incomplete(untouched, tmp_path, cut, words):
     bad.write_bytes(good[: len(good) // 2 if cut == -1 else cut])
     r = run_naig("audit", untouched / "ref.safetensors", bad)
     assert_one_line_error(r, 1, str(bad), words, "incomplete", "copy it again")
+
+
+def test_a_short_text_file_is_said_to_be_maybe_not_safetensors(untouched, tmp_path):
+    bad = tmp_path / "text.safetensors"
+    bad.write_text("hello\n")
+    r = run_naig("audit", untouched / "ref.safetensors", bad)
+    assert_one_line_error(r, 1, str(bad), "has 6 bytes", "or not a safetensors file")
     assert "re-save" not in r.stderr  # re-saving a cut copy cannot help
+
+
+def test_a_file_holding_no_tensor_is_said_so_as_reference_and_as_worker(untouched, tmp_path):
+    empty = tmp_path / "empty.safetensors"
+    save_file({}, str(empty))
+    r = run_naig("audit", empty, untouched / "workers")
+    assert_one_line_error(r, 1, str(empty), "holds no tensor", "pass a reference")
+    r = run_naig("audit", untouched / "ref.safetensors", empty)
+    assert_one_line_error(r, 1, str(empty), "holds no tensor", "save the worker's")
+    ints = tmp_path / "ints.safetensors"
+    save_file({"step": torch.arange(3), "mask": torch.ones(2, dtype=torch.bool)}, str(ints))
+    r = run_naig("audit", ints, untouched / "workers")
+    assert_one_line_error(r, 1, str(ints), "no floating-point tensor to audit (its dtypes: BOOL, I64)")
 
 
 def test_trailing_garbage_is_invalid_not_truncated(untouched, tmp_path):

@@ -94,6 +94,15 @@ def test_corrupt_logs_are_one_line_data_errors(logs, tmp_path) -> None:
     assert_one_line_error(run_naig("monitor", "report", tmp_path / "none.jsonl"), 1, "no such file")
 
 
+def test_a_folder_is_refused_naming_the_log_in_it(logs, tmp_path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    assert_one_line_error(run_naig("monitor", "report", run), 1, "is a folder", "pass a monitor .jsonl")
+    (run / "monitor.jsonl").write_bytes(logs[0].read_bytes())
+    assert_one_line_error(run_naig("monitor", "report", run), 1, "is a folder",
+                          f"pass its log, e.g. {run / 'monitor.jsonl'}")
+
+
 def test_usage_errors(logs, tmp_path) -> None:
     assert_one_line_error(run_naig("monitor", "report", logs[0], "--plot", tmp_path / "x.gif"), 2, "--plot",
                           ".png")

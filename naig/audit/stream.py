@@ -133,7 +133,7 @@ def _truncation(p: Path) -> str | None:
         n = int.from_bytes(head, "little") if len(head) == 8 else 0
         header = fh.read(n) if 0 < n <= _MAX_HEADER else b""
     if size < 8:
-        return "is empty (0 bytes)" if size == 0 else f"is truncated ({size} bytes, not even a header length)"
+        return "is empty (0 bytes)"  # (1 to 7 bytes: ``_invalid`` says it may be another kind of file)
     if n > _MAX_HEADER:
         return None
     if 8 + n > size:
@@ -147,6 +147,11 @@ def _truncation(p: Path) -> str | None:
 
 def _invalid(p: Path, exc: Exception) -> DataError:
     """The one-line error for a file safetensors refused."""
+    size = p.stat().st_size
+    if 0 < size < 8:  # too short to tell a cut-short safetensors file from another kind of file
+        return DataError(f"{p}: has {size} bytes, fewer than the 8 of a safetensors file's header length: "
+                         "an incomplete file (an interrupted write, copy or download) or not a safetensors "
+                         "file; write or copy it again")
     cut = _truncation(p)
     if cut:
         return DataError(f"{p}: {cut}: the file is incomplete (an interrupted write, copy or download); "
@@ -231,6 +236,8 @@ def _prefix_hint(mine: dict, theirs: dict) -> str:
 
 def _disjoint(mine: dict, other: FileInfo, theirs: dict) -> str | None:
     """Why a file has no tensor in common with the reference, or None when it has some."""
+    if not other.tensors:
+        return f"{other.path} holds no tensor"
     if not any(n in other.tensors for n in mine):
         return f"{other.path} shares no tensor name with it{_prefix_hint(mine, other.tensors)}"
     same = [n for n in mine if n in theirs]
@@ -249,6 +256,9 @@ def _nothing_common(ref: FileInfo, theirs: list[tuple[FileInfo, dict]], mine: di
 
 
 def _check_overlap(ref: FileInfo, mine: dict, other: FileInfo) -> None:
+    if not other.tensors:
+        raise DataError(f"{other.path}: holds no tensor (an empty safetensors file); save the worker's "
+                        "gradient or weights into it")
     if not any(n in other.tensors for n in mine):
         hint = _prefix_hint(mine, other.tensors) or "; compare files of the same model"
         raise DataError(f"{other.path}: shares no tensor name with the reference {ref.path.name}{hint}")
@@ -319,8 +329,12 @@ def plan_tensors(
     if not mine:
         if pattern is not None and _auditable(ref, None):
             raise UsageError(f"matches no floating-point tensor of {ref.path}", field="keys", value=keys)
-        dtypes = sorted({t.dtype for t in ref.tensors.values()})
-        raise DataError(f"{ref.path}: has no floating-point tensor to audit (dtypes: {dtypes})")
+        if not ref.tensors:
+            raise DataError(f"{ref.path}: holds no tensor (an empty safetensors file); pass a reference "
+                            "holding the float tensors to audit")
+        dtypes = ", ".join(sorted({t.dtype for t in ref.tensors.values()}))
+        raise DataError(f"{ref.path}: has no floating-point tensor to audit (its dtypes: {dtypes}); pass "
+                        "gradients or weights saved as float tensors")
     theirs = [(o, _auditable(o, pattern)) for o in others]
     if intersect:
         common = [n for n in mine if all(n in t and t[n].shape == mine[n].shape for _, t in theirs)]

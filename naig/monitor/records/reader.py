@@ -106,6 +106,10 @@ def read_log(path: str | os.PathLike) -> MonitorLog:
             a score of a known signal, a line too long included), naming the file and line.
     """
     p = Path(path)
+    if p.is_dir():  # the folder a run wrote its records into: name the files to pass
+        logs = sorted(q.name for q in p.iterdir() if q.suffix in (".jsonl", ".csv") and q.is_file())
+        hint = f"pass its log, e.g. {p / logs[0]}" if logs else "pass a monitor .jsonl or .csv file"
+        raise DataError(f"{p}: is a folder, not a file; {hint}")
     if not p.is_file():
         raise DataError(f"{p}: {missing_reason(p)}")
     with p.open("rb") as fh:
