@@ -782,6 +782,27 @@ def test_a_state_whose_settings_are_not_a_mapping_is_one_line(settings: object) 
         Detector(4, quiet=True).load_state_dict(state)
 
 
+@pytest.mark.parametrize("calibration", [[1, 2], "norm", 7])
+def test_a_state_whose_calibration_is_not_a_mapping_is_one_line_and_changes_nothing(calibration: object
+                                                                                   ) -> None:
+    """A list there was an IndexError (an adversarial review, 2026-12-07)."""
+    det, state = _trained_and_changed("step", 60)
+    state["calibration"] = calibration
+    fresh = Detector(4, quiet=True)
+    before = copy.deepcopy(fresh.state_dict())
+    with pytest.raises(UsageError, match="malformed detector state .*calibration is not a mapping") as err:
+        fresh.load_state_dict(state)
+    assert "\n" not in str(err.value) and fresh.state_dict() == before
+
+
+def test_a_state_without_a_setting_says_so_not_pass_none() -> None:
+    """It said "saved with window=None; pass window=None to resume", which no constructor takes."""
+    state = Detector(4, quiet=True).state_dict()
+    del state["settings"]["window"]
+    with pytest.raises(UsageError, match="malformed detector state \\(its settings have no 'window'\\)"):
+        Detector(4, quiet=True).load_state_dict(state)
+
+
 def test_drift_is_not_tested_before_its_record_holds_its_steps_and_a_resume_keeps_that() -> None:
     """Until ``DRIFT_MIN_STEPS`` clean steps of drifts are recorded the drift threshold is inf (no
     test), saved as None and read back as inf, so a resumed detector reports what the uninterrupted
@@ -1238,3 +1259,14 @@ def test_a_state_whose_records_disagree_is_refused_not_trimmed(damage) -> None: 
         Detector(4, quiet=True).load_state_dict(state)
     assert err.value.field == "state" and "\n" not in str(err.value)
     Detector(4, quiet=True).load_state_dict(det.state_dict())  # the state itself loads
+
+
+@pytest.mark.parametrize("entry, said", [("cov", "the drift covariance's rows hold an infinite value"),
+                                         ("ewma", "the drift's ewma rows hold an infinite value")])
+def test_a_tampered_drift_entry_is_named_as_itself(entry: str, said: str) -> None:
+    """Both were said to be "the previous sketches" (a review, 2026-12-07)."""
+    _, state = _trained_and_changed("step", 60)
+    assert state["drift"][entry] is not None
+    state["drift"][entry][0][0] = math.inf
+    with pytest.raises(UsageError, match=f"malformed detector state .*{said}"):
+        Detector(4, quiet=True).load_state_dict(state)

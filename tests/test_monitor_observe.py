@@ -280,6 +280,54 @@ def test_a_malformed_monitor_state_is_one_line_before_anything_is_allocated(wher
     assert fresh.state_dict() == empty  # a refused state changes nothing
 
 
+def test_a_state_whose_sketch_settings_are_tuples_or_missing_loads_or_says_what_is_missing() -> None:
+    """A serializer's tuple for ``line`` was refused with "pass line=(1, 2, 4)", the value in use; a
+    missing ``batch`` with "pass batch=None", which the constructor refuses (a review, 2026-12-07)."""
+    mon = Monitor(window=16)
+    with pytest.warns(UserWarning, match="warm-up"):
+        for rows in _payloads(5, 4, seed=1):
+            mon.decide(rows)
+    state = copy.deepcopy(mon.state_dict())
+    state["sketch"]["line"] = tuple(state["sketch"]["line"])
+    resumed = Monitor(window=16)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == mon.state_dict()
+    del state["sketch"]["batch"]
+    with pytest.raises(UsageError, match="malformed monitor state \\(its sketch settings have no 'batch'\\)"):
+        Monitor(window=16).load_state_dict(state)
+
+
+def test_decide_refuses_a_where_that_is_not_a_function_before_anything_changes() -> None:
+    """``where=5`` was a bare TypeError after the detector had counted the step; a ``where`` returning
+    a list, one after the step was kept (a review, 2026-12-07): now the step is decided, kept and
+    written without it, then the error says what ``where`` must return."""
+    mon = Monitor(window=16)
+    with pytest.warns(UserWarning, match="warm-up"):
+        for rows in _payloads(20, 4, seed=1):
+            mon.decide(rows)
+    bad = _payloads(1, 4, seed=2)[0].copy()
+    bad[3, -1] = 1  # rank 3: a non-finite gradient, so the step is flagged and `where` is asked
+    before = copy.deepcopy(mon.state_dict())
+    with pytest.raises(UsageError, match="^where: expected a function"):
+        mon.decide(bad, where=5)
+    assert mon.state_dict() == before
+    with pytest.raises(UsageError, match="^where: must return a mapping rank → text, got \\[1, 2\\]"):
+        mon.decide(bad, where=lambda d: [1, 2])
+    assert mon.decision.step == mon.detector.step == 21 and mon.decision.where == {}
+    assert mon.decide(bad, where=lambda d: {3: "bucket 0"}).where == {3: "bucket 0"}
+
+
+@pytest.mark.parametrize("gathered", [[[None] * 16] * 3, [[1.0] * 15 + [None]] * 3, [["1.5"] * 16] * 3],
+                         ids=["none", "one-none", "strings"])
+def test_decide_refuses_rows_that_are_not_numbers(gathered: list) -> None:
+    """None was read as NaN: every rank non-finite and blamed (a review, 2026-12-07); numeric strings
+    were cast."""
+    mon = Monitor()
+    with pytest.raises(UsageError, match="^gathered: expected rows of numbers"):
+        mon.decide(gathered)
+    assert mon.detector is None
+
+
 def test_a_monitor_that_has_decided_says_the_state_replaces_its_steps() -> None:
     """Loaded after steps were decided (a rollback, or a resumed run that loads late), the state replaces
     the history: rank 0 says so, with the next step's number (a new user's run loaded it three steps
@@ -494,3 +542,11 @@ def test_numpy_scalars_are_numbers_for_false_alarm_as_for_batch() -> None:
     with pytest.raises(UsageError) as err:
         Monitor(false_alarm=np.bool_(True))
     assert err.value.field == "false_alarm"
+
+
+def test_meta_weights_are_refused_with_advice_for_weights_not_gradients() -> None:
+    """It said "pass the gradient after backward()" for weights too (a review, 2026-12-07)."""
+    with pytest.raises(UsageError, match="^weights: 'w' is a meta tensor .*pass the weights after the model"):
+        Monitor().weights_row({"w": torch.empty(3, device="meta")}, torch.device("cpu"))
+    with pytest.raises(UsageError, match="^grads: 'g' is a meta tensor .*pass the gradient after backward"):
+        Monitor().observe({"g": torch.empty(3, device="meta")})

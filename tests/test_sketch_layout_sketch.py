@@ -218,16 +218,17 @@ def test_every_vector_body_gives_the_same_sums_bit_for_bit() -> None:
     import sys
 
     got = {}
-    for cap in ("portable", "AVX2", "avx512", "avx9000"):  # an unknown cap: said, then the CPU's best
+    # any case, surrounding white space ignored; an unknown cap: said (quoted), then the CPU's best
+    for cap in ("portable", " AVX2\n", "avx512", "avx9000"):
         env = {**os.environ, "NAIG_KERNEL_ISA": cap}
         out = subprocess.run([sys.executable, "-c", BODIES_CHILD], capture_output=True, text=True,
                              timeout=120, env=env)
         assert out.returncode == 0, out.stderr[-2000:]
         isa, digest = out.stdout.split()
         got[cap] = (isa, digest)
-        said = "NAIG_KERNEL_ISA=avx9000 is not portable, avx2, avx512 or avx512-ifma: ignored" in out.stderr
+        said = "NAIG_KERNEL_ISA='avx9000' is not portable, avx2, avx512 or avx512-ifma: ignored" in out.stderr
         assert said == (cap == "avx9000"), out.stderr
-    assert (got["portable"][0], got["AVX2"][0]) == ("portable", "avx2")
+    assert (got["portable"][0], got[" AVX2\n"][0]) == ("portable", "avx2")
     order = ["portable", "avx2", "avx512", "avx512-ifma"]
     assert order.index(got["avx9000"][0]) >= order.index(got["avx512"][0])  # not capped
     assert len({digest for _, digest in got.values()}) == 1, got

@@ -1512,6 +1512,9 @@ class Detector:
                              f"({', '.join(unknown)}); load a state saved by Detector.state_dict()",
                              field="state")
         for key, value in mine.items():
+            if key not in theirs and value is not None:  # "pass key=None" would not help
+                raise UsageError(f"malformed detector state (its settings have no {key!r}); load a state "
+                                 "saved by Detector.state_dict()", field="state")
             other = theirs.get(key)
             if (list(other) if isinstance(other, list | tuple) else other) != value or \
                     has_bool(other) != has_bool(value):  # True == 1.0 in Python
@@ -1531,6 +1534,8 @@ class Detector:
                      for n in self.signals}
             recent = {n: _rows(state["recent"][n] if v3 and n in saved else [], k, RECENT_STEPS)
                       for n in self.signals}
+            if v3 and not isinstance(state["calibration"], Mapping):
+                raise TypeError("calibration is not a mapping of signal names")
             calibration = {n: tuple(real_numbers(state["calibration"][n], "calibration").reshape(-1).tolist())
                            for n in (state["calibration"] if v3 else {})}
             fresh = int(whole_numbers(state["fresh"], "fresh")) if v3 else 0
@@ -1650,8 +1655,9 @@ def _insert_rows(a: np.ndarray, saved: list[str], signals: tuple[str, ...]) -> n
     return out
 
 
-def _sketch_rows(rows: object, k: int) -> np.ndarray | None:
-    """The previous step's (K, m) sketches of a state (None as NaN), m a positive multiple of 14.
+def _sketch_rows(rows: object, k: int, what: str = "the previous sketches") -> np.ndarray | None:
+    """The previous step's (K, m) sketches of a state (None as NaN), m a positive multiple of 14 (or
+    another (k, m) array of the state, named ``what`` in the errors).
 
     Raises:
         ValueError: another shape, or an entry that is not a number.
@@ -1660,12 +1666,12 @@ def _sketch_rows(rows: object, k: int) -> np.ndarray | None:
         return None
     if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows) or any(
             isinstance(v, bool) or not (v is None or isinstance(v, int | float)) for r in rows for v in r):
-        raise ValueError("the previous sketches are not rows of numbers")
+        raise ValueError(f"{what} are not rows of numbers")
     last = np.array([[math.nan if v is None else v for v in r] for r in rows], dtype=np.float64)
     if np.isinf(last).any():
-        raise ValueError("the previous sketches hold an infinite value (a state saves none)")
+        raise ValueError(f"{what} hold an infinite value (a state saves none)")
     if last.ndim != 2 or last.shape[0] != k or last.shape[1] == 0 or last.shape[1] % 14:
-        raise ValueError(f"the previous sketches are not {k} rows of 14·R values")
+        raise ValueError(f"{what} are not {k} rows of 14·R values")
     return last
 
 
@@ -1680,9 +1686,9 @@ def _drift_rows(saved: object, k: int
         return None, None, 0.0, 0, []
     if not isinstance(saved, Mapping) or saved.get("ewma") is None:
         raise ValueError("the drift state is not a mapping with an ewma")
-    ewma = _sketch_rows(saved["ewma"], k)
+    ewma = _sketch_rows(saved["ewma"], k, "the drift's ewma rows")
     m = ewma.shape[1]
-    cov = None if saved.get("cov") is None else _sketch_rows(saved["cov"], m)
+    cov = None if saved.get("cov") is None else _sketch_rows(saved["cov"], m, "the drift covariance's rows")
     if cov is not None and (cov.shape != (m, m) or not np.isfinite(cov).all() or not np.allclose(cov, cov.T)):
         raise ValueError(f"the drift covariance is not a finite symmetric {m} x {m} matrix")
     weight, count = saved["cov_weight"], saved["cov_count"]
@@ -1698,7 +1704,8 @@ def _drift_rows(saved: object, k: int
     record = saved.get("record", [])
     if not isinstance(record, list):
         raise ValueError("the drift record is not a list of steps")
-    steps = [_sketch_rows(step, len(step)) if isinstance(step, list) and step else None for step in record]
+    steps = [_sketch_rows(step, len(step), "the drift record's rows") if isinstance(step, list) and step
+             else None for step in record]
     if any(st is None or st.shape[1] != m or not np.isfinite(st).all() for st in steps):
         raise ValueError(f"a step of the drift record is not rows of {m} finite values")
     return ewma, cov, weight, count, steps

@@ -455,7 +455,9 @@ class Monitor:
             The step's ``Decision`` (hosts and ``where`` filled in).
 
         Raises:
-            UsageError: payloads of the wrong shape (another ``blocks`` than this monitor's included).
+            UsageError: payloads of the wrong shape (another ``blocks`` than this monitor's included), or
+                ``where`` not a function (before anything changes); ``where`` returning anything but a
+                mapping rank → str (after the step is decided, kept and written without it).
             DataError: ``weights`` given on some ranks only, or ranks at another step than others
                 (naming them).
         """
@@ -466,6 +468,9 @@ class Monitor:
                              f"(14 per block + 2), got {rows.shape}; pack with the monitor's own sketch",
                              field="gathered")
         given = _given(weights, rows.shape[0], rows.shape[1])  # checked before anything changes
+        if where is not None and not callable(where):
+            raise UsageError(f"expected a function of the decision returning rank → text, got "
+                             f"{type(where).__name__}", field="where")
         if self.detector is None:
             self.detector = Detector(rows.shape[0], **self._detector_args, quiet=self.rank != 0)
         with one_blas_thread():  # the step's small matrices: numpy's BLAS on one thread (naig.threads)
@@ -479,8 +484,10 @@ class Monitor:
             flags = sorted((*decision.flags, *replica),
                            key=lambda f: (f.rank, f.signal != "nonfinite", f.score, f.signal))
             decision = replace(decision, flags=tuple(flags))
-        if decision.flagged and where is not None:
-            decision = replace(decision, where=dict(where(decision)))
+        placed, bad_where = (_placed(where, decision) if decision.flagged and where is not None
+                             else (None, None))
+        if placed is not None:
+            decision = replace(decision, where=placed)
         self.gathered, self.signals, self.decision = np.array(rows, dtype=np.float64), sig, decision
         if self.callback is not None:
             self.callback(sig, decision)
@@ -489,6 +496,8 @@ class Monitor:
         acted = _acted(decision, acts) if decision.flagged and self.rank == 0 else None
         if acted is not None:  # warn, and an action that changes training, say so
             warn_caller(decision.describe() + acted)
+        if bad_where is not None:  # the step is decided and kept (its records written), without `where`
+            raise bad_where
         return decision
 
     def state_dict(self) -> dict:
@@ -540,8 +549,12 @@ class Monitor:
         if not isinstance(saved, Mapping):
             raise UsageError("malformed monitor state (sketch is not a mapping)", field="state")
         for key, value in self._sketch_settings().items():
+            if key not in saved:  # "pass key=None" would not help
+                raise UsageError(f"malformed monitor state (its sketch settings have no {key!r}); load a "
+                                 "state saved by Monitor.state_dict()", field="state")
+            got = list(saved[key]) if isinstance(saved[key], tuple) else saved[key]  # a serializer's tuple
             # another sketch: other payloads, the detectors' history meaningless (True == 1 in Python)
-            if saved.get(key) != value or has_bool(saved.get(key)) != has_bool(value):
+            if got != value or has_bool(got) != has_bool(value):
                 raise UsageError(f"the state was saved with {key}={saved.get(key)!r}; pass "
                                  f"{key}={saved.get(key)!r} to resume", field=key, value=value)
         det = state["detector"]
@@ -631,6 +644,20 @@ def _layout_message(prints: np.ndarray) -> str:
             "the sketches are of different layouts and no signal means anything")
 
 
+def _placed(where: Callable[[Decision], Mapping[int, str]], decision: Decision
+            ) -> tuple[dict[int, str] | None, UsageError | None]:
+    """``where(decision)`` as a dict rank → str, or (None, the error) when it returns anything else."""
+    got = where(decision)
+    try:
+        placed = dict(got)
+    except (TypeError, ValueError):
+        placed = None
+    if placed is None or not all(isinstance(k, int | np.integer) and not isinstance(k, bool) and
+                                 isinstance(v, str) for k, v in placed.items()):
+        return None, UsageError(f"must return a mapping rank → text, got {got!r:.60}", field="where")
+    return {int(k): v for k, v in placed.items()}, None
+
+
 def _acted(decision: Decision, acts: bool) -> str | None:
     """The end of a flagged decision's line on rank 0: "" for ``warn``; for ``skip`` and ``exclude``
     what they do to this step when they act (``acts``: the integration does it; else the user's loop
@@ -718,8 +745,9 @@ def _readable(name: str, g: Tensor, full_dtensor: bool, field: str = "grads") ->
         raise UsageError(f"{name!r} is a sparse gradient ({g.layout}); pass it as g.to_dense() (e.g. for "
                          "nn.Embedding(sparse=True)) or leave it out", field=field)
     if g.is_meta:
-        raise UsageError(f"{name!r} is a meta tensor (no data); pass the gradient after backward()",
-                         field=field)
+        what = "the weights after the model is materialised (to_empty() and init, or a loaded state)" \
+            if field == "weights" else "the gradient after backward()"
+        raise UsageError(f"{name!r} is a meta tensor (no data); pass {what}", field=field)
     return g
 
 

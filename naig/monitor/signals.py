@@ -262,12 +262,22 @@ def to_float64(values: object, field: str) -> np.ndarray:
         values = values.detach().to("cpu", torch.float64).numpy()  # numpy has no bfloat16
     try:
         raw = np.asarray(values)  # one conversion; then a cast, a no-op for float64
-        if not np.iscomplexobj(raw):  # a float64 cast would drop the imaginary part, warning only
-            return raw.astype(np.float64, copy=False)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"expected rows of numbers ({type(exc).__name__}: {str(exc)[:80]})",
                          field=field) from None
-    raise UsageError("expected real numbers, got complex ones", field=field)
+    if np.iscomplexobj(raw):  # a float64 cast would drop the imaginary part, warning only
+        raise UsageError("expected real numbers, got complex ones", field=field)
+    if raw.dtype.kind == "O":  # a float64 cast would read None as NaN: a non-finite rank, not a bad call
+        odd = [v for v in raw.flat if not isinstance(v, int | float | np.integer | np.floating | np.bool_)]
+        if odd:
+            raise UsageError(f"expected rows of numbers, got {odd[0]!r:.40}", field=field)
+    elif raw.dtype.kind not in "biuf":  # strings ("1.5" would be cast), dates, records
+        raise UsageError(f"expected rows of numbers, got {raw.dtype} values", field=field)
+    try:
+        return raw.astype(np.float64, copy=False)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"expected rows of numbers ({type(exc).__name__}: {str(exc)[:80]})",
+                         field=field) from None
 
 
 def bad_counts(raw: np.ndarray) -> np.ndarray:

@@ -29,6 +29,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <ctype.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -953,13 +954,27 @@ PyMODINIT_FUNC PyInit__kernel(void) {
                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
     have_ifma = have_avx512 && __builtin_cpu_supports("avx512ifma");
     /* NAIG_KERNEL_ISA caps the vector bodies (tests compare every body on one machine). */
-    const char *cap = getenv("NAIG_KERNEL_ISA");
-    int level = !cap || !*cap || !strcasecmp(cap, "avx512-ifma") ? 4 : !strcasecmp(cap, "avx512") ? 3
+    const char *raw = getenv("NAIG_KERNEL_ISA");
+    char cap[16] = "";  /* the value without surrounding white space (any case); longer: no body's name */
+    if (raw) {
+        size_t a = 0, b = strlen(raw);
+        while (a < b && isspace((unsigned char)raw[a])) a++;
+        while (b > a && isspace((unsigned char)raw[b - 1])) b--;
+        if (b - a < sizeof cap) { memcpy(cap, raw + a, b - a); cap[b - a] = 0; }
+        else strcpy(cap, "?");
+    }
+    int level = !*cap || !strcasecmp(cap, "avx512-ifma") ? 4 : !strcasecmp(cap, "avx512") ? 3
               : !strcasecmp(cap, "avx2") ? 2 : !strcasecmp(cap, "portable") ? 1 : 0;
-    if (level == 0 && PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                                       "NAIG_KERNEL_ISA=%.40s is not portable, avx2, avx512 or avx512-ifma: "
-                                       "ignored (the CPU's best bodies used)", cap) < 0)
-        return NULL;
+    if (level == 0) {  /* said once per process (at import), quoted: %R escapes a newline */
+        PyObject *value = PyUnicode_DecodeFSDefault(raw);
+        int failed = !value || PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                                                "NAIG_KERNEL_ISA=%.60R is not portable, avx2, avx512 or "
+                                                "avx512-ifma: ignored (the CPU's best bodies used)", value) < 0;
+        Py_XDECREF(value);
+        if (failed)
+            return NULL;
+        level = 4;
+    }
     if (level == 1) have_avx2 = 0;
     if (level == 1 || level == 2) have_avx512 = 0;
     if (level >= 1 && level <= 3) have_ifma = 0;
