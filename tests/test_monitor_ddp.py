@@ -224,6 +224,31 @@ def test_skip_applies_inside_a_closure_as_lightning_calls_step() -> None:
         assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+class _Wrapped(torch.optim.Optimizer):
+    """A framework's optimizer wrapper as Accelerate's ``AcceleratedOptimizer`` is: an ``Optimizer``
+    subclass that never runs ``Optimizer.__init__`` (no step hooks of its own) and holds the torch
+    optimizer as ``.optimizer``, whose ``step`` its own calls."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:  # noqa: D107 (no super().__init__)
+        self.optimizer = optimizer
+
+    def step(self, closure=None):  # noqa: ANN001, ANN201 (torch's signature)
+        return self.optimizer.step(closure)
+
+
+def test_skip_applies_through_a_framework_wrapper_of_the_optimizer() -> None:
+    """``attach(AcceleratedOptimizer)`` was a bare AttributeError (a review, 2026-12-07): a wrapper
+    without step hooks is attached through the torch optimizer it holds."""
+    with process_group_in_this_process():
+        model, ddp, opt, hook = _setup("skip")
+        hook.attach(_Wrapped(opt))
+        before = [p.detach().clone() for p in model.parameters()]
+        ddp(torch.ones(4, 3)).square().sum().mul(float("nan")).backward()
+        _Wrapped(opt).step()
+        assert hook.decision.flagged
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
 def _hook_lines(make: Callable[[torch.nn.Module], torch.optim.Optimizer], state: dict | None = None,
                 steps: int = 1, twice: bool = False) -> tuple[list[str], dict]:
     """The hook's 'starts afresh' and 'gradient tensor' lines over ``steps`` steps of a fresh monitor on

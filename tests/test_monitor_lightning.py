@@ -153,3 +153,19 @@ def test_bad_arguments_are_usage_errors() -> None:
     with pytest.raises(UsageError) as err:
         MonitorCallback(per_rank=1)
     assert err.value.field == "per_rank"
+    # checked when built, not at fit start (never, on one process) (a review, 2026-12-07)
+    for kwargs, field in (({"exact": "yes"}, "exact"), ({"per_bucket": 1}, "per_bucket"),
+                          ({"exact": True, "monitor": Monitor(action="exclude")}, "exact")):
+        with pytest.raises(UsageError) as err:
+            MonitorCallback(**kwargs)
+        assert err.value.field == field
+
+
+def test_exact_statistics_under_fsdp2_are_refused_not_dropped() -> None:
+    """``ModelParallelStrategy`` built the FSDP2 monitor without ``exact``, silently (a review, 2026-12-07)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    trainer = types.SimpleNamespace(strategy=ModelParallelStrategy())  # its set-up needs several processes
+    with pytest.raises(UsageError, match="^exact=True: exact statistics are DDP's only") as err:
+        MonitorCallback(exact=True).on_fit_start(trainer, _Tiny())
+    assert "\n" not in str(err.value)

@@ -550,3 +550,18 @@ def test_meta_weights_are_refused_with_advice_for_weights_not_gradients() -> Non
         Monitor().weights_row({"w": torch.empty(3, device="meta")}, torch.device("cpu"))
     with pytest.raises(UsageError, match="^grads: 'g' is a meta tensor .*pass the gradient after backward"):
         Monitor().observe({"g": torch.empty(3, device="meta")})
+
+
+def test_payloads_of_another_number_of_ranks_than_the_loaded_state_say_to_resume_on_its_ranks() -> None:
+    """A state of 3 ranks loaded before init_process_group (no group to check against) was accepted; the
+    first step then said "signals of 2 ranks for a detector of 3" (a review, 2026-12-07)."""
+    saved = Monitor(window=16)
+    with pytest.warns(UserWarning, match="warm-up"):
+        for rows in _payloads(5, 3, seed=1):
+            saved.decide(rows)
+    mon = Monitor(window=16)
+    mon.load_state_dict(saved.state_dict())
+    before = copy.deepcopy(mon.state_dict())
+    with pytest.raises(UsageError, match="^world=2: the monitor's detectors are of 3 ranks .*resume on 3 ranks"):
+        mon.decide(_payloads(1, 2, seed=2)[0])
+    assert mon.state_dict() == before

@@ -143,3 +143,10 @@ def test_bad_arguments_are_usage_errors() -> None:
     with pytest.raises(UsageError) as err:
         MonitorCallback("log")
     assert err.value.field == "monitor"
+    # checked when built, not when training begins (never, on one process) (a review, 2026-12-07)
+    for kwargs, field in (({"exact": "yes"}, "exact"), ({"per_bucket": 1}, "per_bucket"),
+                          ({"per_rank": None}, "per_rank"),
+                          ({"exact": True, "monitor": Monitor(action="exclude")}, "exact")):
+        with pytest.raises(UsageError) as err:
+            MonitorCallback(**kwargs)
+        assert err.value.field == field

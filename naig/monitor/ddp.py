@@ -98,7 +98,7 @@ from torch import Tensor, nn
 
 from naig.errors import UsageError, a_type
 from naig.monitor.detectors import Decision
-from naig.monitor.integration import GradientMonitor, replicated_weights
+from naig.monitor.integration import GradientMonitor, check_exact, replicated_weights
 from naig.monitor.observe import Monitor
 from naig.monitor.replicas import action_ranks
 from naig.monitor.signals import pack
@@ -130,11 +130,7 @@ class MonitorHook(GradientMonitor):
                  per_bucket: bool = True, comm_hook: Callable[[Any, dist.GradBucket], torch.futures.Future]
                  | None = None, comm_state: Any = None) -> None:
         super().__init__(module, monitor, per_bucket=per_bucket)
-        if not isinstance(exact, bool):
-            raise UsageError("must be True or False", field="exact", value=exact)
-        if exact and self.action == "exclude":
-            raise UsageError("exact statistics need DDP's own mean; exclude changes it (use exact=False)",
-                             field="exact", value=exact)
+        check_exact(exact, self.action)
         if comm_hook is not None and not callable(comm_hook):
             raise UsageError("must be a DDP communication hook, hook(state, bucket) -> Future",
                              field="comm_hook", value=comm_hook)

@@ -28,7 +28,7 @@ from naig.monitor.observe import HOST_BYTES, Monitor
 from naig.monitor.replicas import gradient_flagged
 from naig.monitor.signals import MonitorSketch
 
-__all__ = ["GradientMonitor", "replicated_weights"]
+__all__ = ["GradientMonitor", "check_callback_options", "check_exact", "replicated_weights"]
 
 _NEED_OPTIMIZER = ("skip", "raise")
 
@@ -144,9 +144,14 @@ class GradientMonitor:
     def attach(self, optimizer: torch.optim.Optimizer) -> GradientMonitor:
         """Apply ``skip`` / ``raise`` before ``optimizer.step()`` (a step pre-hook); returns self.
 
+        A framework's wrapper that holds the torch optimizer as ``.optimizer`` and has no step hooks of
+        its own (Accelerate's ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) is attached
+        through that torch optimizer, which its ``step()`` calls.
+
         Raises:
-            UsageError: not a ``torch.optim.Optimizer``, or the monitor is detached.
+            UsageError: not a ``torch.optim.Optimizer`` (nor such a wrapper), or the monitor is detached.
         """
+        optimizer = _torch_optimizer(optimizer)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise UsageError(f"got {a_type(optimizer)}; pass a torch.optim.Optimizer",
                              field="optimizer")
@@ -316,6 +321,47 @@ class GradientMonitor:
         p = self.parts[part]
         shown = ", ".join(p.names[:2]) + (", …" if len(p.names) > 2 else "")
         return f"{self.part_kind} {p.index} ({shown}; {len(p.names)} parameters)"
+
+
+def check_exact(exact: object, action: str) -> bool:
+    """``exact`` (exact statistics from DDP's all-reduced mean) as given, refused unless a bool or
+    with ``exclude``, which changes that mean.
+
+    Raises:
+        UsageError: naming ``exact``.
+    """
+    if not isinstance(exact, bool):
+        raise UsageError("must be True or False", field="exact", value=exact)
+    if exact and action == "exclude":
+        raise UsageError("exact statistics need DDP's own mean; exclude changes it (use exact=False)",
+                         field="exact", value=exact)
+    return exact
+
+
+def check_callback_options(monitor: object, exact: object, per_bucket: object, per_rank: object
+                           ) -> Monitor:
+    """A framework callback's options, checked when it is built (not when training starts, nor never
+    on one process): the monitor (a new default ``Monitor`` for None).
+
+    Raises:
+        UsageError: naming the first bad option.
+    """
+    if monitor is not None and not isinstance(monitor, Monitor):
+        raise UsageError(f"got {a_type(monitor)}; pass naig.monitor.Monitor(...)", field="monitor")
+    for name, value in (("per_bucket", per_bucket), ("per_rank", per_rank)):
+        if not isinstance(value, bool):
+            raise UsageError("must be True or False", field=name, value=value)
+    monitor = monitor if monitor is not None else Monitor()
+    check_exact(exact, monitor.action)
+    return monitor
+
+
+def _torch_optimizer(optimizer: object) -> object:
+    """The torch optimizer inside a framework's wrapper without step hooks of its own (its ``.optimizer``),
+    else ``optimizer`` itself."""
+    inner = getattr(optimizer, "optimizer", None)
+    hooked = isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "_optimizer_step_pre_hooks")
+    return inner if not hooked and isinstance(inner, torch.optim.Optimizer) else optimizer
 
 
 def replicated_weights(module: nn.Module, monitor: Monitor, ignore: Collection[str] = ()

@@ -52,9 +52,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from naig.errors import UsageError, a_type, warn_caller
+from naig.errors import UsageError, warn_caller
 from naig.monitor.ddp import MonitorHook
-from naig.monitor.integration import GradientMonitor
+from naig.monitor.integration import GradientMonitor, check_callback_options
 from naig.monitor.observe import Monitor
 from naig.monitor.records import decision_scalars
 
@@ -81,12 +81,7 @@ class MonitorCallback(pl.Callback):
 
     def __init__(self, monitor: Monitor | None = None, *, exact: bool = False, per_bucket: bool = True,
                  per_rank: bool = False) -> None:
-        if monitor is not None and not isinstance(monitor, Monitor):
-            raise UsageError(f"got {a_type(monitor)}; pass naig.monitor.Monitor(...)",
-                             field="monitor")
-        if not isinstance(per_rank, bool):
-            raise UsageError("must be True or False", field="per_rank", value=per_rank)
-        self.monitor = monitor if monitor is not None else Monitor()
+        self.monitor = check_callback_options(monitor, exact, per_bucket, per_rank)
         self.exact, self.per_bucket, self.per_rank = exact, per_bucket, per_rank
         self.watch: GradientMonitor | None = None
         self._inner: tuple[Any, Any] | None = None
@@ -127,6 +122,9 @@ class MonitorCallback(pl.Callback):
         if isinstance(strategy, ModelParallelStrategy):
             from naig.monitor.fsdp import fully_shard_monitor
 
+            if self.exact:  # FSDP2 holds no rank's whole reduced gradient to measure against
+                raise UsageError("exact statistics are DDP's only (FSDP2 under ModelParallelStrategy keeps "
+                                 "no rank's whole gradient); use exact=False", field="exact", value=True)
             self.watch = fully_shard_monitor(pl_module, self.monitor, per_bucket=self.per_bucket)
         else:
             inner, state = self._inner if self._inner is not None else (None, None)

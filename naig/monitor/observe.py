@@ -468,6 +468,11 @@ class Monitor:
                              f"(14 per block + 2), got {rows.shape}; pack with the monitor's own sketch",
                              field="gathered")
         given = _given(weights, rows.shape[0], rows.shape[1])  # checked before anything changes
+        if self.detector is not None and rows.shape[0] != self.detector.world:  # e.g. loaded before init
+            raise UsageError(f"the monitor's detectors are of {self.detector.world} ranks (a loaded state, "
+                             f"or earlier steps), these payloads of {rows.shape[0]}; resume on "
+                             f"{self.detector.world} ranks, or build a new Monitor", field="world",
+                             value=rows.shape[0])
         if where is not None and not callable(where):
             raise UsageError(f"expected a function of the decision returning rank → text, got "
                              f"{type(where).__name__}", field="where")

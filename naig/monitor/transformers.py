@@ -51,8 +51,9 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from naig.errors import UsageError, a_type, warn_caller
+from naig.errors import UsageError, warn_caller
 from naig.monitor.ddp import MonitorHook
+from naig.monitor.integration import check_callback_options
 from naig.monitor.observe import Monitor
 from naig.monitor.records import decision_scalars
 
@@ -78,12 +79,7 @@ class MonitorCallback(TrainerCallback, ExportableState):
 
     def __init__(self, monitor: Monitor | None = None, *, exact: bool = False, per_bucket: bool = True,
                  per_rank: bool = False) -> None:
-        if monitor is not None and not isinstance(monitor, Monitor):
-            raise UsageError(f"got {a_type(monitor)}; pass naig.monitor.Monitor(...)",
-                             field="monitor")
-        if not isinstance(per_rank, bool):
-            raise UsageError("must be True or False", field="per_rank", value=per_rank)
-        self.monitor = monitor if monitor is not None else Monitor()
+        self.monitor = check_callback_options(monitor, exact, per_bucket, per_rank)
         self.exact, self.per_bucket, self.per_rank = exact, per_bucket, per_rank
         self.watch: MonitorHook | None = None
         self._logged = 0
