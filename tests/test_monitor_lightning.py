@@ -162,7 +162,8 @@ def test_bad_arguments_are_usage_errors() -> None:
 
 
 def test_exact_statistics_under_fsdp2_are_refused_not_dropped() -> None:
-    """``ModelParallelStrategy`` built the FSDP2 monitor without ``exact``, silently (a review, 2026-12-07)."""
+    """``ModelParallelStrategy`` built the FSDP2 monitor without ``exact``, silently (a review,
+    2026-12-07)."""
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     trainer = types.SimpleNamespace(strategy=ModelParallelStrategy())  # its set-up needs several processes

@@ -304,6 +304,20 @@ def test_a_json_config_with_a_key_given_twice_is_refused_as_toml_is(tmp_path: Pa
         SimulateConfig.load(tmp_path / "c.toml")
 
 
+def test_an_earlier_runs_logs_that_these_runs_replace_are_said_before_training(tmp_path: Path) -> None:
+    """They were replaced without a word (a review, 2026-12-07); a cut run's partial log and other files
+    are not said."""
+    for name in ("naig-seed0-lr1e-05.csv", "naig-seed1-lr1e-05.partial.csv", "notes.csv",
+                 "naig-seed5-lr1e-05.csv"):
+        (tmp_path / name).write_text("step\n")
+    cfg = SimulateConfig.from_options(strategies=("naig",), seeds=2, lr=(1e-5,), log_dir=str(tmp_path))
+    said = [w for w in cfg.warnings() if w.startswith("`log_dir`")]
+    assert said == ["`log_dir` holds 1 finished log(s) of these runs from an earlier run "
+                    "(naig-seed0-lr1e-05.csv): each is replaced when its run ends"]
+    (tmp_path / "naig-seed0-lr1e-05.csv").unlink()
+    assert not [w for w in cfg.warnings() if w.startswith("`log_dir`")]
+
+
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
 @pytest.mark.parametrize("name", ["naig-seed2-lr1e-05.csv", "naig-seed2-lr1e-05.partial.csv"])
 def test_a_folder_under_a_runs_log_name_is_refused_before_training(tmp_path: Path, name: str) -> None:

@@ -521,7 +521,21 @@ class SimulateConfig:
         late = [str(f) for f in self.fault_list if f.start >= self.steps]
         if late:
             notes.append(f"`faults` {', '.join(late)} start(s) after the last step ({self.steps - 1})")
+        replaced = self._earlier_logs()
+        if replaced:
+            more = f" and {len(replaced) - 2} more" if len(replaced) > 2 else ""
+            notes.append(f"`log_dir` holds {len(replaced)} finished log(s) of these runs from an earlier run "
+                         f"({', '.join(replaced[:2])}{more}): each is replaced when its run ends")
         return (*notes, *self.setting.notes(self.steps))
+
+    def _earlier_logs(self) -> list[str]:
+        """The finished per-run logs (``NAME.csv``) already in ``log_dir`` that this experiment's runs
+        write again, sorted (one read of the folder's entries)."""
+        if self.log_dir is None or not Path(self.log_dir).is_dir():
+            return []
+        with os.scandir(self.log_dir) as entries:
+            return sorted(e.name for e in entries if e.is_file() and not e.name.endswith(".partial.csv")
+                          and self._is_log_name(e.name))
 
     def _ignored_by_their_own_rounds(self, names: set[str]) -> list[str]:
         """Notes for ``window``, ``mode`` and ``optimizer`` when every listed method keeps its own rounds:

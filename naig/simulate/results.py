@@ -60,7 +60,9 @@ class RunResult:
     local: dict[str, Any] | None = None  # local-update runs: method, H, outer steps, busy fractions
     # Distributed engine (naig.distributed, docs/design.md §14)
     distributed: dict[str, Any] | None = None  # arrivals, lost workers, non-finite pushes, bytes, server ms
-    complete: bool = True  # False: stopped before its budget (workers lost, Ctrl-C); not summarised
+    # True: the run ended by itself, at its budget or at its divergence (``diverged_at``); False: cut short
+    # from outside (workers lost, Ctrl-C) and not summarised
+    complete: bool = True
 
 
 @dataclass(frozen=True)
