@@ -10,11 +10,12 @@ absent), ``--per-sample`` is x1, the seconds per sample, and ``--batch-size`` is
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -188,10 +189,63 @@ def _at_point(field: str, value: int, fn: Callable[..., Any], *args: Any) -> Any
         raise UsageError(f"at {field.replace('_', '-')}={value}, {exc.message}", field="sweep") from None
 
 
+@dataclasses.dataclass
+class _Fitting:
+    """A table's title, columns and rows, rendered (``render``) without the columns of ``drop``, in that
+    order, that a narrow terminal cannot hold with every cell whole (as audit and simulate do)."""
+
+    title: str
+    columns: tuple[str, ...]
+    drop: tuple[str, ...] = ()
+    left: tuple[str, ...] = ()  # left-aligned besides the first column
+    collapse_padding: bool = False
+    rows: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+
+    def add_row(self, *cells: Any) -> None:
+        self.rows.append(cells)
+
+    def render(self, keep: Sequence[str]) -> Table:
+        t = Table(title=self.title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
+                  show_edge=False, collapse_padding=self.collapse_padding)
+        for i, col in enumerate(self.columns):
+            if col in keep:
+                t.add_column(col, justify="left" if i == 0 or col in self.left else "right", no_wrap=True)
+        for row in self.rows:
+            t.add_row(*(cell for col, cell in zip(self.columns, row, strict=True) if col in keep))
+        return t
+
+
 def _emit(renderables: list) -> None:
     """Print what was fully rendered (nothing is printed if rendering fails)."""
     for item in renderables:
-        stdout.print(item, markup=False) if isinstance(item, str) else stdout.print(item)
+        if isinstance(item, str):
+            stdout.print(item, markup=False)
+        elif isinstance(item, _Fitting):
+            _print_fitted(item)
+        else:
+            stdout.print(item)
+
+
+def _print_fitted(table: _Fitting) -> None:
+    """Leave out ``table.drop``'s columns, in order, until every cell fits whole, and say which; where
+    even the rest does not fit, print it whole and let the terminal wrap."""
+    width, keep, dropped = stdout.width, list(table.columns), []
+    unbounded = stdout.options.update(max_width=1 << 16)  # the natural width, every cell whole
+    for name in table.drop:
+        if stdout.measure(table.render(keep), options=unbounded).maximum <= width:
+            break
+        if name in keep:
+            keep.remove(name)
+            dropped.append(name)
+    t = table.render(keep)
+    stdout.width = max(width, stdout.measure(t, options=unbounded).maximum)
+    try:
+        stdout.print(t)
+    finally:
+        stdout.width = width
+    if dropped:
+        said = ", ".join(name or "the bars" for name in dropped)
+        stdout.print(f"left out to fit {width} columns: {said} (--json has them all)", markup=False)
 
 
 def _model(kwargs: dict) -> ArrivalModel:
@@ -303,11 +357,10 @@ def _pred(value: float | None, inside: bool | None, spec: str) -> str:
     return f"[red]{cell} (outside)[/]" if inside is False else cell
 
 
-def _table(title: str, *columns: str) -> Table:
-    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, show_edge=False)
-    for i, col in enumerate(columns):
-        t.add_column(col, justify="left" if i == 0 else "right", no_wrap=True)
-    return t
+def _table(title: str, *columns: str, drop: tuple[str, ...] = (), left: tuple[str, ...] = ()) -> _Fitting:
+    """A table of ``columns`` (the first and ``left`` left-aligned) that leaves out ``drop``'s, in order,
+    where the terminal is too narrow for every cell whole."""
+    return _Fitting(title, columns, drop, left)
 
 
 def _main_rows(r: StalenessReport) -> list[tuple[str, Estimate, float | None, bool | None, str]]:
@@ -331,7 +384,7 @@ _WORDS = ("τ staleness (updates between a gradient's read and its use); λ arri
 def _render(r: StalenessReport, wall: float) -> list:
     """Every table of one report, rendered before anything is printed."""
     t = _table("measured (95% batch-means interval) vs predicted", "quantity", "measured", "95% interval",
-               "predicted")
+               "predicted", drop=("95% interval", "predicted"))
     for name, e, pred, inside, spec in _main_rows(r):
         t.add_row(escape(name), _num(e.value, spec), _interval(e, spec), _pred(pred, inside, spec))
     t.add_row("Little: λ̂·E[A] − 1 vs τ", _num(r.measured.mean.value, ".4f"), "",
@@ -365,7 +418,8 @@ def _specs(items: list[str]) -> str:
 def _worker_table(r: StalenessReport) -> Table:
     t = _table("per worker: E[τ_i] = E[C_i]·Σ_{j≠i} 1/E[C_j] (blocking, B = 1)", "worker",
                "E[X_i] s" if r.model.mode == "non-blocking" else "E[C_i] s", "updates", "mean τ_i",
-               "95% interval", "predicted")
+               "95% interval", "predicted",
+               drop=("95% interval", "updates", "E[X_i] s", "E[C_i] s", "predicted"))
     pred = r.predicted.per_worker or (None,) * r.model.workers
     inside = r.within()["per_worker"] or [None] * r.model.workers
     cycle = r.model.mean_compute() if r.model.mode == "non-blocking" else r.model.mean_cycle()
@@ -383,7 +437,7 @@ def _worker_table(r: StalenessReport) -> Table:
 def _bandwidth_table(r: StalenessReport) -> Table:
     b = r.bandwidth()
     t = _table(f"bandwidth at the master, n = {r.params:,} float32 parameters", "flow", "per message",
-               "measured", "predicted")
+               "measured", "predicted", drop=("per message", "predicted"))
     for key, name, size in (("up_gradient", "up: full gradient", b["gradient_bytes"]),
                             ("up_sketch", "up: sketch only (14 float32)", b["sketch_bytes"]),
                             ("down_parameters", "down: parameters", b["gradient_bytes"])):
@@ -415,8 +469,8 @@ def _histogram(r: StalenessReport) -> Table:
     total = counts.sum()
     rows = [(label, counts[a:b + 1].sum() / total, a, b) for label, a, b in _hist_bins(counts.tolist())]
     peak = max(share for _, share, _, _ in rows)
-    t = _table("staleness histogram (share of updates)", "τ", "measured", "predicted", "")
-    t.columns[-1].justify = "left"
+    t = _table("staleness histogram (share of updates)", "τ", "measured", "predicted", "",
+               drop=("", "predicted"), left=("",))
     for label, share, a, b in rows:
         pred = "—" if pmf is None else f"{float(pmf[a:b + 1].sum()):.4f}"
         t.add_row(label, f"{share:.4f}", pred, Text("█" * round(_BAR * share / peak), style="cyan"))
@@ -426,7 +480,8 @@ def _histogram(r: StalenessReport) -> Table:
 def _render_sweep(field: str, values: list[int], reports: list[StalenessReport]) -> list:
     name = "K" if field == "workers" else "b"
     t = _table(f"sweep over {name}: staleness, age, bandwidth (n = {reports[0].params:,})", name, "λ /s",
-               "mean τ ± 95%", "predicted", "P(τ=0)", "E[A] s", "gradients ↑", "round s")
+               "mean τ ± 95%", "predicted", "P(τ=0)", "E[A] s", "gradients ↑", "round s",
+               drop=("round s", "gradients ↑", "E[A] s", "P(τ=0)", "predicted", "λ /s"))
     t.collapse_padding = True
     for v, r in zip(values, reports, strict=True):
         m = r.measured

@@ -196,3 +196,23 @@ def test_many_workers_print_a_bounded_table() -> None:
     assert len(r.stdout.splitlines()) < 100 and "268 more workers (--json lists every worker)" in r.stdout
     doc = json.loads(run_naig("staleness", "--workers", "300", "--updates", "20000", "--json").stdout)
     assert len(doc["staleness"]["measured"]["per_worker"]) == 300
+
+
+@pytest.mark.parametrize("width", [40, 60])
+def test_narrow_terminals_leave_columns_out_and_say_so_cells_stay_whole(width: int) -> None:
+    """Every cell was cut to "…" at 40 columns, measured values included, and nothing said so (a review,
+    2026-12-07); now columns are left out, in a fixed order, and the line below each table names them."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": str(width)}
+    r = subprocess.run([sys.executable, "-m", "naig_cli", "staleness", "--updates", "2000"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout
+    said = [line for line in r.stdout.splitlines() if line.startswith("left out to fit")]
+    assert said and all(f"left out to fit {width} columns: " in line for line in said)
+    assert "mean staleness τ                 2.9995" in r.stdout  # the measured value, whole
+    wide = run_naig("staleness", "--updates", "2000")  # 200 columns: every column
+    assert "left out" not in wide.stdout and "95% interval" in wide.stdout
