@@ -149,6 +149,26 @@ def test_a_simulate_json_result_loads_as_its_config(tmp_path: Path) -> None:
     assert SimulateConfig.load(tmp_path / "r.json") == cfg
 
 
+@pytest.mark.parametrize(("doc", "needle"), [
+    ({"schema_version": 2, "config": {"workers": 4}, "staleness": {}, "bandwidth": {}},
+     "is another command's --json result (its keys: bandwidth, staleness), not naig simulate's"),
+    ({"schema_version": 1, "charpoly": []}, "is another command's --json result (its keys: charpoly)"),
+    ({"schema_version": 5, "runs": [], "summaries": []},
+     "a naig simulate --json result without its 'config'"),
+    ({"schema_version": 99, "config": {}, "runs": []}, "of schema_version 99; this naig reads 1 to 5"),
+    ({"schema_version": True, "config": {}, "runs": []}, "of schema_version True"),
+])
+def test_another_commands_result_or_a_newer_one_is_named_as_such(tmp_path: Path, doc: dict,
+                                                                   needle: str) -> None:
+    """A staleness result said "workers = 4: unknown key", a spectrum one "schema_version = 1: unknown
+    key", one without its config named a result field, and schema 99 ran (a review, 2026-12-07)."""
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    with pytest.raises(UsageError) as info:
+        SimulateConfig.load(tmp_path / "r.json")
+    assert info.value.field == "config" and needle in info.value.message and "\n" not in info.value.message
+    assert info.value.value == str(tmp_path / "r.json")
+
+
 def test_a_result_before_schema_4_names_naigs_gossip_gossip_adam(tmp_path: Path) -> None:
     """Until schema 3, ``gasloc`` was naig's asynchronous gossip: such a result reloads as what it ran."""
     cfg = SimulateConfig.from_options(arrivals="exp:1,exp:1", strategies=("gasloc", "diloco"), outer_lr=0.01)

@@ -53,6 +53,7 @@ from naig.simulate.faults import FAULT_KINDS, GRADIENT_FAULTS, Fault, check_faul
 from naig.simulate.model import get_preset
 from naig.simulate.options import DEFAULT_STRATEGIES, DOCS, Doc, option
 from naig.simulate.parallel import MAX_JOBS, resolve_jobs
+from naig.simulate.results import SCHEMA_VERSION
 from naig.simulate.runs import RunRules, log_name
 from naig.simulate.settings import SETTINGS, LagsSetting, LocalUpdates, Setting
 from naig.simulate.strategies import STRATEGIES, StrategyOptions, parse_clip
@@ -288,7 +289,11 @@ class SimulateConfig:
         check(_depth(tree) <= MAX_CONFIG_DEPTH, "config", str(path),
               f"is nested deeper than {MAX_CONFIG_DEPTH} levels; a config is a table of tables and lists")
         try:
-            return cls.from_dict(config_tree(tree))
+            tree = config_tree(tree)
+        except UsageError as exc:  # the document itself: named as the file
+            raise UsageError(exc.message, field="config", value=str(path)) from None
+        try:
+            return cls.from_dict(tree)
         except UsageError as exc:  # a key or value of the file: named as its key there, not as an option
             if exc.field is None or (exc.field == "config" and exc.value == str(path)):  # the file's own
                 raise
@@ -648,9 +653,21 @@ def config_tree(doc: dict[str, Any]) -> dict[str, Any]:
     describes is the run it reproduces. A config file has no version: ``gasloc`` there is
     the paper's method (docs/design.md §13).
     """
-    if "schema_version" not in doc or not isinstance(doc.get("config"), dict):
+    if "schema_version" not in doc:
         return doc
+    if "runs" not in doc:  # a JSON result, but not simulate's (staleness's has a `config` block too)
+        others = sorted(set(doc) - {"schema_version", "warnings", "environment", "config"})[:3]
+        keys = f" (its keys: {', '.join(others)})" if others else ""
+        raise UsageError(f"is another command's --json result{keys}, not naig "
+                         "simulate's; give a naig simulate --json result or a .toml/.json config",
+                         field="config")
+    if not isinstance(doc.get("config"), dict):
+        raise UsageError("is a naig simulate --json result without its 'config' block; give the whole result "
+                         "or a .toml/.json config", field="config")
     tree, version = doc["config"], doc["schema_version"]
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
+        raise UsageError(f"is a simulate result of schema_version {version!r}; this naig reads 1 to "
+                         f"{SCHEMA_VERSION} (a newer naig wrote it?)", field="config")
     names = tree.get("strategies")
     if isinstance(version, int) and version <= 3 and isinstance(names, list | tuple):
         tree = {**tree, "strategies": [_RENAMED.get(n, n) for n in names]}
