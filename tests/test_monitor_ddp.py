@@ -22,7 +22,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from naig.errors import UsageError
-from naig.monitor import Monitor, MonitorHook, monitor_comm_hook, rank_signals
+from naig.monitor import BadRankError, Monitor, MonitorHook, monitor_comm_hook, rank_signals
 from naig.sketch import sketch_state_dict
 from tests.conftest import flagged_steps, process_group_in_this_process, run_ranks
 
@@ -247,6 +247,33 @@ def test_skip_applies_through_a_framework_wrapper_of_the_optimizer() -> None:
         _Wrapped(opt).step()
         assert hook.decision.flagged
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("action", ["skip", "raise"])
+def test_detaching_before_the_step_applies_a_flagged_decision_says_so(action: str) -> None:
+    """Detached between backward() and optimizer.step(), skip lost a flagged step without a word (a
+    review, 2026-12-07); detached after the step, nothing is said."""
+    with process_group_in_this_process():
+        model, ddp, opt, hook = _setup(action)
+        hook.attach(opt)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ddp(torch.ones(4, 3)).square().sum().mul(float("nan")).backward()
+        said = f"detached before optimizer.step\\(\\) applied {action} to step 1"
+        with pytest.warns(UserWarning, match=said):
+            hook.detach()
+        model, ddp, opt, hook = _setup(action)
+        hook.attach(opt)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ddp(torch.ones(4, 3)).square().sum().mul(float("nan")).backward()
+            try:
+                opt.step()
+            except BadRankError:  # raise: as asked
+                assert action == "raise"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            hook.detach()
 
 
 def _hook_lines(make: Callable[[torch.nn.Module], torch.optim.Optimizer], state: dict | None = None,

@@ -151,10 +151,10 @@ def test_a_simulate_json_result_loads_as_its_config(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("doc", "needle"), [
     ({"schema_version": 2, "config": {"workers": 4}, "staleness": {}, "bandwidth": {}},
-     "is another command's --json result (its keys: bandwidth, staleness), not naig simulate's"),
-    ({"schema_version": 1, "charpoly": []}, "is another command's --json result (its keys: charpoly)"),
+     "is another command's JSON result (its keys: bandwidth, staleness), not a simulate result"),
+    ({"schema_version": 1, "charpoly": []}, "is another command's JSON result (its keys: charpoly)"),
     ({"schema_version": 5, "runs": [], "summaries": []},
-     "a naig simulate --json result without its 'config'"),
+     "a simulate result without its 'config'"),
     ({"schema_version": 99, "config": {}, "runs": []}, "of schema_version 99; this naig reads 1 to 5"),
     ({"schema_version": True, "config": {}, "runs": []}, "of schema_version True"),
 ])

@@ -88,6 +88,7 @@ class GradientMonitor:
         self._sketches: dict[tuple, MonitorSketch] = {}
         self._optimizers: list[tuple[weakref.ref, Any]] = []
         self._applied: dict[int, Decision] = {}  # optimizer id -> the decision skip last applied
+        self._raised: Decision | None = None  # the decision raise last raised
         self._grads: dict[int, weakref.ref | None] = {}  # optimizer id -> its first gradient at the decision
         self._stepped: set[int] = set()  # optimizers that stepped since the latest decision
         self._warned_syncs = self._warned_fresh = False
@@ -131,13 +132,29 @@ class GradientMonitor:
         registered where the framework cannot remove it (DDP takes one communication hook per
         model, for good): the integration then passes every bucket straight to the inner hook
         (``MonitorHook``) or restores the framework's own collective (``FSDPMonitor``). Call it
-        between steps, on every rank. Idempotent.
+        between steps, on every rank: detached between a flagged decision and ``optimizer.step()``,
+        ``skip`` or ``raise`` no longer acts on it, and rank 0 says so. Idempotent.
         """
+        if self._unapplied() and self.monitor.rank == 0:
+            d = self.decision
+            warn_caller(f"naig.monitor detached before optimizer.step() applied {self.action} to step "
+                        f"{d.step}'s decision ({d.describe()}): the step goes on unchecked; detach after "
+                        "optimizer.step()")
         for _, handle in self._optimizers:
             handle.remove()
         self._optimizers, self.decision, self.parts, self.detached = [], None, [], True
         self._grads, self._stepped = {}, set()
         self._gathered, self._weights_row = None, None  # no collective's work or buffer kept alive
+
+    def _unapplied(self) -> bool:
+        """Whether the latest decision is flagged and ``skip`` or ``raise`` has yet to act on it."""
+        d = self.decision
+        if d is None or not d.flagged or self.action not in _NEED_OPTIMIZER:
+            return False
+        if self.action == "raise":
+            return self._raised is not d
+        alive = [opt for ref, _ in self._optimizers if (opt := ref()) is not None]
+        return gradient_flagged(d) and any(self._applied.get(id(opt)) is not d for opt in alive)
 
     # ---------------------------------------------------------------- the optimizer side
 
@@ -192,6 +209,7 @@ class GradientMonitor:
         if d is None or not d.flagged:
             return
         if self.action == "raise":
+            self._raised = d
             raise d.error()
         if self.action == "skip" and gradient_flagged(d) and self._applied.get(id(optimizer)) is not d:
             self._applied[id(optimizer)] = d  # the decision itself: a step number repeats after a rollback

@@ -658,12 +658,11 @@ def config_tree(doc: dict[str, Any]) -> dict[str, Any]:
     if "runs" not in doc:  # a JSON result, but not simulate's (staleness's has a `config` block too)
         others = sorted(set(doc) - {"schema_version", "warnings", "environment", "config"})[:3]
         keys = f" (its keys: {', '.join(others)})" if others else ""
-        raise UsageError(f"is another command's --json result{keys}, not naig "
-                         "simulate's; give a naig simulate --json result or a .toml/.json config",
-                         field="config")
+        raise UsageError(f"is another command's JSON result{keys}, not a simulate result; give a "
+                         "simulate result or a .toml/.json config", field="config")
     if not isinstance(doc.get("config"), dict):
-        raise UsageError("is a naig simulate --json result without its 'config' block; give the whole result "
-                         "or a .toml/.json config", field="config")
+        raise UsageError("is a simulate result without its 'config' block; give the whole result or a "
+                         ".toml/.json config", field="config")
     tree, version = doc["config"], doc["schema_version"]
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
         raise UsageError(f"is a simulate result of schema_version {version!r}; this naig reads 1 to "
