@@ -216,7 +216,8 @@ class _Fitting:
 
 
 def _emit(renderables: list) -> None:
-    """Print what was fully rendered (nothing is printed if rendering fails)."""
+    """Print what was fully computed (nothing is printed if computing a row fails; a table's columns
+    are chosen for the terminal here)."""
     for item in renderables:
         if isinstance(item, str):
             stdout.print(item, markup=False)

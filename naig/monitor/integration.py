@@ -358,8 +358,8 @@ def check_exact(exact: object, action: str) -> bool:
 
 def check_callback_options(monitor: object, exact: object, per_bucket: object, per_rank: object
                            ) -> Monitor:
-    """A framework callback's options, checked when it is built (not when training starts, nor never
-    on one process): the monitor (a new default ``Monitor`` for None).
+    """A framework callback's options, checked when it is built (until 2026-12-07 some were checked only
+    when training started, so never on one process); returns the monitor (a default one for None).
 
     Raises:
         UsageError: naming the first bad option.
