@@ -130,6 +130,15 @@ def test_a_file_holding_no_tensor_is_said_so_as_reference_and_as_worker(untouche
     assert_one_line_error(r, 1, str(ints), "no floating-point tensor to audit (its dtypes: BOOL, I64)")
 
 
+def test_recursive_without_a_folder_is_refused(untouched):
+    """It was accepted and did nothing (a review, 2026-12-07)."""
+    workers = sorted((untouched / "workers").glob("*.safetensors"))
+    r = run_naig("audit", untouched / "ref.safetensors", *workers, "--recursive")
+    assert_one_line_error(r, 2, "--recursive", "no input is a folder")
+    r = run_naig("audit", untouched / "ref.safetensors", untouched / "workers", "--recursive")
+    assert r.returncode == 0, r.stderr
+
+
 def test_trailing_garbage_is_invalid_not_truncated(untouched, tmp_path):
     bad = tmp_path / "long.safetensors"
     bad.write_bytes((untouched / "workers" / "w1.safetensors").read_bytes() + b"xx")

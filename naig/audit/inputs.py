@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from naig.audit.stream import FileInfo, TensorInfo, inspect_file
-from naig.errors import DataError
+from naig.errors import DataError, UsageError
 
 __all__ = ["INDEX_SUFFIX", "find_index", "expand_inputs", "inspect_input", "inspect_index"]
 
@@ -72,9 +72,13 @@ def expand_inputs(paths: Sequence[str | os.PathLike[str]], recursive: bool = Fal
         sorted. Other paths pass through unchecked (``inspect_input`` validates them).
 
     Raises:
+        UsageError: ``recursive`` with no folder among ``paths`` (it would do nothing).
         DataError: a folder with nothing to audit (the message says when ``recursive``
             would find files in its sub-folders).
     """
+    if recursive and not any(Path(raw).is_dir() for raw in paths):
+        raise UsageError("walks folders, and no input is a folder; drop it or pass a folder",
+                         field="recursive", value=True)
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
