@@ -206,6 +206,7 @@ def _run(config: SimulateConfig, json_out: bool, plot: str | None, notes: tuple[
     happened."""
     from naig.simulate import run_experiment
 
+    notes = (*notes, *config.earlier_logs())  # read before the runs write their own logs there
     for warning in (*notes, *config.warnings()):
         _warn(warning)
     result = None

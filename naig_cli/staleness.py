@@ -199,6 +199,7 @@ class _Fitting:
     drop: tuple[str, ...] = ()
     left: tuple[str, ...] = ()  # left-aligned besides the first column
     collapse_padding: bool = False
+    caption: str | None = None  # under the table, wrapped (not a cell: it would widen a column)
     rows: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
 
     def add_row(self, *cells: Any) -> None:
@@ -206,7 +207,8 @@ class _Fitting:
 
     def render(self, keep: Sequence[str]) -> Table:
         t = Table(title=self.title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
-                  show_edge=False, collapse_padding=self.collapse_padding)
+                  show_edge=False, collapse_padding=self.collapse_padding, caption=self.caption,
+                  caption_justify="left")
         for i, col in enumerate(self.columns):
             if col in keep:
                 t.add_column(col, justify="left" if i == 0 or col in self.left else "right", no_wrap=True)
@@ -428,7 +430,8 @@ def _worker_table(r: StalenessReport) -> Table:
     shown = range(k) if k <= _WORKER_ROWS else [*range(_WORKER_ROWS // 2), *range(k - _WORKER_ROWS // 2, k)]
     for i in shown:
         if k > _WORKER_ROWS and i == k - _WORKER_ROWS // 2:
-            t.add_row("…", f"{k - _WORKER_ROWS:,} more workers (--json lists every worker)", "", "", "", "")
+            t.add_row("…", "", "", "", "", "")
+            t.caption = f"… {k - _WORKER_ROWS:,} more workers (--json lists every worker)"
         e = r.measured.per_worker[i]
         t.add_row(str(i), f"{cycle[i]:.4g}", f"{int(r.measured.counts[i]):,}", _num(e.value, ".4f"),
                   _interval(e, ".4f"), _pred(pred[i], inside[i], ".4f"))

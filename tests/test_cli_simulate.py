@@ -174,6 +174,21 @@ def _naig(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
 
 
+def test_a_second_run_into_one_log_dir_says_it_replaces_the_first_runs_logs(tmp_path: Path) -> None:
+    """On stderr and in the JSON alike, before training; the first run says nothing (its JSON, built
+    after its runs wrote their logs, listed them as an earlier run's in a first version)."""
+    said = []
+    for _ in range(2):
+        r = run_naig(*TINY, "--strategies", "naig", "--log-dir", str(tmp_path), "--json")
+        assert r.returncode == 0, r.stderr
+        said.append(([w for w in json.loads(r.stdout)["warnings"] if "--log-dir" in w],
+                     [line for line in r.stderr.splitlines() if "--log-dir" in line]))
+    assert said[0] == ([], [])
+    (doc,), (line,) = said[1]
+    assert doc.startswith("--log-dir holds 1 finished log(s) of these runs from an earlier run")
+    assert line == f"warning: {doc}"
+
+
 def test_saved_gradients_are_read_by_naig_audit(tmp_path: Path) -> None:
     """Runs both commands in subprocesses (``naig audit`` is its own module)."""
     made = _naig(*TINY, "--lags", "0,2,3", "--strategies", "naig",

@@ -216,3 +216,18 @@ def test_narrow_terminals_leave_columns_out_and_say_so_cells_stay_whole(width: i
     assert "mean staleness τ                 2.9995" in r.stdout  # the measured value, whole
     wide = run_naig("staleness", "--updates", "2000")  # 200 columns: every column
     assert "left out" not in wide.stdout and "95% interval" in wide.stdout
+
+
+def test_the_more_workers_line_sits_under_the_table_and_widens_no_column() -> None:
+    """In a cell of E[C_i] it made that column ~45 wide, so at 80 columns the column, and the line with
+    it, were left out (a review of the narrow-terminal change, 2026-12-07)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80"}
+    cmd = [sys.executable, "-m", "naig_cli", "staleness", "--workers", "300", "--updates", "20000"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    table = r.stdout.split("per worker:", 1)[1].split("bandwidth at the master", 1)[0]
+    assert "E[C_i] s" in table and "… 268 more workers (--json lists every worker)" in table

@@ -423,6 +423,9 @@ def test_register_and_attach_refuse_other_objects() -> None:
     with pytest.raises(UsageError) as err:
         hook.attach("sgd")
     assert err.value.field == "optimizer"
+    sgd = torch.optim.SGD(torch.nn.Linear(3, 2).parameters(), lr=0.1)
+    with pytest.raises(UsageError, match="got a StepLR") as err:  # it holds an optimizer, but is none
+        hook.attach(torch.optim.lr_scheduler.StepLR(sgd, 1))
 
 
 def test_register_refuses_a_ddp_of_another_model_or_another_group() -> None:

@@ -161,6 +161,34 @@ def test_bad_arguments_are_usage_errors() -> None:
         assert err.value.field == field
 
 
+def test_a_lightning_optimizer_is_attached_through_its_torch_optimizer() -> None:
+    """``LightningOptimizer`` copies its optimizer's ``__dict__``, step hooks included: attached as it was,
+    ``skip`` applied, but ``detach`` then warned that it had not (a review, 2026-12-07)."""
+    from lightning.pytorch.core.optimizer import LightningOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    from naig.monitor import MonitorHook, monitor_comm_hook
+    from tests.conftest import process_group_in_this_process
+
+    with process_group_in_this_process():
+        model = torch.nn.Linear(3, 2)
+        ddp = DistributedDataParallel(model)
+        hook = MonitorHook(model, Monitor(action="skip", window=3))
+        ddp.register_comm_hook(state=hook, hook=monitor_comm_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        hook.attach(LightningOptimizer(opt))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ddp(torch.ones(4, 3)).square().sum().mul(float("nan")).backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.step()
+        assert hook.decision.flagged
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # applied: nothing to say
+            hook.detach()
+
+
 def test_exact_statistics_under_fsdp2_are_refused_not_dropped() -> None:
     """``ModelParallelStrategy`` built the FSDP2 monitor without ``exact``, silently (a review,
     2026-12-07)."""

@@ -320,8 +320,8 @@ def test_decide_refuses_a_where_that_is_not_a_function_before_anything_changes()
 @pytest.mark.parametrize("gathered", [[[None] * 16] * 3, [[1.0] * 15 + [None]] * 3, [["1.5"] * 16] * 3],
                          ids=["none", "one-none", "strings"])
 def test_decide_refuses_rows_that_are_not_numbers(gathered: list) -> None:
-    """None was read as NaN: every rank non-finite and blamed (a review, 2026-12-07); numeric strings
-    were cast."""
+    """None was read as NaN: every rank non-finite and blamed (a review, 2026-12-07); numeric strings were
+    cast. (Other objects that cast to a float, a 0-d array or tensor, a Fraction, still load: below.)"""
     mon = Monitor()
     with pytest.raises(UsageError, match="^gathered: expected rows of numbers"):
         mon.decide(gathered)
@@ -542,6 +542,17 @@ def test_numpy_scalars_are_numbers_for_false_alarm_as_for_batch() -> None:
     with pytest.raises(UsageError) as err:
         Monitor(false_alarm=np.bool_(True))
     assert err.value.field == "false_alarm"
+
+
+def test_rows_of_objects_that_are_numbers_are_read_as_before() -> None:
+    """A review of the refusal above found it also refused 0-d arrays, tensors and Fractions in an object
+    array, which loaded before; only None and text are refused."""
+    from fractions import Fraction
+
+    from naig.monitor.signals import to_float64
+
+    rows = np.array([[np.array(1.5), torch.tensor(2.0), Fraction(1, 4), 3]], dtype=object)
+    assert to_float64(rows, "gathered").tolist() == [[1.5, 2.0, 0.25, 3.0]]
 
 
 def test_meta_weights_are_refused_with_advice_for_weights_not_gradients() -> None:

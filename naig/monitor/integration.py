@@ -375,11 +375,16 @@ def check_callback_options(monitor: object, exact: object, per_bucket: object, p
 
 
 def _torch_optimizer(optimizer: object) -> object:
-    """The torch optimizer inside a framework's wrapper without step hooks of its own (its ``.optimizer``),
-    else ``optimizer`` itself."""
+    """The torch optimizer inside a framework's optimizer wrapper (an ``Optimizer`` whose ``.optimizer``
+    is one, with no step hooks of its own, as Accelerate's, or sharing the inner one's, as Lightning's
+    copy of its ``__dict__``), else ``optimizer`` itself (a learning-rate scheduler, which holds one
+    too, is no optimizer: refused by ``attach``)."""
     inner = getattr(optimizer, "optimizer", None)
-    hooked = isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "_optimizer_step_pre_hooks")
-    return inner if not hooked and isinstance(inner, torch.optim.Optimizer) else optimizer
+    if not isinstance(optimizer, torch.optim.Optimizer) or not isinstance(inner, torch.optim.Optimizer) \
+            or inner is optimizer:
+        return optimizer
+    own = getattr(optimizer, "_optimizer_step_pre_hooks", None)
+    return inner if own is None or own is getattr(inner, "_optimizer_step_pre_hooks", None) else optimizer
 
 
 def replicated_weights(module: nn.Module, monitor: Monitor, ignore: Collection[str] = ()

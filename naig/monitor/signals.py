@@ -267,8 +267,8 @@ def to_float64(values: object, field: str) -> np.ndarray:
                          field=field) from None
     if np.iscomplexobj(raw):  # a float64 cast would drop the imaginary part, warning only
         raise UsageError("expected real numbers, got complex ones", field=field)
-    if raw.dtype.kind == "O":  # a float64 cast would read None as NaN: a non-finite rank, not a bad call
-        odd = [v for v in raw.flat if not isinstance(v, int | float | np.integer | np.floating | np.bool_)]
+    if raw.dtype.kind == "O":  # a float64 cast reads None as NaN (a non-finite rank) and casts "1.5"
+        odd = [v for v in raw.flat if v is None or isinstance(v, str | bytes)]
         if odd:
             raise UsageError(f"expected rows of numbers, got {odd[0]!r:.40}", field=field)
     elif raw.dtype.kind not in "biuf":  # strings ("1.5" would be cast), dates, records

@@ -526,21 +526,23 @@ class SimulateConfig:
         late = [str(f) for f in self.fault_list if f.start >= self.steps]
         if late:
             notes.append(f"`faults` {', '.join(late)} start(s) after the last step ({self.steps - 1})")
-        replaced = self._earlier_logs()
-        if replaced:
-            more = f" and {len(replaced) - 2} more" if len(replaced) > 2 else ""
-            notes.append(f"`log_dir` holds {len(replaced)} finished log(s) of these runs from an earlier run "
-                         f"({', '.join(replaced[:2])}{more}): each is replaced when its run ends")
         return (*notes, *self.setting.notes(self.steps))
 
-    def _earlier_logs(self) -> list[str]:
-        """The finished per-run logs (``NAME.csv``) already in ``log_dir`` that this experiment's runs
-        write again, sorted (one read of the folder's entries)."""
+    def earlier_logs(self) -> tuple[str, ...]:
+        """A one-line warning (or none) naming the finished per-run logs (``NAME.csv``) already in
+        ``log_dir`` that this experiment's runs write again, each replaced when its run ends. It reads
+        the folder now (one read of its entries): ask before training, not after (the runs' own logs
+        are there then); the CLI says it first, on stderr and in the JSON's ``warnings``."""
         if self.log_dir is None or not Path(self.log_dir).is_dir():
-            return []
+            return ()
         with os.scandir(self.log_dir) as entries:
-            return sorted(e.name for e in entries if e.is_file() and not e.name.endswith(".partial.csv")
-                          and self._is_log_name(e.name))
+            found = sorted(e.name for e in entries if e.is_file() and not e.name.endswith(".partial.csv")
+                           and self._is_log_name(e.name))
+        if not found:
+            return ()
+        more = f" and {len(found) - 2} more" if len(found) > 2 else ""
+        return (f"`log_dir` holds {len(found)} finished log(s) of these runs from an earlier run "
+                f"({', '.join(found[:2])}{more}): each is replaced when its run ends",)
 
     def _ignored_by_their_own_rounds(self, names: set[str]) -> list[str]:
         """Notes for ``window``, ``mode`` and ``optimizer`` when every listed method keeps its own rounds:
@@ -666,7 +668,8 @@ def config_tree(doc: dict[str, Any]) -> dict[str, Any]:
     tree, version = doc["config"], doc["schema_version"]
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
         raise UsageError(f"is a simulate result of schema_version {version!r}; this naig reads 1 to "
-                         f"{SCHEMA_VERSION} (a newer naig wrote it?)", field="config")
+                         f"{SCHEMA_VERSION}: upgrade naig, or save its 'config' block alone as a .json "
+                         "config", field="config")
     names = tree.get("strategies")
     if isinstance(version, int) and version <= 3 and isinstance(names, list | tuple):
         tree = {**tree, "strategies": [_RENAMED.get(n, n) for n in names]}

@@ -107,7 +107,10 @@ def read_log(path: str | os.PathLike) -> MonitorLog:
     """
     p = Path(path)
     if p.is_dir():  # the folder a run wrote its records into: name the files to pass
-        logs = sorted(q.name for q in p.iterdir() if q.suffix in (".jsonl", ".csv") and q.is_file())
+        try:
+            logs = sorted(q.name for q in p.iterdir() if q.suffix in (".jsonl", ".csv") and q.is_file())
+        except OSError:  # an unreadable folder: no names to offer
+            logs = []
         hint = f"pass its log, e.g. {p / logs[0]}" if logs else "pass a monitor .jsonl or .csv file"
         raise DataError(f"{p}: is a folder, not a file; {hint}")
     if not p.is_file():
