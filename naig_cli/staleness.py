@@ -33,8 +33,10 @@ from naig_cli._common import (
     ModeOpt,
     UplinkOpt,
     WindowOpt,
+    fit_table,
     fmt_num,
     handle_errors,
+    natural_width,
     opt,
     print_json,
     printable,
@@ -230,18 +232,11 @@ def _emit(renderables: list) -> None:
 
 
 def _print_fitted(table: _Fitting) -> None:
-    """Leave out ``table.drop``'s columns, in order, until every cell fits whole, and say which; where
-    even the rest does not fit, print it whole and let the terminal wrap."""
-    width, keep, dropped = stdout.width, list(table.columns), []
-    unbounded = stdout.options.update(max_width=1 << 16)  # the natural width, every cell whole
-    for name in table.drop:
-        if stdout.measure(table.render(keep), options=unbounded).maximum <= width:
-            break
-        if name in keep:
-            keep.remove(name)
-            dropped.append(name)
-    t = table.render(keep)
-    stdout.width = max(width, stdout.measure(t, options=unbounded).maximum)
+    """Leave out ``table.drop``'s columns, in order, until every cell fits whole (``fit_table``), and say
+    which; where even the rest does not fit, print it whole and let the terminal wrap."""
+    width = stdout.width
+    t, dropped = fit_table(table.render, table.columns, table.drop, width)
+    stdout.width = max(width, natural_width(t))
     try:
         stdout.print(t)
     finally:

@@ -73,7 +73,6 @@ def watch(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Opt
     if not isinstance(accelerator, Accelerator):
         raise UsageError(f"got {a_type(accelerator)}; pass the accelerate.Accelerator",
                          field="accelerator")
-    inner = getattr(optimizer, "optimizer", optimizer)  # the torch optimizer inside Accelerate's
     base = model.module if isinstance(model, DistributedDataParallel) else model
     hook = MonitorHook(base, monitor, exact=exact, per_bucket=per_bucket, comm_hook=comm_hook,
                        comm_state=comm_state)
@@ -85,6 +84,6 @@ def watch(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Opt
         raise UsageError(f"is a {type(model).__name__}, not DistributedDataParallel: pass the model "
                          "accelerator.prepare returned, after prepare (naig watches Accelerate's DDP only; "
                          "FSDP2: naig.monitor.fsdp.fully_shard_monitor)", field="model")
-    hook.register(model).attach(inner)
+    hook.register(model).attach(optimizer)  # attach reaches the torch optimizer inside Accelerate's
     accelerator.register_for_checkpointing(hook.monitor)
     return hook
