@@ -13,7 +13,7 @@ import os
 import runpy
 import sys
 
-__all__ = ["run_cli", "run_rank"]
+__all__ = ["run_cli", "run_python", "run_rank"]
 
 
 def run_cli(args: list[str], env: dict[str, str], cwd: str, out_path: str, err_path: str) -> None:
@@ -39,11 +39,58 @@ def run_rank(module: str, argv: list[str], env: dict[str, str], cwd: str, log_pa
     _run_module(module, [module, *argv], env, cwd, log_path, log_path)
 
 
+def run_python(args: list[str], env: dict[str, str], cwd: str, out_path: str, err_path: str,
+               memory_cap: int | None = None, new_session: bool = False) -> None:
+    """Run ``python *args`` (``SCRIPT ARG…``, ``-m MODULE ARG…`` or ``-c CODE ARG…``) in this (forked)
+    process, as the interpreter would, and exit with its exit status.
+
+    torch's intra-op threads are set from ``OMP_NUM_THREADS`` in ``env`` when it is there (a fresh
+    interpreter reads it when importing torch, which the server did before). ``memory_cap``: bytes
+    of address space (``RLIMIT_AS``) from here on; ``new_session``: the child leads a new session
+    and process group (``start_new_session=True``), so that a test can kill all it started.
+
+    Raises:
+        ValueError: ``args`` asks for something else of the interpreter (an option, an
+            interactive session).
+    """
+    if new_session:
+        os.setsid()
+    if memory_cap is not None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
+    if "OMP_NUM_THREADS" in env:
+        import torch
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    _run(_target(args), env, cwd, out_path, err_path)
+
+
+def _target(args: list[str]) -> tuple[str, str, list[str]]:
+    """(how, what, sys.argv) for ``python *args``: ``module``, ``code`` or ``path``."""
+    if args[:1] == ["-m"] and len(args) > 1:
+        return "module", args[1], ["-m", *args[2:]]
+    if args[:1] == ["-c"] and len(args) > 1:
+        return "code", args[1], ["-c", *args[2:]]
+    if args and not args[0].startswith("-"):
+        return "path", args[0], list(args)
+    raise ValueError(f"python {' '.join(args)}: only SCRIPT, -m MODULE or -c CODE runs forked")
+
+
 def _run_module(module: str, argv: list[str], env: dict[str, str], cwd: str, out_path: str,
                 err_path: str) -> None:
-    """``runpy`` ``module`` as ``__main__`` with ``sys.argv = argv``, after replacing the environment,
-    the working directory and descriptors 0-2 (/dev/null, ``out_path``, ``err_path``: one file when
-    they are the same path); exit with its status (an uncaught exception: traceback, status 1)."""
+    """``runpy`` ``module`` as ``__main__`` with ``sys.argv = argv`` (see ``_run``)."""
+    _run(("module", module, argv), env, cwd, out_path, err_path)
+
+
+def _run(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str, out_path: str,
+         err_path: str) -> None:
+    """Run ``target`` (``_target``) as ``__main__`` with its ``sys.argv``, after replacing the
+    environment, the working directory and descriptors 0-2 (/dev/null, ``out_path``, ``err_path``:
+    one file when they are the same path); exit with its status (an uncaught exception: traceback,
+    status 1). As the interpreter does, ``sys.path`` starts with the script's folder (a path) or
+    ``''`` (``-c``)."""
+    how, what, argv = target
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -60,9 +107,16 @@ def _run_module(module: str, argv: list[str], env: dict[str, str], cwd: str, out
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", closefd=False)
     sys.argv = argv
+    if how != "module":  # (-m: the server's path already leads with the repository's root)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(what)) if how == "path" else "")
     code: object = 0
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if how == "module":
+            runpy.run_module(what, run_name="__main__", alter_sys=True)
+        elif how == "path":
+            runpy.run_path(what, run_name="__main__")
+        else:
+            exec(compile(what, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
     except SystemExit as exc:
         code = exc.code
     except BaseException:  # reported as Python reports an uncaught one

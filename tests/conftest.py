@@ -50,20 +50,45 @@ def run_naig(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     Raises:
         subprocess.TimeoutExpired: the run took longer than ``timeout`` seconds (it is killed).
     """
-    cmd = [sys.executable, "-m", "naig_cli", *map(str, args)]
-    env = {**os.environ, "COLUMNS": "200"}
-    with tempfile.TemporaryDirectory(prefix="naig-cli-") as tmp:
+    return run_python("-m", "naig_cli", *args, env={**os.environ, "COLUMNS": "200"}, timeout=timeout)
+
+
+def run_python(*args: str | os.PathLike, env: dict[str, str] | None = None,
+               cwd: str | os.PathLike | None = None, timeout: float = 300, memory_cap: int | None = None,
+               new_session: bool = False) -> subprocess.CompletedProcess:
+    """``subprocess.run([sys.executable, *args], capture_output=True, text=True, ...)`` for ``SCRIPT ARG…``,
+    ``-m MODULE ARG…`` or ``-c CODE ARG…``, the child forked from the preloaded server (``run_naig``):
+    a process of its own with the interpreter's ``sys.argv`` and ``sys.path[0]``, ``env`` (default
+    ``os.environ``) and ``cwd``, standard input /dev/null, without the interpreter's and torch's
+    start-up. torch's threads follow ``OMP_NUM_THREADS`` in ``env`` where it is set; modules the
+    server preloaded (``naig_cli.main``, torch) were imported with ``COLUMNS=200`` and the server's
+    ``OMP_NUM_THREADS``, so a test of what start-up reads or imports starts its own interpreter.
+    ``memory_cap``: ``RLIMIT_AS`` bytes in the child; ``new_session``: ``start_new_session=True``
+    (on a timeout the whole process group is killed; the result's ``pid`` is the group's id).
+
+    Raises:
+        subprocess.TimeoutExpired: the run took longer than ``timeout`` seconds (it is killed).
+    """
+    args = [str(a) for a in args]
+    cmd = [sys.executable, *args]
+    env = dict(os.environ if env is None else env)
+    with tempfile.TemporaryDirectory(prefix="naig-py-") as tmp:
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-        p = _cli_context().Process(target=_cli_child.run_cli, args=(cmd[3:], env, os.getcwd(), out, err))
+        where = str(cwd or os.getcwd())
+        p = _cli_context().Process(target=_cli_child.run_python,
+                                   args=(args, env, where, out, err, memory_cap, new_session))
         p.start()
         p.join(timeout)
         if p.exitcode is None:
-            p.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, 9) if new_session else p.kill()
             p.join()
             raise subprocess.TimeoutExpired(cmd, timeout)
         enc = locale.getpreferredencoding(False)  # what subprocess.run(text=True) decodes with
         stdout, stderr = Path(out).read_text(enc), Path(err).read_text(enc)
-    return subprocess.CompletedProcess(cmd, p.exitcode, stdout, stderr)
+    done = subprocess.CompletedProcess(cmd, p.exitcode, stdout, stderr)
+    done.pid = p.pid  # (with new_session, the id of the child's process group)
+    return done
 
 
 @functools.cache

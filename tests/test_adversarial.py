@@ -21,16 +21,16 @@ a simulate row that wrongly starts training uses tiny sizes (``SIM_BASE``) and e
 from __future__ import annotations
 
 import os
-import resource
 import shlex
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
+
+from tests.conftest import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY_CAP = 4 * 2**30  # bytes of address space (python + torch + numpy need about 2 GiB of it)
@@ -353,10 +353,6 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
 
 
-def _cap_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-
-
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -379,21 +375,12 @@ def test_bad_input_ends_in_one_line(name: str, workdir: dict[str, str],
         assert _snapshot(cwd) == before, f"{name}: wrote to the working directory"
         return
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT), "NAIG_DEBUG": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "naig_cli", *argv], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_cap_memory,
-                            start_new_session=True)
-    timed_out = False
     try:
-        out, err = proc.communicate(timeout=case.timeout)
+        r = run_python("-m", "naig_cli", *argv, cwd=cwd, env=env, timeout=case.timeout, memory_cap=MEMORY_CAP,
+                       new_session=True)
     except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-    if timed_out:
-        out, err = proc.communicate()
-        pytest.fail(f"{name}: still running after {case.timeout:g} s (killed); stderr: {err[-1000:]!r}")
+        pytest.fail(f"{name}: still running after {case.timeout:g} s (killed)")
+    proc, out, err = r, r.stdout, r.stderr
     assert not _group_alive(proc.pid), f"{name}: a process of the run is still alive"
     assert proc.returncode == case.code, (name, proc.returncode, err[-2000:])
     lines = err.splitlines()

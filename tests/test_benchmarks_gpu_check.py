@@ -8,13 +8,14 @@ import json
 import math
 import os
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+from tests.conftest import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -28,8 +29,7 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     # worker two threads cost it 2x the CPU (14 s vs 7 s wall beside two busy processes, measured).
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.pop("OUT", None)
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return run_python(SCRIPT, *args, cwd=ROOT, timeout=timeout, env=env)
 
 
 def _errors(stderr: str) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_naig
+from tests.conftest import run_naig, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,13 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def experiment_a(tmp_path_factory):
     out = tmp_path_factory.mktemp("experiment_a")
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "gram_schmidt_audit.py"), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    r = run_python(ROOT / "examples" / "gram_schmidt_audit.py", "--out", out, timeout=300,
+                   env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     assert "worker_lag35 " in r.stdout and "frozen" in r.stdout
     return out
@@ -58,10 +53,8 @@ def test_experiment_a_beta_auto_integrates_the_partial_worker(experiment_a):
 
 def test_router_loop_trains_and_its_gradients_audit(tmp_path):
     out = tmp_path / "grads"
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "router_loop.py"), "--steps", "60", "--save", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
+    r = run_python(ROOT / "examples" / "router_loop.py", "--steps", "60", "--save", out, timeout=300,
+                   cwd=ROOT)
     assert r.returncode == 0, r.stderr
     for rule in ("naig", "hogwild"):
         line = next(ln for ln in r.stdout.splitlines() if ln.startswith(rule))
@@ -86,8 +79,8 @@ def test_readme_has_python_snippets():
 @pytest.mark.parametrize("index", range(len(_readme_snippets())))
 def test_readme_python_snippet_runs_as_it_stands(tmp_path, index):
     """Each snippet runs alone, unchanged, in an empty folder (files it writes land there)."""
-    r = subprocess.run([sys.executable, "-c", _readme_snippets()[index]], capture_output=True, text=True,
-                       timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = run_python("-c", _readme_snippets()[index], timeout=300, cwd=tmp_path,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
 # Distributed engine (naig.distributed)
 def test_ddp_gpt_trains_under_ddp_with_the_hook(tmp_path):

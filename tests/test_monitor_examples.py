@@ -20,7 +20,7 @@ import pytest
 
 from naig.distributed.launch import process_group
 from naig.errors import UsageError
-from tests.conftest import leftover_processes
+from tests.conftest import leftover_processes, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["--steps", "6", "--window", "3", "--fault-step", "5", "--data-bytes", "100000", "--batch-size", "4"]
@@ -84,8 +84,7 @@ def test_monitor_fsdp2_under_torchrun_names_the_nan_rank(tmp_path: Path) -> None
 @pytest.mark.parametrize("script", ["monitor_ddp.py", "monitor_fsdp2.py"])
 def test_example_arguments_out_of_range_are_one_line(script: str, args: list[str], needle: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], capture_output=True,
-                       text=True, timeout=120, env={**env, "OMP_NUM_THREADS": "1"})
+    r = run_python(ROOT / "examples" / script, *args, timeout=120, env={**env, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 2 and r.stderr.startswith(f"error: {needle}"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
@@ -97,8 +96,8 @@ def test_the_fsdp2_example_takes_the_kinds_a_loss_factor_gives() -> None:
                           ("coordflip:0.5", "--fault='coordflip:0.5': is not a kind taken here; use one of "
                            "nan, inf, "
                            "scale, signflip")):
-        r = subprocess.run([sys.executable, script, "--fault-rank", "1", "--fault", fault],
-                           capture_output=True, text=True, timeout=120, env={**env, "OMP_NUM_THREADS": "1"})
+        r = run_python(script, "--fault-rank", "1", "--fault", fault, timeout=120,
+                       env={**env, "OMP_NUM_THREADS": "1"})
         assert r.returncode == 2 and r.stderr.startswith(f"error: {needle}"), r.stderr
 
 
@@ -106,14 +105,12 @@ def test_lightning_example_errors_are_one_line(tmp_path: Path) -> None:
     pytest.importorskip("lightning")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     script = str(ROOT / "examples" / "monitor_lightning.py")
-    r = subprocess.run([sys.executable, script, str(tmp_path), "--bad-rank", "9"], capture_output=True,
-                       text=True, timeout=120, env=env)
+    r = run_python(script, tmp_path, "--bad-rank", "9", timeout=120, env=env)
     last = r.stderr.strip().splitlines()[-1]
     assert (r.returncode, last) == (2, "error: --bad-rank 9: must be in 0..2 (a rank of --devices 3)")
     assert "Traceback" not in r.stderr
     (tmp_path / "monitor.jsonl").write_text("{}\n")
-    r = subprocess.run([sys.executable, script, str(tmp_path)], capture_output=True, text=True, timeout=120,
-                       env=env)
+    r = run_python(script, tmp_path, timeout=120, env=env)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last == f"error: {tmp_path / 'monitor.jsonl'} exists: pass another folder, or remove it", r.stderr
