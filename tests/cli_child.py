@@ -13,7 +13,7 @@ import os
 import runpy
 import sys
 
-__all__ = ["run_cli", "run_python", "run_rank"]
+__all__ = ["execute", "python_target", "run_cli", "run_python", "run_rank"]
 
 
 def run_cli(args: list[str], env: dict[str, str], cwd: str, out_path: str, err_path: str) -> None:
@@ -63,10 +63,10 @@ def run_python(args: list[str], env: dict[str, str], cwd: str, out_path: str, er
         import torch
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-    _run(_target(args), env, cwd, out_path, err_path)
+    _run(python_target(args), env, cwd, out_path, err_path)
 
 
-def _target(args: list[str]) -> tuple[str, str, list[str]]:
+def python_target(args: list[str]) -> tuple[str, str, list[str]]:
     """(how, what, sys.argv) for ``python *args``: ``module``, ``code`` or ``path``."""
     if args[:1] == ["-m"] and len(args) > 1:
         return "module", args[1], ["-m", *args[2:]]
@@ -85,24 +85,27 @@ def _run_module(module: str, argv: list[str], env: dict[str, str], cwd: str, out
 
 def _run(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str, out_path: str,
          err_path: str) -> None:
-    """Run ``target`` (``_target``) as ``__main__`` with its ``sys.argv``, after replacing the
-    environment, the working directory and descriptors 0-2 (/dev/null, ``out_path``, ``err_path``:
-    one file when they are the same path); exit with its status (an uncaught exception: traceback,
-    status 1). As the interpreter does, ``sys.path`` starts with the script's folder (a path) or
-    ``''`` (``-c``)."""
+    """``execute`` ``target`` with standard input /dev/null and output to ``out_path`` and ``err_path``
+    (one file when they are the same path)."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    err = out if err_path == out_path else os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    for fd, f in ((0, null), (1, out), (2, err)):
+        os.dup2(f, fd)
+    for f in {null, out, err}:
+        os.close(f)
+    execute(target, env, cwd)
+
+
+def execute(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str) -> None:
+    """Run ``target`` (``python_target``: how, what, ``sys.argv``) as ``__main__`` on descriptors 0-2 as
+    they are, after replacing the environment and the working directory; exit with its status (an
+    uncaught exception: traceback, status 1). As the interpreter does, ``sys.path`` starts with the
+    script's folder (a path) or ``''`` (``-c``)."""
     how, what, argv = target
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    err = out if err_path == out_path else os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    for fd, f in ((1, out), (2, err)):
-        os.dup2(f, fd)
-    for f in {out, err}:
-        os.close(f)
     sys.stdin = open(0, closefd=False)  # the process's own descriptors
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", closefd=False)

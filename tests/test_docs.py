@@ -22,10 +22,14 @@ import os
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.warm_python import SOCKET_VAR, shims
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_TEST_REASONS = ("gpu", "several machines", "set-up", "server", "long")
@@ -193,15 +197,78 @@ def test_the_docs_hold_the_snippets_that_left_the_readme():
         assert needle in code, needle
 
 
-def _run(snippet: Snippet, cwd: Path, where: str) -> None:
+# One thread: on a loaded 2-core machine torch's default two threads made a 6 s run take minutes.
+_SNIPPET_ENV = {"PYTHONPATH": str(ROOT), "COLUMNS": "100", "NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def warm_bin(tmp_path_factory) -> Iterator[Path]:
+    """A folder holding the ``python`` and ``naig`` of ``tests.warm_python``, its server running (with
+    the snippets' environment) until the module's tests end."""
+    tmp = tmp_path_factory.mktemp("warm")
+    sock = tmp / "socket"
+    server = subprocess.Popen([sys.executable, "-m", "tests.warm_python", str(sock)], cwd=ROOT,
+                              env={**os.environ, **_SNIPPET_ENV}, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not sock.exists():
+            assert server.poll() is None and time.monotonic() < deadline, "the warm server did not start"
+            time.sleep(0.05)
+        yield shims(tmp / "bin", ROOT)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _run(snippet: Snippet, cwd: Path, where: str, warm_bin: Path) -> None:
+    """Run one block in a shell (bash) or as ``python -c``; ``python`` and ``naig`` are the warm ones."""
     if snippet.lang == "python":
-        cmd = [sys.executable, "-c", snippet.code]
+        cmd = [str(warm_bin / "python"), "-c", snippet.code]
     else:
         cmd = ["bash", "-e", "-o", "pipefail", "-c", snippet.code]
-    # One thread: on a loaded 2-core machine torch's default two threads made a 6 s run take minutes.
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100", "NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    r = _shell(cmd, cwd, _snippet_env(warm_bin), timeout=600)
     assert r.returncode == 0, f"{where}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+
+
+def _snippet_env(warm_bin: Path) -> dict[str, str]:
+    """This process's environment, the snippets' settings, the warm shims first on ``PATH``."""
+    return {**os.environ, **_SNIPPET_ENV, "PATH": f"{warm_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            SOCKET_VAR: str(warm_bin.parent / "socket")}
+
+
+def _shell(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run`` in a session of its own, all of which is killed on a timeout (the shims with
+    it, and so their runs)."""
+    with subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def test_the_warm_python_runs_as_the_interpreter_would(tmp_path, warm_bin):
+    """Arguments, ``sys.path[0]``, the folder, the environment, standard input and output, exit
+    statuses (a signal: 128 + N) and ``naig`` through the shims (``tests.warm_python``)."""
+    env = {**_snippet_env(warm_bin), "SEEN": "yes"}
+    (tmp_path / "s.py").write_text("import os, sys\nprint(sys.argv, sys.path[0], os.getcwd(),"
+                                   " os.environ['SEEN'], sys.stdin.read())\nsys.exit(4)\n")
+    script = """
+        set +e
+        echo in | python s.py a 'b c'; echo "status $?"
+        python -c 'import sys; print(sys.argv, repr(sys.path[0])); sys.exit(3)' x; echo "status $?"
+        python -c 'import os, signal; os.kill(os.getpid(), signal.SIGTERM)'; echo "status $?"
+        naig simulate --steps 0 2>&1 | tail -1; naig spectrum --help > /dev/null; echo "status $?"
+        python -V > /dev/null; echo "status $?"
+    """
+    r = _shell(["bash", "-c", script], tmp_path, env, timeout=120)
+    lines = r.stdout.splitlines()
+    assert lines[:6] == [f"['s.py', 'a', 'b c'] {tmp_path} {tmp_path} yes in", "", "status 4",
+                         "['-c', 'x'] ''", "status 3", "status 143"], r.stdout + r.stderr
+    assert lines[6].startswith("error: --steps 0: ") and lines[7:] == ["status 0", "status 0"], r.stdout
 
 
 def _pages_to_run() -> list[Path]:
@@ -209,7 +276,7 @@ def _pages_to_run() -> list[Path]:
 
 
 @pytest.mark.parametrize("page", _pages_to_run(), ids=_name)
-def test_every_snippet_of_the_page_runs_in_order(tmp_path, page):
+def test_every_snippet_of_the_page_runs_in_order(tmp_path, page, warm_bin):
     (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
     for snippet in _runnable(page):
         where = f"{_name(page)}:{snippet.line}"
@@ -218,4 +285,4 @@ def test_every_snippet_of_the_page_runs_in_order(tmp_path, page):
             pytest.skip(f"{where} and the blocks after it need {snippet.needs}, which is not installed "
                         "(the page says which extra holds it; `.[dev]` holds them all)")
         if snippet.skip is None:
-            _run(snippet, tmp_path, where)
+            _run(snippet, tmp_path, where, warm_bin)

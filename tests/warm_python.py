@@ -1,0 +1,143 @@
+"""A warm ``python`` and ``naig`` for shell snippets: each run forked from a server that imported torch once.
+
+tests/test_docs.py runs every ```bash and ```python block of the docs as a user would, in a shell;
+most of those commands are ``naig …`` or ``python …``, and a fresh interpreter pays ~1 s importing
+torch and ~1 s more for ``torch._dynamo`` (which torch imports when the first optimizer is built)
+before doing anything. Here a server (``python -m tests.warm_python SOCKET``, started with the
+snippets' environment) imports them, with ``naig_cli.main``, once; ``shims(folder)`` writes two
+small programs, ``python`` and ``naig``, to put first on ``PATH``. Each sends its arguments,
+environment, working directory and descriptors 0-2 to the server over the Unix socket named by
+``NAIG_TEST_WARM_SOCKET``; the server forks a handler, which forks the run (``tests.cli_child.execute``:
+``sys.argv``, ``sys.path``, ``__main__`` as the interpreter sets them, torch's threads from
+``OMP_NUM_THREADS``), waits for it and sends back its exit status (128 + N when signal N ended it),
+which the shim exits with. A shim that dies (a timeout) closes its socket, and the handler kills
+the run. What the server cannot run as the interpreter would (``python`` with an option other than
+``-m`` or ``-c``, or no argument) the ``python`` shim hands to the real interpreter, and so do both
+shims without a server. The programs the runs start (``torchrun``, a rank, ``sys.executable``) are
+fresh interpreters, as always.
+
+Only the standard library is imported at module level: the shims start with ``python -S``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import stat
+import struct
+import sys
+from pathlib import Path
+
+__all__ = ["SOCKET_VAR", "main", "serve", "shims"]
+
+SOCKET_VAR = "NAIG_TEST_WARM_SOCKET"
+_HEADER = struct.Struct("!Q")
+
+
+def shims(folder: Path, root: Path) -> Path:
+    """Write the ``python`` and ``naig`` shims into ``folder`` (created) and return it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, prefix in (("python", []), ("naig", ["-m", "naig_cli"])):
+        shim = folder / name
+        shim.write_text(f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {str(root)!r})\n"
+                        f"from tests.warm_python import main\nmain({prefix!r})\n")
+        shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return folder
+
+
+def main(prefix: list[str]) -> None:
+    """A shim's body: run ``python *prefix *sys.argv[1:]`` on the server, exit with its status."""
+    args = [*prefix, *sys.argv[1:]]
+    path = os.environ.get(SOCKET_VAR)
+    if not path or not _runnable(args):
+        os.execv(sys.executable, [sys.executable, *args])
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    body = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    socket.send_fds(conn, [_HEADER.pack(len(body)) + body], [0, 1, 2])
+    reply = b""
+    while chunk := conn.recv(64):
+        reply += chunk
+    sys.exit(int(reply) if reply else 1)
+
+
+def _runnable(args: list[str]) -> bool:
+    """``python *args`` is a script, ``-m MODULE`` or ``-c CODE`` (what ``execute`` runs)."""
+    return bool(args) and (not args[0].startswith("-") or (args[0] in ("-m", "-c") and len(args) > 1))
+
+
+def serve(path: str) -> None:
+    """Import torch, ``torch._dynamo`` and ``naig_cli.main``, then serve runs on the socket ``path``
+    (created last, so that it existing means the server is ready) until killed."""
+    import torch
+    import torch._dynamo  # noqa: F401 (what the first optimizer of a run would import)
+
+    import naig_cli.main  # noqa: F401
+    from tests import cli_child  # noqa: F401
+
+    if "OMP_NUM_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".tmp")
+    listener.listen(64)
+    os.rename(path + ".tmp", path)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
+    while True:
+        conn, _ = listener.accept()
+        if os.fork() == 0:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            try:
+                _handle(conn)
+            finally:
+                os._exit(0)
+        conn.close()
+
+
+def _handle(conn: socket.socket) -> None:
+    """Receive one request, fork its run, answer with the run's exit status."""
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    (size,) = _HEADER.unpack_from(data)
+    data = data[_HEADER.size:]
+    while len(data) < size:
+        data += conn.recv(size - len(data))
+    req = json.loads(data)
+    pid = os.fork()
+    if pid == 0:
+        from tests.cli_child import execute, python_target
+
+        conn.close()
+        for fd, src in enumerate(fds):
+            os.dup2(src, fd)
+        for src in fds:
+            os.close(src)
+        env = req["env"]
+        if "OMP_NUM_THREADS" in env:
+            import torch
+
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+        execute(python_target(req["args"]), env, req["cwd"])
+    for src in fds:
+        os.close(src)
+    conn.sendall(str(_wait(pid, conn)).encode())
+
+
+def _wait(pid: int, conn: socket.socket) -> int:
+    """The exit status of ``pid`` (128 + N after signal N); killed if ``conn`` closes first."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            return 128 - code if code < 0 else code
+        readable, _, _ = select.select([conn], [], [], 0.02)
+        if readable and not conn.recv(1):  # the shim is gone
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return 137
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
