@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import default_sigint, leftover_processes
+from tests.conftest import default_sigint, leftover_processes, run_python
 
 TINY = ["--engine", "distributed", "--seeds", "1", "--data-bytes", "100000", "--eval-every", "0"]
 N_PARAMS = 120_576  # gpt-nano
@@ -28,9 +28,8 @@ TIMEOUT = 240  # seconds for one CLI run (they take 10-30 s on 2 busy cores)
 def distributed(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
     """Run the CLI (``--json`` added); assert that no process of the run outlives it."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "200"}
-    cmd = [sys.executable, "-m", "naig_cli", "simulate", *TINY, *args, "--json"]
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+        r = run_python("-m", "naig_cli", "simulate", *TINY, *args, "--json", timeout=TIMEOUT, env=env)
     finally:
         deadline = time.monotonic() + 10  # orphans would exit within a second (parent watch)
         while leftover_processes(str(tmp_path)) and time.monotonic() < deadline:
@@ -236,9 +235,8 @@ def test_the_human_output_shows_no_placeholder_for_what_the_engine_does_not_meas
     arrivals: its curve cells read ``@10u`` (not ``@10u/—s``), its τ line has no ``—`` where the
     interval would be, and the π legend says what π is there (weight × lr scale)."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "200"}
-    cmd = [sys.executable, "-m", "naig_cli", "simulate", *TINY, "--nproc", "3", "--steps", "5",
-           "--strategies", "hogwild"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    r = run_python("-m", "naig_cli", "simulate", *TINY, "--nproc", "3", "--steps", "5",
+                   "--strategies", "hogwild", timeout=TIMEOUT, env=env)
     assert r.returncode == 0, r.stderr
     assert "u/—s" not in r.stdout and re.search(r"@\d+u\b", r.stdout), r.stdout
     tau = next(line for line in r.stdout.splitlines() if line.startswith("hogwild seed 0: τ"))

@@ -163,11 +163,10 @@ print(run.t, len(run.history.rows()))
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_memory_is_what_ran_not_the_budget(setting: str) -> None:
     """A billion steps allocate nothing per step up front: three updates run under a 3 GiB cap."""
-    import subprocess
-    import sys
+    from tests.conftest import run_python
 
     code = MEMORY_CHILD.format(setting=repr(SETTINGS[setting]))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = run_python("-c", code, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     t, rows = map(int, out.stdout.split())
     assert t == 3 and rows == 3  # three updates made, three rows of π kept: nothing sized by the budget
