@@ -57,11 +57,14 @@ def main(prefix: list[str]) -> None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
     body = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
-    socket.send_fds(conn, [_HEADER.pack(len(body)) + body], [0, 1, 2])
+    socket.send_fds(conn, [_HEADER.pack(len(body))], [0, 1, 2])
+    conn.sendall(body)
     reply = b""
     while chunk := conn.recv(64):
         reply += chunk
-    sys.exit(int(reply) if reply else 1)
+    if not reply:
+        sys.exit(f"tests.warm_python: the server at {path} sent no exit status for python {' '.join(args)}")
+    sys.exit(int(reply))
 
 
 def _runnable(args: list[str]) -> bool:
@@ -99,12 +102,9 @@ def serve(path: str) -> None:
 
 def _handle(conn: socket.socket) -> None:
     """Receive one request, fork its run, answer with the run's exit status."""
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
-    (size,) = _HEADER.unpack_from(data)
-    data = data[_HEADER.size:]
-    while len(data) < size:
-        data += conn.recv(size - len(data))
-    req = json.loads(data)
+    head, fds, _, _ = socket.recv_fds(conn, _HEADER.size, 3)
+    head += _receive(conn, _HEADER.size - len(head))
+    req = json.loads(_receive(conn, _HEADER.unpack(head)[0]))
     pid = os.fork()
     if pid == 0:
         from tests.cli_child import execute, python_target
@@ -123,6 +123,21 @@ def _handle(conn: socket.socket) -> None:
     for src in fds:
         os.close(src)
     conn.sendall(str(_wait(pid, conn)).encode())
+
+
+def _receive(conn: socket.socket, size: int) -> bytes:
+    """Exactly ``size`` bytes from ``conn``.
+
+    Raises:
+        EOFError: the shim closed its end first.
+    """
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise EOFError(f"{len(data)} of {size} bytes")
+        data += chunk
+    return data
 
 
 def _wait(pid: int, conn: socket.socket) -> int:
