@@ -9,9 +9,14 @@ is imported: the commands set its threads themselves (``--threads``).
 
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
+import signal
 import sys
+import tempfile
+import threading
+import types
 
 __all__ = ["execute", "python_target", "run_cli", "run_python", "run_rank"]
 
@@ -99,19 +104,47 @@ def _run(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str, out_
 
 def execute(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str) -> None:
     """Run ``target`` (``python_target``: how, what, ``sys.argv``) as ``__main__`` on descriptors 0-2 as
-    they are, after replacing the environment and the working directory; exit with its status (an
-    uncaught exception: traceback, status 1). As the interpreter does, ``sys.path`` starts with the
-    script's folder (a path) or ``''`` (``-c``)."""
+    they are, after replacing the environment and the working directory; exit with its status.
+
+    As the interpreter does: ``sys.path`` starts with the script's folder (a path), ``''`` (``-c``) or
+    the working directory (``-m``), then ``PYTHONPATH``'s entries; ``-c`` code runs in a new
+    ``__main__`` module; temporary files go under ``TMPDIR``; stderr escapes what it cannot encode
+    (``backslashreplace``) and ``PYTHONUNBUFFERED`` writes through; an uncaught exception prints its
+    traceback and exits 1, an uncaught ``KeyboardInterrupt`` ends the process by SIGINT; at the end
+    the non-daemon threads are joined and the ``atexit`` functions run. What the server read when
+    it imported its modules (``COLUMNS`` for naig_cli's consoles, ``OMP_NUM_THREADS`` for torch,
+    submodules already imported) stays as it read it: tests of start-up start an interpreter.
+    """
     how, what, argv = target
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    tempfile.tempdir = None  # (the server's imports cached its TMPDIR)
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
     sys.stdin = open(0, closefd=False)  # the process's own descriptors
     sys.stdout = open(1, "w", closefd=False)
-    sys.stderr = open(2, "w", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # line-buffered
+    for stream in (sys.stdout, sys.stderr) if unbuffered else ():
+        stream.reconfigure(write_through=True)
     sys.argv = argv
-    if how != "module":  # (-m: the server's path already leads with the repository's root)
-        sys.path.insert(0, os.path.dirname(os.path.abspath(what)) if how == "path" else "")
+    first = {"path": os.path.dirname(os.path.abspath(what)), "code": "", "module": os.getcwd()}[how]
+    sys.path[:0] = [first, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    code = _main(how, what)
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  (what the interpreter does at exit)
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if code == -signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def _main(how: str, what: str) -> int:
+    """Run the module, path or code as ``__main__``; its exit status (``-SIGINT``: an uncaught
+    ``KeyboardInterrupt``)."""
     code: object = 0
     try:
         if how == "module":
@@ -119,19 +152,19 @@ def execute(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str) -
         elif how == "path":
             runpy.run_path(what, run_name="__main__")
         else:
-            exec(compile(what, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(what, "<string>", "exec"), main.__dict__)
     except SystemExit as exc:
         code = exc.code
-    except BaseException:  # reported as Python reports an uncaught one
+    except BaseException as exc:  # reported as Python reports an uncaught one
         import traceback
 
         traceback.print_exc()
-        code = 1
+        code = -signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
     if code is None:
-        code = 0
-    elif not isinstance(code, int):
+        return 0
+    if not isinstance(code, int):
         print(code, file=sys.stderr)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        return 1
+    return code

@@ -67,7 +67,8 @@ def run_python(*args: str | os.PathLike, env: dict[str, str] | None = None,
     (on a timeout the whole process group is killed; the result's ``pid`` is the group's id).
 
     Raises:
-        subprocess.TimeoutExpired: the run took longer than ``timeout`` seconds (it is killed).
+        subprocess.TimeoutExpired: the run took longer than ``timeout`` seconds (it is killed; the
+            exception holds what it wrote).
     """
     args = [str(a) for a in args]
     cmd = [sys.executable, *args]
@@ -79,13 +80,15 @@ def run_python(*args: str | os.PathLike, env: dict[str, str] | None = None,
                                    args=(args, env, where, out, err, memory_cap, new_session))
         p.start()
         p.join(timeout)
-        if p.exitcode is None:
+        timed_out = p.exitcode is None
+        if timed_out:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, 9) if new_session else p.kill()
             p.join()
-            raise subprocess.TimeoutExpired(cmd, timeout)
         enc = locale.getpreferredencoding(False)  # what subprocess.run(text=True) decodes with
         stdout, stderr = Path(out).read_text(enc), Path(err).read_text(enc)
+        if timed_out:
+            raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr)
     done = subprocess.CompletedProcess(cmd, p.exitcode, stdout, stderr)
     done.pid = p.pid  # (with new_session, the id of the child's process group)
     return done

@@ -378,8 +378,8 @@ def test_bad_input_ends_in_one_line(name: str, workdir: dict[str, str],
     try:
         r = run_python("-m", "naig_cli", *argv, cwd=cwd, env=env, timeout=case.timeout, memory_cap=MEMORY_CAP,
                        new_session=True)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{name}: still running after {case.timeout:g} s (killed)")
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{name}: still running after {case.timeout:g} s (killed); stderr: {exc.stderr[-999:]!r}")
     proc, out, err = r, r.stdout, r.stderr
     assert not _group_alive(proc.pid), f"{name}: a process of the run is still alive"
     assert proc.returncode == case.code, (name, proc.returncode, err[-2000:])

@@ -251,11 +251,16 @@ def _shell(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> su
 
 
 def test_the_warm_python_runs_as_the_interpreter_would(tmp_path, warm_bin):
-    """Arguments, ``sys.path[0]``, the folder, the environment, standard input and output, exit
-    statuses (a signal: 128 + N) and ``naig`` through the shims (``tests.warm_python``)."""
+    """Arguments, ``sys.path[0]``, the folder, the environment (``TMPDIR`` too), standard input and
+    output, exit statuses (a signal: 128 + N), a SIGTERM sent on to the run, and ``naig`` through the
+    shims (``tests.warm_python``)."""
     env = {**_snippet_env(warm_bin), "SEEN": "yes"}
     (tmp_path / "s.py").write_text("import os, sys\nprint(sys.argv, sys.path[0], os.getcwd(),"
                                    " os.environ['SEEN'], sys.stdin.read())\nsys.exit(4)\n")
+    (tmp_path / "sig.py").write_text("import signal, sys, time\n"
+                                     "signal.signal(signal.SIGTERM,"
+                                     " lambda *_: sys.exit(print('graceful') or 5))\n"
+                                     "open('ready', 'w').close()\ntime.sleep(60)\n")
     script = """
         set +e
         echo in | python s.py a 'b c'; echo "status $?"
@@ -263,12 +268,17 @@ def test_the_warm_python_runs_as_the_interpreter_would(tmp_path, warm_bin):
         python -c 'import os, signal; os.kill(os.getpid(), signal.SIGTERM)'; echo "status $?"
         naig simulate --steps 0 2>&1 | tail -1; naig spectrum --help > /dev/null; echo "status $?"
         python -V > /dev/null; echo "status $?"
+        mkdir t; TMPDIR=$PWD/t python -c 'import tempfile; print(tempfile.gettempdir() == "'$PWD/t'")'
+        python sig.py & run=$!
+        for _ in $(seq 600); do [ -e ready ] && break; sleep 0.05; done; kill -TERM $run; wait $run
+        echo "status $?"
     """
     r = _shell(["bash", "-c", script], tmp_path, env, timeout=120)
     lines = r.stdout.splitlines()
     assert lines[:6] == [f"['s.py', 'a', 'b c'] {tmp_path} {tmp_path} yes in", "", "status 4",
                          "['-c', 'x'] ''", "status 3", "status 143"], r.stdout + r.stderr
-    assert lines[6].startswith("error: --steps 0: ") and lines[7:] == ["status 0", "status 0"], r.stdout
+    assert lines[6].startswith("error: --steps 0: ") and lines[7:] == [
+        "status 0", "status 0", "True", "graceful", "status 5"], r.stdout + r.stderr
 
 
 def _pages_to_run() -> list[Path]:

@@ -9,9 +9,11 @@ small programs, ``python`` and ``naig``, to put first on ``PATH``. Each sends it
 environment, working directory and descriptors 0-2 to the server over the Unix socket named by
 ``NAIG_TEST_WARM_SOCKET``; the server forks a handler, which forks the run (``tests.cli_child.execute``:
 ``sys.argv``, ``sys.path``, ``__main__`` as the interpreter sets them, torch's threads from
-``OMP_NUM_THREADS``), waits for it and sends back its exit status (128 + N when signal N ended it),
-which the shim exits with. A shim that dies (a timeout) closes its socket, and the handler kills
-the run. What the server cannot run as the interpreter would (``python`` with an option other than
+``OMP_NUM_THREADS``) in a process group of its own, waits for it and sends back its exit status
+(128 + N when signal N ended it), which the shim exits with. SIGINT, SIGTERM and SIGHUP sent to a
+shim are sent on to its run; a shim that dies (SIGKILL on a timeout) closes its socket, and the
+handler kills the run's group. Not carried over: the shim's resource limits and umask (the
+server's apply). What the server cannot run as the interpreter would (``python`` with an option other than
 ``-m`` or ``-c``, or no argument) the ``python`` shim hands to the real interpreter, and so do both
 shims without a server. The programs the runs start (``torchrun``, a rank, ``sys.executable``) are
 fresh interpreters, as always.
@@ -21,6 +23,7 @@ Only the standard library is imported at module level: the shims start with ``py
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -35,6 +38,7 @@ __all__ = ["SOCKET_VAR", "main", "serve", "shims"]
 
 SOCKET_VAR = "NAIG_TEST_WARM_SOCKET"
 _HEADER = struct.Struct("!Q")
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def shims(folder: Path, root: Path) -> Path:
@@ -59,6 +63,8 @@ def main(prefix: list[str]) -> None:
     body = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     socket.send_fds(conn, [_HEADER.pack(len(body))], [0, 1, 2])
     conn.sendall(body)
+    for sig in _FORWARDED:  # delivered to the run, which decides what they do
+        signal.signal(sig, lambda number, _frame: conn.send(bytes([number])))
     reply = b""
     while chunk := conn.recv(64):
         reply += chunk
@@ -110,16 +116,23 @@ def _handle(conn: socket.socket) -> None:
         from tests.cli_child import execute, python_target
 
         conn.close()
+        os.setpgid(0, 0)  # the run and what it starts: one group, killed whole if the shim dies
         for fd, src in enumerate(fds):
             os.dup2(src, fd)
         for src in fds:
             os.close(src)
-        env = req["env"]
-        if "OMP_NUM_THREADS" in env:
-            import torch
+        try:
+            env = req["env"]
+            if "OMP_NUM_THREADS" in env:
+                import torch
 
-            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-        execute(python_target(req["args"]), env, req["cwd"])
+                torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+            execute(python_target(req["args"]), env, req["cwd"])
+        except BaseException:  # (execute exits itself; this is a failure to start the run)
+            import traceback
+
+            traceback.print_exc()
+        os._exit(1)
     for src in fds:
         os.close(src)
     conn.sendall(str(_wait(pid, conn)).encode())
@@ -141,17 +154,24 @@ def _receive(conn: socket.socket, size: int) -> bytes:
 
 
 def _wait(pid: int, conn: socket.socket) -> int:
-    """The exit status of ``pid`` (128 + N after signal N); killed if ``conn`` closes first."""
+    """The exit status of ``pid`` (128 + N after signal N). A byte from ``conn`` is a signal the shim
+    received, sent on to ``pid``; if ``conn`` closes first, ``pid``'s process group is killed."""
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             code = os.waitstatus_to_exitcode(status)
             return 128 - code if code < 0 else code
         readable, _, _ = select.select([conn], [], [], 0.02)
-        if readable and not conn.recv(1):  # the shim is gone
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return 137
+        if not readable:
+            continue
+        sent = conn.recv(1)
+        if sent:  # a signal the shim received
+            os.kill(pid, sent[0])
+            continue
+        with contextlib.suppress(ProcessLookupError):  # the shim is gone
+            os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return 137
 
 
 if __name__ == "__main__":
