@@ -3,8 +3,8 @@
 It imports nothing heavy itself: the server preloads ``naig_cli.main`` (and with it numpy, typer,
 rich) and torch (with ``torch._dynamo``, which the first optimizer imports), so each child starts
 with them imported instead of paying interpreter start and imports (~0.7 s, and ~3.4 s of CPU more
-for a command that trains). torch reads no setting of the environment the child replaces when it
-is imported: the commands set its threads themselves (``--threads``).
+for a command that trains). What torch would read from the environment at import, its threads
+(``OMP_NUM_THREADS``), ``execute`` sets from the run's environment.
 """
 
 from __future__ import annotations
@@ -18,30 +18,14 @@ import tempfile
 import threading
 import types
 
-__all__ = ["execute", "python_target", "run_cli", "run_python", "run_rank"]
-
-
-def run_cli(args: list[str], env: dict[str, str], cwd: str, out_path: str, err_path: str) -> None:
-    """Run ``python -m naig_cli *args`` in this (forked) process and exit with its exit status.
-
-    Standard input is /dev/null; standard output and error go to the files ``out_path`` and
-    ``err_path`` (file descriptors 1 and 2, so children of the CLI write there too); the
-    environment is replaced by ``env`` and the working directory by ``cwd``.
-    """
-    _run_module("naig_cli", ["-m", *args], env, cwd, out_path, err_path)
+__all__ = ["execute", "python_target", "run_python", "run_rank"]
 
 
 def run_rank(module: str, argv: list[str], env: dict[str, str], cwd: str, log_path: str) -> None:
-    """Run ``python -m module *argv`` as one rank (``env`` holds RANK, WORLD_SIZE, MASTER_ADDR, …) in this
-    (forked) process, its output to ``log_path``, and exit with its exit status.
-
-    As a launcher's child would: one torch thread (``OMP_NUM_THREADS`` in ``env`` is read by torch
-    at import, which the server did before), standard input /dev/null.
-    """
-    import torch
-
-    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
-    _run_module(module, [module, *argv], env, cwd, log_path, log_path)
+    """Run ``python -m module *argv`` as one rank (``env`` holds RANK, WORLD_SIZE, MASTER_ADDR, …,
+    and OMP_NUM_THREADS) in this (forked) process, its output to ``log_path``, standard input
+    /dev/null, and exit with its exit status."""
+    run_python(["-m", module, *argv], env, cwd, log_path, log_path)
 
 
 def run_python(args: list[str], env: dict[str, str], cwd: str, out_path: str, err_path: str,
@@ -64,10 +48,6 @@ def run_python(args: list[str], env: dict[str, str], cwd: str, out_path: str, er
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
-    if "OMP_NUM_THREADS" in env:
-        import torch
-
-        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     _run(python_target(args), env, cwd, out_path, err_path)
 
 
@@ -80,12 +60,6 @@ def python_target(args: list[str]) -> tuple[str, str, list[str]]:
     if args and not args[0].startswith("-"):
         return "path", args[0], list(args)
     raise ValueError(f"python {' '.join(args)}: only SCRIPT, -m MODULE or -c CODE runs forked")
-
-
-def _run_module(module: str, argv: list[str], env: dict[str, str], cwd: str, out_path: str,
-                err_path: str) -> None:
-    """``runpy`` ``module`` as ``__main__`` with ``sys.argv = argv`` (see ``_run``)."""
-    _run(("module", module, argv), env, cwd, out_path, err_path)
 
 
 def _run(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str, out_path: str,
@@ -116,6 +90,10 @@ def execute(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str) -
     submodules already imported) stays as it read it: tests of start-up start an interpreter.
     """
     how, what, argv = target
+    if "OMP_NUM_THREADS" in env:  # (a fresh interpreter's torch reads it at import)
+        import torch
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)

@@ -54,9 +54,15 @@ def shims(folder: Path, root: Path) -> Path:
 
 def main(prefix: list[str]) -> None:
     """A shim's body: run ``python *prefix *sys.argv[1:]`` on the server, exit with its status."""
+    from tests.cli_child import python_target  # (the standard library only, as here)
+
     args = [*prefix, *sys.argv[1:]]
     path = os.environ.get(SOCKET_VAR)
-    if not path or not _runnable(args):
+    try:
+        python_target(args)
+    except ValueError:  # an option or a session the server does not run
+        path = None
+    if not path:
         os.execv(sys.executable, [sys.executable, *args])
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
@@ -73,22 +79,15 @@ def main(prefix: list[str]) -> None:
     sys.exit(int(reply))
 
 
-def _runnable(args: list[str]) -> bool:
-    """``python *args`` is a script, ``-m MODULE`` or ``-c CODE`` (what ``execute`` runs)."""
-    return bool(args) and (not args[0].startswith("-") or (args[0] in ("-m", "-c") and len(args) > 1))
-
-
 def serve(path: str) -> None:
     """Import torch, ``torch._dynamo`` and ``naig_cli.main``, then serve runs on the socket ``path``
     (created last, so that it existing means the server is ready) until killed."""
-    import torch
+    import torch  # noqa: F401
     import torch._dynamo  # noqa: F401 (what the first optimizer of a run would import)
 
     import naig_cli.main  # noqa: F401
     from tests import cli_child  # noqa: F401
 
-    if "OMP_NUM_THREADS" in os.environ:
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
     listener.listen(64)
@@ -122,12 +121,7 @@ def _handle(conn: socket.socket) -> None:
         for src in fds:
             os.close(src)
         try:
-            env = req["env"]
-            if "OMP_NUM_THREADS" in env:
-                import torch
-
-                torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-            execute(python_target(req["args"]), env, req["cwd"])
+            execute(python_target(req["args"]), req["env"], req["cwd"])
         except BaseException:  # (execute exits itself; this is a failure to start the run)
             import traceback
 
