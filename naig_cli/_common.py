@@ -36,6 +36,7 @@ from naig.io import json_ready
 
 __all__ = [
     "FLAGS",
+    "consoles",
     "fit_table",
     "narrow_note",
     "PipedStdout",
@@ -194,8 +195,13 @@ class PipedStdout:
         return getattr(sys.stdout, "encoding", None) or "utf-8"
 
 
-stdout = Console(highlight=False, width=_width(), file=PipedStdout())
-stderr = Console(stderr=True, highlight=False)
+def consoles() -> tuple[Console, Console]:
+    """The (stdout, stderr) consoles as built from this process's environment and terminal (``COLUMNS``,
+    ``NO_COLOR``, ``TERM``), which rich reads once, when a console is made."""
+    return Console(highlight=False, width=_width(), file=PipedStdout()), Console(stderr=True, highlight=False)
+
+
+stdout, stderr = consoles()
 F = TypeVar("F", bound=Callable[..., Any])
 _NO_TEXT = {MemoryError: "out of memory (MemoryError); use smaller sizes or counts"}  # errors without text
 

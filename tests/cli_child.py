@@ -1,15 +1,20 @@
 """The body of one ``naig`` CLI run in a child forked from a preloaded server (``tests.conftest.run_naig``).
 
 It imports nothing heavy itself: the server preloads ``naig_cli.main`` (and with it numpy, typer,
-rich) and torch (with ``torch._dynamo``, which the first optimizer imports), so each child starts
-with them imported instead of paying interpreter start and imports (~0.7 s, and ~3.4 s of CPU more
-for a command that trains). What torch would read from the environment at import, its threads
-(``OMP_NUM_THREADS``), ``execute`` sets from the run's environment.
+rich), torch (with ``torch._dynamo``, which the first optimizer imports) and ``scipy.stats`` (which
+audit, staleness and the simulate reports import when they run), so each child starts with them
+imported instead of paying interpreter start and imports (~0.7 s, ~0.55 s more for scipy.stats,
+and ~3.4 s of CPU more for a command that trains). The server's objects are frozen out of the
+child's garbage collector (``gc.freeze``): a collection would otherwise walk them all, and so copy
+every page the fork shares (~0.15 s per run measured with torch loaded). What torch would read
+from the environment at import, its threads (``OMP_NUM_THREADS``), ``execute`` sets from the run's
+environment.
 """
 
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import runpy
 import signal
@@ -85,11 +90,13 @@ def execute(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str) -
     ``__main__`` module; temporary files go under ``TMPDIR``; stderr escapes what it cannot encode
     (``backslashreplace``) and ``PYTHONUNBUFFERED`` writes through; an uncaught exception prints its
     traceback and exits 1, an uncaught ``KeyboardInterrupt`` ends the process by SIGINT; at the end
-    the non-daemon threads are joined and the ``atexit`` functions run. What the server read when
-    it imported its modules (``COLUMNS`` for naig_cli's consoles, ``OMP_NUM_THREADS`` for torch,
-    submodules already imported) stays as it read it: tests of start-up start an interpreter.
+    the non-daemon threads are joined and the ``atexit`` functions run; naig_cli's consoles read this
+    environment (``COLUMNS``, ``NO_COLOR``). What else the server read when it imported its modules
+    (``OMP_NUM_THREADS`` for torch, ``NAIG_PURE_NUMPY`` for the sketch kernel, submodules already
+    imported) stays as it read it: tests of start-up start an interpreter.
     """
     how, what, argv = target
+    gc.freeze()  # (the server's objects: a collection would walk, and so copy, every page of them)
     if "OMP_NUM_THREADS" in env:  # (a fresh interpreter's torch reads it at import)
         import torch
 
@@ -98,6 +105,7 @@ def execute(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str) -
     os.environ.update(env)
     os.chdir(cwd)
     tempfile.tempdir = None  # (the server's imports cached its TMPDIR)
+    _fresh_consoles()
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))
     sys.stdin = open(0, closefd=False)  # the process's own descriptors
     sys.stdout = open(1, "w", closefd=False)
@@ -118,6 +126,15 @@ def execute(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str) -
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(code)
+
+
+def _fresh_consoles() -> None:
+    """naig_cli's consoles (imported by the server) as a fresh import would build them from this
+    run's environment: its ``COLUMNS``, ``NO_COLOR`` and ``TERM``; every module holds the same objects."""
+    common = sys.modules.get("naig_cli._common")
+    if common is not None:
+        for console, fresh in zip((common.stdout, common.stderr), common.consoles(), strict=True):
+            console.__dict__.update(fresh.__dict__)
 
 
 def _main(how: str, what: str) -> int:

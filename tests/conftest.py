@@ -36,12 +36,14 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 _BLAS_LIMIT = threadpool_limits(1, user_api="blas")
 
 
-def run_naig(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_naig(*args: str | os.PathLike, timeout: float = 300,
+             columns: int = 200) -> subprocess.CompletedProcess:
     """Run the real ``naig`` CLI in a child process, as ``python -m naig_cli *args``, capturing output.
 
     The child is forked from a server process that has imported ``naig_cli`` once (``multiprocessing``'s
-    ``forkserver``, preloading ``tests.cli_child``, ``naig_cli.main``, torch and ``torch._dynamo``): its
-    own process, exit status, file descriptors and environment (``os.environ`` plus ``COLUMNS=200``)
+    ``forkserver``, preloading ``tests.cli_child``, ``naig_cli.main``, torch, ``torch._dynamo`` and
+    ``scipy.stats``): its
+    own process, exit status, file descriptors and environment (``os.environ`` plus ``COLUMNS=columns``)
     as a fresh interpreter's, without ~0.7 s of start-up per run, and for a command that trains
     without ~3.4 s of CPU more (importing torch, then ``torch._dynamo``, which torch imports when the
     first optimizer is built; measured on this 2-core machine). Tests of start-up itself (which
@@ -50,7 +52,7 @@ def run_naig(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     Raises:
         subprocess.TimeoutExpired: the run took longer than ``timeout`` seconds (it is killed).
     """
-    return run_python("-m", "naig_cli", *args, env={**os.environ, "COLUMNS": "200"}, timeout=timeout)
+    return run_python("-m", "naig_cli", *args, env={**os.environ, "COLUMNS": str(columns)}, timeout=timeout)
 
 
 def run_python(*args: str | os.PathLike, env: dict[str, str] | None = None,
@@ -60,9 +62,10 @@ def run_python(*args: str | os.PathLike, env: dict[str, str] | None = None,
     ``-m MODULE ARG…`` or ``-c CODE ARG…``, the child forked from the preloaded server (``run_naig``):
     a process of its own with the interpreter's ``sys.argv`` and ``sys.path[0]``, ``env`` (default
     ``os.environ``) and ``cwd``, standard input /dev/null, without the interpreter's and torch's
-    start-up. torch's threads follow ``OMP_NUM_THREADS`` in ``env`` where it is set; modules the
-    server preloaded (``naig_cli.main``, torch) were imported with ``COLUMNS=200`` and the server's
-    ``OMP_NUM_THREADS``, so a test of what start-up reads or imports starts its own interpreter.
+    start-up. torch's threads follow ``OMP_NUM_THREADS`` in ``env`` where it is set, and naig_cli's
+    consoles its ``COLUMNS`` and ``NO_COLOR``; what else the preloaded modules (``naig_cli.main``,
+    torch) read when the server imported them stays as they read it, so a test of what start-up
+    reads or imports starts its own interpreter.
     ``memory_cap``: ``RLIMIT_AS`` bytes in the child; ``new_session``: ``start_new_session=True``
     (on a timeout the whole process group is killed; the result's ``pid`` is the group's id).
 
@@ -96,9 +99,11 @@ def run_python(*args: str | os.PathLike, env: dict[str, str] | None = None,
 
 @functools.cache
 def _cli_context() -> multiprocessing.context.BaseContext:
-    """The forkserver, started once with ``COLUMNS=200`` (the CLI's consoles read it on import)."""
+    """The forkserver, started once with ``COLUMNS=200`` (each run rebuilds the CLI's consoles from
+    its own environment)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.cli_child", "naig_cli.main", "torch", "torch._dynamo"])
+    ctx.set_forkserver_preload(["tests.cli_child", "naig_cli.main", "torch", "torch._dynamo",
+                                "scipy.stats"])
     with unittest.mock.patch.dict(os.environ, {"COLUMNS": "200"}):
         multiprocessing.forkserver.ensure_running()
     return ctx

@@ -10,16 +10,15 @@ readable, and every surface answers in one line. One test (or table row) per kin
 6. ``naig detect --lr 1e30``: a diverged clean run is an error;
 7. config files; 8. hostile files; 9. library entry points; 10. K = 2 verdicts; 11. messages.
 
-CLI rows run like tests/test_adversarial.py's: a fresh interpreter in its own session, its address
-space capped (``RLIMIT_AS``), one ``error:`` line on stderr, the exit status owed, nothing written
-to the working directory and no process left.
+CLI rows run like tests/test_adversarial.py's: a process of its own (``run_python``) in its own session,
+its address space capped (``RLIMIT_AS``), one ``error:`` line on stderr, the exit status owed,
+nothing written to the working directory and no process left.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import struct
 import subprocess
@@ -40,7 +39,7 @@ from naig.gibbs import frozen_mask, naig_weights
 from naig.monitor import Detector, Monitor
 from naig.monitor.records import MAX_WORLD, JsonlRecords, LoggerRecords, read_log
 from naig.router import Router
-from tests.conftest import leftover_processes
+from tests.conftest import leftover_processes, run_python
 from tests.test_adversarial import MEMORY_CAP
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,10 +47,6 @@ TIMEOUT = 90
 
 
 # -- the CLI rows ---------------------------------------------------------------------------------
-
-def _cap_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-
 
 def _group_alive(pgid: int) -> bool:
     try:
@@ -66,17 +61,13 @@ def _group_alive(pgid: int) -> bool:
 def _cli(args: list[str], cwd: Path, timeout: float = TIMEOUT) -> tuple[int, str, str]:
     """``python -m naig_cli ARGS``, capped, in its own session: (status, stdout, stderr); no process left."""
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT), "NAIG_DEBUG": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "naig_cli", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_cap_memory,
-                            start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-    assert not _group_alive(proc.pid), f"{args}: a process of the run is still alive"
-    return proc.returncode, out, err
+        r = run_python("-m", "naig_cli", *args, cwd=cwd, env=env, timeout=timeout, memory_cap=MEMORY_CAP,
+                       new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{args}: still running after {timeout:g} s (killed); stderr: {exc.stderr[-999:]!r}")
+    assert not _group_alive(r.pid), f"{args}: a process of the run is still alive"
+    return r.returncode, r.stdout, r.stderr
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:

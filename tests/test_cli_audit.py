@@ -366,9 +366,7 @@ def test_markup_in_names_and_metadata_is_shown_literally(untouched, tmp_path):
 
 
 def _run_at(width: int, *args) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": str(width)}
-    return subprocess.run([sys.executable, "-m", "naig_cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return run_naig(*args, columns=width)
 
 
 @pytest.fixture

@@ -24,12 +24,7 @@ def test_table_names_every_detector_and_the_default() -> None:
 
 def test_narrow_terminal_leaves_detectors_out_and_says_so() -> None:
     """As audit and simulate do: whole cells, fewer columns, a line naming what was left out."""
-    import os
-    import subprocess
-    import sys
-
-    r = subprocess.run([sys.executable, "-m", "naig_cli", *TINY], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "COLUMNS": "80"})
+    r = run_naig(*TINY, columns=80)
     assert r.returncode == 0, r.stderr
     assert "…" not in r.stdout  # no cell cut
     assert "too narrow for" in r.stdout and "use --json" in r.stdout

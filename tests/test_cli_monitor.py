@@ -141,13 +141,7 @@ def test_one_step_and_no_step_logs(logs, tmp_path) -> None:
 def test_a_narrow_terminal_leaves_columns_out_and_says_so(logs, columns: int) -> None:
     """As audit, simulate and detect do: whole cells and headers (no wrapped "flagge/d"), fewer columns,
     a line naming what was left out; rank, flagged and flags stay."""
-    import os
-    import subprocess
-    import sys
-
-    r = subprocess.run([sys.executable, "-m", "naig_cli", "monitor", "report", str(logs[0])],
-                       capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "COLUMNS": str(columns)})
+    r = run_naig("monitor", "report", logs[0], timeout=120, columns=columns)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     table = r.stdout.split("max score per signal", 1)[1].split("too narrow for", 1)[0]
     assert max(len(line) for line in table.splitlines()) <= columns

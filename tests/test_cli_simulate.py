@@ -312,13 +312,9 @@ def test_a_stop_after_a_run_diverged_says_the_divergence_on_stderr_as_in_the_jso
 
 @pytest.mark.parametrize("columns", [80, 200])
 def test_table_fits_the_terminal(columns: int) -> None:
-    import os
-
-    env = {**os.environ, "COLUMNS": str(columns)}
     args = [*TINY, "--strategies", "naig,hogwild,staleness,sync,dc-asgd,naig-exact",
             "--lags", "0,10,20,35", "--seeds", "2", "--steps", "3"]
-    r = subprocess.run([sys.executable, "-m", "naig_cli", *args], capture_output=True,
-                       text=True, env=env, timeout=300)
+    r = run_naig(*args, columns=columns)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert max(map(len, lines)) <= columns, "\n" + r.stdout

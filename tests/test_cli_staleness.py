@@ -202,13 +202,7 @@ def test_many_workers_print_a_bounded_table() -> None:
 def test_narrow_terminals_leave_columns_out_and_say_so_cells_stay_whole(width: int) -> None:
     """Every cell was cut to "…" at 40 columns, measured values included, and nothing said so (a review,
     2026-12-07); now columns are left out, in a fixed order, and the line below each table names them."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "COLUMNS": str(width)}
-    r = subprocess.run([sys.executable, "-m", "naig_cli", "staleness", "--updates", "2000"],
-                       capture_output=True, text=True, timeout=120, env=env)
+    r = run_naig("staleness", "--updates", "2000", timeout=120, columns=width)
     assert r.returncode == 0, r.stderr
     assert "…" not in r.stdout
     said = [line for line in r.stdout.splitlines() if line.startswith("left out to fit")]
@@ -221,13 +215,7 @@ def test_narrow_terminals_leave_columns_out_and_say_so_cells_stay_whole(width: i
 def test_the_more_workers_line_sits_under_the_table_and_widens_no_column() -> None:
     """In a cell of E[C_i] it made that column ~45 wide, so at 80 columns the column, and the line with
     it, were left out (a review of the narrow-terminal change, 2026-12-07)."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "COLUMNS": "80"}
-    cmd = [sys.executable, "-m", "naig_cli", "staleness", "--workers", "300", "--updates", "20000"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    r = run_naig("staleness", "--workers", "300", "--updates", "20000", timeout=120, columns=80)
     assert r.returncode == 0, r.stderr
     table = r.stdout.split("per worker:", 1)[1].split("bandwidth at the master", 1)[0]
     assert "E[C_i] s" in table and "… 268 more workers (--json lists every worker)" in table

@@ -80,8 +80,9 @@ def main(prefix: list[str]) -> None:
 
 
 def serve(path: str) -> None:
-    """Import torch, ``torch._dynamo`` and ``naig_cli.main``, then serve runs on the socket ``path``
-    (created last, so that it existing means the server is ready) until killed."""
+    """Import torch, ``torch._dynamo``, ``scipy.stats`` and ``naig_cli.main``, then serve runs on the
+    socket ``path`` (created last, so that it existing means the server is ready) until killed."""
+    import scipy.stats  # noqa: F401 (what audit, staleness and the simulate reports import)
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401 (what the first optimizer of a run would import)
 
