@@ -11,7 +11,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,8 +30,8 @@ def _run(tmp: Path, script: str, launcher: list[str], args: list[str]) -> str:
     shutil.copy(ROOT / "examples" / script, copy)
     env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
     try:
-        r = subprocess.run([*launcher, str(copy), *args], capture_output=True, text=True, timeout=240,
-                           cwd=tmp, env=env)
+        assert launcher[0] == sys.executable
+        r = run_python(*launcher[1:], copy, *args, timeout=240, cwd=tmp, env=env)
     finally:
         deadline = time.monotonic() + 10
         while leftover_processes(str(tmp)) and time.monotonic() < deadline:

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from naig.monitor.records import decode
-from tests.conftest import leftover_processes
+from tests.conftest import leftover_processes, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD, STEPS, BAD_STEP = 3, 30, 24
@@ -32,7 +32,8 @@ def _run(cmd: list[str], tmp: Path, timeout: float = 300) -> subprocess.Complete
     """Run a recipe (its output folder, inside ``tmp``, is on its command line: the process marker)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp)
+        assert cmd[0] == sys.executable
+        r = run_python(*cmd[1:], timeout=timeout, env=env, cwd=tmp)
     finally:
         deadline = time.monotonic() + 15
         while leftover_processes(str(tmp)) and time.monotonic() < deadline:

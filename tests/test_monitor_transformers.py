@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -30,7 +28,7 @@ import torch  # noqa: E402
 from naig.errors import UsageError  # noqa: E402
 from naig.monitor import Monitor  # noqa: E402
 from naig.monitor.transformers import ONE_PROCESS, MonitorCallback  # noqa: E402
-from tests.conftest import flagged_steps, leftover_processes  # noqa: E402
+from tests.conftest import flagged_steps, leftover_processes, run_python  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,10 +38,10 @@ def ranks(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("monitor_transformers")
     out = tmp / "out.json"
     env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+    cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
            "-m", "tests.monitor_transformers_ranks", str(out)]
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=env, cwd=ROOT)
+        r = run_python(*cmd, timeout=420, env=env, cwd=ROOT)
     finally:
         deadline = time.monotonic() + 15
         while leftover_processes(str(tmp)) and time.monotonic() < deadline:
