@@ -196,8 +196,9 @@ class PipedStdout:
 
 
 def consoles() -> tuple[Console, Console]:
-    """The (stdout, stderr) consoles as built from this process's environment and terminal (``COLUMNS``,
-    ``NO_COLOR``, ``TERM``), which rich reads once, when a console is made."""
+    """The (stdout, stderr) consoles as built from this process's environment and terminal: rich reads
+    ``COLUMNS``, ``LINES``, ``NO_COLOR``, ``FORCE_COLOR``, ``COLORTERM`` and more once, when a
+    console is made."""
     return Console(highlight=False, width=_width(), file=PipedStdout()), Console(stderr=True, highlight=False)
 
 

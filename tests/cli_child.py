@@ -91,9 +91,9 @@ def execute(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str) -
     (``backslashreplace``) and ``PYTHONUNBUFFERED`` writes through; an uncaught exception prints its
     traceback and exits 1, an uncaught ``KeyboardInterrupt`` ends the process by SIGINT; at the end
     the non-daemon threads are joined and the ``atexit`` functions run; naig_cli's consoles read this
-    environment (``COLUMNS``, ``NO_COLOR``). What else the server read when it imported its modules
-    (``OMP_NUM_THREADS`` for torch, ``NAIG_PURE_NUMPY`` for the sketch kernel, submodules already
-    imported) stays as it read it: tests of start-up start an interpreter.
+    environment (``COLUMNS``, ``NO_COLOR``, and what else rich reads when a console is made). What
+    else the server read when it imported its modules (``OMP_NUM_THREADS`` for torch, submodules
+    already imported) stays as it read it: tests of start-up start an interpreter.
     """
     how, what, argv = target
     gc.freeze()  # (the server's objects: a collection would walk, and so copy, every page of them)

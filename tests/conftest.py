@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import unittest.mock
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,12 +98,12 @@ def run_python(*args: str | os.PathLike, env: dict[str, str] | None = None,
 
 @functools.cache
 def _cli_context() -> multiprocessing.context.BaseContext:
-    """The forkserver, started once with ``COLUMNS=200`` (each run rebuilds the CLI's consoles from
-    its own environment)."""
+    """The forkserver, started once, in the repository's folder (a test's temporary folder marks the
+    processes of its runs: ``leftover_processes``)."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["tests.cli_child", "naig_cli.main", "torch", "torch._dynamo",
                                 "scipy.stats"])
-    with unittest.mock.patch.dict(os.environ, {"COLUMNS": "200"}):
+    with contextlib.chdir(Path(__file__).resolve().parents[1]):
         multiprocessing.forkserver.ensure_running()
     return ctx
 
@@ -196,10 +195,13 @@ def process_group_in_this_process(backend: str = "gloo", world: int = 1) -> Iter
 
 # Distributed engine (naig.distributed)
 def leftover_processes(marker: str) -> list[str]:
-    """Command lines of live processes (this one excepted) that mention ``marker``.
+    """Command lines of live processes (this one excepted) that mention ``marker`` or work in a folder
+    whose path does.
 
-    Tests that start processes give them a marker (their temporary directory) and check
-    that none outlives the test.
+    Tests that start processes give them a marker (their temporary directory, on the command line or
+    as the working directory) and check that none outlives the test. A run forked by ``run_python``
+    has the forkserver's command line, and so has whatever it forks without exec; the working
+    directory, which they inherit, is what marks them.
     """
     found = []
     for proc in Path("/proc").iterdir():
@@ -207,10 +209,11 @@ def leftover_processes(marker: str) -> list[str]:
             continue
         try:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(proc / "cwd")
         except OSError:
             continue
-        if marker in cmd:
-            found.append(f"{proc.name}: {cmd}")
+        if marker in cmd or marker in cwd:
+            found.append(f"{proc.name}: {cmd} (in {cwd})")
     return found
 
 
@@ -219,7 +222,8 @@ def run_ranks(module: str, tmp: Path, timeout: float) -> dict:
     temporary files in ``tmp``; assert every rank succeeded and none is left; return the JSON rank 0
     wrote.
 
-    The ranks are started as ``torchrun`` starts them (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+    The ranks work in ``tmp`` (so that ``leftover_processes`` finds what they leave) and are started
+    as ``torchrun`` starts them (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT`` in their environment; the script's ``process_group`` joins that group), each
     forked from the CLI's server process (``run_naig``), which has imported torch already: ~3.4 s
     of CPU saved per rank. The rendezvous store is this process's. ``WORLD`` is read from the
@@ -234,7 +238,7 @@ def run_ranks(module: str, tmp: Path, timeout: float) -> dict:
     ctx = _cli_context()
     procs = [ctx.Process(target=_cli_child.run_rank,
                          args=(module, [str(out)], {**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-                               os.getcwd(), str(tmp / f"rank{r}.log")))
+                               str(tmp), str(tmp / f"rank{r}.log")))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -247,6 +251,10 @@ def run_ranks(module: str, tmp: Path, timeout: float) -> dict:
             if p.is_alive():
                 p.kill()
                 p.join()
+    left = time.monotonic() + 10  # what a rank forked (its working directory is tmp) ends with it
+    while leftover_processes(str(tmp)) and time.monotonic() < left:
+        time.sleep(0.2)
+    assert not leftover_processes(str(tmp)), f"{module}: a process of the ranks is still alive"
     failed = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
     logs = {r: log.read_text(errors="replace")[-3000:] if (log := tmp / f"rank{r}.log").exists()
             else "(no log)" for r in failed}

@@ -42,7 +42,7 @@ def ranks(tmp_path_factory) -> dict:
     cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
            "-m", "tests.monitor_accelerate_ranks", str(out)]
     try:
-        r = run_python(*cmd, timeout=300, env=env, cwd=ROOT)
+        r = run_python(*cmd, timeout=300, env=env, cwd=tmp)
     finally:
         deadline = time.monotonic() + 15
         while leftover_processes(str(tmp)) and time.monotonic() < deadline:

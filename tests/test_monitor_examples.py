@@ -1,8 +1,9 @@
 """The monitor's recipes run: examples/monitor_ddp.py (spawning its ranks) and examples/monitor_fsdp2.py
 (under torchrun), a few steps each, and name the rank that sent a NaN gradient.
 
-Each example runs from a copy in the test's temporary folder, so every process it starts carries
-that folder in its command line and the test can check that none is left.
+Each example runs from a copy in the test's temporary folder, and in that folder, so every process
+it starts carries the folder in its command line or as its working directory, and the test can
+check that none is left (``leftover_processes``).
 """
 
 from __future__ import annotations
