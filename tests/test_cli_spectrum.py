@@ -3,14 +3,14 @@
 import json
 import math
 import subprocess
-import sys
 
 import pytest
 
+from tests.conftest import run_naig
+
 
 def naig(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "naig_cli", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return run_naig(*args, timeout=120)
 
 
 def test_default_table():
