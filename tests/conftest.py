@@ -217,6 +217,16 @@ def leftover_processes(marker: str) -> list[str]:
     return found
 
 
+def assert_no_leftovers(marker: str, wait: float = 10.0, what: str = "a process of the run") -> None:
+    """Wait up to ``wait`` seconds for every process ``leftover_processes(marker)`` finds to end (an
+    orphan notices its parent is gone within a second), then fail naming those still alive."""
+    deadline = time.monotonic() + wait
+    while leftover_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = leftover_processes(marker)
+    assert not left, f"{what} is still alive: {left}"
+
+
 def run_ranks(module: str, tmp: Path, timeout: float) -> dict:
     """Run the rank script ``module`` (``python -m module OUT.json``) as ``WORLD`` ranks, with its
     temporary files in ``tmp``; assert every rank succeeded and none is left; return the JSON rank 0
@@ -251,10 +261,7 @@ def run_ranks(module: str, tmp: Path, timeout: float) -> dict:
             if p.is_alive():
                 p.kill()
                 p.join()
-    left = time.monotonic() + 10  # what a rank forked (its working directory is tmp) ends with it
-    while leftover_processes(str(tmp)) and time.monotonic() < left:
-        time.sleep(0.2)
-    assert not leftover_processes(str(tmp)), f"{module}: a process of the ranks is still alive"
+    assert_no_leftovers(str(tmp), what=f"{module}: a process of the ranks")  # (they work in tmp)
     failed = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
     logs = {r: log.read_text(errors="replace")[-3000:] if (log := tmp / f"rank{r}.log").exists()
             else "(no log)" for r in failed}

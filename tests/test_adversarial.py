@@ -353,6 +353,20 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
 
 
+def capped_cli(argv: list[str], cwd: Path, timeout: float, name: str) -> subprocess.CompletedProcess:
+    """``python -m naig_cli ARGV`` forked (``run_python``) in its own session, its address space capped at
+    ``MEMORY_CAP``; fails the test when it runs past ``timeout`` seconds (killed, its stderr shown) or
+    leaves a process of its group alive."""
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT), "NAIG_DEBUG": "0"}
+    try:
+        r = run_python("-m", "naig_cli", *argv, cwd=cwd, env=env, timeout=timeout, memory_cap=MEMORY_CAP,
+                       new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{name}: still running after {timeout:g} s (killed); stderr: {exc.stderr[-999:]!r}")
+    assert not _group_alive(r.pid), f"{name}: a process of the run is still alive"
+    return r
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -374,14 +388,8 @@ def test_bad_input_ends_in_one_line(name: str, workdir: dict[str, str],
         _in_process(name, case, argv, cwd, monkeypatch)
         assert _snapshot(cwd) == before, f"{name}: wrote to the working directory"
         return
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT), "NAIG_DEBUG": "0"}
-    try:
-        r = run_python("-m", "naig_cli", *argv, cwd=cwd, env=env, timeout=case.timeout, memory_cap=MEMORY_CAP,
-                       new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{name}: still running after {case.timeout:g} s (killed); stderr: {exc.stderr[-999:]!r}")
-    proc, out, err = r, r.stdout, r.stderr
-    assert not _group_alive(proc.pid), f"{name}: a process of the run is still alive"
+    proc = capped_cli(argv, cwd, case.timeout, name)
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == case.code, (name, proc.returncode, err[-2000:])
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), (name, err[-2000:])

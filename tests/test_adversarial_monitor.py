@@ -39,8 +39,8 @@ from naig.gibbs import frozen_mask, naig_weights
 from naig.monitor import Detector, Monitor
 from naig.monitor.records import MAX_WORLD, JsonlRecords, LoggerRecords, read_log
 from naig.router import Router
-from tests.conftest import leftover_processes, run_python
-from tests.test_adversarial import MEMORY_CAP
+from tests.conftest import assert_no_leftovers
+from tests.test_adversarial import capped_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 90
@@ -48,25 +48,9 @@ TIMEOUT = 90
 
 # -- the CLI rows ---------------------------------------------------------------------------------
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _cli(args: list[str], cwd: Path, timeout: float = TIMEOUT) -> tuple[int, str, str]:
     """``python -m naig_cli ARGS``, capped, in its own session: (status, stdout, stderr); no process left."""
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT), "NAIG_DEBUG": "0"}
-    try:
-        r = run_python("-m", "naig_cli", *args, cwd=cwd, env=env, timeout=timeout, memory_cap=MEMORY_CAP,
-                       new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{args}: still running after {timeout:g} s (killed); stderr: {exc.stderr[-999:]!r}")
-    assert not _group_alive(r.pid), f"{args}: a process of the run is still alive"
+    r = capped_cli(args, cwd, timeout, str(args))
     return r.returncode, r.stdout, r.stderr
 
 
@@ -339,10 +323,7 @@ def ranks(tmp_path_factory) -> dict:
         r = subprocess.run([sys.executable, "-m", "tests.adversarial_monitor_ranks", str(out),
                             *(f"{k}={v}" for k, v in dirs.items())], capture_output=True, text=True,
                            timeout=300, env={**os.environ, "TMPDIR": str(tmp)})
-        deadline = time.monotonic() + 10
-        while leftover_processes(str(tmp)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not leftover_processes(str(tmp))
+        assert_no_leftovers(str(tmp))
         assert r.returncode == 0, r.stderr[-3000:]
         doc = json.loads(out.read_text())
         if "fills" in dirs:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import warnings
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from accelerate import Accelerator  # noqa: E402
 from naig.errors import UsageError  # noqa: E402
 from naig.monitor import Monitor  # noqa: E402
 from naig.monitor.accelerate import ONE_PROCESS, watch  # noqa: E402
-from tests.conftest import flagged_steps, leftover_processes, run_python  # noqa: E402
+from tests.conftest import assert_no_leftovers, flagged_steps, run_python  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,10 +43,7 @@ def ranks(tmp_path_factory) -> dict:
     try:
         r = run_python(*cmd, timeout=300, env=env, cwd=tmp)
     finally:
-        deadline = time.monotonic() + 15
-        while leftover_processes(str(tmp)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not leftover_processes(str(tmp))
+        assert_no_leftovers(str(tmp), wait=15)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(out.read_text())
 

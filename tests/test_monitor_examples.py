@@ -13,14 +13,13 @@ import os
 import re
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from naig.distributed.launch import process_group
 from naig.errors import UsageError
-from tests.conftest import leftover_processes, run_python
+from tests.conftest import assert_no_leftovers, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["--steps", "6", "--window", "3", "--fault-step", "5", "--data-bytes", "100000", "--batch-size", "4"]
@@ -34,10 +33,7 @@ def _run(tmp: Path, script: str, launcher: list[str], args: list[str]) -> str:
         assert launcher[0] == sys.executable
         r = run_python(*launcher[1:], copy, *args, timeout=240, cwd=tmp, env=env)
     finally:
-        deadline = time.monotonic() + 10
-        while leftover_processes(str(tmp)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not leftover_processes(str(tmp))
+        assert_no_leftovers(str(tmp))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r.stdout
 

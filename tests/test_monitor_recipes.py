@@ -15,14 +15,13 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from naig.monitor.records import decode
-from tests.conftest import leftover_processes, run_python
+from tests.conftest import assert_no_leftovers, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD, STEPS, BAD_STEP = 3, 30, 24
@@ -35,10 +34,7 @@ def _run(cmd: list[str], tmp: Path, timeout: float = 300) -> subprocess.Complete
         assert cmd[0] == sys.executable
         r = run_python(*cmd[1:], timeout=timeout, env=env, cwd=tmp)
     finally:
-        deadline = time.monotonic() + 15
-        while leftover_processes(str(tmp)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not leftover_processes(str(tmp))
+        assert_no_leftovers(str(tmp), wait=15)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 

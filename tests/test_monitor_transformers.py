@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import warnings
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import torch  # noqa: E402
 from naig.errors import UsageError  # noqa: E402
 from naig.monitor import Monitor  # noqa: E402
 from naig.monitor.transformers import ONE_PROCESS, MonitorCallback  # noqa: E402
-from tests.conftest import flagged_steps, leftover_processes, run_python  # noqa: E402
+from tests.conftest import assert_no_leftovers, flagged_steps, run_python  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,10 +42,7 @@ def ranks(tmp_path_factory) -> dict:
     try:
         r = run_python(*cmd, timeout=420, env=env, cwd=tmp)
     finally:
-        deadline = time.monotonic() + 15
-        while leftover_processes(str(tmp)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not leftover_processes(str(tmp))
+        assert_no_leftovers(str(tmp), wait=15)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(out.read_text())
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import default_sigint, leftover_processes, run_python
+from tests.conftest import assert_no_leftovers, default_sigint, run_python
 
 TINY = ["--engine", "distributed", "--seeds", "1", "--data-bytes", "100000", "--eval-every", "0"]
 N_PARAMS = 120_576  # gpt-nano
@@ -31,10 +31,7 @@ def distributed(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess
     try:
         r = run_python("-m", "naig_cli", "simulate", *TINY, *args, "--json", timeout=TIMEOUT, env=env)
     finally:
-        deadline = time.monotonic() + 10  # orphans would exit within a second (parent watch)
-        while leftover_processes(str(tmp_path)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not leftover_processes(str(tmp_path))
+        assert_no_leftovers(str(tmp_path))  # orphans would exit within a second (parent watch)
     doc = json.loads(r.stdout) if r.stdout.strip() else None  # --json prints the result whatever the exit
     return r, doc
 
@@ -216,10 +213,7 @@ def test_ctrl_c_prints_partial_results_and_leaves_no_process(tmp_path: Path) -> 
     assert run["distributed"]["interrupted"] is True and run["updates"] >= 20
     assert run["final_val_loss"] < doc["untrained_val_loss"]  # evaluated where it stopped
     assert run["complete"] is False and doc["summaries"] == []  # kept, marked, never averaged in
-    deadline = time.monotonic() + 10
-    while leftover_processes(str(tmp_path)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not leftover_processes(str(tmp_path))
+    assert_no_leftovers(str(tmp_path))
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 3, reason="the NCCL path needs one GPU per rank (3)")
