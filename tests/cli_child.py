@@ -23,7 +23,10 @@ import tempfile
 import threading
 import types
 
-__all__ = ["execute", "python_target", "run_python", "run_rank"]
+__all__ = ["PRELOAD", "execute", "python_target", "run_python", "run_rank"]
+
+PRELOAD = ("tests.cli_child", "naig_cli.main", "torch", "torch._dynamo", "scipy.stats")
+"""What a server imports before it forks runs (``tests.conftest``'s forkserver, ``tests.warm_python``)."""
 
 
 def run_rank(module: str, argv: list[str], env: dict[str, str], cwd: str, log_path: str) -> None:

@@ -101,8 +101,7 @@ def _cli_context() -> multiprocessing.context.BaseContext:
     """The forkserver, started once, in the repository's folder (a test's temporary folder marks the
     processes of its runs: ``leftover_processes``)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.cli_child", "naig_cli.main", "torch", "torch._dynamo",
-                                "scipy.stats"])
+    ctx.set_forkserver_preload(list(_cli_child.PRELOAD))
     with contextlib.chdir(Path(__file__).resolve().parents[1]):
         multiprocessing.forkserver.ensure_running()
     return ctx

@@ -24,6 +24,7 @@ Only the standard library is imported at module level: the shims start with ``py
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import select
@@ -80,14 +81,13 @@ def main(prefix: list[str]) -> None:
 
 
 def serve(path: str) -> None:
-    """Import torch, ``torch._dynamo``, ``scipy.stats`` and ``naig_cli.main``, then serve runs on the
-    socket ``path`` (created last, so that it existing means the server is ready) until killed."""
-    import scipy.stats  # noqa: F401 (what audit, staleness and the simulate reports import)
-    import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401 (what the first optimizer of a run would import)
+    """Import ``tests.cli_child.PRELOAD`` (torch, ``torch._dynamo``, ``scipy.stats``, ``naig_cli.main``),
+    then serve runs on the socket ``path`` (created last, so that it existing means the server is
+    ready) until killed."""
+    from tests.cli_child import PRELOAD
 
-    import naig_cli.main  # noqa: F401
-    from tests import cli_child  # noqa: F401
+    for name in PRELOAD:
+        importlib.import_module(name)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
