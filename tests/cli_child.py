@@ -91,7 +91,9 @@ def execute(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str) -
     As the interpreter does: ``sys.path`` starts with the script's folder (a path), ``''`` (``-c``) or
     the working directory (``-m``), then ``PYTHONPATH``'s entries; ``-c`` code runs in a new
     ``__main__`` module; temporary files go under ``TMPDIR``; stderr escapes what it cannot encode
-    (``backslashreplace``) and ``PYTHONUNBUFFERED`` writes through; an uncaught exception prints its
+    (``backslashreplace``) and ``PYTHONUNBUFFERED`` writes through; with ``tests.warm_python.run_env``
+    in ``env``, ``sys.executable`` is its ``python`` shim (the interpreters the run starts are forked
+    from that server too); an uncaught exception prints its
     traceback and exits 1, an uncaught ``KeyboardInterrupt`` ends the process by SIGINT; at the end
     the non-daemon threads are joined and the ``atexit`` functions run; naig_cli's consoles read this
     environment (``COLUMNS``, ``NO_COLOR``, and what else rich reads when a console is made). What
@@ -106,6 +108,8 @@ def execute(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str) -
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     os.environ.clear()
     os.environ.update(env)
+    if env.get("NAIG_TEST_WARM_SOCKET") and env.get("PYTHON_EXEC"):  # tests.warm_python.run_env
+        sys.executable = env["PYTHON_EXEC"]
     os.chdir(cwd)
     tempfile.tempdir = None  # (the server's imports cached its TMPDIR)
     _fresh_consoles()

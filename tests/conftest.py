@@ -26,6 +26,7 @@ from threadpoolctl import threadpool_limits
 
 from naig.io import save_gradients
 from tests import cli_child as _cli_child
+from tests import warm_python
 
 # numpy's BLAS (OpenBLAS: one thread per core by default) on one thread in each test process and in
 # every process it starts, as torch's are there (OMP_NUM_THREADS): the pytest-xdist workers fill the
@@ -33,6 +34,8 @@ from tests import cli_child as _cli_child
 # (naig.threads). The monitor sets this itself around its own work; this covers the rest.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 _BLAS_LIMIT = threadpool_limits(1, user_api="blas")
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_naig(*args: str | os.PathLike, timeout: float = 300,
@@ -65,6 +68,9 @@ def run_python(*args: str | os.PathLike, env: dict[str, str] | None = None,
     consoles its ``COLUMNS`` and ``NO_COLOR``; what else the preloaded modules (``naig_cli.main``,
     torch) read when the server imported them stays as they read it, so a test of what start-up
     reads or imports starts its own interpreter.
+    The interpreters the run starts with ``sys.executable`` or torchrun (a ``LocalCluster``'s ranks,
+    torchrun's, Lightning's) are forked too, from ``tests.warm_python``'s server (``run_env`` in
+    ``env``), but for a run with a ``memory_cap``, whose limit that server's runs would not carry.
     ``memory_cap``: ``RLIMIT_AS`` bytes in the child; ``new_session``: ``start_new_session=True``
     (on a timeout the whole process group is killed; the result's ``pid`` is the group's id).
 
@@ -75,6 +81,8 @@ def run_python(*args: str | os.PathLike, env: dict[str, str] | None = None,
     args = [str(a) for a in args]
     cmd = [sys.executable, *args]
     env = dict(os.environ if env is None else env)
+    if memory_cap is None:  # (the server's runs would not carry the cap)
+        env.update(warm_python.run_env(warm_python.start(ROOT)))
     with tempfile.TemporaryDirectory(prefix="naig-py-") as tmp:
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         where = str(cwd or os.getcwd())

@@ -22,14 +22,12 @@ import os
 import re
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.warm_python import SOCKET_VAR, shims
+from tests import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_TEST_REASONS = ("gpu", "several machines", "set-up", "server", "long")
@@ -202,22 +200,12 @@ _SNIPPET_ENV = {"PYTHONPATH": str(ROOT), "COLUMNS": "100", "NO_COLOR": "1", "OMP
 
 
 @pytest.fixture(scope="module")
-def warm_bin(tmp_path_factory) -> Iterator[Path]:
-    """A folder holding the ``python`` and ``naig`` of ``tests.warm_python``, its server running (with
-    the snippets' environment) until the module's tests end."""
-    tmp = tmp_path_factory.mktemp("warm")
-    sock = tmp / "socket"
-    server = subprocess.Popen([sys.executable, "-m", "tests.warm_python", str(sock)], cwd=ROOT,
-                              env={**os.environ, **_SNIPPET_ENV}, stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while not sock.exists():
-            assert server.poll() is None and time.monotonic() < deadline, "the warm server did not start"
-            time.sleep(0.05)
-        yield shims(tmp / "bin", ROOT)
-    finally:
-        server.kill()
-        server.wait()
+def warm_bin() -> Path:
+    """The folder of the ``python`` and ``naig`` shims of this process's ``tests.warm_python`` server,
+    once the server is ready."""
+    folder = warm_python.start(ROOT)
+    assert warm_python.ready(folder, timeout=120), "the warm server did not start within 120 s"
+    return folder
 
 
 def _run(snippet: Snippet, cwd: Path, where: str, warm_bin: Path) -> None:
@@ -233,7 +221,7 @@ def _run(snippet: Snippet, cwd: Path, where: str, warm_bin: Path) -> None:
 def _snippet_env(warm_bin: Path) -> dict[str, str]:
     """This process's environment, the snippets' settings, the warm shims first on ``PATH``."""
     return {**os.environ, **_SNIPPET_ENV, "PATH": f"{warm_bin}{os.pathsep}{os.environ.get('PATH', '')}",
-            SOCKET_VAR: str(warm_bin.parent / "socket")}
+            **warm_python.run_env(warm_bin)}
 
 
 def _shell(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:

@@ -18,6 +18,16 @@ server's apply). What the server cannot run as the interpreter would (``python``
 shims without a server. The programs the runs start (``torchrun``, a rank, ``sys.executable``) are
 fresh interpreters, as always.
 
+The same server serves the runs of ``tests.conftest.run_python`` (``start`` starts one per test
+process, on first use): with ``run_env()`` in a run's environment, ``tests.cli_child.execute`` makes
+the ``python`` shim the run's ``sys.executable`` and torch's launcher reads it from ``PYTHON_EXEC``,
+so the ranks that a ``LocalCluster``, ``torchrun`` or Lightning starts inside a run are forked here
+too, instead of paying ~3 s of CPU each to import torch and ``torch._dynamo`` afresh. For them the
+``python`` shim also takes ``-u`` (torchrun's) and keeps ``naig.launch``'s parent watch: a shim whose
+environment names its parent (``NAIG_DISTRIBUTED_PARENT``) exits when that parent is gone, and the
+handler then kills the run, whose own watch is pointed at the handler. A run ended by signal N ends
+its shim by signal N, so its launcher sees the exit status an interpreter would give (−N).
+
 Only the standard library is imported at module level: the shims start with ``python -S``.
 """
 
@@ -35,9 +45,11 @@ import struct
 import sys
 from pathlib import Path
 
-__all__ = ["SOCKET_VAR", "main", "serve", "shims"]
+__all__ = ["EXEC_VAR", "PARENT_VAR", "SOCKET_VAR", "main", "ready", "run_env", "serve", "shims", "start"]
 
 SOCKET_VAR = "NAIG_TEST_WARM_SOCKET"
+EXEC_VAR = "PYTHON_EXEC"  # torchrun's override of its ranks' interpreter; a run takes it as sys.executable
+PARENT_VAR = "NAIG_DISTRIBUTED_PARENT"  # naig.launch.ENV_PARENT (not imported: it imports torch)
 _HEADER = struct.Struct("!Q")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -54,20 +66,23 @@ def shims(folder: Path, root: Path) -> Path:
 
 
 def main(prefix: list[str]) -> None:
-    """A shim's body: run ``python *prefix *sys.argv[1:]`` on the server, exit with its status."""
+    """A shim's body: run ``python *prefix *sys.argv[1:]`` on the server, exit as the run did."""
     from tests.cli_child import python_target  # (the standard library only, as here)
 
     args = [*prefix, *sys.argv[1:]]
-    path = os.environ.get(SOCKET_VAR)
+    env = dict(os.environ)
+    if args[:1] == ["-u"]:  # (torchrun starts its ranks with it)
+        args, env["PYTHONUNBUFFERED"] = args[1:], "1"
     try:
         python_target(args)
-    except ValueError:  # an option or a session the server does not run
-        path = None
-    if not path:
-        os.execv(sys.executable, [sys.executable, *args])
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(path)
-    body = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+        conn = _connect(env.get(SOCKET_VAR))
+    except (ValueError, OSError):  # an option the server does not run, or no server (yet)
+        conn = None
+    if conn is None:
+        os.execv(sys.executable, [sys.executable, *prefix, *sys.argv[1:]])
+    if PARENT_VAR in env:
+        _watch_parent(int(env[PARENT_VAR]))
+    body = json.dumps({"args": args, "env": env, "cwd": os.getcwd()}).encode()
     socket.send_fds(conn, [_HEADER.pack(len(body))], [0, 1, 2])
     conn.sendall(body)
     for sig in _FORWARDED:  # delivered to the run, which decides what they do
@@ -76,16 +91,99 @@ def main(prefix: list[str]) -> None:
     while chunk := conn.recv(64):
         reply += chunk
     if not reply:
-        sys.exit(f"tests.warm_python: the server at {path} sent no exit status for python {' '.join(args)}")
-    sys.exit(int(reply))
+        sys.exit(f"tests.warm_python: the server sent no exit status for python {' '.join(args)}")
+    _exit_as(int(reply))
 
 
-def serve(path: str) -> None:
+def _connect(path: str | None) -> socket.socket | None:
+    """A connection to the server at ``path``; None when there is none (no path).
+
+    Raises:
+        OSError: nothing listens there (not yet started, or gone).
+    """
+    if not path:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:
+        conn.close()
+        raise
+    return conn
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit (status 1, closing the connection: the handler then kills the run) once ``parent`` is no
+    longer this process's parent, as ``naig.launch.watch_parent`` makes a rank do."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _exit_as(code: int) -> None:
+    """Exit with ``code``, or end by signal −``code`` when it is negative (as the run ended)."""
+    if code < 0:
+        if -code in _FORWARDED:  # (our forwarding handler; SIGKILL and the like have none to reset)
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(128 - code if code < 0 else code)
+
+
+def start(root: Path) -> Path:
+    """This process's server (started on the first call, in ``root``, with this process's environment;
+    not waited for: a shim finding no server yet runs the real interpreter) and its shims' folder.
+
+    The server ends when this process does (killed at exit, or by its own watch of this process).
+    """
+    global _STARTED
+    if _STARTED is None:
+        import atexit
+        import shutil
+        import subprocess
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="naig-warm-"))
+        server = subprocess.Popen([sys.executable, "-m", "tests.warm_python", str(folder / "socket"),
+                                   str(os.getpid())], cwd=root, stdin=subprocess.DEVNULL)
+        _STARTED = shims(folder / "bin", root)
+        atexit.register(lambda: (server.kill(), server.wait(), shutil.rmtree(folder, ignore_errors=True)))
+    return _STARTED
+
+
+_STARTED: Path | None = None
+
+
+def ready(bin_folder: Path, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for the server of ``bin_folder`` to listen; True once it does."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (bin_folder.parent / "socket").exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def run_env(bin_folder: Path) -> dict[str, str]:
+    """What a run's environment needs for the interpreters it starts to be this server's runs."""
+    return {SOCKET_VAR: str(bin_folder.parent / "socket"), EXEC_VAR: str(bin_folder / "python")}
+
+
+def serve(path: str, parent: int | None = None) -> None:
     """Import ``tests.cli_child.PRELOAD`` (torch, ``torch._dynamo``, ``scipy.stats``, ``naig_cli.main``),
     then serve runs on the socket ``path`` (created last, so that it existing means the server is
-    ready) until killed."""
+    ready) until killed, or until ``parent`` (a pid) is no longer its parent."""
     from tests.cli_child import PRELOAD
 
+    if parent is not None:
+        _watch_parent(parent)
     for name in PRELOAD:
         importlib.import_module(name)
 
@@ -111,6 +209,8 @@ def _handle(conn: socket.socket) -> None:
     head, fds, _, _ = socket.recv_fds(conn, _HEADER.size, 3)
     head += _receive(conn, _HEADER.size - len(head))
     req = json.loads(_receive(conn, _HEADER.unpack(head)[0]))
+    if PARENT_VAR in req["env"]:  # the run's parent watch watches this handler (the shim watches its own)
+        req["env"][PARENT_VAR] = str(os.getpid())
     pid = os.fork()
     if pid == 0:
         from tests.cli_child import execute, python_target
@@ -149,13 +249,12 @@ def _receive(conn: socket.socket, size: int) -> bytes:
 
 
 def _wait(pid: int, conn: socket.socket) -> int:
-    """The exit status of ``pid`` (128 + N after signal N). A byte from ``conn`` is a signal the shim
+    """The exit status of ``pid`` (−N after signal N). A byte from ``conn`` is a signal the shim
     received, sent on to ``pid``; if ``conn`` closes first, ``pid``'s process group is killed."""
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            code = os.waitstatus_to_exitcode(status)
-            return 128 - code if code < 0 else code
+            return os.waitstatus_to_exitcode(status)
         readable, _, _ = select.select([conn], [], [], 0.02)
         if not readable:
             continue
@@ -170,4 +269,4 @@ def _wait(pid: int, conn: socket.socket) -> int:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
