@@ -8,6 +8,7 @@ is visible as a different result.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -19,6 +20,7 @@ from naig.simulate import SimulateConfig, Workload, run_experiment
 from naig.simulate.engines import GOSSIP_METHODS, select, start
 from naig.simulate.faults import FAULT_KINDS, PROCESS_FAULTS
 from naig.simulate.strategies import STRATEGIES
+from tests.conftest import run_python
 
 TINY = dict(steps=2, seeds=1, data_bytes=60_000, eval_every=0, eval_batches=1, batch_size=2, lr=(1e-2,))
 ARG = {"signflip": ":3", "scale": ":5", "noise": ":2", "coordflip": ":0.5", "bitflip32": ":30",
@@ -123,26 +125,49 @@ def test_distributed_config_accepts_every_fault_kind(kind: str) -> None:
     assert cfg.fault_list[0].kind == kind
 
 
-def _distributed_one_worker(**options: object) -> list[float]:
-    cfg = SimulateConfig.from_options(engine="distributed", nproc=2, timeout=10, strategies=("hogwild",),
-                                      **{**TINY, "steps": 3}, **options)
+DISTRIBUTED_CHILD = """
+import json, sys
+from naig.simulate import SimulateConfig, run_experiment
+from tests.test_simulate_engines import _fault
+done = []
+for options in json.loads(sys.argv[1]):
+    faults = tuple(_fault(kind, worker=0) for kind in options.pop("fault_kinds", []))
+    cfg = SimulateConfig.from_options(engine="distributed", nproc=2, timeout=10, faults=faults, **options)
     result = run_experiment(cfg)
-    assert result is not None and len(result.runs) == 1
-    return [loss for _, loss in result.runs[0].curve]
+    done.append([dict(curve=r.curve, mean_pi=r.mean_pi, updates=r.updates) for r in result.runs])
+print(json.dumps(done))
+"""
+
+
+def _distributed_runs(*option_sets: dict) -> list[list[dict]]:
+    """``run_experiment`` on the distributed engine (nproc 2: one worker) for each set of options
+    (``fault_kinds``: faults on worker 0), one after another in one ``run_python`` run, whose worker
+    processes are forked warm (tests.warm_python); each result's runs as ``curve``, ``mean_pi`` and
+    ``updates`` (floats exact through JSON, NaN included)."""
+    r = run_python("-c", DISTRIBUTED_CHILD, json.dumps([{**o, "lr": list(o["lr"])} for o in option_sets]),
+                   timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
 
 
 def test_distributed_engine_applies_every_gradient_fault_kind() -> None:
     """One worker, real processes: deterministic, so every gradient fault changes the curve (nan: NaN)."""
-    clean = _distributed_one_worker()
-    assert clean == _distributed_one_worker()  # one worker: the same result twice
-    for kind in sorted(FAULT_KINDS):
-        if kind in PROCESS_FAULTS:
-            continue  # kill and hang: tests/test_simulate_distributed_server.py (a lost worker)
-        curve = _distributed_one_worker(faults=(_fault(kind, worker=0),))
+    kinds = [k for k in sorted(FAULT_KINDS) if k not in PROCESS_FAULTS]  # kill and hang: a lost worker,
+    #                                                   tests/test_simulate_distributed_server.py
+    base = dict(strategies=["hogwild"], **{**TINY, "steps": 3})
+    results = _distributed_runs(base, base, *({**base, "fault_kinds": [kind]} for kind in kinds))
+    clean, again, *faulty = [_losses(runs) for runs in results]
+    assert clean == again  # one worker: the same result twice
+    for kind, curve in zip(kinds, faulty, strict=True):
         if kind in NON_FINITE:
             assert not math.isfinite(curve[-1]), curve
         else:
             assert curve[-1] != clean[-1] and math.isfinite(curve[-1]), (kind, curve, clean)
+
+
+def _losses(runs: list[dict]) -> list[float]:
+    (run,) = runs
+    return [loss for _, loss in run["curve"]]
 
 
 MEMORY_CHILD = """
@@ -163,8 +188,6 @@ print(run.t, len(run.history.rows()))
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_memory_is_what_ran_not_the_budget(setting: str) -> None:
     """A billion steps allocate nothing per step up front: three updates run under a 3 GiB cap."""
-    from tests.conftest import run_python
-
     code = MEMORY_CHILD.format(setting=repr(SETTINGS[setting]))
     out = run_python("-c", code, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -212,17 +235,17 @@ def test_one_worker_on_real_processes_equals_the_simulated_arrivals_engine(rule:
     """One update path: with one worker (no arrival order to vary) the distributed engine's run is the
     simulated arrivals engine's run, loss for loss, for a rule with state (naig's EMA, dc-asgd)."""
     common = dict(strategies=(rule,), **{**TINY, "steps": 4, "eval_every": 2})
-    real = run_experiment(SimulateConfig.from_options(engine="distributed", nproc=2, timeout=10, **common))
-    simulated = run_experiment(SimulateConfig.from_options(arrivals="const:1", **common))
-    (a,), (b,) = real.runs, simulated.runs
-    assert a.updates == b.updates == 4
+    ((a,),) = _distributed_runs({**common, "strategies": [rule]})
+    (b,) = run_experiment(SimulateConfig.from_options(arrivals="const:1", **common)).runs
+    a_curve, a_pi = tuple(tuple(point) for point in a["curve"]), tuple(a["mean_pi"])  # (JSON's lists)
+    assert a["updates"] == b.updates == 4
     if rule == "naig":  # its weight comes from a sketch of the received buffer: sums reduced in another
         #                 memory layout differ in the last float32 bits, so w (the lr scale) does too
-        assert [x for x, _ in a.curve] == [x for x, _ in b.curve]
-        assert [v for _, v in a.curve] == pytest.approx([v for _, v in b.curve], rel=1e-6, abs=0)
-        assert a.mean_pi == pytest.approx(b.mean_pi, rel=1e-5)
+        assert [x for x, _ in a_curve] == [x for x, _ in b.curve]
+        assert [v for _, v in a_curve] == pytest.approx([v for _, v in b.curve], rel=1e-6, abs=0)
+        assert a_pi == pytest.approx(b.mean_pi, rel=1e-5)
     else:  # bit for bit
-        assert a.curve == b.curve and a.mean_pi == b.mean_pi
+        assert a_curve == b.curve and a_pi == b.mean_pi
 
 
 @pytest.mark.parametrize("rule", [*STRATEGIES, *LOCAL_METHODS])
