@@ -11,14 +11,14 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import assert_no_leftovers, default_sigint, run_python
+from tests import warm_python
+from tests.conftest import ROOT, assert_no_leftovers, default_sigint, run_python
 
 TINY = ["--engine", "distributed", "--seeds", "1", "--data-bytes", "100000", "--eval-every", "0"]
 N_PARAMS = 120_576  # gpt-nano
@@ -184,12 +184,16 @@ def test_slow_worker_staleness_grows_as_predicted(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_prints_partial_results_and_leaves_no_process(tmp_path: Path) -> None:
-    env = {**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "200"}
-    cmd = [sys.executable, "-m", "naig_cli", "simulate", *TINY, "--nproc", "3", "--steps", "100000",
+    """SIGINT to the CLI (the warm server's ``python``: its run and the workers it spawns are forked
+    from that server, SIGINT sent on; they work in ``tmp_path``, which marks them)."""
+    folder = warm_python.start(ROOT)
+    assert warm_python.ready(folder, timeout=120)
+    env = {**os.environ, **warm_python.run_env(folder), "TMPDIR": str(tmp_path), "COLUMNS": "200"}
+    cmd = [str(folder / "python"), "-m", "naig_cli", "simulate", *TINY, "--nproc", "3", "--steps", "100000",
            "--eval-every", "5", "--strategies", "hogwild", "--json"]
     log = tmp_path / "stderr.txt"
     with log.open("w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=tmp_path,
                                 preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + TIMEOUT

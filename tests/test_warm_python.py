@@ -44,6 +44,19 @@ def test_a_shim_ends_as_its_run_did(warm_env: dict[str, str], code: str, status:
     assert r.returncode == status, r.stderr
 
 
+@pytest.mark.parametrize("ignored", [False, True])
+def test_the_run_ignores_sigint_where_its_shim_was_started_ignoring_it(warm_env: dict[str, str],
+                                                                       ignored: bool) -> None:
+    """As an interpreter does: started with SIGINT ignored (a background job of a script) it keeps it
+    ignored, else Ctrl-C is a KeyboardInterrupt."""
+    python = warm_env[warm_python.EXEC_VAR]
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+    disposition = signal.SIG_IGN if ignored else signal.SIG_DFL
+    r = subprocess.run([python, "-c", code], env=warm_env, capture_output=True, text=True, timeout=120,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, disposition))
+    assert r.returncode == 0 and r.stdout.split() == [str(ignored)], r.stdout + r.stderr
+
+
 def test_the_shim_takes_torchruns_u_and_the_run_is_forked_warm(warm_env: dict[str, str]) -> None:
     python = warm_env[warm_python.EXEC_VAR]
     code = "import sys, os; print('torch' in sys.modules, os.environ.get('PYTHONUNBUFFERED'), sys.argv[1:])"

@@ -3,30 +3,29 @@
 tests/test_docs.py runs every ```bash and ```python block of the docs as a user would, in a shell;
 most of those commands are ``naig …`` or ``python …``, and a fresh interpreter pays ~1 s importing
 torch and ~1 s more for ``torch._dynamo`` (which torch imports when the first optimizer is built)
-before doing anything. Here a server (``python -m tests.warm_python SOCKET``, started with the
-snippets' environment) imports them, with ``naig_cli.main``, once; ``shims(folder)`` writes two
-small programs, ``python`` and ``naig``, to put first on ``PATH``. Each sends its arguments,
-environment, working directory and descriptors 0-2 to the server over the Unix socket named by
-``NAIG_TEST_WARM_SOCKET``; the server forks a handler, which forks the run (``tests.cli_child.execute``:
-``sys.argv``, ``sys.path``, ``__main__`` as the interpreter sets them, torch's threads from
-``OMP_NUM_THREADS``) in a process group of its own, waits for it and sends back its exit status
-(128 + N when signal N ended it), which the shim exits with. SIGINT, SIGTERM and SIGHUP sent to a
-shim are sent on to its run; a shim that dies (SIGKILL on a timeout) closes its socket, and the
-handler kills the run's group. Not carried over: the shim's resource limits and umask (the
-server's apply). What the server cannot run as the interpreter would (``python`` with an option other than
-``-m`` or ``-c``, or no argument) the ``python`` shim hands to the real interpreter, and so do both
-shims without a server. The programs the runs start (``torchrun``, a rank, ``sys.executable``) are
-fresh interpreters, as always.
+before doing anything. Here a server (``python -m tests.warm_python SOCKET``; ``start`` starts one per
+test process, with that process's environment, on first use) imports them, with ``naig_cli.main``,
+once; ``shims(folder)`` writes two small programs, ``python`` and ``naig``, to put first on ``PATH``.
+Each sends its arguments, environment, working directory, the forwarded signals it ignores and
+descriptors 0-2 to the server over the Unix socket named by ``NAIG_TEST_WARM_SOCKET``; the server
+forks a handler, which forks the run (``tests.cli_child.execute``: ``sys.argv``, ``sys.path``,
+``__main__`` as the interpreter sets them, torch's threads from ``OMP_NUM_THREADS``) in a process
+group of its own, waits for it and sends back its exit status (−N when signal N ended it: the shim
+then ends by signal N, so whatever started it sees what an interpreter would give). SIGINT, SIGTERM
+and SIGHUP sent to a shim are sent on to its run; a shim that dies (SIGKILL on a timeout) closes its
+socket, and the handler kills the run's group. Not carried over: the shim's resource limits and
+umask (the server's apply). What the server cannot run as the interpreter would (``python`` with an
+option other than ``-u``, ``-m`` or ``-c``, or no argument) the ``python`` shim hands to the real
+interpreter, and so do both shims while there is no server (not started yet, or gone).
 
-The same server serves the runs of ``tests.conftest.run_python`` (``start`` starts one per test
-process, on first use): with ``run_env()`` in a run's environment, ``tests.cli_child.execute`` makes
-the ``python`` shim the run's ``sys.executable`` and torch's launcher reads it from ``PYTHON_EXEC``,
-so the ranks that a ``LocalCluster``, ``torchrun`` or Lightning starts inside a run are forked here
-too, instead of paying ~3 s of CPU each to import torch and ``torch._dynamo`` afresh. For them the
-``python`` shim also takes ``-u`` (torchrun's) and keeps ``naig.launch``'s parent watch: a shim whose
-environment names its parent (``NAIG_DISTRIBUTED_PARENT``) exits when that parent is gone, and the
-handler then kills the run, whose own watch is pointed at the handler. A run ended by signal N ends
-its shim by signal N, so its launcher sees the exit status an interpreter would give (−N).
+The runs of ``tests.conftest.run_python`` get ``run_env()`` in their environment:
+``tests.cli_child.execute`` then makes the ``python`` shim the run's ``sys.executable``, and torch's
+launcher reads it from ``PYTHON_EXEC``, so the ranks that a ``LocalCluster``, ``torchrun`` or
+Lightning starts inside a run are forked here too, instead of paying ~3 s of CPU each to import
+torch and ``torch._dynamo`` afresh. For them the ``python`` shim takes ``-u`` (torchrun's) and keeps
+``naig.launch``'s parent watch: a shim whose environment names its parent
+(``NAIG_DISTRIBUTED_PARENT``) exits when that parent is gone, and the handler then kills the run,
+whose own watch is pointed at the handler.
 
 Only the standard library is imported at module level: the shims start with ``python -S``.
 """
@@ -82,7 +81,8 @@ def main(prefix: list[str]) -> None:
         os.execv(sys.executable, [sys.executable, *prefix, *sys.argv[1:]])
     if PARENT_VAR in env:
         _watch_parent(int(env[PARENT_VAR]))
-    body = json.dumps({"args": args, "env": env, "cwd": os.getcwd()}).encode()
+    ignored = [int(sig) for sig in _FORWARDED if signal.getsignal(sig) == signal.SIG_IGN]  # the run's too
+    body = json.dumps({"args": args, "env": env, "cwd": os.getcwd(), "ignored": ignored}).encode()
     socket.send_fds(conn, [_HEADER.pack(len(body))], [0, 1, 2])
     conn.sendall(body)
     for sig in _FORWARDED:  # delivered to the run, which decides what they do
@@ -217,6 +217,9 @@ def _handle(conn: socket.socket) -> None:
 
         conn.close()
         os.setpgid(0, 0)  # the run and what it starts: one group, killed whole if the shim dies
+        for sig in _FORWARDED:  # as an interpreter started where the shim was would have them
+            default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+            signal.signal(sig, signal.SIG_IGN if int(sig) in req["ignored"] else default)
         for fd, src in enumerate(fds):
             os.dup2(src, fd)
         for src in fds:
