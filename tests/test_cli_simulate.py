@@ -3,6 +3,7 @@
 import importlib.util
 import inspect
 import json
+import os
 import subprocess
 import sys
 import time
@@ -16,7 +17,8 @@ from naig.simulate import SimulateConfig
 from naig.simulate.config import DEFAULT_STRATEGIES
 from naig_cli import simulate as cli
 from naig_cli.main import app
-from tests.conftest import assert_one_line_error, default_sigint, run_naig
+from tests import warm_python
+from tests.conftest import ROOT, assert_no_leftovers, assert_one_line_error, default_sigint, run_naig
 
 TINY = ["simulate", "--steps", "6", "--seeds", "1", "--data-bytes", "200000",
         "--lags", "0,2", "--eval-every", "3"]
@@ -285,16 +287,26 @@ def test_every_run_diverges_exit_1_with_the_table_kept() -> None:
     assert json.loads(r.stdout)["warnings"] == said and not any("diverged" in w for w in said)
 
 
-def test_a_stop_after_a_run_diverged_says_the_divergence_on_stderr_as_in_the_json() -> None:
+def _warm_simulate(*args: str, cwd: Path) -> subprocess.Popen:
+    """``python -m naig_cli simulate *args`` as the warm server's ``python`` (tests.warm_python: the
+    run, and any process it forks, comes from that server), working in ``cwd`` (which marks them all),
+    SIGINT at its default, stdout and stderr piped (text)."""
+    folder = warm_python.start(ROOT)
+    assert warm_python.ready(folder, timeout=120), "the warm server did not start within 120 s"
+    env = {**os.environ, **warm_python.run_env(folder)}
+    return subprocess.Popen([str(folder / "python"), "-m", "naig_cli", "simulate", *args], env=env, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
+
+
+def test_a_stop_after_a_run_diverged_says_the_divergence_on_stderr_as_in_the_json(tmp_path: Path) -> None:
     """SIGINT once the diverged run has ended (its progress line says so): the warning on stderr, then
     the interruption's error, and the JSON document's ``warnings`` the same warning."""
     import signal
 
-    cmd = [sys.executable, "-m", "naig_cli", "simulate", "--steps", "2000", "--seeds", "1", "--data-bytes",
-           "200003", "--eval-every", "0", "--strategies", "hogwild,naig", "--lags", "0,2,2", "--faults",
-           "1:nan", "--json", "--jobs", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_sigint)
+    proc = _warm_simulate("--steps", "2000", "--seeds", "1", "--data-bytes", "200003", "--eval-every", "0",
+                          "--strategies", "hogwild,naig", "--lags", "0,2,2", "--faults", "1:nan", "--json",
+                          "--jobs", "1", cwd=tmp_path)
     try:
         first = proc.stderr.readline()
         time.sleep(0.5)  # the run's result is kept just before its line; the other run takes ~40 s
@@ -308,6 +320,7 @@ def test_a_stop_after_a_run_diverged_says_the_divergence_on_stderr_as_in_the_jso
     assert len(said) == 1 and said[0].startswith("1 of 1 runs diverged"), err
     assert json.loads(out)["warnings"] == said
     assert err.rstrip().splitlines()[-1].startswith("error: interrupted")
+    assert_no_leftovers(str(tmp_path))
 
 
 @pytest.mark.parametrize("columns", [80, 200])
@@ -438,8 +451,9 @@ def test_local_updates_report_bytes_seconds_and_samples() -> None:
 
 
 @pytest.mark.parametrize(("jobs", "stop"), [("1", "SIGINT"), ("2", "SIGINT"), ("1", "SIGTERM")])
-def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str, stop: str,
-                                                                  tmp_path: Path) -> None:
+def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str, stop: str, tmp_path: Path,
+                                                                  tmp_path_factory: pytest.TempPathFactory
+                                                                  ) -> None:
     """SIGINT (or SIGTERM, a scheduler's stop) after runs finished: exit 130, a valid JSON document with
     finished runs only (one process: in planned order, the first recorded once the second ends; two
     side by side: the runs whose results had come back when the signal did, the children stopped).
@@ -448,11 +462,10 @@ def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str, stop
     with the steps it ran."""
     import signal
 
-    cmd = [sys.executable, "-m", "naig_cli", "simulate", "--steps", "40", "--seeds", "3", "--data-bytes",
-           "200017", "--eval-every", "0", "--strategies", "hogwild,naig", "--lags", "0,2", "--json",
-           "--jobs", jobs, "--log-dir", str(tmp_path)]  # 200017: this test's processes, by their command line
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_sigint)
+    where = tmp_path_factory.mktemp("cwd")  # (tmp_path holds the logs only)
+    proc = _warm_simulate("--steps", "40", "--seeds", "3", "--data-bytes", "200017", "--eval-every", "0",
+                          "--strategies", "hogwild,naig", "--lags", "0,2", "--json", "--jobs", jobs,
+                          "--log-dir", str(tmp_path), cwd=where)  # 200017: the shim, by its command line
     try:
         lines = [proc.stderr.readline() for _ in range(2 if jobs == "1" else 4)]  # runs' last steps
         proc.send_signal(getattr(signal, stop))
@@ -471,6 +484,7 @@ def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str, stop
     assert "error: interrupted" in err and "Traceback" not in err
     time.sleep(0.5)
     assert not _processes_with(f"--jobs\x00{jobs}\x00"), "a run process outlived the CLI"
+    assert_no_leftovers(str(where), what="a run process of the CLI")
     logs = {p.name for p in tmp_path.iterdir()}
     whole = {n for n in logs if not n.endswith(".partial.csv")}
     assert whole >= {f"{s}-seed{k}-lr0.001.csv" for s, k in finished}, logs  # (one may end unreported)
