@@ -29,7 +29,8 @@ def distributed(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess
     """Run the CLI (``--json`` added); assert that no process of the run outlives it."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "200"}
     try:
-        r = run_python("-m", "naig_cli", "simulate", *TINY, *args, "--json", timeout=TIMEOUT, env=env)
+        r = run_python("-m", "naig_cli", "simulate", *TINY, *args, "--json", timeout=TIMEOUT, env=env,
+                       cwd=tmp_path)  # (the workers are forked warm: their folder marks them)
     finally:
         assert_no_leftovers(str(tmp_path))  # orphans would exit within a second (parent watch)
     doc = json.loads(r.stdout) if r.stdout.strip() else None  # --json prints the result whatever the exit

@@ -69,7 +69,7 @@ def test_the_shim_takes_torchruns_u_and_the_run_is_forked_warm(warm_env: dict[st
     assert fresh.stdout.split()[0] == "False", fresh.stdout + fresh.stderr  # no server: the interpreter
 
 
-def test_a_run_s_local_cluster_ranks_are_forked_warm(tmp_path: Path) -> None:
+def test_a_run_s_local_cluster_ranks_are_forked_warm(tmp_path: Path, warm_env: dict[str, str]) -> None:
     """``run_python`` gives its run the shim as ``sys.executable``: a ``LocalCluster`` started there
     forks its ranks from the server (torch already imported), with the launcher's environment."""
     child = "import os, sys; print('torch' in sys.modules, os.environ['RANK'], os.environ['OMP_NUM_THREADS'])"
@@ -89,8 +89,9 @@ def test_a_run_s_local_cluster_ranks_are_forked_warm(tmp_path: Path) -> None:
 
 
 def test_a_rank_exits_when_its_cluster_s_process_is_killed(tmp_path: Path, warm_env: dict[str, str]) -> None:
-    """The parent watch holds through the shim: SIGKILL the process that started the cluster, and
-    both the shim and the run it asked for end (the run's pid is written to a file)."""
+    """No orphan through the shim: SIGKILL the process that started the cluster, and both the rank's
+    shim (its own watch of its parent) and the run it asked for (killed by the handler once the shim
+    is gone) end; the run's pid is written to a file. (naig's own watch: tests/test_distributed_launch.py.)"""
     pid_file = tmp_path / "run.pid"
     child = (f"import os, time; from naig.launch import watch_parent; watch_parent(0.1); "
              f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)")

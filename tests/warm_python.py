@@ -79,20 +79,39 @@ def main(prefix: list[str]) -> None:
         conn = None
     if conn is None:
         os.execv(sys.executable, [sys.executable, *prefix, *sys.argv[1:]])
-    if PARENT_VAR in env:
-        _watch_parent(int(env[PARENT_VAR]))
+    if env.get(PARENT_VAR) == str(os.getppid()):  # (a variable inherited from further up is not ours)
+        _watch_parent(os.getppid())
+    elif PARENT_VAR in env and not _exists(int(env[PARENT_VAR])):  # the parent died as we started
+        sys.exit(1)
     ignored = [int(sig) for sig in _FORWARDED if signal.getsignal(sig) == signal.SIG_IGN]  # the run's too
     body = json.dumps({"args": args, "env": env, "cwd": os.getcwd(), "ignored": ignored}).encode()
     socket.send_fds(conn, [_HEADER.pack(len(body))], [0, 1, 2])
     conn.sendall(body)
-    for sig in _FORWARDED:  # delivered to the run, which decides what they do
-        signal.signal(sig, lambda number, _frame: conn.send(bytes([number])))
+    for sig in _FORWARDED:  # delivered to the run, which decides what they do (unless it has ended)
+        signal.signal(sig, lambda number, _frame: _forward(conn, number))
     reply = b""
-    while chunk := conn.recv(64):
-        reply += chunk
+    with contextlib.suppress(ConnectionResetError):  # (a forwarded signal met the end of the run)
+        while chunk := conn.recv(64):
+            reply += chunk
     if not reply:
         sys.exit(f"tests.warm_python: the server sent no exit status for python {' '.join(args)}")
     _exit_as(int(reply))
+
+
+def _forward(conn: socket.socket, number: int) -> None:
+    """Send signal ``number`` on to the run; a run that has just ended gets none."""
+    with contextlib.suppress(OSError):
+        conn.send(bytes([number]))
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _connect(path: str | None) -> socket.socket | None:
@@ -150,7 +169,8 @@ def start(root: Path) -> Path:
 
         folder = Path(tempfile.mkdtemp(prefix="naig-warm-"))
         server = subprocess.Popen([sys.executable, "-m", "tests.warm_python", str(folder / "socket"),
-                                   str(os.getpid())], cwd=root, stdin=subprocess.DEVNULL)
+                                   str(os.getpid())], cwd=root, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)  # (a Ctrl-C to the tests is not its)
         _STARTED = shims(folder / "bin", root)
         atexit.register(lambda: (server.kill(), server.wait(), shutil.rmtree(folder, ignore_errors=True)))
     return _STARTED
@@ -184,6 +204,7 @@ def serve(path: str, parent: int | None = None) -> None:
 
     if parent is not None:
         _watch_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server and its handlers; each run sets its own
     for name in PRELOAD:
         importlib.import_module(name)
 
