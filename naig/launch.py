@@ -148,7 +148,7 @@ class LocalCluster:
         self.shutdown(grace=0.0 if exc[0] is not None else 10.0)
 
     def _spawn(self, rank: int) -> subprocess.Popen:
-        root = str(Path(__file__).resolve().parents[2])  # the children import this very naig
+        root = str(Path(__file__).resolve().parents[1])  # the children import this very naig
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(self.nproc), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(self.nproc), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(self.store.port), ENV_STORE: "1", ENV_PARENT: str(os.getpid()),

@@ -47,6 +47,19 @@ def test_children_get_the_launcher_environment_and_logs(tmp_path: Path) -> None:
     assert cluster.log_tail(1) == f"1 2 {port}" and cluster.exit_code(1) == 3
 
 
+def test_children_import_the_naig_of_their_parent(tmp_path: Path) -> None:
+    """The folder holding this naig package leads the children's PYTHONPATH, so a child runs the
+    parent's naig (until 2026-12-07 it named the folder above that, which an installed naig hid)."""
+    import naig
+
+    code = "import os, naig; print(os.environ['PYTHONPATH'].split(os.pathsep)[0], naig.__file__)"
+    with LocalCluster([sys.executable, "-c", code], 2, 5.0, tmp_path) as cluster:
+        codes = cluster.shutdown(grace=30)
+    first, imported = cluster.log_tail(1).split()
+    assert codes == {1: 0}
+    assert first == str(Path(naig.__file__).resolve().parents[1]) and imported == naig.__file__
+
+
 def test_stop_terminates_named_ranks_only(tmp_path: Path) -> None:
     with LocalCluster(SLEEPER, 3, 5.0, tmp_path) as cluster:
         cluster.stop([2])
