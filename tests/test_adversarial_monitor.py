@@ -22,7 +22,6 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -39,7 +38,7 @@ from naig.gibbs import frozen_mask, naig_weights
 from naig.monitor import Detector, Monitor
 from naig.monitor.records import MAX_WORLD, JsonlRecords, LoggerRecords, read_log
 from naig.router import Router
-from tests.conftest import assert_no_leftovers
+from tests.conftest import assert_no_leftovers, run_python
 from tests.test_adversarial import capped_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -320,9 +319,8 @@ def ranks(tmp_path_factory) -> dict:
             if _mount(tmp / name, opts)}
     out = tmp / "out.json"
     try:
-        r = subprocess.run([sys.executable, "-m", "tests.adversarial_monitor_ranks", str(out),
-                            *(f"{k}={v}" for k, v in dirs.items())], capture_output=True, text=True,
-                           timeout=300, env={**os.environ, "TMPDIR": str(tmp)})
+        r = run_python("-m", "tests.adversarial_monitor_ranks", out, *(f"{k}={v}" for k, v in dirs.items()),
+                       timeout=300, env={**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}, cwd=tmp)
         assert_no_leftovers(str(tmp))
         assert r.returncode == 0, r.stderr[-3000:]
         doc = json.loads(out.read_text())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_naig, run_python
+from tests.conftest import assert_no_leftovers, run_naig, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,9 +89,9 @@ def test_ddp_gpt_trains_under_ddp_with_the_hook(tmp_path):
     """examples/ddp_gpt.py: 3 real ranks (gloo), a few steps, the hook's log on rank 0."""
     csv = tmp_path / "ddp.csv"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / "ddp_gpt.py"), "--nproc", "3", "--steps", "4",
-                        "--every", "2", "--route", "--csv", str(csv)],
-                       capture_output=True, text=True, timeout=240, env=env)
+    r = run_python(ROOT / "examples" / "ddp_gpt.py", "--nproc", "3", "--steps", "4", "--every", "2",
+                   "--route", "--csv", csv, timeout=240, env=env, cwd=tmp_path)  # (forked; its ranks too)
+    assert_no_leftovers(str(tmp_path), what="a rank of examples/ddp_gpt.py")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "step    4" in r.stdout and "3 ranks, routed" in r.stdout
     before, after = (float(v) for v in r.stdout.split("validation loss ")[1].split(" nats")[0].split(" -> "))

@@ -2,8 +2,6 @@
 
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +11,7 @@ from safetensors import safe_open
 
 from naig.errors import UsageError
 from naig.io import save_gradients
+from tests.conftest import run_python
 
 
 def test_roundtrip_with_metadata(tmp_path):
@@ -143,8 +142,7 @@ dist.destroy_process_group()
 def test_dtensor_gradient_is_gathered_on_a_real_gloo_group(tmp_path):
     out = tmp_path / "d.safetensors"
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, "-c", _DTENSOR_SCRIPT, str(out)], capture_output=True, text=True,
-                       timeout=120, cwd=root)
+    r = run_python("-c", _DTENSOR_SCRIPT, out, timeout=120, cwd=root)
     assert r.returncode == 0, r.stderr
     assert _read(out)["w"].tolist() == (2 * torch.arange(12.0).reshape(4, 3)).tolist()  # d(w²)/dw = 2w
 
