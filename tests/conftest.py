@@ -82,7 +82,7 @@ def run_python(*args: str | os.PathLike, env: dict[str, str] | None = None,
     cmd = [sys.executable, *args]
     env = dict(os.environ if env is None else env)
     if memory_cap is None:  # (the server's runs would not carry the cap)
-        env.update(warm_python.run_env(warm_python.start(ROOT)))
+        env.update(warm_python.run_env(_warm_bin()))
     with tempfile.TemporaryDirectory(prefix="naig-py-") as tmp:
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         where = str(cwd or os.getcwd())
@@ -102,6 +102,15 @@ def run_python(*args: str | os.PathLike, env: dict[str, str] | None = None,
     done = subprocess.CompletedProcess(cmd, p.exitcode, stdout, stderr)
     done.pid = p.pid  # (with new_session, the id of the child's process group)
     return done
+
+
+@functools.cache
+def _warm_bin() -> Path:
+    """This process's ``tests.warm_python`` server, waited for once: every run's interpreters are then
+    its runs (a run that found no server yet would start fresh ones, which see another ``sys.path``)."""
+    folder = warm_python.start(ROOT)
+    assert warm_python.ready(folder, timeout=120), "the warm server did not start within 120 s"
+    return folder
 
 
 @functools.cache
