@@ -10,6 +10,7 @@ import pytest
 
 from naig import __version__
 from naig.sketch.kernels import HAVE_COMPILED, compiled_isa
+from tests.conftest import default_sigint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +24,7 @@ _WITHOUT_KERNEL = (
 def _naig(*args: str, code: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "naig", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **(env or {})}, preexec_fn=default_sigint)  # (a Ctrl-C test)
 
 
 def test_python_dash_m_naig_runs_the_cli():
