@@ -5,7 +5,8 @@ this file, float for float).
     python scripts/save_simulate_results.py          # writes tests/data/simulate_results.json
 
 Run it only when a change is *meant* to change the numbers, and say so in the commit. The runs are
-small (gpt-nano, 4 server steps, one seed, on this machine's CPU torch build, one thread) so the
+small (gpt-nano, 4 server steps, 4 validation batches per evaluation, one seed, on this machine's CPU torch
+build, one thread) so the
 check costs seconds; the file records the torch version it was made with.
 """
 
@@ -30,7 +31,7 @@ __all__ = ["CASES", "COMMAND", "OUT", "main", "results", "run_record"]
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "simulate_results.json"
 COMMAND = "python scripts/save_simulate_results.py"
-COMMON = dict(steps=4, seeds=1, eval_every=2, data_bytes=200_000, threads=1)
+COMMON = dict(steps=4, seeds=1, eval_every=2, eval_batches=4, data_bytes=200_000, threads=1)
 LOCAL = ("diloco", "diloco-naig", "gasloc", "gossip-adam", "local-sgd", "allreduce")
 CASES: dict[str, dict] = {  # setting: its options (every rule defined in the setting runs)
     "lags": dict(lags=(0, 1, 2, 3)),
