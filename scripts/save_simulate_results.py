@@ -5,9 +5,8 @@ this file, float for float).
     python scripts/save_simulate_results.py          # writes tests/data/simulate_results.json
 
 Run it only when a change is *meant* to change the numbers, and say so in the commit. The runs are
-small (gpt-nano, 4 server steps, 4 validation batches per evaluation, one seed, on this machine's CPU torch
-build, one thread) so the
-check costs seconds; the file records the torch version it was made with.
+small (gpt-nano, 4 server steps, 4 validation batches per evaluation, one seed, on this machine's CPU
+torch build, one thread) so the check costs seconds; the file records the torch version it was made with.
 """
 
 from __future__ import annotations
