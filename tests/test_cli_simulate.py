@@ -305,8 +305,8 @@ def test_a_stop_after_a_run_diverged_says_the_divergence_on_stderr_as_in_the_jso
     import signal
 
     proc = _warm_simulate("--steps", "2000", "--seeds", "1", "--data-bytes", "200003", "--eval-every", "0",
-                          "--strategies", "hogwild,naig", "--lags", "0,2,2", "--faults", "1:nan", "--json",
-                          "--jobs", "1", cwd=tmp_path)
+                          "--set", "eval_batches=4", "--strategies", "hogwild,naig", "--lags", "0,2,2",
+                          "--faults", "1:nan", "--json", "--jobs", "1", cwd=tmp_path)
     try:
         first = proc.stderr.readline()
         time.sleep(0.5)  # the run's result is kept just before its line; the other run takes ~40 s
@@ -464,8 +464,8 @@ def test_ctrl_c_keeps_the_finished_runs_and_the_json_stays_valid(jobs: str, stop
 
     where = tmp_path_factory.mktemp("cwd")  # (tmp_path holds the logs only)
     proc = _warm_simulate("--steps", "40", "--seeds", "3", "--data-bytes", "200017", "--eval-every", "0",
-                          "--strategies", "hogwild,naig", "--lags", "0,2", "--json", "--jobs", jobs,
-                          "--log-dir", str(tmp_path), cwd=where)  # 200017: the shim, by its command line
+                          "--set", "eval_batches=4", "--strategies", "hogwild,naig", "--lags", "0,2",
+                          "--json", "--jobs", jobs, "--log-dir", str(tmp_path), cwd=where)  # 200017: a mark
     try:
         lines = [proc.stderr.readline() for _ in range(2 if jobs == "1" else 4)]  # runs' last steps
         proc.send_signal(getattr(signal, stop))

@@ -191,7 +191,7 @@ def test_ctrl_c_prints_partial_results_and_leaves_no_process(tmp_path: Path) -> 
     assert warm_python.ready(folder, timeout=120)
     env = {**os.environ, **warm_python.run_env(folder), "TMPDIR": str(tmp_path), "COLUMNS": "200"}
     cmd = [str(folder / "python"), "-m", "naig_cli", "simulate", *TINY, "--nproc", "3", "--steps", "100000",
-           "--eval-every", "5", "--strategies", "hogwild", "--json"]
+           "--eval-every", "5", "--set", "eval_batches=4", "--strategies", "hogwild", "--json"]
     log = tmp_path / "stderr.txt"
     with log.open("w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=tmp_path,
