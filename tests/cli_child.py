@@ -23,6 +23,8 @@ import tempfile
 import threading
 import types
 
+from tests import warm_python  # (the standard library only, as here)
+
 __all__ = ["PRELOAD", "execute", "python_target", "run_python", "run_rank"]
 
 PRELOAD = ("tests.cli_child", "naig_cli.main", "torch", "torch._dynamo", "scipy.stats")
@@ -108,8 +110,8 @@ def execute(target: tuple[str, str, list[str]], env: dict[str, str], cwd: str) -
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     os.environ.clear()
     os.environ.update(env)
-    if env.get("NAIG_TEST_WARM_SOCKET") and env.get("PYTHON_EXEC"):  # tests.warm_python.run_env
-        sys.executable = env["PYTHON_EXEC"]
+    if env.get(warm_python.SOCKET_VAR) and env.get(warm_python.EXEC_VAR):  # warm_python.run_env
+        sys.executable = env[warm_python.EXEC_VAR]
     os.chdir(cwd)
     tempfile.tempdir = None  # (the server's imports cached its TMPDIR)
     _fresh_consoles()

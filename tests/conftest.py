@@ -82,7 +82,7 @@ def run_python(*args: str | os.PathLike, env: dict[str, str] | None = None,
     cmd = [sys.executable, *args]
     env = dict(os.environ if env is None else env)
     if memory_cap is None:  # (the server's runs would not carry the cap)
-        env.update(warm_python.run_env(_warm_bin()))
+        env.update(warm_python.run_env(warm_bin()))
     with tempfile.TemporaryDirectory(prefix="naig-py-") as tmp:
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         where = str(cwd or os.getcwd())
@@ -105,9 +105,10 @@ def run_python(*args: str | os.PathLike, env: dict[str, str] | None = None,
 
 
 @functools.cache
-def _warm_bin() -> Path:
-    """This process's ``tests.warm_python`` server, waited for once: every run's interpreters are then
-    its runs (a run that found no server yet would start fresh ones, which see another ``sys.path``)."""
+def warm_bin() -> Path:
+    """The shims' folder of this process's ``tests.warm_python`` server, waited for once: every run's
+    interpreters are then its runs (a run that found no server yet would start fresh ones, which see
+    another ``sys.path``)."""
     folder = warm_python.start(ROOT)
     assert warm_python.ready(folder, timeout=120), "the warm server did not start within 120 s"
     return folder
@@ -119,7 +120,7 @@ def _cli_context() -> multiprocessing.context.BaseContext:
     processes of its runs: ``leftover_processes``)."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(_cli_child.PRELOAD))
-    with contextlib.chdir(Path(__file__).resolve().parents[1]):
+    with contextlib.chdir(ROOT):
         multiprocessing.forkserver.ensure_running()
     return ctx
 
@@ -231,6 +232,16 @@ def leftover_processes(marker: str) -> list[str]:
         if marker in cmd or marker in cwd:
             found.append(f"{proc.name}: {cmd} (in {cwd})")
     return found
+
+
+def process_alive(pid: int) -> bool:
+    """True while process ``pid`` exists and is not a zombie (exited, not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
 def assert_no_leftovers(marker: str, wait: float = 10.0, what: str = "a process of the run") -> None:

@@ -18,7 +18,7 @@ from naig.simulate.config import DEFAULT_STRATEGIES
 from naig_cli import simulate as cli
 from naig_cli.main import app
 from tests import warm_python
-from tests.conftest import ROOT, assert_no_leftovers, assert_one_line_error, default_sigint, run_naig
+from tests.conftest import assert_no_leftovers, assert_one_line_error, default_sigint, run_naig, warm_bin
 
 TINY = ["simulate", "--steps", "6", "--seeds", "1", "--data-bytes", "200000",
         "--lags", "0,2", "--eval-every", "3"]
@@ -291,8 +291,7 @@ def _warm_simulate(*args: str, cwd: Path) -> subprocess.Popen:
     """``python -m naig_cli simulate *args`` as the warm server's ``python`` (tests.warm_python: the
     run, and any process it forks, comes from that server), working in ``cwd`` (which marks them all),
     SIGINT at its default, stdout and stderr piped (text)."""
-    folder = warm_python.start(ROOT)
-    assert warm_python.ready(folder, timeout=120), "the warm server did not start within 120 s"
+    folder = warm_bin()
     env = {**os.environ, **warm_python.run_env(folder)}
     return subprocess.Popen([str(folder / "python"), "-m", "naig_cli", "simulate", *args], env=env, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

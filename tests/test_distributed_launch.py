@@ -14,17 +14,9 @@ import pytest
 
 from naig.distributed.launch import LocalCluster, backend_for, init, under_launcher
 from naig.errors import UsageError
+from tests.conftest import process_alive
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
-    return state != "Z"
 
 
 def test_shutdown_ends_children_that_never_exit(tmp_path: Path) -> None:
@@ -34,7 +26,7 @@ def test_shutdown_ends_children_that_never_exit(tmp_path: Path) -> None:
         assert cluster.children[1].args == SLEEPER
         codes = cluster.shutdown(grace=0.2)
     assert codes == {1: -signal.SIGTERM, 2: -signal.SIGTERM}
-    assert not any(_alive(pid) for pid in pids)
+    assert not any(process_alive(pid) for pid in pids)
 
 
 def test_children_get_the_launcher_environment_and_logs(tmp_path: Path) -> None:
@@ -85,13 +77,13 @@ def test_a_child_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
     try:
         grandchild = int(proc.stdout.readline())
         time.sleep(0.5)
-        assert _alive(grandchild)
+        assert process_alive(grandchild)
         proc.kill()  # maybe while the child still imports: it must notice all the same
         proc.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while _alive(grandchild) and time.monotonic() < deadline:
+        while process_alive(grandchild) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(grandchild)
+        assert not process_alive(grandchild)
     finally:
         if proc.poll() is None:
             proc.kill()

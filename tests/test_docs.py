@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests import warm_python
+from tests.conftest import warm_bin as conftest_warm_bin
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_TEST_REASONS = ("gpu", "several machines", "set-up", "server", "long")
@@ -203,9 +204,7 @@ _SNIPPET_ENV = {"PYTHONPATH": str(ROOT), "COLUMNS": "100", "NO_COLOR": "1", "OMP
 def warm_bin() -> Path:
     """The folder of the ``python`` and ``naig`` shims of this process's ``tests.warm_python`` server,
     once the server is ready."""
-    folder = warm_python.start(ROOT)
-    assert warm_python.ready(folder, timeout=120), "the warm server did not start within 120 s"
-    return folder
+    return conftest_warm_bin()
 
 
 def _run(snippet: Snippet, cwd: Path, where: str, warm_bin: Path) -> None:

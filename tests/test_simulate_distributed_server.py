@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests import warm_python
-from tests.conftest import ROOT, assert_no_leftovers, default_sigint, run_python
+from tests.conftest import assert_no_leftovers, default_sigint, run_python, warm_bin
 
 TINY = ["--engine", "distributed", "--seeds", "1", "--data-bytes", "100000", "--eval-every", "0"]
 N_PARAMS = 120_576  # gpt-nano
@@ -187,8 +187,7 @@ def test_slow_worker_staleness_grows_as_predicted(tmp_path: Path) -> None:
 def test_ctrl_c_prints_partial_results_and_leaves_no_process(tmp_path: Path) -> None:
     """SIGINT to the CLI (the warm server's ``python``: its run and the workers it spawns are forked
     from that server, SIGINT sent on; they work in ``tmp_path``, which marks them)."""
-    folder = warm_python.start(ROOT)
-    assert warm_python.ready(folder, timeout=120)
+    folder = warm_bin()
     env = {**os.environ, **warm_python.run_env(folder), "TMPDIR": str(tmp_path), "COLUMNS": "200"}
     cmd = [str(folder / "python"), "-m", "naig_cli", "simulate", *TINY, "--nproc", "3", "--steps", "100000",
            "--eval-every", "5", "--set", "eval_batches=4", "--strategies", "hogwild", "--json"]

@@ -18,14 +18,12 @@ import pytest
 
 from naig.launch import ENV_PARENT
 from tests import warm_python
-from tests.conftest import ROOT, assert_no_leftovers, run_python
+from tests.conftest import ROOT, assert_no_leftovers, process_alive, run_python, warm_bin
 
 
 @pytest.fixture(scope="module")
 def warm_env() -> dict[str, str]:
-    folder = warm_python.start(ROOT)
-    assert warm_python.ready(folder, timeout=120), "the warm server did not start within 120 s"
-    return {**os.environ, **warm_python.run_env(folder)}
+    return {**os.environ, **warm_python.run_env(warm_bin())}
 
 
 def test_the_parent_variable_is_naigs() -> None:
@@ -114,24 +112,16 @@ def test_a_rank_exits_when_its_cluster_s_process_is_killed(tmp_path: Path, warm_
             assert time.monotonic() < deadline, "the rank never started"
             time.sleep(0.05)
         run = int(pid_file.read_text())
-        assert run != shim and _alive(shim) and _alive(run)
+        assert run != shim and process_alive(shim) and process_alive(run)
         proc.kill()  # the parent's shim; its run (the cluster's process) goes with it
         proc.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while (_alive(shim) or _alive(run)) and time.monotonic() < deadline:
+        while (process_alive(shim) or process_alive(run)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(shim) and not _alive(run)
+        assert not process_alive(shim) and not process_alive(run)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert_no_leftovers(str(tmp_path), what="a rank of the killed cluster")
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
