@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib.util
 import json
 import locale
 import multiprocessing
@@ -43,10 +44,10 @@ def run_naig(*args: str | os.PathLike, timeout: float = 300,
     """Run the real ``naig`` CLI in a child process, as ``python -m naig_cli *args``, capturing output.
 
     The child is forked from a server process that has imported ``naig_cli`` once (``multiprocessing``'s
-    ``forkserver``, preloading ``tests.cli_child``, ``naig_cli.main``, torch, ``torch._dynamo`` and
-    ``scipy.stats``): its
-    own process, exit status, file descriptors and environment (``os.environ`` plus ``COLUMNS=columns``)
-    as a fresh interpreter's, without ~0.7 s of start-up per run, and for a command that trains
+    ``forkserver``, preloading ``tests.cli_child``, ``naig_cli.main``, torch, ``torch._dynamo``,
+    ``scipy.stats`` and the installed integrations: ``tests.cli_child.preload``): its own process,
+    exit status, file descriptors and environment (``os.environ`` plus ``COLUMNS=columns``) as a
+    fresh interpreter's, without ~0.7 s of start-up per run, and for a command that trains
     without ~3.4 s of CPU more (importing torch, then ``torch._dynamo``, which torch imports when the
     first optimizer is built; measured on this 2-core machine). Tests of start-up itself (which
     modules a command imports, how long it takes) start their own interpreter.
@@ -119,10 +120,18 @@ def _cli_context() -> multiprocessing.context.BaseContext:
     """The forkserver, started once, in the repository's folder (a test's temporary folder marks the
     processes of its runs: ``leftover_processes``)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(_cli_child.PRELOAD))
+    ctx.set_forkserver_preload(_cli_child.preload())
     with contextlib.chdir(ROOT):
         multiprocessing.forkserver.ensure_running()
     return ctx
+
+
+def needs(module: str, why: str) -> None:
+    """Skip the calling test (at module level: the module) with ``why`` when the optional top-level
+    ``module`` is not installed, without importing it, as ``pytest.importorskip`` would: 1.7 s of CPU
+    for lightning.pytorch, in a process where the test only starts others that use it."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed: {why}", allow_module_level=True)
 
 
 def default_sigint() -> None:

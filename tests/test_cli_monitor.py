@@ -10,7 +10,7 @@ import pytest
 
 from naig.monitor import Detector, Monitor, rank_signals
 from naig.monitor.records import CsvRecords, JsonlRecords, Records, read_log
-from tests.conftest import assert_one_line_error, run_naig
+from tests.conftest import assert_one_line_error, needs, run_naig
 
 WORLD, BAD_RANK, BAD_STEP, NAN_RANK, NAN_STEP, STEPS = 3, 2, 9, 0, 11, 12
 
@@ -55,7 +55,7 @@ def test_report_json_names_the_bad_ranks(logs) -> None:
 
 
 def test_report_table_and_plot(logs, tmp_path) -> None:
-    pytest.importorskip("matplotlib")
+    needs("matplotlib", "the plot needs the plot extra")
     png = tmp_path / "ranks.png"
     r = run_naig("monitor", "report", logs[0], "--plot", png)
     assert r.returncode == 0 and r.stderr == "", r.stderr

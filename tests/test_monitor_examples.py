@@ -19,7 +19,7 @@ import pytest
 
 from naig.distributed.launch import process_group
 from naig.errors import UsageError
-from tests.conftest import assert_no_leftovers, run_python
+from tests.conftest import assert_no_leftovers, needs, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["--steps", "6", "--window", "3", "--fault-step", "5", "--data-bytes", "100000", "--batch-size", "4"]
@@ -98,7 +98,7 @@ def test_the_fsdp2_example_takes_the_kinds_a_loss_factor_gives() -> None:
 
 
 def test_lightning_example_errors_are_one_line(tmp_path: Path) -> None:
-    pytest.importorskip("lightning")
+    needs("lightning", "the Lightning example needs the lightning extra")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     script = str(ROOT / "examples" / "monitor_lightning.py")
     r = run_python(script, tmp_path, "--bad-rank", "9", timeout=120, env=env)

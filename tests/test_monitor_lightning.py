@@ -17,18 +17,14 @@ import types
 import warnings
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
 
-pytest.importorskip("lightning", reason="the Lightning integration needs the lightning extra")
+from naig.errors import UsageError
+from naig.monitor import Monitor
+from tests.conftest import flagged_steps, needs, run_ranks
 
-import lightning.pytorch as pl  # noqa: E402
-import torch  # noqa: E402
-from lightning.pytorch.utilities.exceptions import MisconfigurationException  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
-from naig.errors import UsageError  # noqa: E402
-from naig.monitor import Monitor  # noqa: E402
-from naig.monitor.lightning import ONE_PROCESS, MonitorCallback  # noqa: E402
-from tests.conftest import flagged_steps, run_ranks  # noqa: E402
+needs("lightning", "the Lightning integration needs the lightning extra")
 
 
 @pytest.fixture(scope="module")
@@ -107,46 +103,63 @@ def test_a_resumed_fit_ends_where_the_resumed_fit_without_the_callback_does(rank
 # ----------------------------------------------------------------- one process
 
 
-class _Tiny(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = torch.nn.Linear(3, 2)
+# (lightning is imported here, by the tests that run in this process, not when the module is
+# collected: 1.7-3.5 s of CPU in every pytest-xdist worker, where its fits run in other processes)
+def _tiny() -> torch.nn.Module:
+    """A new LightningModule: one linear layer, SGD."""
+    import lightning.pytorch as pl
 
-    def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:
-        return self.net(batch[0]).square().mean()
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(3, 2)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:
+            return self.net(batch[0]).square().mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Tiny()
 
 
-def _trainer(callback: MonitorCallback, **kwargs: object) -> pl.Trainer:
+def _trainer(callback: object, **kwargs: object) -> object:
+    import lightning.pytorch as pl
+
     return pl.Trainer(accelerator="cpu", max_steps=2, logger=False, callbacks=[callback],
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       **kwargs)
 
 
 def test_one_process_says_so_once_and_trains() -> None:
+    from naig.monitor.lightning import ONE_PROCESS, MonitorCallback
+
     cb = MonitorCallback(Monitor(action="raise"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _trainer(cb, devices=1).fit(_Tiny(), DataLoader(TensorDataset(torch.ones(4, 3)), batch_size=2))
+        _trainer(cb, devices=1).fit(_tiny(), DataLoader(TensorDataset(torch.ones(4, 3)), batch_size=2))
     assert [str(w.message) for w in caught if str(w.message) == ONE_PROCESS] == [ONE_PROCESS]
     assert cb.watch is None and cb.monitor.decision is None
 
 
 def test_a_strategy_it_cannot_watch_is_refused_in_lightnings_error_type() -> None:
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    from naig.monitor.lightning import MonitorCallback
 
     cb = MonitorCallback()
     averaging = _trainer(cb, devices=1, strategy=DDPStrategy(model_averaging_period=4))
     fsdp = types.SimpleNamespace(strategy=FSDPStrategy())  # Lightning builds FSDP only on a GPU
     for trainer, needle in ((fsdp, "FSDPStrategy wraps with FSDP1"), (averaging, "model averaging")):
         with pytest.raises(MisconfigurationException, match=needle) as err:
-            cb.setup(trainer, _Tiny(), "fit")
+            cb.setup(trainer, _tiny(), "fit")
         assert "\n" not in str(err.value)
 
 
 def test_bad_arguments_are_usage_errors() -> None:
+    from naig.monitor.lightning import MonitorCallback
+
     with pytest.raises(UsageError) as err:
         MonitorCallback("log")
     assert err.value.field == "monitor"
@@ -194,7 +207,9 @@ def test_exact_statistics_under_fsdp2_are_refused_not_dropped() -> None:
     2026-12-07)."""
     from lightning.pytorch.strategies import ModelParallelStrategy
 
+    from naig.monitor.lightning import MonitorCallback
+
     trainer = types.SimpleNamespace(strategy=ModelParallelStrategy())  # its set-up needs several processes
     with pytest.raises(UsageError, match="^exact=True: exact statistics are DDP's only") as err:
-        MonitorCallback(exact=True).on_fit_start(trainer, _Tiny())
+        MonitorCallback(exact=True).on_fit_start(trainer, _tiny())
     assert "\n" not in str(err.value)

@@ -17,11 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from naig.monitor.records import decode
-from tests.conftest import assert_no_leftovers, run_python
+from tests.conftest import assert_no_leftovers, needs, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD, STEPS, BAD_STEP = 3, 30, 24
@@ -61,7 +60,7 @@ def _trained(out: Path) -> None:
 
 
 def test_lightning_recipe_names_the_bad_rank(tmp_path) -> None:
-    pytest.importorskip("lightning")
+    needs("lightning", "the Lightning recipe needs the lightning extra")
     script = str(ROOT / "examples" / "monitor_lightning.py")
     out = tmp_path / "monitored"
     out.mkdir()
@@ -73,7 +72,7 @@ def test_lightning_recipe_names_the_bad_rank(tmp_path) -> None:
 
 
 def test_accelerate_recipe_under_torchrun_names_the_bad_rank_and_log_mode_is_invisible(tmp_path) -> None:
-    pytest.importorskip("accelerate")
+    needs("accelerate", "the Accelerate recipe needs the accelerate extra")
     script = str(ROOT / "examples" / "monitor_accelerate.py")
     outs = {}
     for name, extra in (("monitored", ["--action", "log"]), ("plain", ["--no-monitor"])):
@@ -92,7 +91,7 @@ def test_accelerate_recipe_under_torchrun_names_the_bad_rank_and_log_mode_is_inv
 
 
 def test_transformers_recipe_under_torchrun_names_the_bad_rank(tmp_path) -> None:
-    pytest.importorskip("transformers", reason="the Trainer recipe needs the transformers extra")
+    needs("transformers", "the Trainer recipe needs the transformers extra")
     script = str(ROOT / "examples" / "monitor_transformers.py")
     out = tmp_path / "monitored"
     out.mkdir()

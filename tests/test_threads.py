@@ -15,7 +15,7 @@ from naig.errors import UsageError
 from naig.simulate import SimulateConfig, run_experiment
 from naig.threads import DEFAULT_THREADS, MAX_THREADS, check_threads, one_blas_thread, torch_threads
 from naig_cli.main import app
-from tests.conftest import assert_one_line_error, run_naig, run_python
+from tests.conftest import assert_one_line_error, needs, run_naig, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(steps=2, seeds=1, data_bytes=200_000, lags=(0, 1), eval_every=0, strategies=("hogwild",))
@@ -144,7 +144,7 @@ def test_every_training_example_takes_threads_and_refuses_a_bad_count(script: st
     """Each example that trains takes ``--threads`` and refuses 0 in one line, exit 2, before any work."""
     extra, positional = EXAMPLES[script]
     if extra:
-        pytest.importorskip(extra, reason=f"{script} needs the {extra} extra")
+        needs(extra, f"{script} needs the {extra} extra")
     r = run_python(ROOT / "examples" / script, *positional, "--threads", "0",
                    env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout[-500:], r.stderr[-500:])

@@ -197,15 +197,16 @@ def run_env(bin_folder: Path) -> dict[str, str]:
 
 
 def serve(path: str, parent: int | None = None) -> None:
-    """Import ``tests.cli_child.PRELOAD`` (torch, ``torch._dynamo``, ``scipy.stats``, ``naig_cli.main``),
-    then serve runs on the socket ``path`` (created last, so that it existing means the server is
-    ready) until killed, or until ``parent`` (a pid) is no longer its parent."""
-    from tests.cli_child import PRELOAD
+    """Import ``tests.cli_child.preload()`` (torch, ``torch._dynamo``, ``scipy.stats``, ``naig_cli.main``;
+    Lightning, transformers' Trainer and Accelerate where installed), then serve runs on the socket
+    ``path`` (created last, so that it existing means the server is ready) until killed, or until
+    ``parent`` (a pid) is no longer its parent."""
+    from tests.cli_child import preload
 
     if parent is not None:
         _watch_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server and its handlers; each run sets its own
-    for name in PRELOAD:
+    for name in preload():
         importlib.import_module(name)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
