@@ -26,6 +26,7 @@ import torch.distributed as dist
 from threadpoolctl import threadpool_limits
 
 from naig.io import save_gradients
+from naig.monitor.detectors import null_draws_kept
 from tests import cli_child as _cli_child
 from tests import warm_python
 
@@ -37,6 +38,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 _BLAS_LIMIT = threadpool_limits(1, user_api="blas")
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _null_draws_kept() -> Iterator[None]:
+    """The test processes build detectors at many false-alarm rates, each walking the pool sizes again:
+    every size's null draws are kept (``null_draws_kept``: ~25 MB), not drawn afresh at each (137 times,
+    ~8 s of CPU, in test_monitor_detectors.py alone)."""
+    with null_draws_kept():
+        yield
 
 
 def run_naig(*args: str | os.PathLike, timeout: float = 300,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import numpy as np
@@ -34,6 +35,7 @@ from naig.monitor.detectors import (
     tail_quantile,
 )
 from naig.monitor.signals import MonitorSketch, pack, rank_signals, unpack
+from tests.conftest import run_python
 
 N = 2000
 SKETCH = MonitorSketch.build([("w", N)], seed=0)
@@ -58,6 +60,28 @@ def test_thresholds_hold_their_false_alarm_rate(n: int, side: str) -> None:
     rate = float(np.mean(np.abs(z) > t if side == "both" else z > t))
     assert abs(rate - alpha) < 4.5 * math.sqrt(alpha * (1 - alpha) / draws), (n, side, rate)
     assert null_tail(t, n, side) == pytest.approx(alpha, rel=1e-6)
+
+
+def test_kept_null_draws_change_no_tail_and_are_let_go_after_the_outermost_block() -> None:
+    """``null_draws_kept``: the same tails, bit for bit; every pool size's draws held (~25 MB) inside,
+    let go when the outermost of two nested blocks ends. In a process of its own: the test processes
+    keep the draws for the whole session (``tests.conftest``)."""
+    r = run_python("-c", """if True:
+        import json, tracemalloc
+        from naig.monitor.detectors import POOL_SIZES, null_draws_kept, null_tail
+        plain = [null_tail(3.0, n, "both") for n in POOL_SIZES]
+        tracemalloc.start()
+        with null_draws_kept():
+            with null_draws_kept():
+                kept = [null_tail(3.0, n, "both") for n in POOL_SIZES]
+            inner = tracemalloc.get_traced_memory()[0]
+            again = [null_tail(3.0, n, "both") for n in POOL_SIZES]
+        after = tracemalloc.get_traced_memory()[0]
+        print(json.dumps({"same": plain == kept == again, "inner": inner, "after": after}))
+    """, timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["same"] and doc["inner"] > 20e6 and doc["after"] < 2e6, doc
 
 
 def test_small_samples_have_heavy_tails_and_large_ones_approach_the_normal() -> None:

@@ -33,7 +33,7 @@ import numpy as np
 from naig.detect import baselines
 from naig.detect.calibrate import clopper_pearson
 from naig.detect.sequential import Record, SequentialConfig, subset
-from naig.monitor.detectors import DEFAULT_WARMUP, SIGNALS
+from naig.monitor.detectors import DEFAULT_WARMUP, SIGNALS, null_draws_kept
 from naig.monitor.observe import Monitor
 
 __all__ = ["CANDIDATES", "METHODS", "method_names", "detection", "false_alarms", "replays", "summarise",
@@ -163,6 +163,7 @@ def choose(validation: dict[str, dict], alpha: float,
     return max(tied, key=delay)
 
 
+@null_draws_kept()  # the candidates and false-alarm rates below each walk the pool sizes again
 def run_all(cfg: SequentialConfig, faults: dict[str, list[Record]], pools: dict[tuple, tuple],
             tick: Callable[[str], None] | None = None) -> dict:
     """Every figure of the report from the recorded runs (see the module and ``naig.detect.sequential``).

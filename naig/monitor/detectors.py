@@ -215,9 +215,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from statistics import NormalDist
@@ -239,9 +240,9 @@ __all__ = ["ACTIONS", "MAX_WORLD", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE",
            "BadRankError", "Decision", "Detector", "DriftState", "Flag",
            "SignalSpec",
            "check_action", "cusum_arl", "cusum_threshold", "cusum_threshold_sample", "drift_threshold",
-           "gpd_fit", "has_bool", "median_of_others", "null_tail", "pooled_median", "stats_of_others",
-           "real_numbers", "refit_every", "robust_threshold", "robust_z", "signal_values", "tail_quantile",
-           "whole_numbers"]
+           "gpd_fit", "has_bool", "median_of_others", "null_draws_kept", "null_tail", "pooled_median",
+           "stats_of_others", "real_numbers", "refit_every", "robust_threshold", "robust_z", "signal_values",
+           "tail_quantile", "whole_numbers"]
 
 TINY = 1e-300  # a squared norm of 0 before the log
 TURN_FLOOR = 1e-6
@@ -467,12 +468,43 @@ def pooled_median(v: np.ndarray) -> float:
     return float(0.5 * (x[h - 1] + x[h]))
 
 
-@lru_cache(maxsize=1)
+_KEPT: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_KEEPING = [0]  # open ``null_draws_kept`` blocks
+
+
+@contextlib.contextmanager
+def null_draws_kept() -> Iterator[None]:
+    """Inside, the null draws behind ``robust_threshold`` are kept for every pool size (about 25 MB
+    for the 11 of ``POOL_SIZES``), not for the last size only; they are let go when the outermost
+    block ends. For callers that build detectors at many false-alarm rates (``naig detect``'s
+    sequential evaluation): each rate's detector walks the pool sizes again, and each new size
+    would draw afresh (~50 ms). The thresholds are the same either way.
+    """
+    _KEEPING[0] += 1
+    try:
+        yield
+    finally:
+        _KEEPING[0] -= 1
+        if not _KEEPING[0]:
+            _KEPT.clear()
+
+
 def _null(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_null_draws(n)``, kept for every n inside ``null_draws_kept``, for the last n outside."""
+    if not _KEEPING[0]:
+        return _null_draws(n)
+    if n not in _KEPT:
+        _KEPT[n] = _null_draws(n)
+    return _KEPT[n]
+
+
+@lru_cache(maxsize=1)
+def _null_draws(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Seeded draws of (median, 1.4826·MAD) of n standard normals, sorted by the scale.
 
     One size is kept (up to 6.4 MB): a detector asks for one pool size at a time, for each side
-    at the same step, and ``robust_threshold`` keeps every threshold once computed.
+    at the same step, and ``robust_threshold`` keeps every threshold once computed
+    (``null_draws_kept`` keeps every size).
 
     The draws are generated and reduced ``NULL_CHUNK`` values at a time (the generator's stream is
     the same as one (draws, n) call's), so the transient memory is a few MB, not the 3 × 32 MB a
