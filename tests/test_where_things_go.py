@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,12 +107,21 @@ def _edit(tree: Path, path: str, old: str, new: str) -> None:
     file.write_text(text.replace(old, new), encoding="utf-8")
 
 
-def _python(tree: Path, code: str, *args: str) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter that imports the edited copy (PYTHONPATH precedes the install)."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True,
-                       timeout=240, env=env, cwd=tree)
-    assert r.returncode == 0, r.stdout + r.stderr
+_DROP_NAIG = """import sys
+for _name in [m for m in sys.modules if m.split(".")[0] in ("naig", "naig_cli")]:
+    del sys.modules[_name]
+"""
+
+
+def _python(tree: Path | None, code: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    """Run ``code`` as ``python -c`` in a process forked warm (``run_python``: torch imported) that imports
+    the edited copy at ``tree``: the server's naig and naig_cli modules are dropped first, and the copy's
+    folder, the run's ``sys.path[0]``, precedes the install. ``tree=None``: the installed naig, as is.
+    ``ok``: assert the run succeeded."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    code = textwrap.dedent(code) if tree is None else _DROP_NAIG + textwrap.dedent(code)
+    r = run_python("-c", code, *args, env=env, cwd=tree or ROOT, timeout=240)
+    assert r.returncode == 0 or not ok, r.stdout + r.stderr
     return r
 
 
@@ -138,11 +148,7 @@ def test_an_engine_is_its_module_and_one_branch_of_select(tmp_path: Path) -> Non
         print(json.dumps({"engine": registry.select(cfg, "sync").NAME, "runs": runs}))
     '''
     new = __import__("json").loads(_python(tree, code).stdout.splitlines()[-1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    old = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                         timeout=240, env=env, cwd=tmp_path)
-    assert old.returncode == 0, old.stderr
-    before = __import__("json").loads(old.stdout.splitlines()[-1])
+    before = __import__("json").loads(_python(None, code).stdout.splitlines()[-1])
     assert new["engine"] == "fresh" and before["engine"] == "lags"
     assert [r["strategy"] for r in new["runs"]] == ["sync", "hogwild"]
     for a, b in zip(new["runs"], before["runs"], strict=True):  # the same numbers, float for float
@@ -210,9 +216,8 @@ def flip_bit32(value: float, bit: int) -> float:''')
     ''')
     out = __import__("json").loads(r.stdout)
     assert out["config"]["faults"] == ["2:dropout:1@1"] and len(out["runs"]) == 1
-    refused = subprocess.run([sys.executable, "-m", "naig", "simulate", "--faults", "2:dropout:2"],
-                             capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree)
+    refused = _python(tree, "import runpy; runpy.run_module('naig', run_name='__main__')", "simulate",
+                      "--faults", "2:dropout:2", ok=False)  # python -m naig simulate …
     assert refused.returncode == 2 and "dropout" in refused.stderr and "fraction" in refused.stderr, refused.stderr
 
 
