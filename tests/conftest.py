@@ -120,7 +120,7 @@ def warm_bin() -> Path:
     """The shims' folder of this process's ``tests.warm_python`` server, waited for once: every run's
     interpreters are then its runs (a run that found no server yet would start fresh ones, which see
     another ``sys.path``)."""
-    folder = warm_python.start(ROOT)
+    folder = warm_python.start(ROOT, _cli_context())
     assert warm_python.ready(folder, timeout=120), "the warm server did not start within 120 s"
     return folder
 

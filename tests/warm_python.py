@@ -1,22 +1,22 @@
 """A warm ``python`` and ``naig`` for shell snippets: each run forked from a server that imported torch once.
 
-tests/test_docs.py runs every ```bash and ```python block of the docs as a user would, in a shell;
-most of those commands are ``naig …`` or ``python …``, and a fresh interpreter pays ~1 s importing
-torch and ~1 s more for ``torch._dynamo`` (which torch imports when the first optimizer is built)
-before doing anything. Here a server (``python -m tests.warm_python SOCKET``; ``start`` starts one per
-test process, with that process's environment, on first use) imports them, with ``naig_cli.main``,
-once; ``shims(folder)`` writes two small programs, ``python`` and ``naig``, to put first on ``PATH``.
-Each sends its arguments, environment, working directory, the forwarded signals it ignores and
-descriptors 0-2 to the server over the Unix socket named by ``NAIG_TEST_WARM_SOCKET``; the server
-forks a handler, which forks the run (``tests.cli_child.execute``: ``sys.argv``, ``sys.path``,
-``__main__`` as the interpreter sets them, torch's threads from ``OMP_NUM_THREADS``) in a process
-group of its own, waits for it and sends back its exit status (−N when signal N ended it: the shim
-then ends by signal N, so whatever started it sees what an interpreter would give). SIGINT, SIGTERM
-and SIGHUP sent to a shim are sent on to its run; a shim that dies (SIGKILL on a timeout) closes its
-socket, and the handler kills the run's group. Not carried over: the shim's resource limits and
-umask (the server's apply). What the server cannot run as the interpreter would (``python`` with an
-option other than ``-u``, ``-m`` or ``-c``, or no argument) the ``python`` shim hands to the real
-interpreter, and so do both shims while there is no server (not started yet, or gone).
+tests/test_docs.py runs every ```bash and ```python block of the docs as a user would, in a shell; most
+of those commands are ``naig …`` or ``python …``, and a fresh interpreter pays ~1 s importing torch and
+~1 s more for ``torch._dynamo`` (which torch imports when the first optimizer is built) before doing
+anything. Here a server (``start`` forks one per test process from the tests' forkserver, which imported
+them, with ``naig_cli.main``, once; with that process's environment, on first use; ``python -m
+tests.warm_python SOCKET`` runs one alone); ``shims(folder)`` writes two small programs, ``python`` and
+``naig``, to put first on ``PATH``. Each sends its arguments, environment, working directory, the
+forwarded signals it ignores and descriptors 0-2 to the server over the Unix socket named by
+``NAIG_TEST_WARM_SOCKET``; the server forks a handler, which forks the run (``tests.cli_child.execute``:
+``sys.argv``, ``sys.path``, ``__main__`` as the interpreter sets them, torch's threads from
+``OMP_NUM_THREADS``) in a process group of its own, waits for it and sends back its exit status (−N when
+signal N ended it: the shim then ends by signal N, so whatever started it sees what an interpreter would
+give). SIGINT, SIGTERM and SIGHUP sent to a shim are sent on to its run; a shim that dies (SIGKILL on a
+timeout) closes its socket, and the handler kills the run's group. Not carried over: the shim's resource
+limits and umask (the server's apply). What the server cannot run as the interpreter would (``python``
+with an option other than ``-u``, ``-m`` or ``-c``, or no argument) the ``python`` shim hands to the
+real interpreter, and so do both shims while there is no server (not started yet, or gone).
 
 The runs of ``tests.conftest.run_python`` get ``run_env()`` in their environment:
 ``tests.cli_child.execute`` then makes the ``python`` shim the run's ``sys.executable``, and torch's
@@ -154,26 +154,50 @@ def _exit_as(code: int) -> None:
     sys.exit(128 - code if code < 0 else code)
 
 
-def start(root: Path) -> Path:
+def start(root: Path, ctx: object) -> Path:
     """This process's server (started on the first call, in ``root``, with this process's environment;
     not waited for: a shim finding no server yet runs the real interpreter) and its shims' folder.
 
-    The server ends when this process does (killed at exit, or by its own watch of this process).
+    The server is forked from ``ctx``, a ``multiprocessing`` forkserver context whose server imported
+    ``tests.cli_child.preload()`` (``tests.conftest``'s): ~7 s of CPU less than a fresh interpreter
+    importing them. It ends when this process does (killed at exit), or, this process killed, with
+    the forkserver (its own watch of its parent).
     """
     global _STARTED
     if _STARTED is None:
         import atexit
         import shutil
-        import subprocess
         import tempfile
 
         folder = Path(tempfile.mkdtemp(prefix="naig-warm-"))
-        server = subprocess.Popen([sys.executable, "-m", "tests.warm_python", str(folder / "socket"),
-                                   str(os.getpid())], cwd=root, stdin=subprocess.DEVNULL,
-                                  start_new_session=True)  # (a Ctrl-C to the tests is not its)
+        server = ctx.Process(target=_serve_forked, args=(str(folder / "socket"), dict(os.environ), str(root)))
+        server.start()
         _STARTED = shims(folder / "bin", root)
-        atexit.register(lambda: (server.kill(), server.wait(), shutil.rmtree(folder, ignore_errors=True)))
+        # (registered after multiprocessing's own exit function, so run before it joins its children)
+        atexit.register(lambda: (server.kill(), server.join(), shutil.rmtree(folder, ignore_errors=True)))
     return _STARTED
+
+
+def _serve_forked(path: str, env: dict[str, str], cwd: str) -> None:
+    """``serve`` as ``start``'s server: in a session of its own (a Ctrl-C to the tests is not its), with
+    ``env`` and ``cwd``, watching the forkserver that forked it. It lets go of the forkserver's and the
+    resource tracker's descriptors, which each stays up while a process holds them: held by this
+    process, which waits for the forkserver to go, neither would end when the tests' process is killed
+    (a run or rank of this server that wants either starts its own)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    for owner, attrs in ((forkserver._forkserver, ("_forkserver_alive_fd", "_forkserver_address",
+                                                   "_forkserver_pid")),
+                         (resource_tracker._resource_tracker, ("_fd", "_pid"))):
+        if getattr(owner, attrs[0]) is not None:
+            os.close(getattr(owner, attrs[0]))
+        for attr in attrs:
+            setattr(owner, attr, None)
+    os.setsid()
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    serve(path, os.getppid())
 
 
 _STARTED: Path | None = None
