@@ -98,16 +98,18 @@ def test_a_run_that_raises_in_a_child_raises_in_the_parent_and_no_child_is_left(
         raise ValueError("hogwild seed 1 broke")
 
     _failing(monkeypatch, fail)
+    before = set(mp.active_children())  # (this test process's own: the warm python server)
     with pytest.raises(ValueError, match="hogwild seed 1 broke"):
         run_experiment(SimulateConfig.from_options(**BASE, jobs=2))
-    assert not mp.active_children()
+    assert set(mp.active_children()) <= before
 
 
 @pytest.mark.parametrize(("fail", "how"), [(lambda: os._exit(3), "exited with code 3"),
                                            (lambda: os.kill(os.getpid(), 9), "was killed by signal 9")])
 def test_a_child_that_dies_names_its_run_and_no_child_is_left(monkeypatch, fail, how: str) -> None:
     _failing(monkeypatch, fail)
+    before = set(mp.active_children())
     with pytest.raises(RunError, match=rf"running hogwild seed 1 lr 0\.001 {how} before its result; set "
                                        "`jobs` to 1"):
         run_experiment(SimulateConfig.from_options(**BASE, jobs=2))
-    assert not mp.active_children()
+    assert set(mp.active_children()) <= before
