@@ -1,12 +1,13 @@
-"""pytest, at the root: the optional integrations' library modules are left out of the doctest
-collection (``--doctest-modules`` imports every module of naig/) when their extra is not installed;
-their tests skip with a reason (``pytest.importorskip``). The helper modules of tests/ that are not
-test files (the scripts each rank of a multi-process test runs, ``tests/*_ranks.py``, and the CLI
-child) hold no doctests and are never collected: importing them would import the integrations'
-frameworks (and fail without their extra) for nothing."""
+"""pytest, at the root: the optional integrations' library modules are left out of the doctest collection
+(``--doctest-modules`` imports every module of naig/) when their extra is not installed or they hold no
+example; their tests skip with a reason without the extra (``tests.conftest.needs``). The helper modules
+of tests/ that are not test files (the scripts each rank of a multi-process test runs,
+``tests/*_ranks.py``, and the CLI child) hold no doctests and are never collected: importing them would
+import the integrations' frameworks (and fail without their extra) for nothing."""
 
 import importlib.util
 import os
+from pathlib import Path
 
 import torch
 
@@ -18,5 +19,9 @@ if not torch.cuda.is_available():
 _EXTRAS = {"naig/monitor/lightning.py": "lightning", "naig/monitor/transformers.py": "transformers",
            "naig/monitor/accelerate.py": "accelerate"}
 
-collect_ignore = [path for path, package in _EXTRAS.items() if importlib.util.find_spec(package) is None]
+# (left out with their extra installed too while they hold no example: each xdist worker would import
+# Lightning, the Trainer and Accelerate to find none, ~3 s of CPU; their tests import them)
+_ROOT = Path(__file__).parent
+collect_ignore = [path for path, package in _EXTRAS.items()
+                  if importlib.util.find_spec(package) is None or ">>>" not in (_ROOT / path).read_text()]
 collect_ignore_glob = ["tests/*_ranks.py", "tests/monitor_rank_tools.py", "tests/cli_child.py"]

@@ -18,16 +18,13 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
-pytest.importorskip("transformers", reason="the Hugging Face Trainer integration needs the transformers "
-                    "extra")
+from naig.errors import UsageError
+from naig.monitor import Monitor
+from tests.conftest import assert_no_leftovers, flagged_steps, needs, run_python
 
-import torch  # noqa: E402
-
-from naig.errors import UsageError  # noqa: E402
-from naig.monitor import Monitor  # noqa: E402
-from naig.monitor.transformers import ONE_PROCESS, MonitorCallback  # noqa: E402
-from tests.conftest import assert_no_leftovers, flagged_steps, run_python  # noqa: E402
+needs("transformers", "the Hugging Face Trainer integration needs the transformers extra")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,7 +93,15 @@ def test_a_resumed_run_keeps_the_detectors_state(ranks: dict) -> None:
 # ----------------------------------------------------------------- one process
 
 
-def _tiny_trainer(tmp: Path, callback: MonitorCallback, **args: object):
+# (naig.monitor.transformers, and with it the Trainer, is imported here, by the tests that run in this
+# process, not when the module is collected: ~1.7 s of CPU in every pytest-xdist worker)
+def MonitorCallback(*args: object, **kwargs: object) -> object:  # noqa: N802  (the class, imported late)
+    from naig.monitor.transformers import MonitorCallback
+
+    return MonitorCallback(*args, **kwargs)
+
+
+def _tiny_trainer(tmp: Path, callback: object, **args: object):
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     torch.manual_seed(0)
@@ -114,6 +119,8 @@ def test_one_process_says_so_once_and_trains(tmp_path: Path) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.train()
+    from naig.monitor.transformers import ONE_PROCESS
+
     assert [str(w.message) for w in caught if str(w.message) == ONE_PROCESS] == [ONE_PROCESS]
     assert cb.watch is None and trainer.state.global_step == 2
 
