@@ -171,11 +171,6 @@ def _lags_in(doc: object) -> list[int]:
     return []
 
 
-def _naig(*args: str) -> subprocess.CompletedProcess:
-    code = "from naig_cli.main import app; app()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
-
-
 def test_a_second_run_into_one_log_dir_says_it_replaces_the_first_runs_logs(tmp_path: Path) -> None:
     """On stderr and in the JSON alike, before training; the first run says nothing (its JSON, built
     after its runs wrote their logs, listed them as an earlier run's in a first version)."""
@@ -192,16 +187,16 @@ def test_a_second_run_into_one_log_dir_says_it_replaces_the_first_runs_logs(tmp_
 
 
 def test_saved_gradients_are_read_by_naig_audit(tmp_path: Path) -> None:
-    """Runs both commands in subprocesses (``naig audit`` is its own module)."""
-    made = _naig(*TINY, "--lags", "0,2,3", "--strategies", "naig",
+    """Runs both commands in processes of their own (``naig audit`` reads what another process wrote)."""
+    made = run_naig(*TINY, "--lags", "0,2,3", "--strategies", "naig",
                  "--save-grads", str(tmp_path), "--save-at", "4")
     assert made.returncode == 0, made.stderr
     folder = tmp_path / "naig-seed0-step4"
     workers = sorted(str(p) for p in folder.glob("worker*.safetensors"))
-    audit = _naig("audit", str(folder / "ref.safetensors"), *workers, "--json")
+    audit = run_naig("audit", str(folder / "ref.safetensors"), *workers, "--json")
     assert audit.returncode == 0, audit.stderr
     assert sorted(set(_lags_in(json.loads(audit.stdout)))) == [0, 2, 3]
-    table = _naig("audit", str(folder / "ref.safetensors"), str(folder))
+    table = run_naig("audit", str(folder / "ref.safetensors"), str(folder))
     assert table.returncode == 0, table.stderr
     assert all(lag in table.stdout for lag in ("0", "2", "3"))
 
@@ -443,7 +438,9 @@ def test_local_updates_report_bytes_seconds_and_samples() -> None:
     assert runs["gasloc"]["bytes_per_worker"] == [2 * 2 * 4 * doc["n_params"]] * 4  # 2 rounds, 2 peers, 4n
     assert runs["naig"]["local"] is None and runs["naig"]["staleness"]["mean"] >= 0  # the gradient rule
     assert runs["diloco"]["local"]["outer"] == "sgd-nesterov" and runs["diloco"]["local"]["rounds"] == 2
-    text = RUNNER.invoke(app, args, env={"COLUMNS": "200"}).stdout
+    at = args.index("--strategies") + 1
+    two = [*args[:at], "gasloc,gossip-adam", *args[at + 1:]]
+    text = RUNNER.invoke(app, two, env={"COLUMNS": "200"}).stdout  # the table: the two rules its lines name
     assert "bytes sent per worker" in text
     assert "  gossip-adam (adamw → adam lr 0.001 m 0.9; H 2,2,2,2): " in text
     assert "  gasloc (adamw → mixed gossip on ring lr 0.7 m 0.9; H 2,2,2,2): " in text
