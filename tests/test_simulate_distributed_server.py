@@ -186,11 +186,14 @@ def test_slow_worker_staleness_grows_as_predicted(tmp_path: Path) -> None:
 
 def test_ctrl_c_prints_partial_results_and_leaves_no_process(tmp_path: Path) -> None:
     """SIGINT to the CLI (the warm server's ``python``: its run and the workers it spawns are forked
-    from that server, SIGINT sent on; they work in ``tmp_path``, which marks them)."""
+    from that server, SIGINT sent on; they work in ``tmp_path``, which marks them). The workers are
+    slowed down 4× (they sleep 3× their compute: stopped while asleep too) and evaluate every 50
+    steps: the ~10 s to the first progress line cost a quarter of the CPU."""
     folder = warm_bin()
     env = {**os.environ, **warm_python.run_env(folder), "TMPDIR": str(tmp_path), "COLUMNS": "200"}
     cmd = [str(folder / "python"), "-m", "naig_cli", "simulate", *TINY, "--nproc", "3", "--steps", "100000",
-           "--eval-every", "5", "--set", "eval_batches=4", "--strategies", "hogwild", "--json"]
+           "--eval-every", "50", "--set", "eval_batches=4", "--set", "distributed.slowdown=4,4",
+           "--strategies", "hogwild", "--json"]
     log = tmp_path / "stderr.txt"
     with log.open("w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=tmp_path,
