@@ -104,25 +104,29 @@ class _Worker:
 
 
 def _worker_main(conn: Connection, parents: list[Connection]) -> None:
-    """In each child: runs received on ``conn`` until ``None``; every ``StepEvent`` and then the
-    result (or the error) go back on ``conn``. Ctrl-C is the parent's to handle; SIGTERM (the
-    parent stopping the runs) unwinds the run as Ctrl-C does with ``jobs = 1``, so its log is
-    closed as ``NAME.partial.csv`` with every step written. The parent's ends of the pipes
-    (``parents``, inherited by the fork) are closed, so a parent that dies without a word ends
-    the child, quietly, at its next read or write."""
+    """In each child: runs received on ``conn`` until ``None`` (one context per seed, kept while the runs
+    of that seed follow, as ``jobs = 1`` keeps it: θ_0 is evaluated once, not once per run); every
+    ``StepEvent`` and then the result (or the error) go back on ``conn``. Ctrl-C is the parent's to
+    handle; SIGTERM (the parent stopping the runs) unwinds the run as Ctrl-C does with ``jobs = 1``, so
+    its log is closed as ``NAME.partial.csv`` with every step written. The parent's ends of the pipes
+    (``parents``, inherited by the fork) are closed, so a parent that dies without a word ends the child,
+    quietly, at its next read or write."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stopped)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     for end in parents:
         end.close()
     assert _SESSION is not None
+    ctx, current = None, -1
     try:
         while (task := conn.recv()) is not None:
             seed, rule, lr = task
             try:
-                ctx = _SESSION.context(seed, lambda event: conn.send(("event", event)))
+                if seed != current:  # one context per seed, as with jobs = 1 (θ_0 evaluated once)
+                    ctx, current = _SESSION.context(seed, lambda event: conn.send(("event", event))), seed
+                before = len(ctx.saved)
                 result = _SESSION.run(rule, seed, lr, ctx)
-                conn.send(("result", (result, ctx.untrained, list(ctx.saved))))
+                conn.send(("result", (result, ctx.untrained, ctx.saved[before:])))
             except (EOFError, BrokenPipeError, ConnectionResetError):
                 raise  # the pipe: the parent is gone
             except Exception as exc:  # noqa: BLE001 - the parent re-raises it
