@@ -474,11 +474,13 @@ _KEEPING = [0]  # open ``null_draws_kept`` blocks
 
 @contextlib.contextmanager
 def null_draws_kept() -> Iterator[None]:
-    """Inside, the null draws behind ``robust_threshold`` are kept for every pool size (about 25 MB
-    for the 11 of ``POOL_SIZES``), not for the last size only; they are let go when the outermost
-    block ends. For callers that build detectors at many false-alarm rates (``naig detect``'s
-    sequential evaluation): each rate's detector walks the pool sizes again, and each new size
-    would draw afresh (~50 ms). The thresholds are the same either way.
+    """Inside, the null draws behind ``robust_threshold`` and ``null_tail`` are kept for every
+    reference count n asked for, not for the last n only (a detector asks for the 11 of
+    ``POOL_SIZES``: about 25 MB; each n ≤ 256 holds at most 6.4 MB); they are let go when the
+    outermost block ends. For callers that build detectors at many false-alarm rates (``naig
+    detect``'s sequential evaluation): each rate's detector walks the pool sizes again, and each new
+    size would draw afresh (~50 ms). The thresholds are the same either way. A process-wide setting
+    (the blocks are counted, not tied to a thread).
     """
     _KEEPING[0] += 1
     try:
