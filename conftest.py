@@ -24,4 +24,5 @@ _EXTRAS = {"naig/monitor/lightning.py": "lightning", "naig/monitor/transformers.
 _ROOT = Path(__file__).parent
 collect_ignore = [path for path, package in _EXTRAS.items()
                   if importlib.util.find_spec(package) is None or ">>>" not in (_ROOT / path).read_text()]
-collect_ignore_glob = ["tests/*_ranks.py", "tests/monitor_rank_tools.py", "tests/cli_child.py"]
+collect_ignore_glob = ["tests/*_ranks.py", "tests/monitor_rank_tools.py", "tests/cli_child.py",
+                       "tests/preload_extras.py"]

@@ -32,17 +32,15 @@ PRELOAD = ("tests.cli_child", "naig_cli.main", "torch", "torch._dynamo", "scipy.
 
 OPTIONAL_PRELOAD = (("lightning", "lightning.pytorch"), ("transformers", "transformers.trainer"),
                     ("accelerate", "accelerate"))
-"""(optional extra, module): imported too where the extra is installed: the runs and ranks that use
-Lightning, the Trainer or Accelerate then do not import them each (1.7 s of CPU for
-lightning.pytorch, 1.5 s for transformers' Trainer, per process, after torch)."""
+"""(optional extra, module): imported too where the extra is installed (``tests.preload_extras``):
+the runs and ranks that use Lightning, the Trainer or Accelerate then do not import them each (1.7 s
+of CPU for lightning.pytorch, 1.5 s for transformers' Trainer, per process, after torch)."""
 
 
 def preload() -> list[str]:
-    """The modules a server imports before it forks runs: ``PRELOAD`` and the installed ones of
-    ``OPTIONAL_PRELOAD``."""
-    import importlib.util
-
-    return [*PRELOAD, *(m for extra, m in OPTIONAL_PRELOAD if importlib.util.find_spec(extra) is not None)]
+    """The modules a server imports before it forks runs: ``PRELOAD``, then ``tests.preload_extras``
+    (the installed ones of ``OPTIONAL_PRELOAD`` that import)."""
+    return [*PRELOAD, "tests.preload_extras"]
 
 
 def run_rank(module: str, argv: list[str], env: dict[str, str], cwd: str, log_path: str) -> None:

@@ -139,7 +139,8 @@ def _cli_context() -> multiprocessing.context.BaseContext:
 def needs(module: str, why: str) -> None:
     """Skip the calling test (at module level: the module) with ``why`` when the optional top-level
     ``module`` is not installed. It is not imported (``pytest.importorskip`` imports it: 1.7 s of CPU
-    for lightning.pytorch, in a process where the test only starts others that use it)."""
+    for lightning.pytorch, in a process where the test only starts others that use it), so an extra
+    installed but broken fails its tests, with the import error, instead of skipping them."""
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed: {why}", allow_module_level=True)
 

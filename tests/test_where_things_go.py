@@ -1,6 +1,7 @@
 """docs/design.md's "where things go" tables, tried: one new engine, one new signal and one new fault kind,
 each written into a copy of the sources by editing only the files its row names, then used end to end
-in a fresh interpreter that imports the copy.
+in a process that imports the copy (forked warm, ``run_python``, with the server's naig and naig_cli
+modules dropped first).
 
 Each item is small but real: the engine runs ``sync`` at fixed lags and must give the lags engine's
 numbers bit for bit; the signal is scored, recorded and swept by ``naig detect``'s protocol; the fault

@@ -161,7 +161,8 @@ def start(root: Path, ctx: object) -> Path:
     The server is forked from ``ctx``, a ``multiprocessing`` forkserver context whose server imported
     ``tests.cli_child.preload()`` (``tests.conftest``'s): ~7 s of CPU less than a fresh interpreter
     importing them. It ends when this process does (killed at exit), or, this process killed, with
-    the forkserver (its own watch of its parent).
+    the forkserver (its own watch of its parent; a forkserver killed while still importing them
+    forks the server it was asked for first, and both end once it has: 5-8 s).
     """
     global _STARTED
     if _STARTED is None:
@@ -222,9 +223,9 @@ def run_env(bin_folder: Path) -> dict[str, str]:
 
 def serve(path: str, parent: int | None = None) -> None:
     """Import ``tests.cli_child.preload()`` (torch, ``torch._dynamo``, ``scipy.stats``, ``naig_cli.main``;
-    Lightning, transformers' Trainer and Accelerate where installed), then serve runs on the socket
-    ``path`` (created last, so that it existing means the server is ready) until killed, or until
-    ``parent`` (a pid) is no longer its parent."""
+    Lightning, transformers' Trainer and Accelerate where installed and importable), then serve runs on
+    the socket ``path`` (created last, so that it existing means the server is ready) until killed, or
+    until ``parent`` (a pid) is no longer its parent."""
     from tests.cli_child import preload
 
     if parent is not None:

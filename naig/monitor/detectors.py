@@ -217,6 +217,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -470,6 +471,7 @@ def pooled_median(v: np.ndarray) -> float:
 
 _KEPT: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 _KEEPING = [0]  # open ``null_draws_kept`` blocks
+_KEPT_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -479,25 +481,33 @@ def null_draws_kept() -> Iterator[None]:
     ``POOL_SIZES``: about 25 MB; each n ≤ 256 holds at most 6.4 MB); they are let go when the
     outermost block ends. For callers that build detectors at many false-alarm rates (``naig
     detect``'s sequential evaluation): each rate's detector walks the pool sizes again, and each new
-    size would draw afresh (~50 ms). The thresholds are the same either way. A process-wide setting
-    (the blocks are counted, not tied to a thread).
+    size would draw afresh (~50 ms). The thresholds are the same either way. Process-wide: the
+    blocks of every thread are counted together (under a lock), and draws made by a thread while
+    the last block closes are not kept.
     """
-    _KEEPING[0] += 1
+    with _KEPT_LOCK:
+        _KEEPING[0] += 1
     try:
         yield
     finally:
-        _KEEPING[0] -= 1
-        if not _KEEPING[0]:
-            _KEPT.clear()
+        with _KEPT_LOCK:
+            _KEEPING[0] -= 1
+            if not _KEEPING[0]:
+                _KEPT.clear()
 
 
 def _null(n: int) -> tuple[np.ndarray, np.ndarray]:
     """``_null_draws(n)``, kept for every n inside ``null_draws_kept``, for the last n outside."""
-    if not _KEEPING[0]:
-        return _null_draws(n)
-    if n not in _KEPT:
-        _KEPT[n] = _null_draws(n)
-    return _KEPT[n]
+    with _KEPT_LOCK:
+        keeping = bool(_KEEPING[0])
+        if keeping and n in _KEPT:
+            return _KEPT[n]
+    draws = _null_draws(n)
+    if keeping:
+        with _KEPT_LOCK:
+            if _KEEPING[0]:
+                _KEPT.setdefault(n, draws)
+    return draws
 
 
 @lru_cache(maxsize=1)
