@@ -10,6 +10,7 @@ from naig.errors import UsageError
 from naig.monitor.fsdp import layout_permutation, layout_segments
 from naig.sketch.core import sketch_reference
 from naig.sketch.layout_sketch import LayoutSketch, compiled_available
+from tests.conftest import run_python
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 CPU_IMPLS = ["numpy", "torch"] + (["compiled"] if compiled_available() else [])
@@ -140,8 +141,13 @@ def test_refusals() -> None:
         sk.of_tensors([torch.zeros(3)])
 
 
+# The children run forked from the preloaded server (``run_python``), whose imports stop short of the
+# kernel: the environment each sets is read when the kernel is imported, which must be after it.
+FRESH_KERNEL = "assert 'naig.sketch.kernels' not in sys.modules, 'the kernel was imported before the run'"
+
 FALLBACK_CHILD = """
 import sys, warnings
+{fresh}
 {block}
 import torch
 from naig.monitor.signals import MonitorSketch, pack
@@ -160,14 +166,11 @@ for w in caught:
 def test_the_monitor_warns_once_when_the_kernel_was_not_built(env: dict, warned: int) -> None:
     """The C extension made unimportable: one warning for the process (three packs), none when asked."""
     import os
-    import subprocess
-    import sys
 
     from naig.sketch.layout_sketch import FALLBACK
 
-    code = FALLBACK_CHILD.format(block="sys.modules['naig.sketch._kernel'] = None")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, **env})
+    code = FALLBACK_CHILD.format(fresh=FRESH_KERNEL, block="sys.modules['naig.sketch._kernel'] = None")
+    out = run_python("-c", code, timeout=120, env={**os.environ, **env})
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert int(lines[0]) == warned, lines
@@ -175,8 +178,7 @@ def test_the_monitor_warns_once_when_the_kernel_was_not_built(env: dict, warned:
         assert lines[1] == f"UserWarning {FALLBACK['numpy']}"
 
 
-BODIES_CHILD = """
-import hashlib, numpy as np, torch
+BODIES_CHILD = "import hashlib, sys, numpy as np, torch\n" + FRESH_KERNEL + """
 from naig.sketch.kernels import compiled_isa
 from naig.sketch.layout_sketch import LayoutSketch
 gen = torch.Generator().manual_seed(7)
@@ -214,15 +216,12 @@ def test_every_vector_body_gives_the_same_sums_bit_for_bit() -> None:
     aside: x86 keeps the first of two NaN operands, -1 * NaN keeps a NaN's sign, and the bodies
     order their operands differently)."""
     import os
-    import subprocess
-    import sys
 
     got = {}
     # any case, surrounding white space ignored; an unknown cap: said (quoted), then the CPU's best
     for cap in ("portable", " AVX2\n", "avx512", "avx9000"):
         env = {**os.environ, "NAIG_KERNEL_ISA": cap}
-        out = subprocess.run([sys.executable, "-c", BODIES_CHILD], capture_output=True, text=True,
-                             timeout=120, env=env)
+        out = run_python("-c", BODIES_CHILD, timeout=120, env=env)
         assert out.returncode == 0, out.stderr[-2000:]
         isa, digest = out.stdout.split()
         got[cap] = (isa, digest)
