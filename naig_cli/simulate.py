@@ -49,7 +49,7 @@ from naig_cli._common import (
 if TYPE_CHECKING:
     from naig.simulate import RunResult, SimulateConfig, SimulateResult, StepEvent, StrategySummary
 
-__all__ = ["simulate", "EXAMPLES"]
+__all__ = ["simulate", "EXAMPLES", "progress_reporter"]
 
 Optimizer, Device, Model = choice_enum("Optimizer", OPTIMIZERS), choice_enum("Device", DEVICES), \
     choice_enum("Model", MODELS)
@@ -213,7 +213,7 @@ def _run(config: SimulateConfig, json_out: bool, plot: str | None, notes: tuple[
     try:
         with progress("simulate", config.total_steps) as advance:
             runs = config.seeds * len(config.strategies) * len(config.lr)
-            result = run_experiment(config, _reporter(advance, runs))
+            result = run_experiment(config, progress_reporter(advance, runs))
     except KeyboardInterrupt:  # as the progress bar closed: the result is kept
         if result is None:
             raise
@@ -327,12 +327,25 @@ def _render_run(run: RunResult) -> None:
 
 
 HEARTBEAT_SECONDS = 10.0  # without a terminal: the longest silence at evaluations within a run
+FIRST_HEARTBEAT_SECONDS = 2.0  # ... but for the first line, which shows the rate early
 
 
-def _reporter(advance: Callable[..., None], runs: int) -> Callable[[StepEvent], None]:
-    """Advance the bar on a terminal; without one, a plain line on stderr as each of ``runs`` ends
-    (and, in a long run, at an evaluation at most every ``HEARTBEAT_SECONDS``)."""
-    done = {"runs": 0, "said": time.monotonic()}
+def progress_reporter(advance: Callable[..., None], runs: int) -> Callable[[StepEvent], None]:
+    """The progress callback of ``naig simulate`` (``run_experiment``'s ``progress``).
+
+    On a terminal (stderr a TTY) it advances the bar; without one it writes a plain line on stderr as
+    each of ``runs`` ends and, within a long run, at an evaluation: the first once
+    ``FIRST_HEARTBEAT_SECONDS`` have passed since it was made (the rate, early), then at most every
+    ``HEARTBEAT_SECONDS`` (monotonic clock).
+
+    Args:
+        advance: moves the bar by a number of steps (called on a terminal only).
+        runs: how many runs the experiment holds (the lines say "run i of runs").
+
+    Returns:
+        The callback, called with each ``StepEvent``.
+    """
+    done = {"runs": 0, "said": time.monotonic() - HEARTBEAT_SECONDS + FIRST_HEARTBEAT_SECONDS}
     if sys.stderr.isatty():  # a run's progress may jump (a diloco round is H steps): advance by the jump
         last: dict[tuple[str, int, float], int] = {}  # runs side by side (--jobs) interleave their events
 

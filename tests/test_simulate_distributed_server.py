@@ -188,7 +188,8 @@ def test_ctrl_c_prints_partial_results_and_leaves_no_process(tmp_path: Path) -> 
     """SIGINT to the CLI (the warm server's ``python``: its run and the workers it spawns are forked
     from that server, SIGINT sent on; they work in ``tmp_path``, which marks them). The workers are
     slowed down 4× (they sleep 3× their compute: stopped while asleep too) and evaluate every 50
-    steps: the ~10 s to the first progress line cost a quarter of the CPU."""
+    steps: the seconds to the first progress line (at an evaluation after 2 s) cost a quarter of the
+    CPU."""
     folder = warm_bin()
     env = {**os.environ, **warm_python.run_env(folder), "TMPDIR": str(tmp_path), "COLUMNS": "200"}
     cmd = [str(folder / "python"), "-m", "naig_cli", "simulate", *TINY, "--nproc", "3", "--steps", "100000",
@@ -200,7 +201,7 @@ def test_ctrl_c_prints_partial_results_and_leaves_no_process(tmp_path: Path) -> 
                                 preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + TIMEOUT
-        def steps_done() -> int:  # the last progress line's step (a line at an evaluation every 10 s)
+        def steps_done() -> int:  # the last progress line's step (the first at an evaluation after 2 s)
             done = re.findall(r"step (\d+)/100000 val", log.read_text())
             return int(done[-1]) if done else 0
 
