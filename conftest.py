@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 # Bytecode is cached (in the ``__pycache__`` folders, which git ignores) even where
-# PYTHONDONTWRITEBYTECODE asks otherwise, before anything else is imported: the suite starts ~200
+# PYTHONDONTWRITEBYTECODE asks otherwise, before anything else is imported: the suite starts many
 # interpreters (xdist workers, the servers, ranks, fresh interpreters), and each compiled naig's and
 # the tests' sources again (pytest's rewritten test modules too). 2026-12-07, this 2-core VM, the
 # whole suite: 538 s of CPU against 583-627 s (277.6 against 301.8-322.8 s).
