@@ -25,21 +25,15 @@ import types
 
 from tests import warm_python  # (the standard library only, as here)
 
-__all__ = ["OPTIONAL_PRELOAD", "PRELOAD", "execute", "preload", "python_target", "run_python", "run_rank"]
+__all__ = ["PRELOAD", "execute", "preload", "python_target", "run_python", "run_rank"]
 
 PRELOAD = ("tests.cli_child", "naig_cli.main", "torch", "torch._dynamo", "scipy.stats")
 """What a server imports before it forks runs (``tests.conftest``'s forkserver, ``tests.warm_python``)."""
 
-OPTIONAL_PRELOAD = (("lightning", "lightning.pytorch"), ("transformers", "transformers.trainer"),
-                    ("accelerate", "accelerate"))
-"""(optional extra, module): imported too where the extra is installed (``tests.preload_extras``):
-the runs and ranks that use Lightning, the Trainer or Accelerate then do not import them each (1.7 s
-of CPU for lightning.pytorch, 1.5 s for transformers' Trainer, per process, after torch)."""
-
 
 def preload() -> list[str]:
     """The modules a server imports before it forks runs: ``PRELOAD``, then ``tests.preload_extras``
-    (the installed ones of ``OPTIONAL_PRELOAD`` that import)."""
+    (the installed optional integrations that import: ``tests.preload_extras.OPTIONAL``)."""
     return [*PRELOAD, "tests.preload_extras"]
 
 

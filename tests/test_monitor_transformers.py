@@ -93,14 +93,8 @@ def test_a_resumed_run_keeps_the_detectors_state(ranks: dict) -> None:
 # ----------------------------------------------------------------- one process
 
 
-# (naig.monitor.transformers, and with it the Trainer, is imported here, by the tests that run in this
-# process, not when the module is collected: ~1.7 s of CPU in every pytest-xdist worker)
-def MonitorCallback(*args: object, **kwargs: object) -> object:  # noqa: N802  (the class, imported late)
-    from naig.monitor.transformers import MonitorCallback
-
-    return MonitorCallback(*args, **kwargs)
-
-
+# (naig.monitor.transformers, and with it the Trainer, is imported by the tests that run in this process,
+# as in test_monitor_lightning.py, not when the module is collected: ~1.7 s of CPU in every xdist worker)
 def _tiny_trainer(tmp: Path, callback: object, **args: object):
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
@@ -114,18 +108,20 @@ def _tiny_trainer(tmp: Path, callback: object, **args: object):
 
 
 def test_one_process_says_so_once_and_trains(tmp_path: Path) -> None:
+    from naig.monitor.transformers import ONE_PROCESS, MonitorCallback
+
     cb = MonitorCallback(Monitor(action="raise"))
     trainer = _tiny_trainer(tmp_path, cb)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.train()
-    from naig.monitor.transformers import ONE_PROCESS
-
     assert [str(w.message) for w in caught if str(w.message) == ONE_PROCESS] == [ONE_PROCESS]
     assert cb.watch is None and trainer.state.global_step == 2
 
 
 def test_restoring_callbacks_from_arguments_is_refused(tmp_path: Path) -> None:
+    from naig.monitor.transformers import MonitorCallback
+
     trainer = _tiny_trainer(tmp_path, MonitorCallback(), restore_callback_states_from_checkpoint=True)
     with pytest.raises(UsageError, match="restore_callback_states_from_checkpoint") as err:
         trainer.train()
@@ -135,12 +131,16 @@ def test_restoring_callbacks_from_arguments_is_refused(tmp_path: Path) -> None:
 def test_called_by_hand_it_says_it_needs_a_trainer() -> None:
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
+    from naig.monitor.transformers import MonitorCallback
+
     with pytest.raises(UsageError, match="transformers.Trainer"):
         MonitorCallback().on_train_begin(TrainingArguments(output_dir="x", report_to=[]), TrainerState(),
                                          TrainerControl())
 
 
 def test_bad_arguments_are_usage_errors() -> None:
+    from naig.monitor.transformers import MonitorCallback
+
     with pytest.raises(UsageError) as err:
         MonitorCallback("log")
     assert err.value.field == "monitor"
