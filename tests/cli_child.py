@@ -27,6 +27,9 @@ from tests import warm_python  # (the standard library only, as here)
 
 __all__ = ["PRELOAD", "execute", "preload", "python_target", "run_python", "run_rank"]
 
+sys.dont_write_bytecode = False  # (the root conftest's setting: a server started under a pytest process
+# that read PYTHONDONTWRITEBYTECODE, `-n 0`, inherits the flag; its runs then cache bytecode too)
+
 PRELOAD = ("tests.cli_child", "naig_cli.main", "torch", "torch._dynamo", "scipy.stats")
 """What a server imports before it forks runs (``tests.conftest``'s forkserver, ``tests.warm_python``)."""
 

@@ -142,8 +142,10 @@ def test_refusals() -> None:
 
 
 # The children run forked from the preloaded server (``run_python``), whose imports stop short of the
-# kernel: the environment each sets is read when the kernel is imported, which must be after it.
-FRESH_KERNEL = "assert 'naig.sketch.kernels' not in sys.modules, 'the kernel was imported before the run'"
+# kernel: the environment each sets is read when the kernel is imported (NAIG_KERNEL_ISA by the C
+# module, NAIG_PURE_NUMPY by the modules that import it), which must be after it.
+FRESH_KERNEL = ("assert not {'naig.sketch._kernel', 'naig.sketch.kernels', 'naig.sketch.layout_sketch'}"
+                " & set(sys.modules), 'the kernel was imported before the run'")
 
 FALLBACK_CHILD = """
 import sys, warnings
