@@ -330,22 +330,24 @@ HEARTBEAT_SECONDS = 10.0  # without a terminal: the longest silence at evaluatio
 FIRST_HEARTBEAT_SECONDS = 2.0  # ... but for the first line, which shows the rate early
 
 
-def progress_reporter(advance: Callable[..., None], runs: int) -> Callable[[StepEvent], None]:
+def progress_reporter(advance: Callable[..., None], runs: int,
+                      clock: Callable[[], float] = time.monotonic) -> Callable[[StepEvent], None]:
     """The progress callback of ``naig simulate`` (``run_experiment``'s ``progress``).
 
     On a terminal (stderr a TTY) it advances the bar; without one it writes a plain line on stderr as
-    each of ``runs`` ends and, within a long run, at an evaluation: the first once
-    ``FIRST_HEARTBEAT_SECONDS`` have passed since it was made (the rate, early), then at most every
-    ``HEARTBEAT_SECONDS`` (monotonic clock).
+    each of ``runs`` ends and, within a run, at an evaluation: the command's first line once
+    ``FIRST_HEARTBEAT_SECONDS`` have passed since the reporter was made (the rate, early), then at
+    most every ``HEARTBEAT_SECONDS`` after the last line.
 
     Args:
         advance: moves the bar by a number of steps (called on a terminal only).
         runs: how many runs the experiment holds (the lines say "run i of runs").
+        clock: seconds, monotonic (``time.monotonic``; a test's own clock).
 
     Returns:
         The callback, called with each ``StepEvent``.
     """
-    done = {"runs": 0, "said": time.monotonic() - HEARTBEAT_SECONDS + FIRST_HEARTBEAT_SECONDS}
+    done = {"runs": 0, "said": clock() - HEARTBEAT_SECONDS + FIRST_HEARTBEAT_SECONDS}
     if sys.stderr.isatty():  # a run's progress may jump (a diloco round is H steps): advance by the jump
         last: dict[tuple[str, int, float], int] = {}  # runs side by side (--jobs) interleave their events
 
@@ -359,7 +361,7 @@ def progress_reporter(advance: Callable[..., None], runs: int) -> Callable[[Step
 
     def line(e: StepEvent) -> None:
         finished = e.step == e.steps or e.diverged
-        now = time.monotonic()
+        now = clock()
         if not finished and (e.val_loss is None or now - done["said"] < HEARTBEAT_SECONDS):
             return
         done["runs"] += finished

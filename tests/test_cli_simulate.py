@@ -671,20 +671,21 @@ def test_the_fix_a_refusal_suggests_runs_as_written() -> None:
 
 
 def test_without_a_terminal_the_first_progress_line_comes_after_2_s_then_at_most_every_10_s(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+        capsys: pytest.CaptureFixture) -> None:
     """Progress lines without a terminal (stderr captured: not a TTY): at an evaluation once 2 s have
-    passed (the rate, early), then at evaluations at most every 10 s, and as each run ends."""
+    passed (the rate, early), then at evaluations at most every 10 s after the last line, and as each
+    run ends."""
     from naig.simulate.runs import StepEvent
 
-    clock = [100.0]
-    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
-    report = cli.progress_reporter(lambda *_: pytest.fail("a bar without a terminal"), runs=2)
+    now = [100.0]
+    report = cli.progress_reporter(lambda *_: pytest.fail("a bar without a terminal"), runs=2,
+                                   clock=lambda: now[0])
     said = []
-    for at, step, val in [(1.0, 10, 2.5), (2.5, 20, None), (3.0, 30, 2.4), (5.0, 40, 2.3), (12.9, 50, 2.2),
-                          (13.1, 60, 2.1), (14.0, 100, 2.0)]:
-        clock[0] = 100.0 + at
+    for at, step, val in [(1.0, 10, 2.5), (1.9, 19, 2.45), (2.0, 20, None), (2.1, 21, 2.4), (5.0, 40, 2.3),
+                          (12.0, 50, 2.2), (12.2, 60, 2.1), (14.0, 100, 2.0)]:
+        now[0] = 100.0 + at
         report(StepEvent("naig", 0, 1e-3, step, 100, val, seconds=at))
         said += [(at, line) for line in capsys.readouterr().err.splitlines()]
-    assert [at for at, _ in said] == [3.0, 13.1, 14.0], said
-    assert said[0][1] == "naig seed 0 lr 0.001 step 30/100 val 2.4000 10.0 steps/s"
+    assert [at for at, _ in said] == [2.1, 12.2, 14.0], said
+    assert said[0][1] == "naig seed 0 lr 0.001 step 21/100 val 2.4000 10.0 steps/s"
     assert said[-1][1].endswith("step 100/100 val 2.0000 7.1 steps/s (run 1 of 2)")
