@@ -224,9 +224,11 @@ def save_gradients(
 
     Example:
         >>> import torch, tempfile, os
-        >>> p = os.path.join(tempfile.mkdtemp(), "w0.safetensors")
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> p = os.path.join(tmp.name, "w0.safetensors")
         >>> save_gradients(p, {"w": torch.ones(3)}, lag=10, step=50, worker=0).name
         'w0.safetensors'
+        >>> tmp.cleanup()
     """
     path = Path(os.fsdecode(path) if isinstance(path, bytes) else path)
     if path.suffix != ".safetensors":

@@ -455,7 +455,8 @@ def run_audit(
     Example:
         >>> import tempfile, torch
         >>> from naig.io import save_gradients
-        >>> root = tempfile.mkdtemp()
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> root = tmp.name
         >>> ref = save_gradients(f"{root}/ref.safetensors", {"w": torch.ones(100)})
         >>> for k in range(3):
         ...     g = {"w": torch.ones(100) + k * torch.linspace(-1, 1, 100)}
@@ -466,6 +467,7 @@ def run_audit(
         w0.safetensors 0 1.0 integrated
         w1.safetensors 10 0.864 frozen
         w2.safetensors 20 0.651 frozen
+        >>> tmp.cleanup()
     """
     psi = fano_fisher_metric(config.line)
     ref_path, worker_paths, notes = _resolve_files(ref, files, config.recursive)

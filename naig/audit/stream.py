@@ -502,12 +502,14 @@ class RawReader:
     Example:
         >>> import tempfile, torch
         >>> from safetensors.torch import save_file
-        >>> path = tempfile.mkdtemp() + "/x.safetensors"
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> path = tmp.name + "/x.safetensors"
         >>> save_file({"w": torch.tensor([1.5, -2.0], dtype=torch.bfloat16)}, path)
         >>> where = locate(inspect_file(path))["w"]
         >>> with RawReader() as r:
         ...     r.view(where, 0, 2).view(np.uint16).tolist()  # the stored bfloat16 bits
         [16320, 49152]
+        >>> tmp.cleanup()
     """
 
     def __init__(self) -> None:

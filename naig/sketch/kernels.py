@@ -336,7 +336,8 @@ def accumulate_files(
 
     Example:
         >>> import tempfile
-        >>> path = tempfile.mkdtemp() + "/x.bin"
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> path = tmp.name + "/x.bin"
         >>> np.array([1.0, -2.0, 0.5], np.float32).tofile(path)
         >>> fd = os.open(path, os.O_RDONLY)
         >>> out = np.zeros((2, 1, STATS))  # the file as reference, and again as a worker
@@ -345,6 +346,7 @@ def accumulate_files(
         >>> out[1, 0, SKETCH_DIM:].tolist()  # ⟨x, r⟩, ‖x‖², ‖x − r‖², Σ (x − r)⁴
         [5.25, 5.25, 0.0, 0.0]
         >>> os.close(fd)
+        >>> tmp.cleanup()
     """
     shape = (len(rows), len(keys), STATS)
     if not (keys and rows and out.shape == shape and out.dtype == np.float64 and out.flags.c_contiguous
