@@ -213,7 +213,9 @@ def _run(snippet: Snippet, cwd: Path, where: str, warm_bin: Path) -> None:
         cmd = [str(warm_bin / "python"), "-c", snippet.code]
     else:
         cmd = ["bash", "-e", "-o", "pipefail", "-c", snippet.code]
-    r = _shell(cmd, cwd, _snippet_env(warm_bin), timeout=600)
+    tmp = cwd / ".tmp"  # (TMPDIR: what a snippet's tools leave there, torchrun's logs, goes with the folder)
+    tmp.mkdir(exist_ok=True)
+    r = _shell(cmd, cwd, {**_snippet_env(warm_bin), "TMPDIR": str(tmp)}, timeout=600)
     assert r.returncode == 0, f"{where}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
 
 

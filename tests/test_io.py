@@ -124,11 +124,11 @@ def test_existing_file_untouched_when_saving_fails(tmp_path):
 
 
 _DTENSOR_SCRIPT = """
-import datetime, sys, tempfile, torch, torch.distributed as dist
+import datetime, sys, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 from naig.io import save_gradients
-dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1,
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1,
                         timeout=datetime.timedelta(seconds=30))
 mesh = init_device_mesh("cpu", (1,))
 w = torch.nn.Parameter(distribute_tensor(torch.arange(12.0).reshape(4, 3), mesh, [Shard(0)]))
@@ -142,7 +142,7 @@ dist.destroy_process_group()
 def test_dtensor_gradient_is_gathered_on_a_real_gloo_group(tmp_path):
     out = tmp_path / "d.safetensors"
     root = Path(__file__).resolve().parents[1]
-    r = run_python("-c", _DTENSOR_SCRIPT, out, timeout=120, cwd=root)
+    r = run_python("-c", _DTENSOR_SCRIPT, out, tmp_path / "store", timeout=120, cwd=root)  # (its FileStore)
     assert r.returncode == 0, r.stderr
     assert _read(out)["w"].tolist() == (2 * torch.arange(12.0).reshape(4, 3)).tolist()  # d(w²)/dw = 2w
 
