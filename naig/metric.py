@@ -10,6 +10,7 @@ rank 4, non-zero eigenvalues all 8/3, a 10-dimensional null space.
 from __future__ import annotations
 
 from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 
@@ -39,6 +40,11 @@ EXPECTED_CHARPOLY: tuple[Fraction, ...] = (0,) * 10 + (  # type: ignore[assignme
 """Coefficients, low → high degree, of λ^10 (λ − 8/3)^4."""
 
 
+@lru_cache(maxsize=1)
+def _oriented() -> frozenset[tuple[int, int, int]]:
+    return frozenset(oriented_lines())
+
+
 def parse_line(line: str | tuple[int, ...] | list[int], field: str = "line") -> tuple[int, int, int]:
     """Validate an oriented Fano line.
 
@@ -61,7 +67,7 @@ def parse_line(line: str | tuple[int, ...] | list[int], field: str = "line") -> 
         triple = tuple(int(p) for p in parts)
     except (TypeError, ValueError, OverflowError):
         triple = ()
-    if len(triple) == 3 and triple in oriented_lines():
+    if len(triple) == 3 and triple in _oriented():
         return triple  # type: ignore[return-value]
     valid = " ".join(",".join(map(str, t)) for t in oriented_lines()[::3])
     raise UsageError(f"not an oriented Fano line; use one of {valid} or a cyclic rotation of one",

@@ -335,7 +335,7 @@ def noise_scale(sq_norms: np.ndarray, mean_sq_norm: float, batch: float = 1.0) -
     k = len(sq_norms)
     if k < 2 or not math.isfinite(mean_sq_norm):
         return NoiseScale(math.nan, math.nan, math.nan, b)
-    small = float(np.mean(sq_norms))
+    small = float(np.sum(sq_norms) / k)  # np.mean's value, bit for bit
     g2 = (k * mean_sq_norm - small) / (k - 1)
     trace = b * k * (small - mean_sq_norm) / (k - 1)
     return NoiseScale(g2, trace, trace / g2 if g2 > 0 else math.nan, b)
@@ -618,7 +618,8 @@ def _signals(inp: _Inputs, usable: np.ndarray, ref: np.ndarray) -> RankSignals:
         return RankSignals(k, r, bad, usable, ref, sq, nan, nan.copy(), nan.copy(), nan.copy(), math.nan,
                            noise_scale(sq[ref], math.nan, inp.batch), EXACT_ALWAYS, inp, nan.copy(),
                            nan.copy(), _turn(inp, usable))
-    drift = s - s[ref].mean(axis=0)
+    sbar = s[ref].sum(axis=0) / ref.sum()  # np.mean's value, bit for bit, without its overhead
+    drift = s - sbar
     e = np.where(usable, energy(drift.reshape(k, r, SKETCH_DIM), _psi(inp.line)).mean(axis=1), np.nan)
     norms = np.sqrt(np.where(usable, sq, np.nan))
     med = pooled_median(norms[ref])  # np.median's value (finite), without its overhead
@@ -632,8 +633,8 @@ def _signals(inp: _Inputs, usable: np.ndarray, ref: np.ndarray) -> RankSignals:
             cos = inp.dots / (norms * math.sqrt(mean_sq)) if mean_sq > 0 else nan.copy()
     else:
         dist = np.where(usable, np.einsum("ka,ka->k", drift, drift) / r, np.nan)
-        mean_sq = float(np.mean(sq[ref]) - np.mean(dist[ref]))
-        sbar = s[ref].mean(axis=0)
+        n = ref.sum()
+        mean_sq = float(sq[ref].sum() / n - dist[ref].sum() / n)
         with np.errstate(divide="ignore", invalid="ignore"):
             cos = (s @ sbar) / (np.linalg.norm(s, axis=1) * np.linalg.norm(sbar))
         exact = EXACT_ALWAYS
