@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -18,7 +16,6 @@ from naig.detect.measure import (
     summarise,
 )
 from naig.detect.sequential import PoolSpec, Record, SequentialConfig
-from naig.errors import UsageError
 from naig.monitor.detectors import DEFAULT_WARMUP
 
 
@@ -111,7 +108,7 @@ def test_run_all_reports_the_defaults_false_alarms_on_every_validation_pool() ->
     pools_spec = (PoolSpec(8, "calibration", 0, 30), PoolSpec(8, "validation", 1, 30),
                   PoolSpec(64, "validation", 5, 40), PoolSpec(8, "test", 2, 30))
     cfg = SequentialConfig(faults=("scale:2",), validation=1, test=1, pools=pools_spec, replays=3,
-                           fa_ranks=(3, 4), fa_rates=(1e-3,), pool_ranks=5, blocks=1)
+                           fa_ranks=(3, 4), fa_rates=(1e-3,), pool_ranks=5)
     pools = {(p.batch, p.role, p.seed): _pool(rng, p.steps, 5) for p in pools_spec}
     rec = Record(*(_pool(rng, 45, 4)[0], np.zeros((45, 4)), np.zeros((45, 4))), bad=1, onset=41,
                  kind="scale:2")
@@ -121,10 +118,6 @@ def test_run_all_reports_the_defaults_false_alarms_on_every_validation_pool() ->
     assert rows[(64, 4)]["recorded_steps"] == 40 and rows[(64, 4)]["runs"] == 3
     assert rows[(64, 4)]["steps"] == 3 * (40 - DEFAULT_WARMUP) and rows[(64, 3)]["alpha"] == 1e-3
     assert {r["batch"] for r in doc["false_alarms"]} == {8}  # test pools only
-    assert set(doc["validation"]) == {n for n, v in CANDIDATES.items() if v.get("blocks", 1) == 1}  # not /R2
-    with pytest.raises(UsageError, match=r"widths \[16\] for a config of 2 sketch blocks") as err:
-        run_all(dataclasses.replace(cfg, blocks=2), {"validation": [rec], "test": [rec]}, pools)
-    assert err.value.field == "blocks"
     tied = [n for n, v in doc["validation"].items() if "false_alarms_everywhere" in v]
     if tied:  # the tie-break measured the chosen default among them: the same rows
         assert doc["default"] in tied

@@ -1,8 +1,8 @@
 """The field's checks ``naig detect --protocol persistent`` runs beside the monitor, on the same records.
 
-Each takes a run's per-step payloads (T, K, 14·R + 2) (``naig.detect.sequential.Record``; ‖g_k‖²
-is column −2) and returns, per step, the ranks it names. A non-finite rank (a NaN/Inf count, norm
-or sketch) is named by every check.
+Each takes a run's per-step payloads (T, K, 16) (``naig.detect.sequential.Record``) and returns,
+per step, the ranks it names. A non-finite rank (a NaN/Inf count, norm or sketch) is named by
+every check.
 
 ============== =====================================================================================
 check          names rank k at step t when
@@ -101,7 +101,7 @@ def norm_z(payload: np.ndarray, threshold: float) -> list[tuple[int, ...]]:
 
 
 def _cusum_flags(payload: np.ndarray, h: float) -> np.ndarray:
-    """(…, T, K) bool alarms of the norm CUSUM (payload (…, T, K, 14·R + 2); see the module)."""
+    """(…, T, K) bool alarms of the norm CUSUM (payload (…, T, K, 16); see the module)."""
     x, bad = _log_norm(payload)
     d, _ = _departure(x)
     lead, (t_len, k) = d.shape[:-2], d.shape[-2:]
@@ -133,13 +133,13 @@ def norm_cusum(payload: np.ndarray, h: float) -> list[tuple[int, ...]]:
 
 
 def calibrate_z(payloads: np.ndarray, alpha: float) -> float:
-    """T: the (1 − α) quantile of the per-step max over ranks of |z| on clean replays (N, T, K, 14·R + 2)."""
+    """T: the (1 − α) quantile of the per-step max over ranks of |z| on clean replays (R, T, K, 16)."""
     m = np.nanmax(np.nan_to_num(z_scores(payloads), nan=-np.inf), axis=-1).ravel()
     return float(np.quantile(m, 1.0 - alpha, method="higher"))
 
 
 def calibrate_cusum(payloads: np.ndarray, alpha: float) -> float:
-    """h whose family-wise alarm rate on clean replays (N, T, K, 14·R + 2), after the warm-up, is α."""
+    """h whose family-wise alarm rate on clean replays (R, T, K, 16), after the warm-up, is α."""
     def rate(h: float) -> float:
         return float(_cusum_flags(payloads, h)[..., WARMUP:, :].any(-1).mean())
 

@@ -19,9 +19,7 @@ pool (the mean per 1000 over their batch sizes and ``fa_ranks``, measured for th
 only), then the lower mean median delay; the test seeds never enter the choice. (Until 2026-12-05
 a tie went to the lower delay straight away, and the batch-8 pool at K = ``ranks`` was the only one
 the choice saw: with ``turn`` in ``all``, ``all/δ1`` tied on detection and won on delay with 2–5×
-the other candidates' false alarms at K = 8 and at batch 64.) A candidate of more sketch blocks
-than the runs hold (``SequentialConfig.blocks``) is left out; one of fewer reads their first
-blocks.
+the other candidates' false alarms at K = 8 and at batch 64.)
 """
 
 from __future__ import annotations
@@ -34,8 +32,7 @@ import numpy as np
 
 from naig.detect import baselines
 from naig.detect.calibrate import clopper_pearson
-from naig.detect.sequential import Record, SequentialConfig, first_blocks, subset
-from naig.errors import UsageError
+from naig.detect.sequential import Record, SequentialConfig, subset
 from naig.monitor.detectors import DEFAULT_WARMUP, SIGNALS, null_draws_kept
 from naig.monitor.observe import Monitor
 
@@ -52,31 +49,23 @@ CANDIDATES: dict[str, dict] = {
     "ndepwt/δ1": {"signals": ("norm", "distance", "energy", "persistence", "drift", "turn"), "delta": 1.0},
     "all/δ1": {"signals": SIGNALS, "delta": 1.0},
     "all/δ0.5": {"signals": SIGNALS, "delta": 0.5},
-    "ndepwt/δ1/R2": {"signals": ("norm", "distance", "energy", "persistence", "drift", "turn"), "delta": 1.0,
-                     "blocks": 2},
 }
-"""The monitor settings the validation seeds choose among (signals, CUSUM reference δ, and sketch
-blocks R: 1 unless given). ``/R2`` gathers two sketch blocks (28 coordinates: turn's angle, the
-distances, energies and drifts less noisy) at 1.4× the sketch's time per value; not R = 4 (2.8×,
-against issue 28's overhead budget; its validation false alarms were 7.2 per 1000, docs/design.md)."""
+"""The monitor settings the validation seeds choose among (signals, CUSUM reference δ)."""
 METHODS = ("monitor", "exact", *baselines.BASELINES)
 
 
 def monitor_names(record: Record, *, exact: bool, false_alarm: float, **settings: object
                   ) -> list[tuple[int, ...]]:
-    """The ranks ``Monitor.decide`` names at each step of a record (its default settings but these;
-    ``blocks`` reads the record's first blocks, ``naig.detect.sequential.first_blocks``)."""
+    """The ranks ``Monitor.decide`` names at each step of a record (its default settings but these)."""
     mon = Monitor(false_alarm=false_alarm, **settings)
-    payload = first_blocks(record.payload, mon.blocks)  # what a monitor of its blocks gathers
-    weights = None if record.weights is None else first_blocks(record.weights, mon.blocks)
     out = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        for t in range(len(payload)):
+        for t in range(len(record.payload)):
             kw = {"dots": record.dots[t], "sq_dists": record.sq_dists[t]} if exact else {}
-            if weights is not None and mon.weights_due():  # the replica check's steps
-                kw["weights"] = weights[t]
-            out.append(mon.decide(payload[t], **kw).ranks)
+            if record.weights is not None and mon.weights_due():  # the replica check's steps
+                kw["weights"] = record.weights[t]
+            out.append(mon.decide(record.payload[t], **kw).ranks)
     return out
 
 
@@ -119,7 +108,7 @@ def summarise(results: list[dict], horizon: int) -> dict:
 def replays(payload: np.ndarray, gram: np.ndarray, k: int, count: int, seed: int,
             weights: np.ndarray | None = None) -> list[Record]:
     """``count`` clean runs of K ranks from a pool: distinct fixed subsets of its M ranks (seeded),
-    with the replica-check payloads of θ (``weights`` (T, 14·R + 2)) when given."""
+    with the replica-check payloads of θ (``weights`` (T, 16)) when given."""
     m = payload.shape[1]
     rng = np.random.default_rng(seed)
     seen: set[tuple[int, ...]] = set()
@@ -166,8 +155,8 @@ def choose(validation: dict[str, dict], alpha: float,
         delays = [d for d in validation[name]["median_delays"] if d is not None]
         return -float(np.mean(delays)) if delays else -1e9
 
-    best = max(first(n) for n in validation)
-    tied = [n for n in validation if first(n) == best]
+    best = max(first(n) for n in CANDIDATES)
+    tied = [n for n in CANDIDATES if first(n) == best]
     if len(tied) > 1 and everywhere is not None:
         fa = {n: everywhere(n) for n in tied}
         tied = [n for n in tied if fa[n] == min(fa.values())]
@@ -186,13 +175,6 @@ def run_all(cfg: SequentialConfig, faults: dict[str, list[Record]], pools: dict[
     """
     say = tick or (lambda _: None)
     k, alpha = cfg.ranks, cfg.false_alarm
-    widths = {p.shape[-1] for p, *_ in pools.values()}
-    widths |= {r.payload.shape[-1] for runs in faults.values() for r in runs}
-    if widths != {14 * cfg.blocks + 2}:
-        raise UsageError(f"payloads of widths {sorted(widths)} for a config of {cfg.blocks} sketch blocks "
-                         f"({14 * cfg.blocks + 2} floats); record with the same config", field="blocks",
-                         value=cfg.blocks)
-    candidates = {n: s for n, s in CANDIDATES.items() if s.get("blocks", 1) <= cfg.blocks}
     say("calibrating the baselines")
     cal = [r for (b, role, s), (p, g, w) in pools.items() if role == "calibration" and b == cfg.batch_size
            for r in replays(p, g, k, cfg.replays, 7 + s, w)]
@@ -202,7 +184,7 @@ def run_all(cfg: SequentialConfig, faults: dict[str, list[Record]], pools: dict[
     val_pool = [r for (b, role, s), (p, g, w) in pools.items() if role == "validation" and b == cfg.batch_size
                 for r in replays(p, g, k, cfg.replays, 11 + s, w)]
     validation = {}
-    for name, settings in candidates.items():
+    for name, settings in CANDIDATES.items():
         say(f"validation: {name}")
         kinds = {kind: summarise([detection(method_names("monitor", r, cfg, thresholds, settings), r,
                                             cfg.horizon) for r in faults["validation"] if r.kind == kind],
@@ -217,7 +199,7 @@ def run_all(cfg: SequentialConfig, faults: dict[str, list[Record]], pools: dict[
     seen_by: dict[str, list[dict]] = {}
 
     def everywhere(name: str) -> float:
-        seen_by[name] = _pool_false_alarms(cfg, pools, "validation", thresholds, candidates[name], say)
+        seen_by[name] = _pool_false_alarms(cfg, pools, "validation", thresholds, CANDIDATES[name], say)
         validation[name]["false_alarms_everywhere"] = seen_by[name]
         return float(np.mean([r["per_1000"] for r in seen_by[name]]))
 

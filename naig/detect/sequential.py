@@ -6,9 +6,8 @@ what the ranks send. At step ``onset`` (default 41) one rank drawn per seed turn
 bad; training continues on the *faulty* mean (a step whose mean is not finite is skipped, as a
 loss scaler would), for ``horizon + 1`` steps. The clean prefix is computed once per seed and
 every fault kind branches from it (θ, Adam state, minibatch streams and θ history restored).
-Each step records what the monitor gathers (``naig.monitor.signals.pack``: the sketch of
-``blocks`` 14-float blocks, ‖g_k‖² and the non-finite count, with ``Monitor()``'s layout and seed)
-and the
+Each step records what the monitor gathers (``naig.monitor.signals.pack``: the 14-float sketch,
+‖g_k‖² and the non-finite count, with the sketch of ``Monitor()``'s layout and seed) and the
 exact ⟨g_k, ḡ⟩ and ‖g_k − ḡ‖² (float64), so every method replays the same run, and what the
 monitor's replica check gathers (``naig.monitor.replicas``): the same payload of the weights each
 rank computes its gradient at (θ for a clean rank; θ + offset, or θ of 20 steps before, for a bad
@@ -68,12 +67,12 @@ from torch import Tensor
 from naig.detect.faults import FaultCell, corrupt_batch
 from naig.errors import UsageError
 from naig.faults import apply_fault
-from naig.monitor.signals import SKETCH_DIM, MonitorSketch, pack
+from naig.monitor.signals import MonitorSketch, pack
 from naig.simulate.workload import Workload, WorkloadConfig, fault_seed, make_optimizer
 from naig.threads import check_threads
 
 __all__ = ["FAULTS", "STALE", "PERTURB", "SequentialConfig", "PoolSpec", "Record", "Context",
-           "fault_runs", "pool_run", "subset", "first_blocks", "record_all", "total_steps"]
+           "fault_runs", "pool_run", "subset", "record_all", "total_steps"]
 
 FAULTS = ("scale:2", "scale:0.5", "scale:0", "repeat", "perturb", "reinit", "stale", "data-random",
           "data-text", "signflip:1", "nan:1", "inf:1", "bitflip32:30", "bitflip32:26")
@@ -96,10 +95,6 @@ class PoolSpec:
 @dataclass(frozen=True)
 class SequentialConfig:
     """Everything that determines a persistent-fault run (defaults: the run of docs/results).
-
-    ``blocks`` is R, the sketch blocks recorded: a method with fewer reads the first ones
-    (``first_blocks``; block b of a sketch does not depend on how many follow it, so those are the
-    payloads a monitor of fewer blocks gathers, value for value).
 
     Raises:
         UsageError: naming the bad field (on construction).
@@ -126,11 +121,10 @@ class SequentialConfig:
     fa_rates: tuple[float, ...] = (1e-3, 1e-4)
     replays: int = 40
     threads: int = 1
-    blocks: int = 2
 
     def __post_init__(self) -> None:
         ints = {"ranks": 3, "batch_size": 1, "context": 2, "data_bytes": 1, "onset": 2, "horizon": 0,
-                "validation": 0, "test": 1, "pool_ranks": 3, "replays": 1, "blocks": 1}
+                "validation": 0, "test": 1, "pool_ranks": 3, "replays": 1}
         for name, low in ints.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
@@ -176,9 +170,8 @@ class Record:
     """One recorded run: what the monitor gathers at each step, and the exact statistics.
 
     Attributes:
-        payload: (T, K, 14·R + 2) float64 [S g_k | ‖g_k‖² | non-finite count] per step and rank, R the
-            config's ``blocks``.
-        weights: (T, K, 14·R + 2) float64 [S θ_k | ‖θ_k‖² | non-finite count] of the weights each rank
+        payload: (T, K, 16) float64 [S g_k | ‖g_k‖² | non-finite count] per step and rank.
+        weights: (T, K, 16) float64 [S θ_k | ‖θ_k‖² | non-finite count] of the weights each rank
             computed its gradient at (the replica check's payload), or None (not recorded).
         dots: (T, K) float64 exact ⟨g_k, ḡ⟩ (NaN where not finite).
         sq_dists: (T, K) float64 exact ‖g_k − ḡ‖².
@@ -212,8 +205,7 @@ class Context:
         ranks = max(cfg.ranks, cfg.pool_ranks)
         self.wl.check_memory(3 * ranks + STALE + 8, "ranks" if cfg.ranks >= cfg.pool_ranks else "pool_ranks",
                              ranks)
-        self.sketch = MonitorSketch.build(list(zip(self.wl.names, self.wl.sizes, strict=True)), 0,
-                                          cfg.blocks)
+        self.sketch = MonitorSketch.build(list(zip(self.wl.names, self.wl.sizes, strict=True)), 0, 1)
 
     def grad(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
         """∇L(θ; x, y) (n,) float32."""
@@ -226,7 +218,7 @@ class Context:
 
 
 def _stats(grads: Tensor, sketch: MonitorSketch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Payloads (K, 14·R + 2) and the exact dots and squared distances (K,) of one step's gradients."""
+    """Payloads (K, 16) and the exact dots and squared distances (K,) of one step's gradients."""
     payload = torch.stack([pack(g, sketch) for g in grads]).numpy()
     g = grads.double()
     mean = g.mean(0)
@@ -338,7 +330,7 @@ def _bad_weights(kind: str, theta: Tensor, offset: Tensor | None, state: _State)
 
 def _replicas(theta: Tensor, bad_weights: Tensor | None, bad: int, k: int, sketch: MonitorSketch
               ) -> np.ndarray:
-    """(K, 14·R + 2) every rank's replica-check payload: θ's, and ``bad_weights``' on rank ``bad`` when given.
+    """(K, 16) every rank's replica-check payload: θ's, and ``bad_weights``' on rank ``bad`` when given.
 
     The clean ranks hold the same tensor θ (as DDP's replicas hold equal ones), so it is packed once.
     """
@@ -368,8 +360,8 @@ def pool_run(ctx: Context, spec: PoolSpec, advance: Callable[[int], None] | None
     """A clean pool: M ranks train on their mean for ``spec.steps`` steps.
 
     Returns:
-        payload (T, M, 14·R + 2) float64, the Gram matrices (T, M, M) float64 of the gradients and the
-        replica-check payload (T, 14·R + 2) float64 of θ, which every rank holds.
+        payload (T, M, 16) float64, the Gram matrices (T, M, M) float64 of the gradients and the
+        replica-check payload (T, 16) float64 of θ, which every rank holds.
     """
     cfg, wl, m = ctx.cfg, ctx.wl, ctx.cfg.pool_ranks
     seed = SEED_BASE["pool"] + spec.seed
@@ -391,30 +383,13 @@ def pool_run(ctx: Context, spec: PoolSpec, advance: Callable[[int], None] | None
 def subset(payload: np.ndarray, gram: np.ndarray, ranks: np.ndarray, weights: np.ndarray | None = None
            ) -> Record:
     """The clean run of the ranks ``ranks`` (K,) of a pool: their payloads and exact statistics, and
-    the replica-check payloads (every rank θ's, from ``weights`` (T, 14·R + 2)) when given."""
+    the replica-check payloads (every rank θ's, from ``weights`` (T, 16)) when given."""
     p = payload[:, ranks]
     g = gram[:, ranks][:, :, ranks]
     dots = g.mean(axis=2)
     sqd = np.einsum("tkk->tk", g) - 2 * dots + g.mean(axis=(1, 2))[:, None]
     w = None if weights is None else np.repeat(weights[:, None, :], len(ranks), axis=1)
     return Record(p, dots, np.maximum(sqd, 0.0), weights=w)
-
-
-def first_blocks(rows: np.ndarray, blocks: int) -> np.ndarray:
-    """The payloads ``rows`` (…, 14·R + 2) as a sketch of the first ``blocks`` blocks gathers them:
-    (…, 14·``blocks`` + 2), the same array when R = ``blocks``.
-
-    Raises:
-        UsageError: ``blocks`` above the R recorded.
-    """
-    recorded = (rows.shape[-1] - 2) // SKETCH_DIM
-    if blocks == recorded:
-        return rows
-    if not 1 <= blocks < recorded:
-        raise UsageError(f"the runs were recorded with {recorded} sketch blocks; a method can read 1 to "
-                         f"{recorded}, record again with SequentialConfig(blocks={blocks})", field="blocks",
-                         value=blocks)
-    return np.concatenate([rows[..., :SKETCH_DIM * blocks], rows[..., -2:]], axis=-1)
 
 
 def total_steps(cfg: SequentialConfig) -> int:
