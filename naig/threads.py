@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
 from collections.abc import Iterator
@@ -94,8 +93,7 @@ def _blas() -> ThreadpoolController:
 def one_blas_thread() -> Iterator[None]:
     """Run the block with numpy's and scipy's BLAS on one thread, restoring their counts after.
 
-    For many small matrix operations on a busy machine (see the module); ~10 µs per block, ~1 µs
-    where every BLAS already runs on one thread (``OMP_NUM_THREADS=1``, which torchrun sets). The
+    For many small matrix operations on a busy machine (see the module); ~10 µs per block. The
     count is per process, so numpy called meanwhile from another thread runs on one thread too.
     Blocks nest, and blocks in several threads run one at a time (a lock: threadpoolctl's limits
     entered and left out of order by two threads would leave the count wrong). threadpoolctl ≥ 3.6
@@ -118,15 +116,9 @@ def one_blas_thread() -> Iterator[None]:
         finally:
             _INSIDE.depth = depth
         return
-    with _LOCK:
-        blas = _blas()
-        if all(lib.get_num_threads() == 1 for lib in blas.lib_controllers):  # e.g. OMP_NUM_THREADS=1,
-            limit = contextlib.nullcontext()  # as torchrun sets: nothing to change (~1 µs, not ~30)
-        else:
-            limit = blas.limit(limits=1, user_api="blas")
-        with limit:
-            _INSIDE.depth = 1
-            try:
-                yield
-            finally:
-                _INSIDE.depth = 0
+    with _LOCK, _blas().limit(limits=1, user_api="blas"):
+        _INSIDE.depth = 1
+        try:
+            yield
+        finally:
+            _INSIDE.depth = 0

@@ -335,7 +335,7 @@ def noise_scale(sq_norms: np.ndarray, mean_sq_norm: float, batch: float = 1.0) -
     k = len(sq_norms)
     if k < 2 or not math.isfinite(mean_sq_norm):
         return NoiseScale(math.nan, math.nan, math.nan, b)
-    small = float(np.sum(sq_norms) / k)  # np.mean's value, bit for bit
+    small = float(np.mean(sq_norms))
     g2 = (k * mean_sq_norm - small) / (k - 1)
     trace = b * k * (small - mean_sq_norm) / (k - 1)
     return NoiseScale(g2, trace, trace / g2 if g2 > 0 else math.nan, b)
