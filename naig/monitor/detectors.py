@@ -1111,7 +1111,7 @@ class Detector:
         self.cov: np.ndarray | None = None  # (m, m) Σ̂ · weight, the clean drifts' covariance (drift)
         self.cov_weight, self.cov_count = 0.0, 0  # its weight, and the clean drifts it has seen
         self.drift_record: deque[np.ndarray] = deque(maxlen=max(1, DRIFT_RECORD // self.world))
-        self._stats: dict[str, tuple] = {}  # "all": _all_stats; "thresholds": (pool sizes, t, h)
+        self._stats: dict[str, tuple[float, float, int] | np.ndarray] = {}
 
     @property
     def tests_per_rank(self) -> int:
@@ -1405,41 +1405,34 @@ class Detector:
             self._stats["all"] = (loc, scale, n, ranks)
         return self._stats["all"]
 
-    def _pool_sizes(self) -> tuple[int, ...]:
-        """(S,) each signal's pool size as its transient threshold reads it: the largest of
-        ``POOL_SIZES`` at most its pooled values (K ≤ 2: its steps of history), 0 below the smallest."""
-        if self.world <= 2:
-            counts = [min(len(self.pool[name]), NULL_MAX_N) for name in self.signals]
-        else:
-            counts = self._all_stats()[2].tolist()
-        return tuple(next((size for size in reversed(POOL_SIZES) if size <= n), 0) for n in counts)
-
-    def _transient_threshold(self, name: str, size: int) -> float:
+    def _transient_threshold(self, name: str) -> float:
         if name in _OWN_NULL:
             return self._drift_threshold()
-        if not size:
+        if self.world <= 2:
+            n = min(len(self.pool[name]), NULL_MAX_N)
+        else:
+            n = self._pool_stats(name)[2]
+        sizes = [s for s in POOL_SIZES if s <= n]
+        if not sizes:
             return math.inf
         # the tail fit is NaN until the record is long enough: max() keeps its first argument then
-        return max(robust_threshold(self.alpha, size, SIDES[name]), self._fitted(name)[0])
+        return max(robust_threshold(self.alpha, sizes[-1], SIDES[name]), self._fitted(name)[0])
 
     def _thresholds_now(self) -> tuple[np.ndarray, np.ndarray]:
         """(S,) this step's transient t and CUSUM h of each signal (NaN where the test does not run or
-        the signal is blind). They change only with the fits (a refit drops them) and the pools'
-        sizes (``_pool_sizes``), so they are computed again only then, not at every step."""
-        sizes = self._pool_sizes()
-        kept = self._stats.get("thresholds")
-        if kept is None or kept[0] != sizes:
+        the signal is blind), computed once per step."""
+        if "thresholds" not in self._stats:
             n = len(self.signals)
             t, h = np.full(n, np.nan), np.full(n, np.nan)
             for i, name in enumerate(self.signals):
                 if self._blind[i]:
                     continue
                 if self._transient_on[i]:
-                    t[i] = self._transient_threshold(name, sizes[i])
+                    t[i] = self._transient_threshold(name)
                 if self._cusum_on[i]:
                     h[i] = self.cusum_threshold_of(name)
-            kept = self._stats["thresholds"] = (sizes, t, h)
-        return kept[1], kept[2]
+            self._stats["thresholds"] = (t, h)
+        return self._stats["thresholds"]
 
     def _flags(self, out: _Pass, u: np.ndarray, seen: np.ndarray) -> None:
         """Transient and CUSUM flags of every seen signal into ``out`` (candidate statistics too), in
@@ -1506,7 +1499,7 @@ class Detector:
                 self.recent[name].append(y[i])
                 if tail[i]:
                     self.tails[name].append(u[i])
-            self._stats.pop("all", None)  # the pooled statistics moved; the thresholds only with their sizes
+            self._stats.clear()
         self.fresh += 1
         if self.fresh >= refit_every(len(self.tails[self.signals[0]])):
             self.calibration, self.fresh = {}, 0
