@@ -618,7 +618,8 @@ def _signals(inp: _Inputs, usable: np.ndarray, ref: np.ndarray) -> RankSignals:
         return RankSignals(k, r, bad, usable, ref, sq, nan, nan.copy(), nan.copy(), nan.copy(), math.nan,
                            noise_scale(sq[ref], math.nan, inp.batch), EXACT_ALWAYS, inp, nan.copy(),
                            nan.copy(), _turn(inp, usable))
-    sbar = s[ref].sum(axis=0) / ref.sum()  # np.mean's value, bit for bit, without its overhead
+    n = ref.sum()
+    sbar = s[ref].sum(axis=0) / n  # np.mean's value, bit for bit, without its overhead
     drift = s - sbar
     e = np.where(usable, energy(drift.reshape(k, r, SKETCH_DIM), _psi(inp.line)).mean(axis=1), np.nan)
     norms = np.sqrt(np.where(usable, sq, np.nan))
@@ -633,7 +634,6 @@ def _signals(inp: _Inputs, usable: np.ndarray, ref: np.ndarray) -> RankSignals:
             cos = inp.dots / (norms * math.sqrt(mean_sq)) if mean_sq > 0 else nan.copy()
     else:
         dist = np.where(usable, np.einsum("ka,ka->k", drift, drift) / r, np.nan)
-        n = ref.sum()
         mean_sq = float(sq[ref].sum() / n - dist[ref].sum() / n)
         with np.errstate(divide="ignore", invalid="ignore"):
             cos = (s @ sbar) / (np.linalg.norm(s, axis=1) * np.linalg.norm(sbar))
