@@ -985,6 +985,76 @@ def test_many_ranks_decide_as_with_a_sorted_copy_per_rank(k: int, monkeypatch: p
     assert not any(d.flagged for d in got[:30]) and any(d.ranks == (5,) for d in got[30:])
 
 
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 40), window=st.integers(1, 10), steps=st.integers(1, 30), seed=st.integers(0, 10_000),
+       levels=st.sampled_from([0, 3, 7]))
+def test_a_pool_kept_in_order_gives_the_sorted_pools_median_and_mad(k: int, window: int, steps: int,
+                                                                      seed: int, levels: int) -> None:
+    """SortedPool, as rows enter a deque of ``window`` rows and leave it, gives pooled_stats's median,
+    MAD and count of the deque's finite values bit for bit: ties, NaN (ranks left out) and ±inf."""
+    from collections import deque
+
+    from naig.monitor.detectors import MAD_SCALE, SortedPool, pooled_stats
+
+    rng = np.random.default_rng(seed)
+    pool: deque[np.ndarray] = deque(maxlen=window)
+    kept = SortedPool(pool)
+    for _ in range(steps):
+        row = rng.integers(-levels, levels + 1, k).astype(np.float64) if levels else rng.standard_normal(k)
+        row[rng.random(k) < 0.2] = np.nan
+        row[rng.random(k) < 0.05] = np.inf * rng.choice([-1.0, 1.0])
+        kept.move(row, pool[0] if len(pool) == window else None, pool)
+        pool.append(row)
+        med, scale, n = pooled_stats(np.concatenate(list(pool))[None, :])
+        got_med, got_mad, got_n = kept.stats()
+        assert got_n == n[0]
+        assert (got_med if got_n else 0.0) == med[0]
+        assert np.array_equal(MAD_SCALE * got_mad, scale[0], equal_nan=True)
+
+
+def test_a_pool_kept_in_order_sorts_afresh_when_its_deque_changed_behind_it() -> None:
+    from collections import deque
+
+    from naig.monitor.detectors import SortedPool
+
+    pool = deque([np.array([1.0, 2.0]), np.array([3.0, 4.0])], maxlen=2)
+    kept = SortedPool(pool)
+    pool[0] = np.array([7.0, 8.0])  # not through move(): the values it would take out are not there
+    kept.move(np.array([5.0, np.nan]), pool[0], pool)
+    pool.append(np.array([5.0, np.nan]))
+    assert kept.values.tolist() == [3.0, 4.0, 5.0]
+
+
+@pytest.mark.parametrize(("k", "window"), [(20, 64), (130, 16)])
+def test_decisions_from_pools_kept_in_order_equal_sorting_the_pool_each_step(
+        k: int, window: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past SORTED_POOL values (K × window) the pools are kept in order; the decisions, scores and
+    state are those of sorting each step's pool (SORTED_POOL raised past it), with rows leaving the
+    pool (more steps than the window), a rank ×4 from step 60 and a resumed detector."""
+    import naig.monitor.detectors as detectors
+
+    rng = np.random.default_rng(k)
+    steps = []
+    for i in range(80):
+        s, sq = rng.standard_normal((k, 14)) + 3.0, 40.0 + rng.standard_normal(k)
+        if i >= 60:
+            s[3], sq[3] = 2 * s[3], 4 * sq[3]
+        steps.append(rank_signals(s, sq, np.zeros(k)))
+
+    def run() -> tuple[list[str], dict]:
+        det = Detector(k, window=window, warmup=min(16, window), quiet=True)
+        got = [repr(det.update(sig)) for sig in steps[:50]]
+        resumed = Detector(k, window=window, warmup=min(16, window), quiet=True)
+        resumed.load_state_dict(det.state_dict())
+        got += [repr(resumed.update(sig)) for sig in steps[50:]]  # repr: NaN compares equal
+        return got, resumed.state_dict()
+
+    kept, kept_state = run()
+    monkeypatch.setattr(detectors, "SORTED_POOL", 10 ** 9)
+    assert (kept, kept_state) == run()
+    assert any("rank=3" in d for d in kept[60:])
+
+
 @settings(max_examples=100, deadline=None)
 @given(n=st.integers(1, 300), seed=st.integers(0, 10_000), levels=st.sampled_from([0, 2, 7]))
 def test_the_pooled_median_is_numpys(n: int, seed: int, levels: int) -> None:

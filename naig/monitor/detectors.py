@@ -219,7 +219,7 @@ import contextlib
 import math
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from statistics import NormalDist
@@ -239,10 +239,11 @@ __all__ = ["ACTIONS", "MAX_WORLD", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE",
            "DEFAULT_CLIP", "DEFAULT_HOLD", "POOL_SIZES", "STATE_VERSION", "TWO_RANKS", "WARMUP",
            "DRIFT_LAMBDA", "DRIFT_MIN_STEPS", "TAIL_STEPS", "MIN_TEST_RATE", "UNFITTED_CUSUM", "TURN_FLOOR",
            "BadRankError", "Decision", "Detector", "DriftState", "Flag",
-           "SignalSpec",
+           "SignalSpec", "SortedPool",
            "check_action", "cusum_arl", "cusum_threshold", "cusum_threshold_sample", "drift_threshold",
            "gpd_fit", "has_bool", "median_of_others", "null_draws_kept", "null_tail", "pooled_median",
-           "stats_of_others", "real_numbers", "refit_every", "robust_threshold", "robust_z", "signal_values",
+           "pooled_stats", "stats_of_others", "real_numbers", "refit_every", "robust_threshold", "robust_z",
+           "signal_values",
            "tail_quantile", "whole_numbers"]
 
 TINY = 1e-300  # a squared norm of 0 before the log
@@ -459,9 +460,8 @@ def _median_rows(x: np.ndarray) -> np.ndarray:
 
 
 def pooled_median(v: np.ndarray) -> float:
-    """``np.median``'s value of a non-empty 1-D float64 array without NaN, by a partition: O(n), for
-    the pooled values (K × window of them, 65,536 at K = 1024, where a sort made most of a step's
-    cost)."""
+    """``np.median``'s value of a non-empty 1-D float64 array without NaN, by a partition: O(n), without
+    ``np.median``'s overhead on small arrays."""
     h = len(v) // 2
     if len(v) % 2:
         return float(np.partition(v, h)[h])
@@ -1112,6 +1112,7 @@ class Detector:
         self.cov_weight, self.cov_count = 0.0, 0  # its weight, and the clean drifts it has seen
         self.drift_record: deque[np.ndarray] = deque(maxlen=max(1, DRIFT_RECORD // self.world))
         self._stats: dict[str, tuple[float, float, int] | np.ndarray] = {}
+        self._sorted: dict[str, SortedPool] | None = None  # pools kept in order (above SORTED_POOL)
 
     @property
     def tests_per_rank(self) -> int:
@@ -1394,8 +1395,7 @@ class Detector:
                 np.zeros(len(self.signals), dtype=np.int64)
             ranks = np.full((len(self.signals), k), np.nan)
             if len(rows):
-                loc[rows], scale[rows], n[rows] = _pooled_stats(
-                    _stacked([self.pool[self.signals[i]] for i in rows], k).reshape(len(rows), -1))
+                loc[rows], scale[rows], n[rows] = self._pooled(rows)
                 ranks[rows] = scale[rows, None]
                 recent = _stacked([self.recent[self.signals[i]] for i in rows], k)  # (S', T', K)
                 if recent.shape[1]:
@@ -1404,6 +1404,19 @@ class Detector:
                     ranks[rows] = np.where(wider, loo, ranks[rows])
             self._stats["all"] = (loc, scale, n, ranks)
         return self._stats["all"]
+
+    def _pooled(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``pooled_stats`` of the pools of the signals ``rows`` (indices): from the pools kept in order
+        (``SortedPool``) where a full pool holds more than ``SORTED_POOL`` values, else by one sort."""
+        if self.world * self.window <= SORTED_POOL:
+            return pooled_stats(_stacked([self.pool[self.signals[i]] for i in rows], self.world)
+                                 .reshape(len(rows), -1))
+        if self._sorted is None:  # built here, kept by _append; a loaded state builds them afresh
+            self._sorted = {self.signals[i]: SortedPool(self.pool[self.signals[i]])
+                            for i in np.flatnonzero(~self._own)}
+        stats = np.array([self._sorted[self.signals[i]].stats() for i in rows]).reshape(len(rows), 3)
+        med, mad, n = stats.T
+        return np.where(n > 0, med, 0.0), MAD_SCALE * mad, n.astype(np.int64)
 
     def _transient_threshold(self, name: str) -> float:
         if name in _OWN_NULL:
@@ -1495,7 +1508,10 @@ class Detector:
             y, u = np.where(keep, first.y, np.nan), np.where(keep, first.u, np.nan)
             tail = np.isfinite(first.u[:, keep]).any(axis=1)  # K <= 2: the own-history z (clean steps only)
             for i, name in enumerate(self.signals):
-                self.pool[name].append(y[i])
+                pool = self.pool[name]
+                if self._sorted is not None and name in self._sorted:
+                    self._sorted[name].move(y[i], pool[0] if len(pool) == pool.maxlen else None, pool)
+                pool.append(y[i])
                 self.recent[name].append(y[i])
                 if tail[i]:
                     self.tails[name].append(u[i])
@@ -1610,7 +1626,7 @@ class Detector:
         self.last = last
         self.ewma, self.cov, self.cov_weight, self.cov_count, record = drift
         self.drift_record = deque(record, maxlen=self.drift_record.maxlen)
-        self._stats = {}
+        self._stats, self._sorted = {}, None
 
 
 def _leaves(values: object, what: str, *, none: bool) -> np.ndarray:
@@ -1800,7 +1816,10 @@ def _rows(rows: list, k: int, maxlen: int) -> deque[np.ndarray]:
 
 SORTED_POOL = 1024
 """Up to this many pooled values per signal (window × K) the pooled medians of every signal come
-from one sort of an (S, window × K) array; above it, from a partition per signal."""
+from one sort of an (S, window × K) array each step (``pooled_stats``); above it each signal's pool
+is kept in order as rows enter and leave it (``SortedPool``, since 2026-12-07; until then two
+partitions of the pool per signal and step, most of a step's cost at K = 1024). Both give the same
+values bit for bit."""
 
 DENSE_RANKS = 48
 """Up to this many ranks the leave-one-out medians sort each rank's copy of the others' values
@@ -1871,22 +1890,90 @@ def median_of_others(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return out.reshape(np.shape(x))
 
 
-def _pooled_stats(v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pooled_stats(v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's (median, 1.4826·MAD, n) of its finite values (0, NaN, 0 for a row with none), for
-    (S, n) pooled values: one sort of them all up to ``SORTED_POOL`` values a row, else a partition
-    per row (O(n), see ``pooled_median``)."""
+    (S, n) pooled values, in one pass over them all (``_nan_median_rows``: the detector's pools of up
+    to ``SORTED_POOL`` values; larger ones are kept in order, ``SortedPool``)."""
     n = np.isfinite(v).sum(axis=1)
-    if v.shape[1] <= SORTED_POOL:
-        med = _nan_median_rows(v)
-        mad = _nan_median_rows(np.abs(v - med[:, None]))
-    else:
-        med, mad = np.full(len(v), np.nan), np.full(len(v), np.nan)
-        for i, row in enumerate(v):
-            row = row[np.isfinite(row)]
-            if len(row):
-                med[i] = pooled_median(row)
-                mad[i] = pooled_median(np.abs(row - med[i]))
+    med = _nan_median_rows(v)
+    mad = _nan_median_rows(np.abs(v - med[:, None]))
     return np.where(n > 0, med, 0.0), MAD_SCALE * mad, n
+
+
+class SortedPool:
+    """The finite values of one signal's pool (a deque of (K,) rows) in ascending order, kept as rows
+    enter and leave it: its median and MAD (``stats``) cost O(log n) per step, not the two partitions of
+    n values (K × window: 65,536 at K = 1024) that ``pooled_stats`` makes.
+
+    The values are the pool's own and the order statistics those a sort gives, and the median and the
+    MAD combine them as ``pooled_median`` does: the results equal ``pooled_stats``'s bit for bit
+    (tests/test_monitor_detectors.py; a pool that ever disagrees with its deque is sorted afresh).
+    """
+
+    def __init__(self, rows: Iterable[np.ndarray]) -> None:
+        self.values = _sorted_finite(rows)
+
+    def move(self, new: np.ndarray, old: np.ndarray | None, pool: deque[np.ndarray]) -> None:
+        """Take ``old``'s finite values out (the row the deque drops; None: none) and put ``new``'s in;
+        ``pool``: the deque before ``new`` is appended (sorted afresh from it, with ``new``, if ``old``'s
+        values are not all found)."""
+        if old is not None:
+            out = np.sort(old[np.isfinite(old)])
+            if len(out):  # the i-th copy of a value sits i places after the first
+                at = np.searchsorted(self.values, out) + np.arange(len(out)) - np.searchsorted(out, out)
+                if (at >= len(self.values)).any() or not (self.values[np.minimum(at, len(self.values) - 1)]
+                                                          == out).all():
+                    self.values = _sorted_finite([*list(pool)[1:], new])
+                    return
+                self.values = np.delete(self.values, at)
+        add = np.sort(new[np.isfinite(new)])
+        if len(add):
+            self.values = np.insert(self.values, np.searchsorted(self.values, add), add)
+
+    def stats(self) -> tuple[float, float, int]:
+        """(median, MAD about it, n): ``pooled_median`` of the values and of their |v − median| (NaN,
+        NaN, 0 for none)."""
+        v, n = self.values, len(self.values)
+        if n == 0:
+            return math.nan, math.nan, 0
+        h = n // 2
+        med = float(v[h]) if n % 2 else float(0.5 * (v[h - 1] + v[h]))
+        below = int(np.searchsorted(v, med))  # v[:below] < med ≤ v[below:]
+        lo, hi = _kth_deviation(v, med, below, h - 1 if n % 2 == 0 else h)
+        return med, (lo if n % 2 else 0.5 * (lo + hi)), n
+
+
+def _sorted_finite(rows: Iterable[np.ndarray]) -> np.ndarray:
+    rows = list(rows)
+    v = np.concatenate(rows) if rows else np.zeros(0)
+    return np.sort(v[np.isfinite(v)])
+
+
+def _kth_deviation(v: np.ndarray, med: float, below: int, k: int) -> tuple[float, float]:
+    """The k-th and (k + 1)-th smallest (0-based) of |v − med| over the ascending ``v``, of which
+    v[:below] < med: the deviations below med ascend as v descends from v[below − 1] (A), those at or
+    above it as v ascends from v[below] (B); the smallest k + 1 take i of A and k + 1 − i of B, i found
+    by bisection (the k-th smallest of two sorted sequences), each deviation computed as
+    ``np.abs(v − med)`` would."""
+    n_a, n_b, t = below, len(v) - below, k + 1
+
+    def a(i: int) -> float:
+        return abs(float(v[below - 1 - i]) - med)
+
+    def b(j: int) -> float:
+        return abs(float(v[below + j]) - med)
+
+    lo, hi = max(0, t - n_b), min(t, n_a)
+    while lo < hi:
+        i = (lo + hi) // 2
+        if b(t - i - 1) > a(i):
+            lo = i + 1
+        else:
+            hi = i
+    i, j = lo, t - lo
+    kth = max(a(i - 1) if i > 0 else -math.inf, b(j - 1) if j > 0 else -math.inf)
+    nxt = min(a(i) if i < n_a else math.inf, b(j) if j < n_b else math.inf)
+    return kth, nxt
 
 
 def _stacked(rows: list[deque[np.ndarray]], k: int) -> np.ndarray:
