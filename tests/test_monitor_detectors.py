@@ -34,7 +34,7 @@ from naig.monitor.detectors import (
     signal_values,
     tail_quantile,
 )
-from naig.monitor.signals import MonitorSketch, pack, rank_signals, unpack
+from naig.monitor.signals import MonitorSketch, RankSignals, pack, rank_signals, unpack
 from tests.conftest import run_python
 
 N = 2000
@@ -964,19 +964,26 @@ def test_leave_one_out_medians_and_spreads_equal_sorting_each_ranks_others(
             assert np.array_equal(median_of_others(rows, ref), each, equal_nan=True)
 
 
+def _many_ranks(k: int, steps: int, *, bad: int, onset: int) -> list[RankSignals]:
+    """Signals of K ranks with noisy sketches about a common one; rank ``bad`` ×2 (its ‖g‖² ×4) from
+    step ``onset`` (0-based) on."""
+    rng = np.random.default_rng(k)
+    out = []
+    for i in range(steps):
+        s, sq = rng.standard_normal((k, 14)) + 3.0, 40.0 + rng.standard_normal(k)
+        if i >= onset:
+            s[bad], sq[bad] = 2 * s[bad], 4 * sq[bad]
+        out.append(rank_signals(s, sq, np.zeros(k)))
+    return out
+
+
 @pytest.mark.parametrize("k", [70, 130])
 def test_many_ranks_decide_as_with_a_sorted_copy_per_rank(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Above DENSE_RANKS the detector's decisions, scores and CUSUM statistics are those of the
     per-rank copies (DENSE_RANKS raised past K), step for step, with a rank ×4 from step 30."""
     import naig.monitor.detectors as detectors
 
-    rng = np.random.default_rng(k)
-    steps = []
-    for i in range(45):
-        s, sq = rng.standard_normal((k, 14)) + 3.0, 40.0 + rng.standard_normal(k)
-        if i >= 30:
-            s[5], sq[5] = 2 * s[5], 4 * sq[5]
-        steps.append(rank_signals(s, sq, np.zeros(k)))
+    steps = _many_ranks(k, 45, bad=5, onset=30)
     fast = Detector(k, quiet=True)
     got = [fast.update(sig) for sig in steps]
     monkeypatch.setattr(detectors, "DENSE_RANKS", 10 ** 9)
@@ -1033,13 +1040,7 @@ def test_decisions_from_pools_kept_in_order_equal_sorting_the_pool_each_step(
     pool (more steps than the window), a rank ×4 from step 60 and a resumed detector."""
     import naig.monitor.detectors as detectors
 
-    rng = np.random.default_rng(k)
-    steps = []
-    for i in range(80):
-        s, sq = rng.standard_normal((k, 14)) + 3.0, 40.0 + rng.standard_normal(k)
-        if i >= 60:
-            s[3], sq[3] = 2 * s[3], 4 * sq[3]
-        steps.append(rank_signals(s, sq, np.zeros(k)))
+    steps = _many_ranks(k, 80, bad=3, onset=60)
 
     def run() -> tuple[list[str], dict]:
         det = Detector(k, window=window, warmup=min(16, window), quiet=True)
