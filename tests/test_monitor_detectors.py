@@ -997,8 +997,9 @@ def test_many_ranks_decide_as_with_a_sorted_copy_per_rank(k: int, monkeypatch: p
        levels=st.sampled_from([0, 3, 7]))
 def test_a_pool_kept_in_order_gives_the_sorted_pools_median_and_mad(k: int, window: int, steps: int,
                                                                       seed: int, levels: int) -> None:
-    """SortedPool, as rows enter a deque of ``window`` rows and leave it, gives pooled_stats's median,
-    MAD and count of the deque's finite values bit for bit: ties, NaN (ranks left out) and ±inf."""
+    """SortedPool, as rows enter a deque of ``window`` rows and leave it, holds the deque's finite values
+    (a zero as +0.0) and gives pooled_stats's median, MAD and count of them: ties, NaN (ranks left out),
+    ±inf and -0.0."""
     from collections import deque
 
     from naig.monitor.detectors import MAD_SCALE, SortedPool, pooled_stats
@@ -1010,12 +1011,15 @@ def test_a_pool_kept_in_order_gives_the_sorted_pools_median_and_mad(k: int, wind
         row = rng.integers(-levels, levels + 1, k).astype(np.float64) if levels else rng.standard_normal(k)
         row[rng.random(k) < 0.2] = np.nan
         row[rng.random(k) < 0.05] = np.inf * rng.choice([-1.0, 1.0])
+        row[rng.random(k) < 0.1] = -0.0
         kept.move(row, pool[0] if len(pool) == window else None, pool)
         pool.append(row)
-        med, scale, n = pooled_stats(np.concatenate(list(pool))[None, :])
+        values = np.concatenate(list(pool))
+        assert kept.values.tobytes() == np.sort(values[np.isfinite(values)] + 0.0).tobytes()  # zeros: +0.0
+        med, scale, n = pooled_stats(values[None, :])
         got_med, got_mad, got_n = kept.stats()
         assert got_n == n[0]
-        assert (got_med if got_n else 0.0) == med[0]
+        assert (got_med if got_n else 0.0) == med[0]  # == : pooled_stats's zero may be -0.0
         assert np.array_equal(MAD_SCALE * got_mad, scale[0], equal_nan=True)
 
 
@@ -1054,6 +1058,37 @@ def test_decisions_from_pools_kept_in_order_equal_sorting_the_pool_each_step(
     monkeypatch.setattr(detectors, "SORTED_POOL", 10 ** 9)
     assert (kept, kept_state) == run()
     assert any("rank=3" in d for d in kept[60:])
+
+
+def test_a_resumed_detector_decides_as_the_uninterrupted_one_zero_signs_included_past_sorted_pool() -> None:
+    """K = 33, window 32 (1,056 pooled values a signal): turns of exactly 1 rad (log angle −0.0 or +0.0
+    once centred) put both zeros in the pool; a detector loaded from a saved state at step 50 (its pools
+    sorted afresh) gives every decision of the uninterrupted one, repr for repr (a reviewer's stream,
+    2026-12-07: the first version of the kept pools differed there in the sign of a zero score)."""
+    k, e1 = 33, np.eye(14)[0]
+    turn_by = [np.array([c, math.sqrt(1 - c * c), *[0.0] * 12])
+               for c in (0.5403023058681397, 0.8775825618903728, -0.4161468365471428)]  # 1, 0.5, 2 rad
+    rng = np.random.default_rng(0)
+    steps = []
+    for t in range(90):
+        if t % 2 == 0:
+            s = np.tile(e1, (k, 1))
+        else:
+            one = int(rng.choice([1, 3]))
+            roles = np.array([0] * one + [1] * ((k - one) // 2) + [2] * (k - one - (k - one) // 2))
+            rng.shuffle(roles)
+            s = np.stack([turn_by[r] for r in roles])
+        steps.append(rank_signals(s, np.ones(k), np.zeros(k)))
+    settings = {"window": 32, "warmup": 16, "quiet": True, "signals": ("norm", "turn")}
+    whole = Detector(k, **settings)
+    want = [repr(whole.update(sig)) for sig in steps]
+    first = Detector(k, **settings)
+    got = [repr(first.update(sig)) for sig in steps[:50]]
+    resumed = Detector(k, **settings)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    got += [repr(resumed.update(sig)) for sig in steps[50:]]
+    assert got == want
+    assert any("-0.0" in d for d in want)  # the stream does hold negative zeros
 
 
 @settings(max_examples=100, deadline=None)

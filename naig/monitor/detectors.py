@@ -1819,7 +1819,7 @@ SORTED_POOL = 1024
 from one sort of an (S, window × K) array each step (``pooled_stats``); above it each signal's pool
 is kept in order as rows enter and leave it (``SortedPool``, since 2026-12-07; until then two
 partitions of the pool per signal and step, most of a step's cost at K = 1024). Both give the same
-values bit for bit."""
+values bit for bit but for the sign of a zero median (``SortedPool``)."""
 
 DENSE_RANKS = 48
 """Up to this many ranks the leave-one-out medians sort each rank's copy of the others' values
@@ -1905,9 +1905,12 @@ class SortedPool:
     enter and leave it: its median and MAD (``stats``) cost O(log n) per step, not the two partitions of
     n values (K × window: 65,536 at K = 1024) that ``pooled_stats`` makes.
 
-    The values are the pool's own and the order statistics those a sort gives, and the median and the
-    MAD combine them as ``pooled_median`` does: the results equal ``pooled_stats``'s bit for bit
-    (tests/test_monitor_detectors.py; a pool that ever disagrees with its deque is sorted afresh).
+    The values are the pool's own, a zero kept as +0.0, and the order statistics those a sort gives;
+    the median and the MAD combine them as ``pooled_median`` does. So the results equal
+    ``pooled_stats``'s bit for bit but for the sign of a zero median: ``pooled_stats`` returns −0.0 or
+    +0.0 as its partition happens to order a pool holding both, this one +0.0, whatever order the values
+    came in, so that a pool built afresh from a loaded state gives what the one kept step by step
+    gives (tests/test_monitor_detectors.py; a pool that ever disagrees with its deque is sorted afresh).
     """
 
     def __init__(self, rows: Iterable[np.ndarray]) -> None:
@@ -1918,7 +1921,7 @@ class SortedPool:
         ``pool``: the deque before ``new`` is appended (sorted afresh from it, with ``new``, if ``old``'s
         values are not all found)."""
         if old is not None:
-            out = np.sort(old[np.isfinite(old)])
+            out = np.sort(old[np.isfinite(old)] + 0.0)
             if len(out):  # the i-th copy of a value sits i places after the first
                 at = np.searchsorted(self.values, out) + np.arange(len(out)) - np.searchsorted(out, out)
                 if (at >= len(self.values)).any() or not (self.values[np.minimum(at, len(self.values) - 1)]
@@ -1926,7 +1929,7 @@ class SortedPool:
                     self.values = _sorted_finite([*list(pool)[1:], new])
                     return
                 self.values = np.delete(self.values, at)
-        add = np.sort(new[np.isfinite(new)])
+        add = np.sort(new[np.isfinite(new)] + 0.0)
         if len(add):
             self.values = np.insert(self.values, np.searchsorted(self.values, add), add)
 
@@ -1944,9 +1947,10 @@ class SortedPool:
 
 
 def _sorted_finite(rows: Iterable[np.ndarray]) -> np.ndarray:
+    """The rows' finite values in ascending order, a zero as +0.0 (``SortedPool``)."""
     rows = list(rows)
     v = np.concatenate(rows) if rows else np.zeros(0)
-    return np.sort(v[np.isfinite(v)])
+    return np.sort(v[np.isfinite(v)] + 0.0)
 
 
 def _kth_deviation(v: np.ndarray, med: float, below: int, k: int) -> tuple[float, float]:
