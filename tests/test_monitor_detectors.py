@@ -1150,6 +1150,31 @@ def test_a_resumed_detector_keeps_the_drifts_ewma_and_covariance() -> None:
     assert any("'drift'" in d and "Flag(rank=1" in d for d in decisions[35:])
 
 
+def test_a_state_with_a_singular_drift_covariance_resumes_and_an_indefinite_one_is_refused() -> None:
+    """Sketches in a 2-dimensional subspace (as a model of 2 parameters gives: 2 of the 14 buckets)
+    make Σ̂ singular; the detector inverts it ridged, so its saved state loads and decides on as the
+    uninterrupted one (until 2026-12-07 the load asked for a positive definite Σ̂ and refused it). A
+    Σ̂ with a negative eigenvalue stays refused."""
+    rng = np.random.default_rng(0)
+    steps = []
+    for _ in range(70):
+        s = np.zeros((4, 14))
+        s[:, :2] = rng.standard_normal((4, 2)) + 3.0
+        steps.append(rank_signals(s, (s * s).sum(1), np.zeros(4)))
+    whole = Detector(4, quiet=True)
+    want = [repr(whole.update(sig)) for sig in steps]
+    first = Detector(4, quiet=True)
+    got = [repr(first.update(sig)) for sig in steps[:60]]
+    state = json.loads(json.dumps(first.state_dict()))
+    assert np.linalg.matrix_rank(np.array(state["drift"]["cov"])) == 2 and state["drift"]["cov_count"] >= 28
+    resumed = Detector(4, quiet=True)
+    resumed.load_state_dict(state)
+    assert got + [repr(resumed.update(sig)) for sig in steps[60:]] == want
+    state["drift"]["cov"][2][2] = -1.0
+    with pytest.raises(UsageError, match="malformed detector state"):
+        Detector(4, quiet=True).load_state_dict(state)
+
+
 def test_a_state_saved_before_drift_existed_loads_and_drift_starts_afresh() -> None:
     steps = [_signals(g) for g in _stream(4, 45, 1.0, seed=4)]
     before = Detector(4, signals=PERSIST, quiet=True)

@@ -1230,9 +1230,7 @@ class Detector:
         m = shape[1]
         if self.cov is None or self.cov_count < 2 * m:
             return None
-        cov = self.cov / self.cov_weight
-        ridge = 1e-9 * max(float(np.trace(cov)) / m, TINY)
-        return DriftState(self.ewma, np.linalg.inv(cov + ridge * np.eye(m)), DRIFT_LAMBDA)
+        return DriftState(self.ewma, np.linalg.inv(_ridged(self.cov, self.cov_weight)), DRIFT_LAMBDA)
 
     def _drift_threshold(self) -> float:
         """h of the ``drift`` test, refitted with the other thresholds (inf until it can be fitted)."""
@@ -1735,6 +1733,13 @@ def _sketch_rows(rows: object, k: int, what: str = "the previous sketches") -> n
     return last
 
 
+def _ridged(cov: np.ndarray, weight: float) -> np.ndarray:
+    """Σ̂ = ``cov`` / ``weight`` + 10⁻⁹ · (tr Σ̂ / m) · I (m × m): the drift covariance as the ``drift``
+    signal inverts it, positive definite when Σ̂ is semi-definite (drifts in fewer than m directions)."""
+    c = cov / weight
+    return c + 1e-9 * max(float(np.trace(c)) / len(c), TINY) * np.eye(len(c))
+
+
 def _drift_rows(saved: object, k: int
                 ) -> tuple[np.ndarray | None, np.ndarray | None, float, int, list[np.ndarray]]:
     """(ewma, cov, weight, count, record) of the ``drift`` signal from a state (None: afresh).
@@ -1752,13 +1757,16 @@ def _drift_rows(saved: object, k: int
     if cov is not None and (cov.shape != (m, m) or not np.isfinite(cov).all() or not np.allclose(cov, cov.T)):
         raise ValueError(f"the drift covariance is not a finite symmetric {m} x {m} matrix")
     weight, count = saved["cov_weight"], saved["cov_count"]
-    if cov is not None and isinstance(count, int) and count >= 2 * m:  # in use: positive definite
-        np.linalg.cholesky(cov)  # LinAlgError when not
     if isinstance(weight, bool) or not isinstance(weight, int | float) or isinstance(count, bool) or \
             not isinstance(count, int):
         raise ValueError("the drift covariance's weight is not a number or its count not an int")
     if not (math.isfinite(weight) and weight >= 0 and count >= 0) or (cov is None) != (weight == 0):
         raise ValueError("the drift covariance's weight or count is out of range")
+    if cov is not None and count >= 2 * m:  # in use: invertible once ridged, as the detector inverts it
+        ridged = _ridged(cov, weight)  # (a singular Σ̂ is fine: drifts in fewer than m directions, as a
+        np.linalg.cholesky(ridged)  # model of fewer than 14 parameters gives); LinAlgError when indefinite
+        if not np.isfinite(np.linalg.inv(ridged)).all():
+            raise ValueError("the drift covariance is 0 (or nearly): drift could not be measured with it")
     if not np.isfinite(ewma).all():
         raise ValueError("the drift's ewma holds a missing value")
     record = saved.get("record", [])
