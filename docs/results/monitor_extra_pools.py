@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from naig.detect.calibrate import clopper_pearson
-from naig.detect.measure import CANDIDATES, false_alarms, method_names, replays
+from naig.detect.measure import CANDIDATES, false_alarms, method_names, replay_seed, replays
 from naig.detect.sequential import Context, PoolSpec, SequentialConfig, pool_run
 
 __all__ = ["main"]
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     for seed in (int(s) for s in args.seeds.split(",")):
         payload, gram, weights = _pool(ctx, args.cache, seed, args.steps)
         for k in cfg.fa_ranks:
-            runs = replays(payload, gram, k, cfg.replays, 13 + 100 * k + seed, weights)
+            runs = replays(payload, gram, k, cfg.replays, replay_seed(k, seed), weights)
             for rate in cfg.fa_rates:
                 row = false_alarms([method_names("monitor", r, cfg, {}, settings, rate) for r in runs],
                                    len(payload))

@@ -37,7 +37,7 @@ from naig.monitor.detectors import DEFAULT_WARMUP, SIGNALS, null_draws_kept
 from naig.monitor.observe import Monitor
 
 __all__ = ["CANDIDATES", "METHODS", "method_names", "detection", "false_alarms", "replays", "summarise",
-           "choose"]
+           "choose", "replay_seed"]
 
 CANDIDATES: dict[str, dict] = {
     "nde/δ1": {"signals": ("norm", "distance", "energy"), "delta": 1.0},
@@ -121,6 +121,11 @@ def replays(payload: np.ndarray, gram: np.ndarray, k: int, count: int, seed: int
         seen.add(ranks)
         out.append(subset(payload, gram, np.array(rng.permutation(ranks)), weights))
     return out
+
+
+def replay_seed(k: int, pool_seed: int) -> int:
+    """The seed of ``replays`` for the K-rank subsets of a test pool (``pool_seed``: its PoolSpec.seed)."""
+    return 13 + 100 * k + pool_seed
 
 
 def false_alarms(named_runs: list[list[tuple[int, ...]]], recorded: int) -> dict:
@@ -248,7 +253,8 @@ def _test_false_alarms(cfg: SequentialConfig, pools: dict[tuple, tuple], thresho
         mine = [(p, g, s, w) for (bb, role, s), (p, g, w) in pools.items() if role == "test" and bb == b]
         recorded = sum(len(p) for p, *_ in mine)
         for k in cfg.fa_ranks:
-            runs = [r for p, g, s, w in mine for r in replays(p, g, k, cfg.replays, 13 + 100 * k + s, w)]
+            runs = [r for p, g, s, w in mine
+                    for r in replays(p, g, k, cfg.replays, replay_seed(k, s), w)]
             main = b == cfg.batch_size and k == cfg.ranks
             for rate in cfg.fa_rates:
                 methods = METHODS if main and rate == cfg.false_alarm else ("monitor",)
