@@ -126,14 +126,17 @@ the pool normalised by itself while the record is shorter than the pool):
 Both are in the state, so a resumed detector decides as the uninterrupted one. A transient fit
 needs 32 values, so at the first scored steps (16 × K pooled values) only normal theory applies
 to it. **Until its fit, the CUSUM runs on a stricter threshold** (the fit needs 160 values, the
-pool's while it is the longer sample, warm-up included: from about step 41 at K = 4, 57 at K = 3,
-25 at K = 8, as thresholds are refitted every 8 clean steps; until then h is the normal-theory h
-at α × ``UNFITTED_CUSUM``, 1/100 of the rate): on the normal-theory h at α it raised most of the
-early false alarms. Chosen on the validation pools and seeds of the persistent-fault protocol,
-2026-12-05, per 1000 clean steps at α = 10⁻³: batch 8, K = 3: 1.22 → 0.41; batch 64, K = 3: 1.22
-→ 0.68, K = 4: 1.90 → 1.77; the other K and the detection within 10 steps unchanged. No CUSUM at
-all until the fit gave the same false alarms but named a ×0.5 rank from step 41 later (median
-delay 2 → 8; 4 with the stricter threshold).
+pool's while it is the longer sample, warm-up included: ``CUSUM_FIT_VALUES``; until then h is the
+normal-theory h at α × ``UNFITTED_CUSUM``, 1/100 of the rate): on the normal-theory h at α it
+raised most of the early false alarms. Chosen on the validation pools and seeds of the
+persistent-fault protocol, 2026-12-05, per 1000 clean steps at α = 10⁻³: batch 8, K = 3: 1.22 →
+0.41; batch 64, K = 3: 1.22 → 0.68, K = 4: 1.90 → 1.77; the other K and the detection within 10
+steps unchanged. No CUSUM at all until the fit gave the same false alarms but named a ×0.5 rank
+from step 41 later (median delay 2 → 8; 4 with the stricter threshold). **The fit is made at the
+step the sample reaches 160 values** (``Detector._cusum_fittable``), not at the next step of the
+8-step cadence: the fitted h is in use from step 55 at K = 3, 41 at K = 4 (42 for persistence and
+turn, which begin a step later), 21 at K = 8, where the cadence alone gave 57, 41 (49) and 25
+(2026-12-07; chosen on validation: docs/design.md, "The CUSUM's fit at once").
 
 **Transient tests** (``transient``), for one-step faults: a rank is flagged when u_k passes t,
 at least the (1 − α) quantile of the robust z of a normal value against n pooled normal values
@@ -238,6 +241,7 @@ __all__ = ["ACTIONS", "MAX_WORLD", "SCORES", "SIDES", "SIGNALS", "SIGNAL_TABLE",
            "DEFAULT_SIGNALS", "DEFAULT_SCORES", "DEFAULT_WINDOW", "DEFAULT_WARMUP", "DEFAULT_DELTA",
            "DEFAULT_CLIP", "DEFAULT_HOLD", "POOL_SIZES", "STATE_VERSION", "TWO_RANKS", "WARMUP",
            "DRIFT_LAMBDA", "DRIFT_MIN_STEPS", "TAIL_STEPS", "MIN_TEST_RATE", "UNFITTED_CUSUM", "TURN_FLOOR",
+           "CUSUM_FIT_VALUES",
            "BadRankError", "Decision", "Detector", "DriftState", "Flag",
            "SignalSpec", "SortedPool",
            "check_action", "cusum_arl", "cusum_threshold", "cusum_threshold_sample", "drift_threshold",
@@ -314,6 +318,9 @@ persistent-fault protocol's validation pools, 2026-12-03, a floor of 0 instead o
 1.00, 0.75, 0.12 false alarms per 1000 at K = 3, 4, 8, batch 8, against 1.12, 1.50, 0.38, with
 the same detection on the validation seeds), and at most 0.45 (the PWM estimator's reliable
 range)."""
+CUSUM_FIT_VALUES = int(TAIL_MIN_EXCEED / TAIL_FRACTION)
+"""Values a signal's sample needs before its CUSUM threshold is fitted on it (160; see "Tails")."""
+
 RECENT_STEPS = 4
 """The last pooled steps whose spread (of the other ranks) a rank's scale may not fall below (see
 "Scale that keeps up")."""
@@ -1333,7 +1340,7 @@ class Detector:
             t = tail_quantile(sample, self.alpha, side) if len(sample) and self._applies(
                 name, "transient") else math.nan
             h = math.nan
-            if self._cusum_on[self.signals.index(name)] and len(sample) >= TAIL_MIN_EXCEED / TAIL_FRACTION:
+            if self._cusum_on[self.signals.index(name)] and len(sample) >= CUSUM_FIT_VALUES:
                 low = self.cusum_h
                 h = cusum_threshold_sample(sample, self.alpha, self.delta, self.clip, low=low)
                 if side == "both":
@@ -1515,9 +1522,24 @@ class Detector:
                     self.tails[name].append(u[i])
             self._stats.clear()
         self.fresh += 1
-        if self.fresh >= refit_every(len(self.tails[self.signals[0]])):
+        if self.fresh >= refit_every(len(self.tails[self.signals[0]])) or self._cusum_fittable():
             self.calibration, self.fresh = {}, 0
             self._stats.pop("thresholds", None)
+
+    def _cusum_fittable(self) -> bool:
+        """Whether a CUSUM threshold still on its unfitted value (see "Tails") can now be fitted: its
+        sample reached ``CUSUM_FIT_VALUES``, so the fit need not wait for the next ``refit_every``.
+
+        Called after every pooled step, it leaves no NaN h (a fit the sample was too short for) beside
+        a sample that is long enough; so a loaded NaN h beside one was an h of inf (a sample whose
+        CUSUM never alarms), which a state saves as None (``load_state_dict`` restores it).
+        """
+        for i, name in enumerate(self.signals):
+            fitted = self.calibration.get(name)
+            if (fitted is not None and math.isnan(fitted[1]) and self._cusum_on[i] and not self._blind[i]
+                    and len(self._tail_sample(name)) >= CUSUM_FIT_VALUES):
+                return True
+        return False
 
     def _thresholds(self) -> dict[str, dict[str, float]]:
         n = len(self.signals)
@@ -1625,6 +1647,11 @@ class Detector:
         self.ewma, self.cov, self.cov_weight, self.cov_count, record = drift
         self.drift_record = deque(record, maxlen=self.drift_record.maxlen)
         self._stats, self._sorted = {}, None
+        for i, name in enumerate(self.signals):  # h = inf saves as None: a NaN h beside a long enough
+            t, h = self.calibration.get(name, (0.0, 0.0))  # sample was inf (see _cusum_fittable)
+            if (name != "drift" and math.isnan(h) and self._cusum_on[i]
+                    and len(self._tail_sample(name)) >= CUSUM_FIT_VALUES):
+                self.calibration[name] = (t, math.inf)
 
 
 def _leaves(values: object, what: str, *, none: bool) -> np.ndarray:
