@@ -123,8 +123,9 @@ def test_the_cusum_threshold_gives_its_run_length() -> None:
 def test_thresholds_are_refitted_every_8_then_32_then_128_clean_steps() -> None:
     """The fits' cadence follows the tail record's length: 8 clean steps while it holds fewer than 64,
     32 until it holds ``TAIL_STEPS`` (1024), 128 once it is full (a fit restarts the count of
-    ``fresh`` steps); and once, out of that cadence, at the step the CUSUM's sample first holds
-    ``CUSUM_FIT_VALUES`` (its threshold leaves the stricter unfitted value at once)."""
+    ``fresh`` steps); and out of that cadence at the step the CUSUM's sample first holds
+    ``CUSUM_FIT_VALUES`` (its threshold leaves the stricter unfitted value at once; with one signal,
+    once), from which the cadence restarts."""
     assert [refit_every(n) for n in (0, 63, 64, TAIL_STEPS - 1, TAIL_STEPS)] == [8, 8, 32, 32, 128]
     rng = np.random.default_rng(5)
     det = Detector(3, signals=("norm",), quiet=True)
@@ -1162,11 +1163,14 @@ def test_a_resumed_detector_keeps_the_drifts_ewma_and_covariance() -> None:
     assert any("'drift'" in d and "Flag(rank=1" in d for d in decisions[35:])
 
 
-def test_a_state_with_a_singular_drift_covariance_resumes_and_an_indefinite_one_is_refused() -> None:
+@pytest.mark.parametrize("cut", [44, 52, 60])
+def test_a_state_with_a_singular_drift_covariance_resumes_and_an_indefinite_one_is_refused(cut: int) -> None:
     """Sketches in a 2-dimensional subspace (as a model of 2 parameters gives: 2 of the 14 buckets)
     make Σ̂ singular; the detector inverts it ridged, so its saved state loads and decides on as the
     uninterrupted one (until 2026-12-07 the load asked for a positive definite Σ̂ and refused it). A
-    Σ̂ with a negative eigenvalue stays refused."""
+    Σ̂ with a negative eigenvalue stays refused. The energy of these sketches is 0 at every step, so
+    its fitted CUSUM h is inf, which the state saves as None: read back as NaN, the detector would
+    refit at once where the uninterrupted one does not (``Detector._cusum_fittable``)."""
     rng = np.random.default_rng(0)
     steps = []
     for _ in range(70):
@@ -1176,12 +1180,13 @@ def test_a_state_with_a_singular_drift_covariance_resumes_and_an_indefinite_one_
     whole = Detector(4, quiet=True)
     want = [repr(whole.update(sig)) for sig in steps]
     first = Detector(4, quiet=True)
-    got = [repr(first.update(sig)) for sig in steps[:60]]
+    got = [repr(first.update(sig)) for sig in steps[:cut]]
     state = json.loads(json.dumps(first.state_dict()))
     assert np.linalg.matrix_rank(np.array(state["drift"]["cov"])) == 2 and state["drift"]["cov_count"] >= 28
+    assert first.calibration["energy"][1] == math.inf  # what the state saves as None
     resumed = Detector(4, quiet=True)
     resumed.load_state_dict(state)
-    assert got + [repr(resumed.update(sig)) for sig in steps[60:]] == want
+    assert got + [repr(resumed.update(sig)) for sig in steps[cut:]] == want
     state["drift"]["cov"][2][2] = -1.0
     with pytest.raises(UsageError, match="malformed detector state"):
         Detector(4, quiet=True).load_state_dict(state)
@@ -1236,6 +1241,53 @@ def test_the_drift_threshold_is_the_steady_state_quantile_and_grows_with_heavy_t
     assert drift_threshold(gauss, np.eye(14), 0.1, 1e-3) == drift_threshold(gauss, np.eye(14), 0.1, 1e-3)
     with pytest.raises(UsageError, match="drifts"):
         drift_threshold(gauss, np.eye(13), 0.1, 1e-3)
+
+
+def test_a_precision_inverted_from_drifts_in_two_directions_is_whitened_and_an_indefinite_one_refused(
+        ) -> None:
+    """Σ̂ of rank 2 ridged by 10⁻⁹ of its mean eigenvalue and inverted: rounding leaves P with tiny
+    negative eigenvalues, where Cholesky fails; the threshold is fitted from P's eigenvalues
+    instead (a reviewer's stream, 2026-12-07: a rank-2 or rank-1 sketch stream raised
+    LinAlgError from ``Detector.update`` at step 33). A P with a real negative eigenvalue is refused."""
+    from naig.monitor.detectors import drift_threshold
+
+    rng = np.random.default_rng(1)
+    basis = rng.standard_normal((2, 14))
+    drifts = rng.standard_normal((400, 2)) @ basis
+    cov = drifts.T @ drifts / len(drifts)
+    precision = np.linalg.inv(cov + 1e-9 * np.trace(cov) / 14 * np.eye(14))
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.cholesky(precision)
+    h = drift_threshold(drifts, precision, 0.1, 1e-3)
+    assert math.isfinite(h) and h > 0
+    indefinite = np.eye(14)
+    indefinite[3, 3] = -0.5
+    with pytest.raises(np.linalg.LinAlgError):
+        drift_threshold(drifts, indefinite, 0.1, 1e-3)
+
+
+@pytest.mark.parametrize("kind", ["two directions", "constant per rank"])
+def test_a_detector_on_degenerate_sketches_decides_past_the_drift_fit(kind: str) -> None:
+    """Sketches in a 2-dimensional subspace, or each rank's sketch the same at every step: 80 steps
+    (the drift threshold is fitted from step ~33) decide without an error."""
+    rng = np.random.default_rng(0)
+    basis, fixed = rng.standard_normal((2, 14)), rng.standard_normal((4, 14))
+    det = Detector(4, quiet=True)
+    for _ in range(80):
+        s = rng.standard_normal((4, 2)) @ basis if kind == "two directions" else fixed.copy()
+        det.update(rank_signals(s, (s * s).sum(1), np.zeros(4)))
+    assert det.step == 80 and det.cov_count >= 28  # the drift covariance was in use (2m = 28 drifts)
+
+
+def test_a_constant_stream_with_min_scale_0_decides_and_fits_nothing_from_it() -> None:
+    """``min_scale=0`` and every rank's signals constant: the pool's scale is 0, its normalised values
+    0/0; they are left out of the fit's sample (until 2026-12-07 the fit raised "needs at least one
+    finite value" at step 41), and no rank is named."""
+    base = np.random.default_rng(2).normal(size=14)
+    det = Detector(4, quiet=True, min_scale=0.0)
+    s = np.tile(base, (4, 1))
+    decisions = [det.update(rank_signals(s, (s * s).sum(1), np.zeros(4))) for _ in range(80)]
+    assert not any(d.flagged for d in decisions)
 
 
 def test_ranks_equal_up_to_rounding_raise_no_drift_alarm() -> None:

@@ -133,7 +133,8 @@ persistent-fault protocol, 2026-12-05, per 1000 clean steps at α = 10⁻³: bat
 0.41; batch 64, K = 3: 1.22 → 0.68, K = 4: 1.90 → 1.77; the other K and the detection within 10
 steps unchanged. No CUSUM at all until the fit gave the same false alarms but named a ×0.5 rank
 from step 41 later (median delay 2 → 8; 4 with the stricter threshold). **The fit is made at the
-step the sample reaches 160 values** (``Detector._cusum_fittable``), not at the next step of the
+step a signal's sample first reaches 160 values** (``Detector._cusum_fittable``; a refit of every
+threshold at each such step, from which the cadence restarts), not at the next step of the
 8-step cadence: the fitted h is in use from step 55 at K = 3, 41 at K = 4 (42 for persistence and
 turn, which begin a step later), 21 at K = 8, where the cadence alone gave 57, 41 (49) and 25
 (2026-12-07; chosen on validation: docs/design.md, "The CUSUM's fit at once").
@@ -937,6 +938,24 @@ def _describe_flag(f: Flag) -> str:
     return f"{f.signal} transient z={f.z:+.3g} (threshold {f.threshold:.3g})"
 
 
+def _whitening(precision: np.ndarray) -> np.ndarray:
+    """R (m, m) with R Rᵀ = P: P's Cholesky factor; for a P that rounding left not quite positive
+    definite (the inverse of a near-singular drift covariance: drifts in fewer than m directions,
+    ridged by ``_ridged``), v · diag(√max(w, 0)) from its eigenvalues w, when every negative one is
+    within 10⁻⁶ of the largest.
+
+    Raises:
+        numpy.linalg.LinAlgError: P with a negative eigenvalue beyond that (indefinite).
+    """
+    try:
+        return np.linalg.cholesky(precision)
+    except np.linalg.LinAlgError:
+        w, v = np.linalg.eigh((precision + precision.T) / 2.0)
+        if not (w[-1] > 0 and w[0] >= -1e-6 * w[-1]):
+            raise
+        return v * np.sqrt(np.maximum(w, 0.0))
+
+
 def drift_threshold(drifts: np.ndarray, precision: np.ndarray, lam: float, alpha: float,
                     seed: int = NULL_SEED) -> float:
     """h with P(T² > h) = α for a clean rank: the ``drift`` test's threshold (see the module).
@@ -958,7 +977,8 @@ def drift_threshold(drifts: np.ndarray, precision: np.ndarray, lam: float, alpha
 
     Raises:
         UsageError: shapes that disagree, λ outside (0, 1] or alpha outside (0, 0.5).
-        numpy.linalg.LinAlgError: a precision that is not positive definite.
+        numpy.linalg.LinAlgError: a precision that is not positive definite, beyond rounding
+            (``_whitening``).
     """
     d, precision = np.asarray(drifts, dtype=np.float64), np.asarray(precision, dtype=np.float64)
     if d.ndim != 2 or len(d) == 0 or precision.shape != (d.shape[1], d.shape[1]):
@@ -969,7 +989,7 @@ def drift_threshold(drifts: np.ndarray, precision: np.ndarray, lam: float, alpha
     if not isinstance(alpha, int | float) or not 0 < alpha < 0.5:
         raise UsageError("must be in (0, 0.5)", field="alpha", value=alpha)
     m = d.shape[1]
-    z = (d @ np.linalg.cholesky(precision)) * lam  # ‖z‖² = λ² dᵀ P d: each step's λ d, whitened
+    z = (d @ _whitening(precision)) * lam  # ‖z‖² = λ² dᵀ P d: each step's λ d, whitened
     burn = math.ceil(5 / lam)
     draws = np.random.default_rng(seed).integers(len(z), size=(burn + DRIFT_STEPS, DRIFT_CHAINS))
     e, step, kept = np.zeros((DRIFT_CHAINS, m)), np.empty((DRIFT_CHAINS, m)), []
@@ -1357,7 +1377,12 @@ class Detector:
         if len(rec) >= len(pool) or self.world <= 2:  # K <= 2: the pool holds raw, uncentred values
             return rec
         loc, scale, _ = self._pool_stats(name)
-        return (pool - loc) / max(scale, self.min_scale) if len(pool) and math.isfinite(scale) else rec
+        if not (len(pool) and math.isfinite(scale)):
+            return rec
+        with np.errstate(divide="ignore", invalid="ignore"):  # scale 0 (min_scale=0, a constant pool)
+            out = (pool - loc) / max(scale, self.min_scale)
+        out = out[np.isfinite(out)]
+        return out if len(out) else rec
 
     def _individual(self, y: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """K ≤ 2: each rank's robust z (``robust_z``) against its own pooled history, for the signals
