@@ -15,11 +15,9 @@ from hypothesis import strategies as st
 from naig.errors import DataError, UsageError
 from naig.monitor.detectors import (
     ACTIONS,
-    CUSUM_FIT_VALUES,
     MAD_SCALE,
     SIGNALS,
     TAIL_STEPS,
-    UNFITTED_CUSUM,
     WARMUP,
     BadRankError,
     Decision,
@@ -123,31 +121,22 @@ def test_the_cusum_threshold_gives_its_run_length() -> None:
 def test_thresholds_are_refitted_every_8_then_32_then_128_clean_steps() -> None:
     """The fits' cadence follows the tail record's length: 8 clean steps while it holds fewer than 64,
     32 until it holds ``TAIL_STEPS`` (1024), 128 once it is full (a fit restarts the count of
-    ``fresh`` steps); and out of that cadence at the step the CUSUM's sample first holds
-    ``CUSUM_FIT_VALUES`` (its threshold leaves the stricter unfitted value at once; with one signal,
-    once), from which the cadence restarts."""
+    ``fresh`` steps)."""
     assert [refit_every(n) for n in (0, 63, 64, TAIL_STEPS - 1, TAIL_STEPS)] == [8, 8, 32, 32, 128]
     rng = np.random.default_rng(5)
     det = Detector(3, signals=("norm",), quiet=True)
     fits: list[tuple[int, int]] = []  # (step, steps the record held then)
-    reached = None  # the step the pool (the sample while it is longer than the record) reached 160 values
     for step in range(TAIL_STEPS + 420):
         before = det.fresh
         sq = np.exp(rng.normal(size=3))
         det.update(rank_signals(rng.normal(size=(3, 14)), sq, np.zeros(3)))
-        pooled = sum(int(np.isfinite(row).sum()) for row in det.pool["norm"])
-        if reached is None and pooled >= CUSUM_FIT_VALUES:
-            reached, h = step, copy.deepcopy(det).cusum_threshold_of("norm")  # the next step's h
         if det.fresh < before:
             assert det.fresh == 0
             fits.append((step, len(det.tails["norm"])))
-    assert reached is not None and reached in [s for s, _ in fits]
-    assert h < cusum_threshold(det.alpha * UNFITTED_CUSUM, det.delta, det.clip)
-    gaps = [(b - a, b, held) for (a, _), (b, held) in zip(fits, fits[1:], strict=False)]
-    assert {g for g, b, held in gaps if 8 < held < 64 and b != reached} == {8}
-    assert [g for g, b, _ in gaps if b == reached][0] < 8
-    assert {g for g, _, held in gaps if 64 + 32 < held < TAIL_STEPS} == {32}
-    full = [g for g, _, held in gaps if held == TAIL_STEPS]
+    gaps = [(b - a, held) for (a, _), (b, held) in zip(fits, fits[1:], strict=False)]
+    assert {g for g, held in gaps if 8 < held < 64} == {8}
+    assert {g for g, held in gaps if 64 + 32 < held < TAIL_STEPS} == {32}
+    full = [g for g, held in gaps if held == TAIL_STEPS]
     assert len(full) >= 2 and set(full[1:]) == {128}, gaps[-6:]
 
 
@@ -444,10 +433,9 @@ def _faulty_stream() -> list[np.ndarray]:
 def test_a_resumed_detector_decides_as_the_uninterrupted_one(cut: int) -> None:
     """A state saved after step ``cut`` (through JSON), loaded into a new detector: the same decisions after.
 
-    Cut 10 is inside the warm-up; cuts 41 and 42 either side of the step whose pooled values let
-    the CUSUM thresholds be fitted (refitted after step 42, between the 8-step cadence's 40 and 48);
-    at cut 47 a rank was named 6 steps ago (held out of the centring) and the ×1.05 rank's change
-    statistics are in flight.
+    Cut 10 is inside the warm-up; cuts 41 and 42 just after the refit of step 40, while some CUSUM
+    thresholds still wait for their fit; at cut 47 a rank was named 6 steps ago (held out of the
+    centring) and the ×1.05 rank's change statistics are in flight.
     """
     import json
 
@@ -1169,8 +1157,7 @@ def test_a_state_with_a_singular_drift_covariance_resumes_and_an_indefinite_one_
     make Σ̂ singular; the detector inverts it ridged, so its saved state loads and decides on as the
     uninterrupted one (until 2026-12-07 the load asked for a positive definite Σ̂ and refused it). A
     Σ̂ with a negative eigenvalue stays refused. The energy of these sketches is 0 at every step, so
-    its fitted CUSUM h is inf, which the state saves as None: read back as NaN, the detector would
-    refit at once where the uninterrupted one does not (``Detector._cusum_fittable``)."""
+    its fitted CUSUM h is inf, which the state saves as None (read back as NaN, which decides alike)."""
     rng = np.random.default_rng(0)
     steps = []
     for _ in range(70):

@@ -9,8 +9,8 @@ no role of the protocol uses: its validation seeds are 0–2, its test seeds 3�
 the onset instead of 10, and replays the default ``Monitor`` (``ndepwt/δ1``) on each: the delay to
 naming the bad rank, the test that named it and wrong ranks named.
 
-These seeds are validation data: on 2026-12-07 they judged a change of the detector (the CUSUM's
-fit at the step its sample allows, docs/design.md); they are not the protocol's test seeds.
+These seeds are validation data, not the protocol's test seeds: on 2026-12-07 they judged a
+change of the detector that was then reverted (docs/design.md, "The CUSUM's fit at once").
 
 It prints one line per seed, then P(named within 10 steps) with its exact 95 % interval and the
 median delay. Run (about 2 minutes on one core, ``OMP_NUM_THREADS=1``; recordings cached in

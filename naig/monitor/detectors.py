@@ -132,12 +132,11 @@ raised most of the early false alarms. Chosen on the validation pools and seeds 
 persistent-fault protocol, 2026-12-05, per 1000 clean steps at α = 10⁻³: batch 8, K = 3: 1.22 →
 0.41; batch 64, K = 3: 1.22 → 0.68, K = 4: 1.90 → 1.77; the other K and the detection within 10
 steps unchanged. No CUSUM at all until the fit gave the same false alarms but named a ×0.5 rank
-from step 41 later (median delay 2 → 8; 4 with the stricter threshold). **The fit is made at the
-step a signal's sample first reaches 160 values** (``Detector._cusum_fittable``; a refit of every
-threshold at each such step, from which the cadence restarts), not at the next step of the
-8-step cadence: the fitted h is in use from step 55 at K = 3, 41 at K = 4 (42 for persistence and
-turn, which begin a step later), 21 at K = 8, where the cadence alone gave 57, 41 (49) and 25
-(2026-12-07; chosen on validation: docs/design.md, "The CUSUM's fit at once").
+from step 41 later (median delay 2 → 8; 4 with the stricter threshold). The fit is made at the
+refits of ``refit_every``'s cadence: the fitted h is in use from step 57 at K = 3, 41 at K = 4 (49
+for persistence and turn, whose samples reach 160 values a step after the refit of step 40), 25 at
+K = 8. (Fitting at the step a sample reaches 160 values was tried and reverted, 2026-12-07:
+docs/design.md, "The CUSUM's fit at once".)
 
 **Transient tests** (``transient``), for one-step faults: a rank is flagged when u_k passes t,
 at least the (1 − α) quantile of the robust z of a normal value against n pooled normal values
@@ -1547,24 +1546,9 @@ class Detector:
                     self.tails[name].append(u[i])
             self._stats.clear()
         self.fresh += 1
-        if self.fresh >= refit_every(len(self.tails[self.signals[0]])) or self._cusum_fittable():
+        if self.fresh >= refit_every(len(self.tails[self.signals[0]])):
             self.calibration, self.fresh = {}, 0
             self._stats.pop("thresholds", None)
-
-    def _cusum_fittable(self) -> bool:
-        """Whether a CUSUM threshold still on its unfitted value (see "Tails") can now be fitted: its
-        sample reached ``CUSUM_FIT_VALUES``, so the fit need not wait for the next ``refit_every``.
-
-        Called after every pooled step, it leaves no NaN h (a fit the sample was too short for) beside
-        a sample that is long enough; so a loaded NaN h beside one was an h of inf (a sample whose
-        CUSUM never alarms), which a state saves as None (``load_state_dict`` restores it).
-        """
-        for i, name in enumerate(self.signals):
-            fitted = self.calibration.get(name)
-            if (fitted is not None and math.isnan(fitted[1]) and self._cusum_on[i] and not self._blind[i]
-                    and len(self._tail_sample(name)) >= CUSUM_FIT_VALUES):
-                return True
-        return False
 
     def _thresholds(self) -> dict[str, dict[str, float]]:
         n = len(self.signals)
@@ -1672,11 +1656,6 @@ class Detector:
         self.ewma, self.cov, self.cov_weight, self.cov_count, record = drift
         self.drift_record = deque(record, maxlen=self.drift_record.maxlen)
         self._stats, self._sorted = {}, None
-        for i, name in enumerate(self.signals):  # h = inf saves as None: a NaN h beside a long enough
-            t, h = self.calibration.get(name, (0.0, 0.0))  # sample was inf (see _cusum_fittable)
-            if (name != "drift" and math.isnan(h) and self._cusum_on[i]
-                    and len(self._tail_sample(name)) >= CUSUM_FIT_VALUES):
-                self.calibration[name] = (t, math.inf)
 
 
 def _leaves(values: object, what: str, *, none: bool) -> np.ndarray:
