@@ -1,23 +1,26 @@
-"""The default monitor's false alarms on clean batch-8 pools the protocol never used (issue 29).
+"""The default monitor's false alarms on clean pools the protocol never used (issue 29).
 
 docs/results/monitor-detection.md ("Targets"). ``naig detect --protocol persistent`` measures the
-false-alarm rates of the default ``Monitor`` (``ndepwt/δ1``) on two clean batch-8 test pools (seeds 2
-and 3, 2000 steps, 10 ranks each). This script records further pools exactly as the protocol records
-its own (``naig.detect.sequential.pool_run``: the same model, text, learning rate and seeding
-scheme, pool seeds that no role of the protocol uses: 6 and 7 by default), replays them as the
-protocol replays its test pools (``naig.detect.measure.replays``: 40 fixed subsets of K of the 10
-ranks per K, the same replay seeds' formula) and counts flagged clean steps after the warm-up at
-K = 3, 4, 8 and α = 10⁻³, 10⁻⁴. Nothing here is chosen: the monitor's settings are the protocol's
-default, fixed before these pools existed.
+false-alarm rates of the default ``Monitor`` (``ndepwt/δ1``) on three clean test pools (2000
+steps, 10 ranks each: batch 8, seeds 2 and 3; batch 64, seed 4). This script records further
+pools exactly as the protocol records its own (``naig.detect.sequential.pool_run``: the same
+model, text, learning rate and seeding scheme, pool seeds that no role of the protocol uses: 6
+and 7 by default; ``--batch`` 8 or 64), replays them as the protocol replays its test pools
+(``naig.detect.measure.replays``: 40 fixed subsets of K of the 10 ranks per K, the same replay
+seeds' formula) and counts flagged clean steps after the warm-up at K = 3, 4, 8 and α = 10⁻³,
+10⁻⁴. Nothing here is chosen: the monitor's settings are the protocol's default, fixed before
+these pools existed.
 
 It prints one JSON line per (pool, K, α), then a Markdown table of each pool's rate per 1000 and
-of all batch-8 pools together (the protocol's two, from ``--results``, and these), with exact
+of all pools of that batch size together (the protocol's, from ``--results``, and these), with exact
 (Clopper–Pearson) 95 % intervals. Replays of one pool share its gradients, so an interval over
 one pool is too narrow for the rate of another run: the spread between pools is the measure.
 
-Run (about 45 minutes on one core, ``OMP_NUM_THREADS=1``; recordings cached in ``--cache``)::
+Run (``OMP_NUM_THREADS=1``; recordings cached in ``--cache``; on one core about 45 minutes for two
+batch-8 pools, and 25–45 minutes to record each batch-64 pool plus 8 to replay it)::
 
     python docs/results/monitor_extra_pools.py --cache .detect-cache/extra-pools
+    python docs/results/monitor_extra_pools.py --cache .detect-cache/extra-pools --batch 64 --seeds 8,9
 """
 
 from __future__ import annotations
@@ -38,22 +41,24 @@ from naig.detect.sequential import Context, PoolSpec, SequentialConfig, pool_run
 __all__ = ["main"]
 
 DEFAULT = "ndepwt/δ1"  # the protocol's chosen default (docs/results/monitor-detection.json, "default")
+PROTOCOL = {8: "protocol's seeds 2, 3", 64: "protocol's seed 4"}  # its test pools per batch size
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cache", type=Path, required=True, help="folder for the pools' recordings")
     p.add_argument("--seeds", default="6,7", help="pool seeds (the protocol uses 0-5)")
+    p.add_argument("--batch", type=int, default=8, choices=(8, 64), help="batch size per rank")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--results", type=Path, default=Path(__file__).with_name("monitor-detection.json"))
     return p.parse_args(argv)
 
 
 def _pool(ctx: Context, cache: Path, seed: int, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    path = cache / f"pool-8-extra-{seed}-{steps}.npz"
+    path = cache / f"pool-{ctx.batch}-extra-{seed}-{steps}.npz"
     if not path.exists():
         t0 = time.time()
-        payload, gram, weights = pool_run(ctx, PoolSpec(8, "test", seed, steps))
+        payload, gram, weights = pool_run(ctx, PoolSpec(ctx.batch, "test", seed, steps))
         np.savez(path, payload=payload, gram=gram, weights=weights)
         print(json.dumps({"recorded": seed, "steps": steps, "seconds": round(time.time() - t0)}), flush=True)
     z = np.load(path)
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     warnings.simplefilter("ignore", UserWarning)
     args.cache.mkdir(parents=True, exist_ok=True)
     cfg, settings = SequentialConfig(), CANDIDATES[DEFAULT]
-    ctx = Context(cfg, 8)
+    ctx = Context(cfg, args.batch)
     counts: dict[tuple[str, int, float], tuple[int, int]] = {}
     for seed in (int(s) for s in args.seeds.split(",")):
         payload, gram, weights = _pool(ctx, args.cache, seed, args.steps)
@@ -76,12 +81,13 @@ def main(argv: list[str] | None = None) -> None:
                 row = false_alarms([method_names("monitor", r, cfg, {}, settings, rate) for r in runs],
                                    len(payload))
                 counts[(f"seed {seed}", k, rate)] = (row["flagged"], row["steps"])
-                print(json.dumps({"seed": seed, "K": k, "alpha": rate, "flagged": row["flagged"],
-                                  "steps": row["steps"], "per_1000": row["per_1000"]}), flush=True)
+                print(json.dumps({"batch": args.batch, "seed": seed, "K": k, "alpha": rate,
+                                  "flagged": row["flagged"], "steps": row["steps"],
+                                  "per_1000": row["per_1000"]}), flush=True)
     saved = json.loads(args.results.read_text())
     for r in saved["false_alarms"]:
-        if r.get("method") == "monitor" and r["batch"] == 8:
-            counts[("protocol's seeds 2, 3", r["ranks"], r["alpha"])] = (r["flagged"], r["steps"])
+        if r.get("method") == "monitor" and r["batch"] == args.batch:
+            counts[(PROTOCOL[args.batch], r["ranks"], r["alpha"])] = (r["flagged"], r["steps"])
     _table(counts, cfg)
 
 
