@@ -35,12 +35,11 @@ import numpy as np
 import torch
 
 from naig.detect.calibrate import clopper_pearson
-from naig.detect.measure import CANDIDATES, false_alarms, method_names, replay_seed, replays
+from naig.detect.measure import CANDIDATES, CODE_DEFAULT, false_alarms, method_names, replay_seed, replays
 from naig.detect.sequential import Context, PoolSpec, SequentialConfig, pool_run
 
 __all__ = ["main"]
 
-DEFAULT = "ndepwt/δ1"  # the protocol's chosen default (docs/results/monitor-detection.json, "default")
 PROTOCOL = {8: "protocol's seeds 2, 3", 64: "protocol's seed 4"}  # its test pools per batch size
 
 
@@ -70,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", UserWarning)
     args.cache.mkdir(parents=True, exist_ok=True)
-    cfg, settings = SequentialConfig(), CANDIDATES[DEFAULT]
+    cfg, settings = SequentialConfig(), CANDIDATES[CODE_DEFAULT]
     ctx = Context(cfg, args.batch)
     counts: dict[tuple[str, int, float], tuple[int, int]] = {}
     for seed in (int(s) for s in args.seeds.split(",")):

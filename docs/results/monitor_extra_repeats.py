@@ -31,13 +31,12 @@ import numpy as np
 import torch
 
 from naig.detect.calibrate import clopper_pearson
-from naig.detect.measure import CANDIDATES
+from naig.detect.measure import CANDIDATES, CODE_DEFAULT
 from naig.detect.sequential import Context, Record, SequentialConfig, fault_runs
 from naig.monitor import Monitor
 
 __all__ = ["main"]
 
-DEFAULT = "ndepwt/δ1"  # the protocol's chosen default (docs/results/monitor-detection.json, "default")
 HORIZON = 30  # steps recorded past the onset (the protocol: 10)
 
 
@@ -68,7 +67,7 @@ def _run(ctx: Context, cache: Path, seed: int) -> Record:
 
 def _named(rec: Record) -> tuple[int | None, str, int]:
     """(delay, the test that first named the bad rank, wrong ranks named from the onset on)."""
-    mon = Monitor(**CANDIDATES[DEFAULT])
+    mon = Monitor(**CANDIDATES[CODE_DEFAULT])
     delay, how, wrong = None, "-", 0
     for t in range(len(rec.payload)):
         kw = {"weights": rec.weights[t]} if mon.weights_due() else {}  # the replica check's steps

@@ -33,11 +33,11 @@ import numpy as np
 from naig.detect import baselines
 from naig.detect.calibrate import clopper_pearson
 from naig.detect.sequential import Record, SequentialConfig, subset
-from naig.monitor.detectors import DEFAULT_WARMUP, SIGNALS, null_draws_kept
+from naig.monitor.detectors import DEFAULT_DELTA, DEFAULT_SIGNALS, DEFAULT_WARMUP, SIGNALS, null_draws_kept
 from naig.monitor.observe import Monitor
 
 __all__ = ["CANDIDATES", "METHODS", "method_names", "detection", "false_alarms", "replays", "summarise",
-           "choose", "replay_seed"]
+           "choose", "replay_seed", "CODE_DEFAULT"]
 
 CANDIDATES: dict[str, dict] = {
     "nde/δ1": {"signals": ("norm", "distance", "energy"), "delta": 1.0},
@@ -51,6 +51,9 @@ CANDIDATES: dict[str, dict] = {
     "all/δ0.5": {"signals": SIGNALS, "delta": 0.5},
 }
 """The monitor settings the validation seeds choose among (signals, CUSUM reference δ)."""
+CODE_DEFAULT = next(name for name, c in CANDIDATES.items()
+                    if tuple(c["signals"]) == DEFAULT_SIGNALS and c["delta"] == DEFAULT_DELTA)
+"""The candidate ``Monitor()``'s own defaults are (``DEFAULT_SIGNALS``, ``DEFAULT_DELTA``): ``ndepwt/δ1``."""
 METHODS = ("monitor", "exact", *baselines.BASELINES)
 
 
@@ -208,7 +211,7 @@ def run_all(cfg: SequentialConfig, faults: dict[str, list[Record]], pools: dict[
         validation[name]["false_alarms_everywhere"] = seen_by[name]
         return float(np.mean([r["per_1000"] for r in seen_by[name]]))
 
-    default = choose(validation, alpha, everywhere) if faults["validation"] else "ndepwt/δ1"  # the code's
+    default = choose(validation, alpha, everywhere) if faults["validation"] else CODE_DEFAULT
     settings = CANDIDATES[default]
     test = {}
     for method in METHODS:
