@@ -66,25 +66,41 @@ MLP_WIDTHS = (1024, 8192, 8192, 4096, 1024)  # 113.3M parameters
 VARIANTS = {"ddp": ("plain", "log", "log-step", "exact"), "fsdp2": ("plain", "log", "log-step")}
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--repeats", type=_positive, default=15)
+    p.add_argument("--steps", type=_positive, default=20)
     p.add_argument("--warmup", type=int, default=40,
                    help="untimed steps first: past the detectors' 32-step window, whose first full step "
                         "calibrates the thresholds once per process (about 1 s)")
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch", type=_positive, default=8)
     p.add_argument("--preset", default="gpt-nano",
                    help="naig.simulate.model preset (gpt-micro: 7x larger), mlp-113m, or gpt2-small "
                         "(GPT-2 small: gpt2-124m's shape with its 50,257-token vocabulary, 124M parameters)")
     p.add_argument("--variants", default=None,
-                   help="comma-separated subset (default: all; plain always runs)")
-    p.add_argument("--window", type=int, default=32, help="the detectors' window (Monitor(window=))")
+                   help="comma-separated subset of log, log-step, exact (DDP only) (default: all; plain "
+                        "always runs)")
+    p.add_argument("--window", type=_positive, default=32, help="the detectors' window (Monitor(window=))")
     p.add_argument("--rss", action="store_true",
                    help="also each variant's peak RSS, alone in fresh processes")
     p.add_argument("--rss-only", action="store_true", help="only the peak RSS part (no timing)")
     p.add_argument("--only", default=None, help=argparse.SUPPRESS)  # framework:variant, for --rss
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    known = {v for names in VARIANTS.values() for v in names}
+    unknown = sorted(set(args.variants.split(",")) - known) if args.variants is not None else []
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(map(repr, unknown))}; use a subset of "
+                f"{', '.join(sorted(known - {'plain'}))}")
+    if args.warmup < 0:
+        p.error(f"--warmup: must be at least 0, got {args.warmup}")
+    return args
 
 
 def _variants(args: argparse.Namespace, framework: str) -> list[str]:
