@@ -188,12 +188,33 @@ RUNS = {
 }
 
 
+def _setup_mismatch(rank: int, **odd: bool) -> dict:
+    """Rank 1's hook with ``odd`` (per_bucket=False, or exact=True), the others' with the defaults: the
+    first step's backward raises the same one-line error on every rank (until 2026-12-08 gloo aborted
+    the processes on the gathers of mismatched sizes, or the ranks waited on each other)."""
+    model = _model()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_MB)
+    MonitorHook(model, Monitor(window=WINDOW, timeout=TIMEOUT), **(odd if rank == 1 else {})).register(ddp)
+    x, y = rank_batch(rank, 1, 16)
+    try:
+        nn.functional.cross_entropy(ddp(x), y).backward()
+    except Exception as exc:  # noqa: BLE001  (what reaches the training loop, whatever DDP wraps it in)
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
+    else:
+        error = None
+    out: list = [None] * WORLD
+    torch.distributed.all_gather_object(out, error)
+    return {"errors": out}
+
+
 def main(out: str) -> None:
     argv = [sys.executable, "-m", "tests.monitor_ddp_ranks", out]
     with process_group(WORLD, argv, timeout=TIMEOUT) as (rank, _):
         runs = {name: _run(rank, **args) for name, args in RUNS.items()}
         runs.update(accumulate=_accumulate(rank, no_sync=False))
         runs.update(accumulate_no_sync=_accumulate(rank, no_sync=True))
+        runs.update(per_bucket_mismatch=_setup_mismatch(rank, per_bucket=False),
+                    exact_mismatch=_setup_mismatch(rank, exact=True))
         if rank == 0:
             doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "steps": STEPS, "micro": MICRO,
                    "window": WINDOW, "runs": runs, "desync_step": DESYNC_STEP, "weights_every": WEIGHTS_EVERY}

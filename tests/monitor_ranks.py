@@ -10,7 +10,8 @@ stops after that step's decision. Every collective of the script waits at most `
 seconds. Rank 0 writes every rank's flagged ranks per step, every rank's gradients per step (by
 name), the gathered payloads and the signals it derived. Last, rank 0 calls ``observe`` alone
 with a 1 s timeout and records the ``DataError`` it gets instead of a hang; before that, a state
-loaded on rank 0 only (``_state_on_one_rank``).
+loaded on rank 0 only (``_state_on_one_rank``) and a Monitor of another ``blocks`` on rank 1
+(``_blocks_on_one_rank``).
 """
 
 from __future__ import annotations
@@ -111,6 +112,18 @@ def _state_on_one_rank(rank: int) -> dict:
     return {"errors": _gather_strings(error)}
 
 
+def _blocks_on_one_rank(rank: int) -> dict:
+    """A Monitor of another ``blocks`` on rank 1 (a wider payload): the first ``observe`` raises the same
+    DataError on every rank (until 2026-12-08 the gather of mismatched sizes aborted the process)."""
+    try:
+        Monitor(blocks=2 if rank == 1 else 1, timeout=TIMEOUT).observe({"w": torch.ones(50)})
+    except DataError as exc:
+        error = str(exc)
+    else:
+        error = None
+    return {"errors": _gather_strings(error)}
+
+
 def _gather_strings(text: str | None) -> list[str | None]:
     out: list[str | None] = [None] * WORLD
     dist.all_gather_object(out, text)
@@ -135,10 +148,11 @@ def main(out: str) -> None:
     with process_group(WORLD, argv, timeout=TIMEOUT) as (rank, _):
         runs = {kind: _run(rank, kind, size) for kind, size in RUNS.items()}
         one_state = _state_on_one_rank(rank)
+        blocks = _blocks_on_one_rank(rank)
         missing = _missing_peer(rank)
         if rank == 0:
             doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "runs": runs,
-                   "missing": missing, "one_state": one_state}
+                   "missing": missing, "one_state": one_state, "blocks": blocks}
             with open(out, "w") as fh:
                 json.dump(doc, fh)
 

@@ -551,3 +551,16 @@ def test_on_cuda_log_mode_is_bit_identical_to_plain_ddp_over_nccl() -> None:
             del ddp, hook
         assert all(torch.equal(a, b) for a, b in zip(params["plain"], params["log"], strict=True))
         assert flagged["log"] == [()] * 10 + [(0,), ()]
+
+
+@pytest.mark.parametrize(("run", "setting"), [("per_bucket_mismatch", "per_bucket=0"),
+                                              ("exact_mismatch", "exact=1")])
+def test_a_hook_set_up_otherwise_on_one_rank_is_the_same_error_on_every_rank(ranks: dict, run: str,
+                                                                            setting: str) -> None:
+    """per_bucket or exact on one rank only change the step's collectives: the first gather (fixed size)
+    compares every rank's setup and the first backward stops on every rank with one line naming the
+    ranks and both setups (until 2026-12-08: a gloo abort, or ranks waiting on each other)."""
+    errors = ranks["runs"][run]["errors"]
+    assert all(e is not None and e == errors[0] for e in errors), errors
+    assert "ranks 1 send the monitor payloads set up as '" in errors[0] and setting in errors[0], errors[0]
+    assert "ranks 0, 2 as '" in errors[0] and "build every rank's monitor and hook alike" in errors[0]

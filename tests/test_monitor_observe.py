@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import subprocess
 import sys
 import warnings
@@ -184,6 +185,18 @@ def test_a_state_loaded_on_one_rank_only_is_the_same_error_on_every_rank(ranks: 
     assert all(e is not None and e == errors[0] for e in errors), errors
     assert "ranks 0 have another monitor state than ranks 1, 2" in errors[0], errors[0]
     assert "load the same state on every rank" in errors[0]
+
+
+def test_another_payload_width_on_one_rank_is_the_same_error_on_every_rank(ranks: dict) -> None:
+    """Monitors of another ``blocks`` send payloads of another width: the first gather, of a fixed size,
+    compares every rank's setup and stops every rank with one DataError naming the ranks and both
+    setups (until 2026-12-08 the all-gather of mismatched sizes aborted the process in gloo)."""
+    errors = ranks["blocks"]["errors"]
+    assert all(e is not None and e == errors[0] for e in errors), errors
+    wide, narrow = re.fullmatch(r"ranks 1 send the monitor payloads set up as '\((\d+),\) float64', ranks "
+                                r"0, 2 as '\((\d+),\) float64' \(blocks sets a payload's width; .*\); "
+                                r"build every rank's monitor and hook alike", errors[0]).groups()
+    assert int(wide) > int(narrow), errors[0]
 
 
 def test_a_rank_that_never_observes_gives_an_error_not_a_hang(ranks: dict) -> None:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from naig.errors import UsageError, a_type, warn_caller
 from naig.monitor.detectors import Decision
-from naig.monitor.observe import HOST_BYTES, Monitor
+from naig.monitor.observe import HOST_BYTES, SETUP_BYTES, Monitor
 from naig.monitor.replicas import gradient_flagged
 from naig.monitor.signals import MonitorSketch
 
@@ -62,6 +62,7 @@ class GradientMonitor:
 
     part_kind = "bucket"  # what a part is called in ``Decision.where``
     replicated = True  # every rank holds the whole model: the replica check runs (not under FSDP2)
+    exact = False  # exact statistics (a second gather per step: DDP's ``exact=True``)
 
     def __init__(self, module: nn.Module, monitor: Monitor | None = None, *, per_bucket: bool = True) -> None:
         if not isinstance(module, nn.Module):
@@ -266,7 +267,7 @@ class GradientMonitor:
         self._gathered: Callable[[], Tensor] | None = None  # the step's all-gather, from its last part
         self._weights_row: Tensor | None = None  # this step's replica-check row (naig.monitor.replicas)
         if not self.monitor.hosts and self.monitor.world > 1:
-            self.extra_bytes += HOST_BYTES
+            self.extra_bytes += HOST_BYTES + SETUP_BYTES
 
     def _names(self, params: list[Tensor]) -> tuple[str, ...]:
         return tuple(self.names.get(id(p), f"param{i}") for i, p in enumerate(params))
@@ -297,8 +298,13 @@ class GradientMonitor:
                 rows = torch.cat([rows, self._weights_row[None].to(rows.device)])
             sent = self._with_lost(rows)
             self.extra_bytes += sent.numel() * sent.element_size()
-            self._gathered = self.monitor.start_gather(sent)
+            self._gathered = self.monitor.start_gather(sent, self._setup())
         return part
+
+    def _setup(self) -> str:
+        """What besides the payload's shape makes this rank's collectives differ from another's (checked
+        alike on every rank at the first step: ``Monitor.start_gather``)."""
+        return f"{self.part_kind}s per_bucket={int(self.per_bucket)} exact={int(self.exact)}"
 
     def _with_lost(self, payloads: Tensor) -> Tensor:
         """(P, m + 2) payloads, each row with this rank's ``Monitor.state_word`` appended (the count of

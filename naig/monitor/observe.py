@@ -91,9 +91,10 @@ from naig.monitor.signals import (
 from naig.sketch.core import SKETCH_DIM, check_seed
 from naig.threads import one_blas_thread
 
-__all__ = ["HOST_BYTES", "LOST_BITS", "MIN_TIMEOUT", "TAIL", "Monitor", "layout_fingerprint"]
+__all__ = ["HOST_BYTES", "LOST_BITS", "MIN_TIMEOUT", "SETUP_BYTES", "TAIL", "Monitor", "layout_fingerprint"]
 
 HOST_BYTES = 64  # a host name is sent once, UTF-8, cut or padded to this many bytes
+SETUP_BYTES = 48  # sent with it once: the payload's shape and dtype and the integration's settings (ASCII)
 TAIL = 2  # floats observe appends to the payload: [layout fingerprint | state word (Monitor.state_word)]
 LOST_BITS = 21  # the state word's low bits: the records lost on this rank (counted up to 2**21 - 1)
 
@@ -393,21 +394,27 @@ class Monitor:
     def all_gather(self, mine: Tensor) -> Tensor:
         """Every rank's ``mine`` (K, ...) on the CPU, waiting at most ``timeout`` seconds.
 
-        The first call also all-gathers the host names (``HOST_BYTES`` per rank). Without a
+        The first call also all-gathers the host names and ``mine``'s shape and dtype
+        (``HOST_BYTES + SETUP_BYTES`` per rank, one fixed-size gather: see ``start_gather``). Without a
         process group it returns ``mine`` as one row.
 
         Args:
             mine: this rank's tensor (the same shape and dtype on every rank).
 
         Raises:
-            DataError: a collective that did not finish within ``timeout`` seconds.
+            DataError: a collective that did not finish within ``timeout`` seconds; at the first call,
+                ranks whose ``mine`` has another shape or dtype (on every rank, naming them).
         """
         world = self.world
-        if not self.hosts:
-            self.hosts = self._gather_hosts(world, mine.device) if world > 1 else (socket.gethostname(),)
+        self._first_gather(mine, "", world)
         return self._gather(mine, world) if world > 1 else mine.detach().cpu().reshape(1, *mine.shape)
 
-    def start_gather(self, mine: Tensor) -> Callable[[], Tensor]:
+    def _first_gather(self, mine: Tensor, setup: str, world: int) -> None:
+        """At the first gather: the host names, and every rank's setup checked alike (``_gather_setup``)."""
+        if not self.hosts:
+            self.hosts = self._gather_setup(world, mine, setup) if world > 1 else (socket.gethostname(),)
+
+    def start_gather(self, mine: Tensor, setup: str = "") -> Callable[[], Tensor]:
         """Start an all-gather of ``mine`` now; the returned function waits for it (``all_gather``'s result).
 
         Integrations start one per step, when the step's last part (DDP bucket, FSDP module) is
@@ -415,14 +422,22 @@ class Monitor:
         and the last reduction are in flight together, and every rank issues the gather at the
         same point of its sequence of collectives (an inner hook's callbacks, which start
         collectives from gloo's threads, come after it). Host names are gathered (synchronously) at
-        the first call.
+        the first call, with ``mine``'s shape and dtype and ``setup`` (what else makes the ranks'
+        collectives differ: the integration's ``per_bucket`` and ``exact``), in one gather of a fixed
+        size, so that ranks set up otherwise (another ``blocks``: another payload width) stop with
+        one ``DataError`` instead of a gather of mismatched sizes, which gloo aborts the process on.
+
+        Args:
+            mine: this rank's payloads.
+            setup: a short ASCII description of the caller's settings that change its collectives.
 
         Raises:
-            DataError: from the returned function, when the gather did not finish within ``timeout``.
+            DataError: from the returned function, when the gather did not finish within ``timeout``;
+                at the first call, ranks whose shape, dtype or ``setup`` differs (on every rank,
+                naming them).
         """
         world = self.world
-        if not self.hosts:
-            self.hosts = self._gather_hosts(world, mine.device) if world > 1 else (socket.gethostname(),)
+        self._first_gather(mine, setup, world)
         if world == 1:
             row = mine.detach().cpu().reshape(1, *mine.shape)
             return lambda: row
@@ -613,12 +628,28 @@ class Monitor:
             raise DataError(f"the monitor's {what} did not finish within {self.timeout:g} s ({first}); "
                             "every rank must reach the monitor at every step") from None
 
-    def _gather_hosts(self, world: int, device: torch.device) -> tuple[str, ...]:
+    def _gather_setup(self, world: int, mine: Tensor, setup: str) -> tuple[str, ...]:
+        """Every rank's host name (``HOST_BYTES``) and setup (``SETUP_BYTES``: ``mine``'s shape and
+        dtype, then ``setup``) in one gather of a fixed size; the host names.
+
+        Raises:
+            DataError: on every rank, when the setups differ, naming the ranks and both setups.
+        """
+        text = f"{tuple(mine.shape)} {str(mine.dtype).removeprefix('torch.')} {setup}".strip()
         name = socket.gethostname().encode()[:HOST_BYTES]
-        buf = torch.zeros(HOST_BYTES, dtype=torch.uint8)
+        mine_setup = text.encode("ascii", errors="replace")[:SETUP_BYTES]
+        buf = torch.zeros(HOST_BYTES + SETUP_BYTES, dtype=torch.uint8)
         buf[:len(name)] = torch.tensor(list(name), dtype=torch.uint8)
-        rows = self._gather(buf.to(device), world)
-        return tuple(bytes(r.tolist()).rstrip(b"\0").decode(errors="replace") for r in rows)
+        buf[HOST_BYTES:HOST_BYTES + len(mine_setup)] = torch.tensor(list(mine_setup), dtype=torch.uint8)
+        rows = [bytes(r.tolist()) for r in self._gather(buf.to(mine.device), world)]
+        setups = [r[HOST_BYTES:].rstrip(b"\0").decode(errors="replace") for r in rows]
+        if len(set(setups)) > 1:
+            odd, same = _odd_ranks(np.unique(setups, return_inverse=True)[1].astype(np.float64))
+            raise DataError(f"ranks {', '.join(map(str, odd))} send the monitor payloads set up as "
+                            f"{setups[odd[0]]!r}, ranks {', '.join(map(str, same))} as {setups[same[0]]!r} "
+                            "(blocks sets a payload's width; per_bucket, exact and the model its rows); "
+                            "build every rank's monitor and hook alike")
+        return tuple(r[:HOST_BYTES].rstrip(b"\0").decode(errors="replace") for r in rows)
 
 
 def layout_fingerprint(shapes: Sequence[tuple[str, tuple[int, ...]]]) -> float:
