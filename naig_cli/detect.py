@@ -66,8 +66,8 @@ def _o(flag: str, text: str, default: str | None = None, **kwargs: Any) -> Any:
 
 @handle_errors
 def detect(
-    ranks: Annotated[int | None, _o("--ranks", "K, data-parallel ranks (>= 3; --protocol persistent: 4 "
-                                    "unless given).", "8")] = None,
+    ranks: Annotated[int | None, _o("--ranks", "K, data-parallel ranks (>= 3; --protocol persistent: 3 to "
+                                    "10, 4 unless given).", "8")] = None,
     steps: Annotated[int | None, _o("--steps", "Scored steps per seed, after the warm-up.", "40")] = None,
     warmup: Annotated[int | None, _o("--warmup", "Training steps before scoring (>= --window and the largest "
                                      "stale τ, 20).", "20")] = None,

@@ -7,6 +7,7 @@ import pytest
 
 from naig.detect.measure import (
     CANDIDATES,
+    METHODS,
     choose,
     detection,
     false_alarms,
@@ -16,6 +17,7 @@ from naig.detect.measure import (
     summarise,
 )
 from naig.detect.sequential import PoolSpec, Record, SequentialConfig
+from naig.errors import UsageError
 from naig.monitor.detectors import DEFAULT_WARMUP
 
 
@@ -103,12 +105,14 @@ def _pool(rng: np.random.Generator, steps: int, m: int) -> tuple[np.ndarray, np.
 def test_run_all_reports_the_defaults_false_alarms_on_every_validation_pool() -> None:
     """A validation pool at another batch size than the faults' is measured (every K, the chosen
     default, the configured alpha) and is not one of the test rows; its flags are counted after the
-    warm-up over its replays."""
+    warm-up over its replays. The run's own K and alpha are measured beside the grid's, with every
+    method at them (until 2026-12-08 a K or alpha outside the grid had no row, and no baseline did)."""
     rng = np.random.default_rng(0)
     pools_spec = (PoolSpec(8, "calibration", 0, 30), PoolSpec(8, "validation", 1, 30),
                   PoolSpec(64, "validation", 5, 40), PoolSpec(8, "test", 2, 30))
     cfg = SequentialConfig(faults=("scale:2",), validation=1, test=1, pools=pools_spec, replays=3,
-                           fa_ranks=(3, 4), fa_rates=(1e-3,), pool_ranks=5)
+                           fa_ranks=(3,), fa_rates=(1e-4,), false_alarm=1e-3, pool_ranks=5)
+    assert cfg.fa_ranks == (3, 4) and cfg.fa_rates == (1e-3, 1e-4)
     pools = {(p.batch, p.role, p.seed): _pool(rng, p.steps, 5) for p in pools_spec}
     rec = Record(*(_pool(rng, 45, 4)[0], np.zeros((45, 4)), np.zeros((45, 4))), bad=1, onset=41,
                  kind="scale:2")
@@ -118,7 +122,20 @@ def test_run_all_reports_the_defaults_false_alarms_on_every_validation_pool() ->
     assert rows[(64, 4)]["recorded_steps"] == 40 and rows[(64, 4)]["runs"] == 3
     assert rows[(64, 4)]["steps"] == 3 * (40 - DEFAULT_WARMUP) and rows[(64, 3)]["alpha"] == 1e-3
     assert {r["batch"] for r in doc["false_alarms"]} == {8}  # test pools only
+    test_rows = {(r["ranks"], r["alpha"], r["method"]) for r in doc["false_alarms"]}
+    assert {m for k, a, m in test_rows if (k, a) == (4, 1e-3)} == set(METHODS)
+    assert {(k, a) for k, a, m in test_rows if m == "monitor"} == {(3, 1e-3), (3, 1e-4), (4, 1e-3), (4, 1e-4)}
     tied = [n for n, v in doc["validation"].items() if "false_alarms_everywhere" in v]
     if tied:  # the tie-break measured the chosen default among them: the same rows
         assert doc["default"] in tied
         assert doc["validation"][doc["default"]]["false_alarms_everywhere"] == doc["validation_false_alarms"]
+
+
+def test_a_run_on_more_ranks_than_the_clean_pools_is_refused() -> None:
+    """Its false alarms could not be replayed from the pools (of ``pool_ranks`` ranks): refused in one
+    line naming --ranks, before anything is recorded."""
+    with pytest.raises(UsageError) as err:
+        SequentialConfig(ranks=11)
+    assert err.value.field == "ranks" and "at most pool_ranks=10" in str(err.value)
+    assert SequentialConfig(ranks=10).fa_ranks == (3, 4, 8, 10)
+    assert SequentialConfig().fa_ranks == (3, 4, 8) and SequentialConfig().fa_rates == (1e-3, 1e-4)

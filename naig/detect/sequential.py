@@ -117,8 +117,8 @@ class SequentialConfig:
     pools: tuple[PoolSpec, ...] = field(default_factory=lambda: (
         PoolSpec(8, "calibration", 0, 200), PoolSpec(8, "validation", 1, 200), PoolSpec(8, "test", 2, 2000),
         PoolSpec(8, "test", 3, 2000), PoolSpec(64, "validation", 5, 200), PoolSpec(64, "test", 4, 2000)))
-    fa_ranks: tuple[int, ...] = (3, 4, 8)
-    fa_rates: tuple[float, ...] = (1e-3, 1e-4)
+    fa_ranks: tuple[int, ...] = (3, 4, 8)  # K of the false-alarm table, with ``ranks`` added
+    fa_rates: tuple[float, ...] = (1e-3, 1e-4)  # its α, with ``false_alarm`` added (descending)
     replays: int = 40
     threads: int = 1
 
@@ -146,9 +146,15 @@ class SequentialConfig:
         fa = self.false_alarm
         if isinstance(fa, bool) or not isinstance(fa, int | float) or not 0 < fa < 0.5:
             raise UsageError("must be a rate in (0, 0.5)", field="false_alarm", value=fa)
+        if self.ranks > self.pool_ranks:  # its false alarms are replayed from the clean pools' ranks
+            raise UsageError(f"must be at most pool_ranks={self.pool_ranks} (the clean pools' ranks, from "
+                             "which the false alarms at K are replayed)", field="ranks", value=self.ranks)
         if max(self.fa_ranks) > self.pool_ranks or min(self.fa_ranks) < 3:
             raise UsageError(f"false-alarm ranks must be in [3, pool_ranks={self.pool_ranks}]",
                              field="fa_ranks", value=self.fa_ranks)
+        # the false alarms are measured at the run's own K and α too (every method's row is at both)
+        object.__setattr__(self, "fa_ranks", tuple(sorted({*self.fa_ranks, self.ranks})))
+        object.__setattr__(self, "fa_rates", tuple(sorted({*self.fa_rates, float(fa)}, reverse=True)))
         if not any(p.role == "calibration" and p.batch == self.batch_size for p in self.pools):
             raise UsageError(f"needs a calibration pool at batch {self.batch_size} (the baselines' "
                              "thresholds)", field="pools")
