@@ -54,6 +54,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from naig.distributed.launch import process_group
+from naig.errors import UsageError
 from naig.monitor import Monitor, MonitorHook
 from naig.monitor.fsdp import fully_shard_monitor
 from naig.simulate.model import GPT, GPTConfig, get_preset, lm_loss
@@ -100,6 +101,14 @@ def _args(argv: list[str]) -> argparse.Namespace:
                 f"{', '.join(sorted(known - {'plain'}))}")
     if args.warmup < 0:
         p.error(f"--warmup: must be at least 0, got {args.warmup}")
+    try:  # what the monitor and the model builder refuse, refused here in one line
+        Monitor(window=args.window)
+        if args.preset not in TARGET:
+            get_preset(args.preset)
+    except UsageError as exc:
+        option = "--window" if exc.field == "window" else "--preset"
+        extra = "" if option == "--window" else f" (or {', '.join(t for t in TARGET if t != 'gpt-nano')})"
+        p.error(f"{option}: {exc.message}{extra}")
     return args
 
 
@@ -273,8 +282,6 @@ def _say(line: str) -> None:
 
 def main(argv: list[str]) -> None:
     args = _args(argv)
-    if args.preset not in TARGET:
-        get_preset(args.preset)  # a one-line error for an unknown preset
     with process_group(2, [sys.executable, __file__, *argv]) as (rank, _):
         torch.set_num_threads(1)
         if args.only is not None:

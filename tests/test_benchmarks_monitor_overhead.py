@@ -20,6 +20,8 @@ SCRIPT = ROOT / "benchmarks" / "monitor_overhead.py"
     (["--batch", "0"], "--batch: must be at least 1"),
     (["--window", "0"], "--window: must be at least 1"),
     (["--warmup", "-1"], "--warmup: must be at least 0"),
+    (["--window", "2"], "--window: must be an int >= 3"),
+    (["--preset", "bogus"], "--preset: "),
 ])
 def test_an_option_it_would_not_apply_is_refused_in_one_line(args: list[str], says: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
