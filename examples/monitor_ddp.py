@@ -6,7 +6,9 @@ communication hook, before the all-reduce, and every rank decides the same thing
 With ``--fault-rank R`` rank R corrupts one weight's gradient at ``--fault-step`` with a kind of
 ``naig.faults`` (``--fault KIND[:ARG]``: ``nan:1`` one NaN entry, ``scale:1000``, ``signflip:1``,
 ``bitflip32:30``, ...) and rank 0 prints the step's decision: the rank, its host, the bucket and
-parameters, the test that fired; with the default action ``skip`` no rank applies that step.
+parameters, the test that fired; with the default action ``skip`` no rank applies that step. With
+``--action raise`` every rank stops before that step's update and the script exits 1 with the
+step's line (``error: step N: rank R ...``).
 
 One machine (this process is rank 0 and starts the others):
 
@@ -37,7 +39,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from naig.distributed.launch import process_group
+from naig.distributed.launch import ENV_STORE, process_group, under_launcher
 from naig.errors import UsageError, run_main
 from naig.faults import corrupted, parse_kind
 from naig.monitor import ACTIONS, BadRankError, Decision, Monitor, MonitorHook, RankSignals
@@ -94,8 +96,11 @@ def _args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> None:
     args = _args(argv)
+    local_child = under_launcher() and os.environ.get(ENV_STORE) == "1"  # a rank this script started
     with process_group(args.nproc, [sys.executable, __file__, *argv]) as (rank, world):
-        _train(args, rank, world)  # the DDP objects die with the function, before the group does
+        stopped = _train(args, rank, world)  # the DDP objects die with the function, before the group does
+    if stopped is not None and not local_child:  # --action raise stopped training: exit 1 (run_main)
+        raise stopped  # on every rank under torchrun; here on rank 0, once its ranks have ended
 
 
 def _corrupt(args: argparse.Namespace, rank: int, step: dict) -> object:
@@ -119,7 +124,8 @@ def _comm_hook(name: str) -> dict:
     return {}
 
 
-def _train(args: argparse.Namespace, rank: int, world: int) -> None:
+def _train(args: argparse.Namespace, rank: int, world: int) -> BadRankError | None:
+    """Train; the BadRankError that stopped it (``--action raise``), or None."""
     torch.manual_seed(0)
     cfg = get_preset("gpt-nano")
     data = ByteData.from_bytes(load_bytes(None, args.data_bytes))
@@ -141,6 +147,7 @@ def _train(args: argparse.Namespace, rank: int, world: int) -> None:
         model.blocks[0].linear1.weight.register_hook(_corrupt(args, rank, step))
     gen = torch.Generator().manual_seed(1_000 + rank)  # each rank its own minibatches
     losses = []
+    stopped: BadRankError | None = None
     for step["now"] in range(1, args.steps + 1):
         x, y = data.batch("train", args.batch_size, cfg.context, gen)
         opt.zero_grad()
@@ -148,9 +155,8 @@ def _train(args: argparse.Namespace, rank: int, world: int) -> None:
         loss.backward()
         try:
             opt.step()
-        except BadRankError as exc:
-            if rank == 0:
-                print(f"stopped: {exc}", flush=True)
+        except BadRankError as exc:  # every rank alike; main raises it once the summary is written
+            stopped = exc
             break
         mean_loss = loss.detach().clone()
         dist.all_reduce(mean_loss)
@@ -160,9 +166,15 @@ def _train(args: argparse.Namespace, rank: int, world: int) -> None:
         kinds = "exact" if "cos" in sig.exact else "sketched"
         print(f"{world} ranks, {hook.step} steps, action {args.action}: {len(flagged)} flagged step(s); "
               f"cos and distance {kinds}; {hook.extra_bytes} B per rank per step beyond DDP's "
-              f"({len(hook.parts)} bucket(s)); mean train loss {statistics.fmean(losses):.4f}")
+              f"({len(hook.parts)} bucket(s)); mean train loss {_mean(losses)}")
         for d in flagged:
             print(f"bad rank: {', '.join(f'{r} ({d.hosts[r]})' for r in d.ranks)} at step {d.step}")
+    return stopped
+
+
+def _mean(losses: list[float]) -> str:
+    """The mean of the applied steps' losses, or – when training stopped before the first."""
+    return f"{statistics.fmean(losses):.4f}" if losses else "–"
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ gradient, then calls FSDP's own; every rank decides the same thing after the ste
 module. With ``--fault-rank R`` rank R corrupts its whole gradient at ``--fault-step`` through its
 loss, with a kind of ``naig.faults`` that a loss factor gives (``--fault``: ``nan``, ``inf``,
 ``scale:A``, ``signflip:A``: the loss times NaN, inf, A or −A); rank 0 prints the decision (rank,
-host, FSDP module, test).
+host, FSDP module, test). With ``--action raise`` every rank stops before that step's update and
+the script exits 1 with the step's line (``error: step N: rank R ...``; under torchrun on every rank).
 
 Under torchrun (the intended launcher; one or several machines):
 
@@ -30,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-from naig.distributed.launch import backend_for, process_group
+from naig.distributed.launch import ENV_STORE, backend_for, process_group, under_launcher
 from naig.errors import UsageError, run_main
 from naig.faults import parse_kind
 from naig.monitor import BadRankError, Decision, Monitor, RankSignals
@@ -98,14 +99,18 @@ def main(argv: list[str]) -> None:
     args = _args(argv)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     argv_ranks = [sys.executable, __file__, *argv]
+    local_child = under_launcher() and os.environ.get(ENV_STORE) == "1"  # a rank this script started
     with process_group(args.nproc, argv_ranks, backend=backend_for(device)) as (rank, world):
         if device.type == "cuda":
             device = torch.device("cuda", rank % torch.cuda.device_count())
             torch.cuda.set_device(device)
-        _train(args, rank, world, device)
+        stopped = _train(args, rank, world, device)
+    if stopped is not None and not local_child:  # --action raise stopped training: exit 1 (run_main)
+        raise stopped  # on every rank under torchrun; here on rank 0, once its ranks have ended
 
 
-def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> None:
+def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> BadRankError | None:
+    """Train; the BadRankError that stopped it (``--action raise``), or None."""
     cfg = get_preset("gpt-nano")
     data = ByteData.from_bytes(load_bytes(None, args.data_bytes))
     model = GPT(cfg, generator=torch.Generator().manual_seed(0)).to(device)
@@ -124,6 +129,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     watch = fully_shard_monitor(model, monitor).attach(opt)
     gen = torch.Generator().manual_seed(1_000 + rank)  # each rank its own minibatches
     losses = []
+    stopped: BadRankError | None = None
     for step in range(1, args.steps + 1):
         x, y = (t.to(device) for t in data.batch("train", args.batch_size, cfg.context, gen))
         factor = _factor(*args.fault) if rank == args.fault_rank and step == args.fault_step else 1.0
@@ -132,9 +138,8 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         (loss * factor).backward()
         try:
             opt.step()
-        except BadRankError as exc:
-            if rank == 0:
-                print(f"stopped: {exc}", flush=True)
+        except BadRankError as exc:  # every rank alike; main raises it once the summary is written
+            stopped = exc
             break
         mean_loss = loss.detach().clone()
         dist.all_reduce(mean_loss)
@@ -142,9 +147,15 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     if rank == 0:
         print(f"{world} ranks, {watch.step} steps, action {args.action}: {len(flagged)} flagged step(s); "
               f"cos and distance sketched; {watch.extra_bytes} B per rank per step beyond FSDP's "
-              f"({len(watch.comms)} FSDP modules); mean train loss {statistics.fmean(losses):.4f}")
+              f"({len(watch.comms)} FSDP modules); mean train loss {_mean(losses)}")
         for d in flagged:
             print(f"bad rank: {', '.join(f'{r} ({d.hosts[r]})' for r in d.ranks)} at step {d.step}")
+    return stopped
+
+
+def _mean(losses: list[float]) -> str:
+    """The mean of the applied steps' losses, or – when training stopped before the first."""
+    return f"{statistics.fmean(losses):.4f}" if losses else "–"
 
 
 if __name__ == "__main__":

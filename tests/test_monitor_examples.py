@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["--steps", "6", "--window", "3", "--fault-step", "5", "--data-bytes", "100000", "--batch-size", "4"]
 
 
-def _run(tmp: Path, script: str, launcher: list[str], args: list[str]) -> str:
+def _run(tmp: Path, script: str, launcher: list[str], args: list[str], status: int = 0) -> str:
     copy = tmp / script
     shutil.copy(ROOT / "examples" / script, copy)
     env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
@@ -34,8 +34,8 @@ def _run(tmp: Path, script: str, launcher: list[str], args: list[str]) -> str:
         r = run_python(*launcher[1:], copy, *args, timeout=240, cwd=tmp, env=env)
     finally:
         assert_no_leftovers(str(tmp))
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    return r.stdout
+    assert r.returncode == status, r.stdout[-2000:] + r.stderr[-3000:]
+    return r.stdout if status == 0 else r.stdout + r.stderr
 
 
 def _check(out: str, world: int, bad: int, where: str) -> None:
@@ -58,6 +58,17 @@ def test_monitor_ddp_composed_with_bf16_compression_still_names_the_nan_rank(tmp
     out = _run(tmp_path, "monitor_ddp.py", [sys.executable],
                ["--nproc", "3", "--fault-rank", "1", "--fault", "nan", "--comm-hook", "bf16", *SHORT])
     _check(out, 3, 1, "bucket 0")
+
+
+def test_monitor_ddp_with_action_raise_stops_before_the_update_and_exits_1(tmp_path: Path) -> None:
+    """Until 2026-12-08 the script printed "stopped: ..." and exited 0 after training had stopped."""
+    out = _run(tmp_path, "monitor_ddp.py", [sys.executable],
+               ["--nproc", "3", "--fault-rank", "1", "--fault", "nan", "--action", "raise", *SHORT], status=1)
+    assert "3 ranks, 5 steps, action raise: 1 flagged step(s)" in out, out
+    last = out.strip().splitlines()[-1]
+    assert re.match(r"error: step 5: rank 1 on \S+ in bucket 0 .*no update was applied \(action raise\)$",
+                    last), out
+    assert "Traceback" not in out
 
 
 def test_monitor_fsdp2_under_torchrun_names_the_nan_rank(tmp_path: Path) -> None:
