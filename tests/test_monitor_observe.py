@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from naig.distributed.launch import MAX_TIMEOUT
 from naig.errors import UsageError
 from naig.monitor import BadRankError, Monitor, rank_signals
 from naig.sketch import sketch_state_dict
-from tests.conftest import run_ranks
+from tests.conftest import run_python, run_ranks
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +149,9 @@ def test_the_signals_handed_on_hold_what_the_detectors_measured_with_their_state
     ({"w": torch.ones(2)}, {"signals": None}, "signals"), ({"w": torch.ones(2)}, {"scores": 5}, "scores"),
     ({"w": torch.ones(2)}, {"callback": "print"}, "callback"),
     ({"w": torch.ones(2)}, {"process_group": 5}, "process_group"),
+    # what dist.new_group returns on a rank outside the group (until 2026-12-08: "got 'int'")
+    ({"w": torch.ones(2)}, {"process_group": torch.distributed.GroupMember.NON_GROUP_MEMBER},
+     "process_group"),
     ({"w": torch.ones(2)}, {"line": (1.9, 2.2, 4.0)}, "line"),  # was truncated to (1, 2, 4)
     ({1: torch.ones(2), "1": -torch.ones(2)}, {}, "grads"),  # one name as str: summed to a zero sketch
     ({"w": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}, {}, "grads"),  # torch's raw error
@@ -204,6 +208,40 @@ def test_a_rank_that_never_observes_gives_an_error_not_a_hang(ranks: dict) -> No
     assert missing["error"] is not None and "within 1 s" in missing["error"]
     # it waited the 1 s timeout, then stopped: far below MAX_TIMEOUT, the longest any collective may wait
     assert 1.0 <= missing["seconds"] < MAX_TIMEOUT
+
+
+_LEAVE = """
+import json, os, sys, time
+import torch
+from naig.distributed.launch import process_group
+from naig.errors import DataError
+from naig.monitor import Monitor
+with process_group(2, [sys.executable, __file__]) as (rank, world):
+    if rank == 1:
+        os._exit(0)  # leaves without a word: its connections close
+    start = time.monotonic()
+    try:
+        Monitor(timeout=25.0).observe({"w": torch.ones(3)})
+        error = None
+    except DataError as exc:
+        error = str(exc)
+    print(json.dumps({"error": error, "seconds": time.monotonic() - start}), flush=True)
+    os._exit(0)
+"""
+
+
+def test_a_rank_that_leaves_is_an_error_at_once_that_says_so(tmp_path) -> None:  # noqa: ANN001
+    """A peer whose connection closed fails the gather long before the timeout: the line says it failed
+    after how long, not that it "did not finish within 25 s" (until 2026-12-08)."""
+    script = tmp_path / "leave.py"
+    script.write_text(_LEAVE)
+    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    r = run_python(script, cwd=tmp_path, env=env, timeout=120)
+    assert r.stdout.strip(), r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["seconds"] < 12, out
+    assert re.match(r"the monitor's all-gather failed after \d+\.\d s of its 25 s \(a rank left\?\) \(",
+                    out["error"]), out
 
 
 def _payloads(steps: int, world: int, seed: int) -> list[np.ndarray]:

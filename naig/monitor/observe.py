@@ -41,6 +41,7 @@ import collections
 import hashlib
 import math
 import socket
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -160,6 +161,10 @@ class Monitor:
         if callback is not None and not callable(callback):
             raise UsageError("must be callable with (RankSignals, Decision), or None", field="callback",
                              value=type(callback).__name__)
+        if process_group is not None and process_group is dist.GroupMember.NON_GROUP_MEMBER:
+            raise UsageError("this rank is not a member of the group dist.new_group(...) made (it returned "
+                             "GroupMember.NON_GROUP_MEMBER here): build the Monitor only on the group's "
+                             "ranks", field="process_group")
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise UsageError("must be a torch.distributed ProcessGroup (e.g. dist.new_group(...)), or None: "
                              "the default group", field="process_group", value=type(process_group).__name__)
@@ -619,14 +624,19 @@ class Monitor:
         """Wait for a collective started with ``async_op=True``, at most ``timeout`` seconds.
 
         Raises:
-            DataError: it did not finish in time (a rank that never reached it), naming ``what``.
+            DataError: it did not finish in time (a rank that never reached it), or failed before
+                (a rank that left: its connection closed), naming ``what``.
         """
+        start = time.monotonic()
         try:
             work.wait(timeout=timedelta(seconds=self.timeout))
         except RuntimeError as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise DataError(f"the monitor's {what} did not finish within {self.timeout:g} s ({first}); "
-                            "every rank must reach the monitor at every step") from None
+            waited = time.monotonic() - start
+            how = (f"did not finish within {self.timeout:g} s" if waited >= 0.9 * self.timeout else
+                   f"failed after {waited:.1f} s of its {self.timeout:g} s (a rank left?)")
+            raise DataError(f"the monitor's {what} {how} ({first}); every rank must reach the monitor at "
+                            "every step") from None
 
     def _gather_setup(self, world: int, mine: Tensor, setup: str) -> tuple[str, ...]:
         """Every rank's host name (``HOST_BYTES``) and setup (``SETUP_BYTES``: ``mine``'s shape and
