@@ -292,6 +292,9 @@ def main(argv: list[str]) -> None:
             return
         out = _say if rank == 0 else (lambda s: None)
         for framework in VARIANTS if not args.rss_only else ():
+            absent = sorted(set(args.variants.split(",")) - set(VARIANTS[framework])) if args.variants else []
+            if absent:
+                out(f"{framework.upper()}: {', '.join(absent)} not run (no such variant under {framework})")
             _framework(framework, _variants(args, framework), args, rank, out)
     if rank == 0:
         if args.rss or args.rss_only:
