@@ -177,6 +177,35 @@ def _unused(rank: int) -> dict:
     return out
 
 
+def _accumulate(rank: int, sync_each: bool) -> dict:
+    """2 micro-batches per optimizer step (skip) for 4 steps, rank BAD_RANK's first of step 3 ×1000:
+    each reduced (``sync_each``), or the first under ``set_requires_gradient_sync(False)``. Rank 0
+    records the "decided twice" warnings (until 2026-12-08 never given under FSDP2 with 2 micro-batches,
+    where each micro-batch is a decision, and skip acts on the last one's only)."""
+    import warnings
+
+    model = _model()
+    for i in (0, 2, 4):
+        fully_shard(model[i])
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    watch = fully_shard_monitor(model, Monitor(window=3, action="skip", timeout=TIMEOUT)).attach(opt)
+    decisions = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(1, 5):
+            opt.zero_grad()
+            for micro in range(2):
+                model.set_requires_gradient_sync(sync_each or micro == 1)
+                x, y = rank_batch(rank, 2 * step + micro, 16)
+                scale = 1000.0 if (rank, step, micro) == (BAD_RANK, 3, 0) else 1.0
+                (scale * nn.functional.cross_entropy(model(x), y)).backward()
+                decisions.append(watch.decision.step if watch.decision is not None else 0)
+            opt.step()
+    said = [str(w.message) for w in caught if "one gradient tensor" in str(w.message)]
+    return {"decisions": decisions, "warnings": said}
+
+
 RUNS = {
     "plain": dict(kind="none"),
     "log": dict(kind="none", action="log"),
@@ -197,6 +226,8 @@ def main(out: str) -> None:
         every = [None] * WORLD
         dist.all_gather_object(every, _reentrant(rank))
         runs["reentrant"] = {"ranks": every}
+        runs["accumulate"] = _accumulate(rank, sync_each=True)
+        runs["accumulate_no_sync"] = _accumulate(rank, sync_each=False)
         if rank == 0:
             doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "runs": runs}
             with open(out, "w") as fh:

@@ -167,3 +167,15 @@ def test_a_module_sharded_over_one_rank_is_refused() -> None:
         with pytest.raises(UsageError, match="not sharded") as err:
             fully_shard_monitor(model)
         assert err.value.field == "module"
+
+
+def test_reducing_every_micro_batch_is_said_once_and_set_requires_gradient_sync_decides_once_a_step(
+        ranks: dict) -> None:
+    """Each of 2 micro-batches reduced: 2 decisions a step, and rank 0 says once that each micro-batch is
+    a monitor step (until 2026-12-08 FSDP2's gradients, written after the decision, hid it with 2
+    micro-batches); the first under set_requires_gradient_sync(False): one decision a step, nothing said."""
+    every, quiet = ranks["runs"]["accumulate"], ranks["runs"]["accumulate_no_sync"]
+    assert every["decisions"] == list(range(1, 9))
+    assert len(every["warnings"]) == 1 and "set_requires_gradient_sync(False)" in every["warnings"][0]
+    assert "(its steps 1 and 2)" in every["warnings"][0]
+    assert quiet["decisions"] == [0, 1, 1, 2, 2, 3, 3, 4] and quiet["warnings"] == []

@@ -95,6 +95,7 @@ class FSDPMonitor(GradientMonitor):
 
     part_kind = "module"
     replicated = False  # sharded weights: no replicas to compare (naig.monitor.replicas)
+    grads_after_decision = True  # FSDP writes a module's sharded gradient after its reduce-scatter
 
     def __init__(self, module: nn.Module, monitor: Monitor | None = None, *, per_bucket: bool = True) -> None:
         super().__init__(module, monitor, per_bucket=per_bucket)

@@ -63,6 +63,9 @@ class GradientMonitor:
     part_kind = "bucket"  # what a part is called in ``Decision.where``
     replicated = True  # every rank holds the whole model: the replica check runs (not under FSDP2)
     exact = False  # exact statistics (a second gather per step: DDP's ``exact=True``)
+    # the framework writes a part's reduced gradient into ``p.grad`` after the monitor decides (FSDP2): at a
+    # decision a gradient is there only when an earlier micro-batch was reduced since the last step
+    grads_after_decision = False
 
     def __init__(self, module: nn.Module, monitor: Monitor | None = None, *, per_bucket: bool = True) -> None:
         if not isinstance(module, nn.Module):
@@ -233,8 +236,11 @@ class GradientMonitor:
             seen.add(key)
             grad = _first_grad(opt)
             before = self._grads.get(key)
-            accumulating = key not in self._stepped and grad is not None and before is not None and \
-                before() is grad
+            if self.grads_after_decision:  # FSDP2: an earlier micro-batch's reduced gradient waits
+                accumulating = key not in self._stepped and key in self._grads and grad is not None
+            else:  # DDP: the same gradient tensor, accumulated into (a new one after zero_grad())
+                accumulating = key not in self._stepped and grad is not None and before is not None and \
+                    before() is grad
             self._stepped.discard(key)
             self._grads[key] = weakref.ref(grad) if grad is not None else None
             if decision.step == 1 and _has_stepped(opt) and not self._warned_fresh:
