@@ -627,3 +627,16 @@ def test_payloads_of_another_number_of_ranks_than_the_loaded_state_say_to_resume
     with pytest.raises(UsageError, match="^world=2: the monitor's detectors are of 3 ranks .*resume on 3"):
         mon.decide(_payloads(1, 2, seed=2)[0])
     assert mon.state_dict() == before
+
+
+def test_the_setup_a_rank_sends_fits_its_bytes_whole() -> None:
+    """The first gather compares each rank's setup as sent: the widest a run could send (a
+    hundred-thousand-bucket DDP model with 64 blocks, every setting on) is not cut, so no setting is."""
+    from naig.monitor.integration import GradientMonitor
+    from naig.monitor.observe import setup_text
+
+    hook = GradientMonitor(torch.nn.Linear(2, 2))
+    hook.exact = True
+    setup = hook._setup()
+    sent = setup_text(torch.empty(100_000, 14 * 64 + 3, dtype=torch.float64, device="meta"), setup)
+    assert sent.decode().endswith(setup) and setup.endswith("per_bucket=1 exact=1")

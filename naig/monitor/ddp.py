@@ -80,7 +80,7 @@ them at the first bucket (``UsageError``). A closure passed to ``optimizer.step(
 applied after the closure's backward and before the update.
 
 **Bytes beyond DDP's own**, per rank and step: (m + 3)·8·B with B buckets (``per_bucket``), or
-(m + 3)·8 (``per_bucket=False``); + 16 with ``exact``; + 112 once for the host names and this
+(m + 3)·8 (``per_bucket=False``); + 16 with ``exact``; + 160 once for the host names and this
 rank's setup (payload shape and dtype, ``per_bucket``, ``exact``: ranks set up otherwise stop at the
 first step with one ``DataError``; ``Monitor.start_gather``) (``MonitorHook.extra_bytes``).
 

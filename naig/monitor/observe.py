@@ -92,10 +92,11 @@ from naig.monitor.signals import (
 from naig.sketch.core import SKETCH_DIM, check_seed
 from naig.threads import one_blas_thread
 
-__all__ = ["HOST_BYTES", "LOST_BITS", "MIN_TIMEOUT", "SETUP_BYTES", "TAIL", "Monitor", "layout_fingerprint"]
+__all__ = ["HOST_BYTES", "LOST_BITS", "MIN_TIMEOUT", "SETUP_BYTES", "TAIL", "Monitor", "layout_fingerprint",
+           "setup_text"]
 
 HOST_BYTES = 64  # a host name is sent once, UTF-8, cut or padded to this many bytes
-SETUP_BYTES = 48  # sent with it once: the payload's shape and dtype and the integration's settings (ASCII)
+SETUP_BYTES = 96  # sent with it once: the payload's shape and dtype and the integration's settings (ASCII)
 TAIL = 2  # floats observe appends to the payload: [layout fingerprint | state word (Monitor.state_word)]
 LOST_BITS = 21  # the state word's low bits: the records lost on this rank (counted up to 2**21 - 1)
 
@@ -645,9 +646,8 @@ class Monitor:
         Raises:
             DataError: on every rank, when the setups differ, naming the ranks and both setups.
         """
-        text = f"{tuple(mine.shape)} {str(mine.dtype).removeprefix('torch.')} {setup}".strip()
         name = socket.gethostname().encode()[:HOST_BYTES]
-        mine_setup = text.encode("ascii", errors="replace")[:SETUP_BYTES]
+        mine_setup = setup_text(mine, setup)
         buf = torch.zeros(HOST_BYTES + SETUP_BYTES, dtype=torch.uint8)
         buf[:len(name)] = torch.tensor(list(name), dtype=torch.uint8)
         buf[HOST_BYTES:HOST_BYTES + len(mine_setup)] = torch.tensor(list(mine_setup), dtype=torch.uint8)
@@ -660,6 +660,13 @@ class Monitor:
                             "(blocks sets a payload's width; per_bucket, exact and the model its rows); "
                             "build every rank's monitor and hook alike")
         return tuple(r[:HOST_BYTES].rstrip(b"\0").decode(errors="replace") for r in rows)
+
+
+def setup_text(mine: Tensor, setup: str) -> bytes:
+    """What ``Monitor._gather_setup`` sends of a rank's setup: ``mine``'s shape and dtype, then
+    ``setup``, ASCII, at most ``SETUP_BYTES`` (the widest a run sends fits: tested)."""
+    text = f"{tuple(mine.shape)} {str(mine.dtype).removeprefix('torch.')} {setup}".strip()
+    return text.encode("ascii", errors="replace")[:SETUP_BYTES]
 
 
 def layout_fingerprint(shapes: Sequence[tuple[str, tuple[int, ...]]]) -> float:
