@@ -148,7 +148,7 @@ def test_plot_write_failure_is_one_line_naming_plot(capsys) -> None:  # noqa: AN
     # since 2026-12-08 more ranks than the clean pools' are refused first (their false alarms could not
     # be replayed); before, this many were refused by the memory check ("GiB", "smaller --ranks")
     (["--protocol", "persistent", "--ranks", "2000000", "--faults", "nan:1"],
-     ["--ranks 2000000", "at most pool_ranks=10"]),
+     ["--ranks 2000000", "at most 10: the false alarms at K are replayed"]),
 ])
 def test_protocol_options_are_one_line_usage_errors(args: list[str], needles: list[str]) -> None:
     assert_one_line_error(run_naig("detect", *args), 2, *needles)

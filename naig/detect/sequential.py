@@ -147,8 +147,8 @@ class SequentialConfig:
         if isinstance(fa, bool) or not isinstance(fa, int | float) or not 0 < fa < 0.5:
             raise UsageError("must be a rate in (0, 0.5)", field="false_alarm", value=fa)
         if self.ranks > self.pool_ranks:  # its false alarms are replayed from the clean pools' ranks
-            raise UsageError(f"must be at most pool_ranks={self.pool_ranks} (the clean pools' ranks, from "
-                             "which the false alarms at K are replayed)", field="ranks", value=self.ranks)
+            raise UsageError(f"must be at most {self.pool_ranks}: the false alarms at K are replayed from "
+                             f"clean runs of {self.pool_ranks} ranks", field="ranks", value=self.ranks)
         if max(self.fa_ranks) > self.pool_ranks or min(self.fa_ranks) < 3:
             raise UsageError(f"false-alarm ranks must be in [3, pool_ranks={self.pool_ranks}]",
                              field="fa_ranks", value=self.fa_ranks)
