@@ -177,11 +177,12 @@ def _unused(rank: int) -> dict:
     return out
 
 
-def _accumulate(rank: int, sync_each: bool) -> dict:
-    """2 micro-batches per optimizer step (skip) for 4 steps, rank BAD_RANK's first of step 3 ×1000:
-    each reduced (``sync_each``), or the first under ``set_requires_gradient_sync(False)``. Rank 0
-    records the "decided twice" warnings (until 2026-12-08 never given under FSDP2 with 2 micro-batches,
-    where each micro-batch is a decision, and skip acts on the last one's only)."""
+def _accumulate(rank: int, sync_each: bool, micro: int = 2, skip_step: int | None = None) -> dict:
+    """``micro`` micro-batches per optimizer step (skip) for 4 steps, rank BAD_RANK's first of step 3
+    ×1000: each reduced (``sync_each``), or all but the last under ``set_requires_gradient_sync(False)``;
+    no ``optimizer.step()`` at ``skip_step`` (a GradScaler's non-finite step). Rank 0 records the
+    "decided twice" warnings (until 2026-12-08 never given under FSDP2 with 2 micro-batches, where each
+    micro-batch is a decision, and skip acts on the last one's only)."""
     import warnings
 
     model = _model()
@@ -195,13 +196,14 @@ def _accumulate(rank: int, sync_each: bool) -> dict:
         warnings.simplefilter("always")
         for step in range(1, 5):
             opt.zero_grad()
-            for micro in range(2):
-                model.set_requires_gradient_sync(sync_each or micro == 1)
-                x, y = rank_batch(rank, 2 * step + micro, 16)
-                scale = 1000.0 if (rank, step, micro) == (BAD_RANK, 3, 0) else 1.0
+            for m in range(micro):
+                model.set_requires_gradient_sync(sync_each or m == micro - 1)
+                x, y = rank_batch(rank, micro * step + m, 16)
+                scale = 1000.0 if (rank, step, m) == (BAD_RANK, 3, 0) else 1.0
                 (scale * nn.functional.cross_entropy(model(x), y)).backward()
                 decisions.append(watch.decision.step if watch.decision is not None else 0)
-            opt.step()
+            if step != skip_step:
+                opt.step()
     said = [str(w.message) for w in caught if "one gradient tensor" in str(w.message)]
     return {"decisions": decisions, "warnings": said}
 
@@ -228,6 +230,7 @@ def main(out: str) -> None:
         runs["reentrant"] = {"ranks": every}
         runs["accumulate"] = _accumulate(rank, sync_each=True)
         runs["accumulate_no_sync"] = _accumulate(rank, sync_each=False)
+        runs["skipped_step"] = _accumulate(rank, sync_each=True, micro=1, skip_step=2)
         if rank == 0:
             doc = {"world": WORLD, "bad_rank": BAD_RANK, "bad_step": BAD_STEP, "runs": runs}
             with open(out, "w") as fh:

@@ -149,9 +149,6 @@ def test_the_signals_handed_on_hold_what_the_detectors_measured_with_their_state
     ({"w": torch.ones(2)}, {"signals": None}, "signals"), ({"w": torch.ones(2)}, {"scores": 5}, "scores"),
     ({"w": torch.ones(2)}, {"callback": "print"}, "callback"),
     ({"w": torch.ones(2)}, {"process_group": 5}, "process_group"),
-    # what dist.new_group returns on a rank outside the group (until 2026-12-08: "got 'int'")
-    ({"w": torch.ones(2)}, {"process_group": torch.distributed.GroupMember.NON_GROUP_MEMBER},
-     "process_group"),
     ({"w": torch.ones(2)}, {"line": (1.9, 2.2, 4.0)}, "line"),  # was truncated to (1, 2, 4)
     ({1: torch.ones(2), "1": -torch.ones(2)}, {}, "grads"),  # one name as str: summed to a zero sketch
     ({"w": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}, {}, "grads"),  # torch's raw error
@@ -160,6 +157,14 @@ def test_bad_arguments_are_usage_errors(grads: object, kwargs: dict, field: str)
     with pytest.raises(UsageError) as err:
         Monitor(**kwargs).observe(grads)
     assert err.value.field == field
+
+
+def test_a_rank_outside_the_group_is_told_so() -> None:
+    """What dist.new_group returns on a rank outside the group (an int) is refused saying so (until
+    2026-12-08: "must be a torch.distributed ProcessGroup ... got 'int'")."""
+    with pytest.raises(UsageError) as err:
+        Monitor(process_group=torch.distributed.GroupMember.NON_GROUP_MEMBER)
+    assert err.value.field == "process_group" and "not a member of the group" in str(err.value)
 
 
 def test_signals_and_scores_are_read_once_at_construction() -> None:

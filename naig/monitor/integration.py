@@ -63,8 +63,8 @@ class GradientMonitor:
     part_kind = "bucket"  # what a part is called in ``Decision.where``
     replicated = True  # every rank holds the whole model: the replica check runs (not under FSDP2)
     exact = False  # exact statistics (a second gather per step: DDP's ``exact=True``)
-    # the framework writes a part's reduced gradient into ``p.grad`` after the monitor decides (FSDP2): at a
-    # decision a gradient is there only when an earlier micro-batch was reduced since the last step
+    # the framework writes a part's reduced gradient into ``p.grad`` after reducing it (FSDP2): at a step's
+    # first part a gradient is there only when an earlier micro-batch was reduced since the last step
     grads_after_decision = False
 
     def __init__(self, module: nn.Module, monitor: Monitor | None = None, *, per_bucket: bool = True) -> None:
@@ -94,6 +94,7 @@ class GradientMonitor:
         self._applied: dict[int, Decision] = {}  # optimizer id -> the decision skip last applied
         self._raised: Decision | None = None  # the decision raise last raised
         self._grads: dict[int, weakref.ref | None] = {}  # optimizer id -> its first gradient at the decision
+        self._held: set[int] = set()  # FSDP2: optimizers holding a gradient at this step's first part
         self._stepped: set[int] = set()  # optimizers that stepped since the latest decision
         self._warned_syncs = self._warned_fresh = False
         self.detached = False
@@ -236,8 +237,8 @@ class GradientMonitor:
             seen.add(key)
             grad = _first_grad(opt)
             before = self._grads.get(key)
-            if self.grads_after_decision:  # FSDP2: an earlier micro-batch's reduced gradient waits
-                accumulating = key not in self._stepped and key in self._grads and grad is not None
+            if self.grads_after_decision:  # FSDP2: an earlier micro-batch's gradient waited at the first part
+                accumulating = key not in self._stepped and key in self._grads and key in self._held
             else:  # DDP: the same gradient tensor, accumulated into (a new one after zero_grad())
                 accumulating = key not in self._stepped and grad is not None and before is not None and \
                     before() is grad
@@ -274,6 +275,9 @@ class GradientMonitor:
         self._weights_row: Tensor | None = None  # this step's replica-check row (naig.monitor.replicas)
         if not self.monitor.hosts and self.monitor.world > 1:
             self.extra_bytes += HOST_BYTES + SETUP_BYTES
+        if self.grads_after_decision and self.monitor.rank == 0 and not self._warned_syncs:  # for _note
+            self._held = {id(opt) for ref, _ in self._optimizers
+                          if (opt := ref()) is not None and _first_grad(opt) is not None}
 
     def _names(self, params: list[Tensor]) -> tuple[str, ...]:
         return tuple(self.names.get(id(p), f"param{i}") for i, p in enumerate(params))

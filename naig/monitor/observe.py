@@ -657,7 +657,8 @@ class Monitor:
             odd, same = _odd_ranks(np.unique(setups, return_inverse=True)[1].astype(np.float64))
             raise DataError(f"ranks {', '.join(map(str, odd))} send the monitor payloads set up as "
                             f"{setups[odd[0]]!r}, ranks {', '.join(map(str, same))} as {setups[same[0]]!r} "
-                            "(blocks sets a payload's width; per_bucket, exact and the model its rows); "
+                            "(blocks sets a payload's width; per_bucket, exact, weights_every and the model "
+                            "its rows); "
                             "build every rank's monitor and hook alike")
         return tuple(r[:HOST_BYTES].rstrip(b"\0").decode(errors="replace") for r in rows)
 
