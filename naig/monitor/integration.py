@@ -308,7 +308,7 @@ class GradientMonitor:
                 rows = torch.cat([rows, self._weights_row[None].to(rows.device)])
             sent = self._with_lost(rows)
             self.extra_bytes += sent.numel() * sent.element_size()
-            self._gathered = self.monitor.start_gather(sent, self._setup())
+            self._gathered = self.monitor.start_gather(sent, self._setup)  # called at the first step only
         return part
 
     def _setup(self) -> str:

@@ -412,15 +412,17 @@ class Monitor:
                 ranks whose ``mine`` has another shape or dtype (on every rank, naming them).
         """
         world = self.world
-        self._first_gather(mine, "", world)
+        self._first_gather(mine, None, world)
         return self._gather(mine, world) if world > 1 else mine.detach().cpu().reshape(1, *mine.shape)
 
-    def _first_gather(self, mine: Tensor, setup: str, world: int) -> None:
-        """At the first gather: the host names, and every rank's setup checked alike (``_gather_setup``)."""
+    def _first_gather(self, mine: Tensor, setup: Callable[[], str] | None, world: int) -> None:
+        """At the first gather: the host names, and every rank's setup checked alike (``_gather_setup``;
+        ``setup`` is called then only)."""
         if not self.hosts:
-            self.hosts = self._gather_setup(world, mine, setup) if world > 1 else (socket.gethostname(),)
+            text = setup() if setup is not None else ""
+            self.hosts = self._gather_setup(world, mine, text) if world > 1 else (socket.gethostname(),)
 
-    def start_gather(self, mine: Tensor, setup: str = "") -> Callable[[], Tensor]:
+    def start_gather(self, mine: Tensor, setup: Callable[[], str] | None = None) -> Callable[[], Tensor]:
         """Start an all-gather of ``mine`` now; the returned function waits for it (``all_gather``'s result).
 
         Integrations start one per step, when the step's last part (DDP bucket, FSDP module) is
@@ -435,7 +437,8 @@ class Monitor:
 
         Args:
             mine: this rank's payloads.
-            setup: a short ASCII description of the caller's settings that change its collectives.
+            setup: returns a short ASCII description of the caller's settings that change its
+                collectives (called at the first call only), or None.
 
         Raises:
             DataError: from the returned function, when the gather did not finish within ``timeout``;
